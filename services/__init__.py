@@ -1,0 +1,1 @@
+"""Tessera's services: preprocess, encoder, prefill, decode, gateway, and the ``tessera`` CLI."""

@@ -1,0 +1,29 @@
+"""``tessera``: one entry point, one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from services.cli import models_cmd, preprocess_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tessera", description="Disaggregated vision-language model serving.")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    models_cmd.register(subparsers)
+    preprocess_cmd.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Never reach for a hub: every model is local or built here.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""``tessera models build tiny|small [--out DIR]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from shared.models.build import build_builtin
+from shared.models.registry import builtin_path
+from shared.models.specs import BUILTIN_SPECS
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    models = subparsers.add_parser("models", help="manage built-in models")
+    actions = models.add_subparsers(dest="models_command", required=True)
+    build = actions.add_parser("build", help="generate a built-in model checkpoint deterministically, offline")
+    build.add_argument("name", choices=sorted(BUILTIN_SPECS))
+    build.add_argument("--out", type=Path, default=None, help="output directory (default: $TESSERA_HOME/models/NAME)")
+    build.set_defaults(func=run_build)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    out = args.out if args.out is not None else builtin_path(args.name)
+    build_builtin(args.name, out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(out)
+    return 0

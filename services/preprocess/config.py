@@ -1,0 +1,95 @@
+"""Typed, validated configuration of the preprocessing library and service.
+
+Every field can come from a CLI flag or a ``TESSERA_PREPROCESS_<FIELD>`` environment variable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+ENV_PREFIX = "TESSERA_PREPROCESS_"
+
+
+@dataclass(frozen=True, slots=True)
+class PreprocessConfig:
+    # Encoded size limit per image, checked before decoding.
+    max_image_bytes: int = 20 * 1024 * 1024
+    # Decoded pixel limit per image, checked from the header before pixels are allocated.
+    max_image_pixels: int = 40_000_000
+    max_images_per_request: int = 16
+    # Prompt length limit after placeholder expansion.
+    max_prompt_tokens: int = 32768
+    # Remote http(s) images are off unless enabled, and then only from allow-listed domains.
+    allow_remote_images: bool = False
+    allowed_image_domains: tuple[str, ...] = ()
+    remote_fetch_timeout_s: float = 10.0
+    # Local file paths are accepted only under this directory.
+    local_media_dir: Path | None = None
+    # Byte budget of the processor cache (pixel tensors); 0 disables it.
+    processor_cache_bytes: int = 512 * 1024 * 1024
+    # Overrides the model's image-processor pixel bounds; part of mm_hash's processor kwargs.
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_image_bytes", "max_image_pixels", "max_images_per_request", "max_prompt_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.processor_cache_bytes < 0:
+            raise ValueError("processor_cache_bytes must be >= 0")
+        if self.remote_fetch_timeout_s <= 0:
+            raise ValueError("remote_fetch_timeout_s must be positive")
+        if self.allowed_image_domains and not self.allow_remote_images:
+            raise ValueError("allowed_image_domains is set but allow_remote_images is off")
+        if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
+            raise ValueError("min_pixels must not exceed max_pixels")
+
+    @classmethod
+    def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("preprocessing")
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            if f.type in ("bool", bool):
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            elif f.name == "allowed_image_domains":
+                group.add_argument(flag, default=None, help="comma-separated domains")
+            else:
+                group.add_argument(flag, default=None)
+
+    @classmethod
+    def from_sources(cls, args: argparse.Namespace | None = None, env: dict[str, str] | None = None) -> PreprocessConfig:
+        """CLI flags win over environment variables, which win over defaults."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = getattr(args, f.name, None) if args is not None else None
+            if raw is None:
+                raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse_field(f.name, f.type, raw)
+        return cls(**values)
+
+
+def _parse_field(name: str, type_name: object, raw: object) -> object:
+    if not isinstance(raw, str):
+        return raw
+    text = raw.strip()
+    try:
+        if type_name in ("bool", bool):
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(text)
+        if name == "allowed_image_domains":
+            return tuple(d.strip().lower() for d in text.split(",") if d.strip())
+        if name == "local_media_dir":
+            return Path(text).expanduser().resolve()
+        if type_name in ("float",):
+            return float(text)
+        return int(text)
+    except ValueError:
+        raise ValueError(f"invalid value for {name}: {raw!r}") from None

@@ -1,0 +1,68 @@
+"""Typed preprocessing errors. Each carries an HTTP status and a stable machine-readable code, so
+the gateway can answer with a 4xx that says exactly what was wrong."""
+
+from __future__ import annotations
+
+
+class PreprocessError(Exception):
+    """Base class: the request is at fault, never the service."""
+
+    status_code = 400
+    code = "invalid_request"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequestError(PreprocessError):
+    """Malformed request structure: wrong JSON types, unknown content part, bad role."""
+
+    code = "invalid_request"
+
+
+class InvalidImageDataError(PreprocessError):
+    """Bytes that are not a decodable image: bad base64, non-image data, truncated file."""
+
+    code = "invalid_image"
+
+
+class ImageTooLargeError(PreprocessError):
+    """Encoded bytes or decoded pixel count over the configured limit (decompression bombs)."""
+
+    status_code = 413
+    code = "image_too_large"
+
+
+class InvalidImageDimensionsError(PreprocessError):
+    """Zero-sized images, or an aspect ratio the model cannot represent."""
+
+    code = "invalid_image_dimensions"
+
+
+class TooManyImagesError(PreprocessError):
+    code = "too_many_images"
+
+
+class ImageSourceNotAllowedError(PreprocessError):
+    """A remote URL while fetching is disabled or off the allow-list, or a path outside the
+    configured media directory."""
+
+    status_code = 403
+    code = "image_source_not_allowed"
+
+
+class ImageFetchError(PreprocessError):
+    """An allowed remote URL or local file that could not be read."""
+
+    code = "image_fetch_failed"
+
+
+class PlaceholderMismatchError(PreprocessError):
+    """The number of image placeholders in the prompt differs from the number of images."""
+
+    code = "placeholder_mismatch"
+
+
+class PromptTooLongError(PreprocessError):
+    code = "prompt_too_long"

@@ -1,0 +1,65 @@
+"""Qwen2-VL image processing without torchvision: transformers' PIL-backend image processor
+(resize to multiples of 28 within [min_pixels, max_pixels], rescale, normalize, patchify)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedImage:
+    """One image ready for the vision tower.
+
+    pixel_values: (num_patches, 3 * temporal_patch * patch * patch) float32
+    grid_thw: patch grid (t, h, w) before the 2x2 spatial merge
+    num_tokens: placeholder tokens the image expands to = t*h*w / merge**2
+    """
+
+    pixel_values: torch.Tensor
+    grid_thw: tuple[int, int, int]
+    num_tokens: int
+
+    @property
+    def num_bytes(self) -> int:
+        return self.pixel_values.numel() * self.pixel_values.element_size()
+
+
+class ImageProcessor:
+    def __init__(self, model_dir: Path, *, min_pixels: int | None = None, max_pixels: int | None = None) -> None:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self._hf = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
+        size = dict(self._hf.size)
+        if min_pixels is not None:
+            size["shortest_edge"] = min_pixels
+        if max_pixels is not None:
+            size["longest_edge"] = max_pixels
+        self._size = size
+        self.merge_size: int = self._hf.merge_size
+        self.patch_size: int = self._hf.patch_size
+        self.temporal_patch_size: int = self._hf.temporal_patch_size
+        self.num_processed = 0
+
+    @property
+    def kwargs_for_hash(self) -> dict[str, object]:
+        """Every setting that changes the processed output; part of each image's mm_hash."""
+        return {
+            "min_pixels": int(self._size["shortest_edge"]),
+            "max_pixels": int(self._size["longest_edge"]),
+            "patch_size": self.patch_size,
+            "temporal_patch_size": self.temporal_patch_size,
+            "merge_size": self.merge_size,
+            "image_mean": [float(x) for x in self._hf.image_mean],
+            "image_std": [float(x) for x in self._hf.image_std],
+        }
+
+    def process(self, image: Image.Image) -> ProcessedImage:
+        out = self._hf(images=[image], size=self._size, return_tensors="pt")
+        self.num_processed += 1
+        grid = tuple(int(x) for x in out["image_grid_thw"][0].tolist())
+        num_tokens = grid[0] * grid[1] * grid[2] // (self.merge_size**2)
+        return ProcessedImage(pixel_values=out["pixel_values"].contiguous(), grid_thw=grid, num_tokens=num_tokens)

@@ -1,0 +1,1 @@
+"""Built-in offline models and resolution of model references (``tiny``, ``small`` or a path)."""

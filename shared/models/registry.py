@@ -1,0 +1,73 @@
+"""Resolve a model reference (``tiny``, ``small`` or a checkpoint path) to a local directory.
+
+Built-in models are built on first use into ``$TESSERA_HOME/models/<name>``, under a file lock so
+concurrent processes build once. Any local Qwen2-VL or Qwen2.5-VL checkpoint directory is accepted
+as is; nothing is ever fetched from a hub.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.models.build import ProgressFn, build_builtin, is_complete_build
+from shared.models.specs import BUILTIN_SPECS
+from shared.paths import builtin_models_dir
+
+SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRef:
+    model_id: str  # stable across nodes: part of every mm_hash
+    path: Path
+    model_type: str
+
+
+class ModelNotFoundError(ValueError):
+    pass
+
+
+def _stderr_progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def builtin_path(name: str) -> Path:
+    return builtin_models_dir() / name
+
+
+def ensure_builtin(name: str, *, progress: ProgressFn = _stderr_progress) -> Path:
+    path = builtin_path(name)
+    if is_complete_build(path):
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_complete_build(path):
+            progress(f"building built-in model {name!r} into {path}")
+            build_builtin(name, path, progress=progress)
+    return path
+
+
+def resolve_model(reference: str, *, model_id: str | None = None, progress: ProgressFn = _stderr_progress) -> ModelRef:
+    if reference in BUILTIN_SPECS:
+        path = ensure_builtin(reference, progress=progress)
+        default_id = f"tessera-{reference}"
+    else:
+        path = Path(reference).expanduser().resolve()
+        if not path.is_dir():
+            raise ModelNotFoundError(
+                f"model {reference!r} is neither a built-in ({', '.join(BUILTIN_SPECS)}) nor a checkpoint directory"
+            )
+        default_id = path.name
+    config_file = path / "config.json"
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelNotFoundError(f"{config_file} is missing or unreadable: {exc}") from None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelNotFoundError(f"model type {model_type!r} is not supported (expected {', '.join(SUPPORTED_MODEL_TYPES)})")
+    return ModelRef(model_id=model_id or default_id, path=path, model_type=model_type)

@@ -1,0 +1,27 @@
+"""Typed identifiers and small records that cross service boundaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+# Hex blake3 digest of one multimodal item (see shared.hashing.mm_hash).
+MmHash = NewType("MmHash", str)
+# Hex digest of one full KV block, chained over its parents (engine issue).
+BlockHash = NewType("BlockHash", str)
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceholderRange:
+    """The span of prompt tokens that one multimodal item's embeddings replace.
+
+    Invariant: ``offset + length <= len(prompt_token_ids)`` and every token in the span is the
+    item's placeholder token id.
+    """
+
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length

@@ -1,0 +1,128 @@
+"""The reference oracle: transformers' own processor and ``generate`` (greedy, float32).
+
+Every correctness test compares Tessera against this. Comparison rule: token ids must be equal;
+at the first divergence the test still passes only if the oracle's top-2 logit margin at that
+step is below ``TIE_MARGIN``, i.e. the oracle itself faced a genuine tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+TIE_MARGIN = 1e-4
+
+
+@dataclass(slots=True)
+class OracleInputs:
+    input_ids: torch.Tensor  # (1, L)
+    pixel_values: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None
+    mm_token_type_ids: torch.Tensor | None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.input_ids[0].tolist()
+
+
+@dataclass(slots=True)
+class OracleOutput:
+    token_ids: list[int]  # generated tokens only
+    step_logits: list[torch.Tensor]  # raw logits at each generated step, (vocab,)
+
+    def logprobs(self) -> list[float]:
+        return [torch.log_softmax(l, -1)[t].item() for l, t in zip(self.step_logits, self.token_ids)]
+
+    def top2_margin(self, step: int) -> float:
+        top = torch.topk(self.step_logits[step], 2).values
+        return (top[0] - top[1]).item()
+
+
+def _make_hf_processor(tokenizer, image_processor):
+    from transformers import Qwen2VLProcessor
+
+    class _ImagesOnlyProcessor(Qwen2VLProcessor):
+        # transformers requires a torchvision video processor at construction; images don't use it.
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return _ImagesOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+
+
+class ReferenceOracle:
+    def __init__(self, model_dir: Path, *, load_model: bool = True) -> None:
+        from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        self.model_dir = Path(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
+        self.processor = _make_hf_processor(self.tokenizer, self.image_processor)
+        self.model = None
+        if load_model:
+            self.model = Qwen2VLForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+    def chat_text(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def process(self, text: str, images: list[Image.Image]) -> OracleInputs:
+        out = self.processor(text=[text], images=images or None, return_tensors="pt", return_mm_token_type_ids=True)
+        return OracleInputs(
+            input_ids=out["input_ids"],
+            pixel_values=out.get("pixel_values"),
+            image_grid_thw=out.get("image_grid_thw"),
+            mm_token_type_ids=out.get("mm_token_type_ids"),
+        )
+
+    def rope_index(self, inputs: OracleInputs) -> tuple[torch.Tensor, int]:
+        """(3, L) M-RoPE positions and delta, from transformers' model code."""
+        assert self.model is not None
+        if inputs.image_grid_thw is None:
+            length = inputs.input_ids.shape[1]
+            return torch.arange(length).view(1, -1).expand(3, -1), 0
+        positions, deltas = self.model.model.get_rope_index(
+            inputs.input_ids, mm_token_type_ids=inputs.mm_token_type_ids, image_grid_thw=inputs.image_grid_thw
+        )
+        return positions[:, 0, :], int(deltas[0, 0].item())
+
+    @torch.inference_mode()
+    def generate(self, inputs: OracleInputs, max_new_tokens: int) -> OracleOutput:
+        assert self.model is not None
+        kwargs = {"input_ids": inputs.input_ids, "attention_mask": torch.ones_like(inputs.input_ids)}
+        if inputs.pixel_values is not None:
+            kwargs.update(
+                pixel_values=inputs.pixel_values,
+                image_grid_thw=inputs.image_grid_thw,
+                mm_token_type_ids=inputs.mm_token_type_ids,
+            )
+        out = self.model.generate(
+            **kwargs,
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        prompt_len = inputs.input_ids.shape[1]
+        return OracleOutput(
+            token_ids=out.sequences[0, prompt_len:].tolist(),
+            step_logits=[step[0].float() for step in out.logits],
+        )
+
+
+def assert_tokens_match(ours: list[int], oracle: OracleOutput, *, context: str = "") -> None:
+    """Equal token ids, or a first divergence at a genuine oracle tie (top-2 margin < TIE_MARGIN)."""
+    for step, (mine, theirs) in enumerate(zip(ours, oracle.token_ids)):
+        if mine != theirs:
+            margin = oracle.top2_margin(step)
+            assert margin < TIE_MARGIN, (
+                f"{context}: diverged from the oracle at step {step}: ours {mine}, oracle {theirs} "
+                f"(oracle top-2 margin {margin:.3g} is not a tie)\n ours  ={ours}\n oracle={oracle.token_ids}"
+            )
+            return
+    assert len(ours) == len(oracle.token_ids), f"{context}: length {len(ours)} != oracle {len(oracle.token_ids)}"
