@@ -19,6 +19,30 @@ SUPPORTED_FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 MAX_ASPECT_RATIO = 200
 
 
+_SIGNATURES = {
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"\xff\xd8\xff": "JPEG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+}
+
+
+def _unidentified(data: bytes) -> Exception:
+    """Explain why PIL refused the data: a known format with a bad header, or not an image."""
+    fmt = next((name for sig, name in _SIGNATURES.items() if data.startswith(sig)), None)
+    if fmt is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        fmt = "WEBP"
+    if fmt is None:
+        return InvalidImageDataError(
+            f"data is not a supported image (expected one of {', '.join(SUPPORTED_FORMATS).lower()})"
+        )
+    if fmt == "PNG" and len(data) >= 24 and data[12:16] == b"IHDR":
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        if width == 0 or height == 0:
+            return InvalidImageDimensionsError(f"image has zero size ({width}x{height})")
+    return InvalidImageDataError(f"{fmt} image header is corrupt and could not be parsed")
+
+
 def decode_image(data: bytes, config: PreprocessConfig) -> Image.Image:
     """A fully loaded PIL image (first frame for animations), in its original mode."""
     try:
@@ -27,11 +51,9 @@ def decode_image(data: bytes, config: PreprocessConfig) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS)
     except UnidentifiedImageError:
-        raise InvalidImageDataError(
-            f"data is not a supported image (expected one of {', '.join(SUPPORTED_FORMATS).lower()})"
-        ) from None
-    except Image.DecompressionBombError:
-        raise ImageTooLargeError("image dimensions exceed the decoder's safety limit") from None
+        raise _unidentified(data) from None
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"image dimensions exceed the decoder's safety limit: {exc}") from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise InvalidImageDataError(f"image header could not be parsed: {exc}") from None
 
@@ -49,8 +71,8 @@ def decode_image(data: bytes, config: PreprocessConfig) -> Image.Image:
     try:
         image.seek(0)
         image.load()
-    except Image.DecompressionBombError:
-        raise ImageTooLargeError("image dimensions exceed the decoder's safety limit") from None
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"image dimensions exceed the decoder's safety limit: {exc}") from None
     except (OSError, ValueError, SyntaxError, EOFError) as exc:
         raise InvalidImageDataError(f"image data is corrupt or truncated: {exc}") from None
     if getattr(image, "n_frames", 1) > 1:

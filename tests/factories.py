@@ -1,0 +1,77 @@
+"""Factories for test images and requests. Images are deterministic functions of their seed."""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+
+def make_image(width: int, height: int, *, seed: int = 0, mode: str = "RGB") -> Image.Image:
+    rng = np.random.default_rng(seed)
+    if mode == "P":
+        indices = rng.integers(0, 16, size=(height, width), dtype=np.uint8)
+        image = Image.fromarray(indices, mode="L").convert("P")
+        palette = rng.integers(0, 256, size=16 * 3, dtype=np.uint8).tolist()
+        image.putpalette(palette + [0] * (768 - len(palette)))
+        return image
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    # Smooth gradients plus noise: realistic enough for resizing, distinct per seed.
+    yy, xx = np.mgrid[0:height, 0:width]
+    base = np.stack([(xx * (c + 1) + yy * (seed + 2)) % 256 for c in range(channels)], axis=-1)
+    noise = rng.integers(0, 40, size=base.shape)
+    pixels = ((base + noise) % 256).astype(np.uint8)
+    if channels == 1:
+        pixels = pixels[..., 0]
+    return Image.fromarray(pixels, mode=mode)
+
+
+def encode_image(image: Image.Image, fmt: str = "PNG", **save_kwargs) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **save_kwargs)
+    return buf.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def image_data_url(image: Image.Image, fmt: str = "PNG") -> str:
+    return data_url(encode_image(image, fmt), f"image/{fmt.lower()}")
+
+
+def decoded(data: bytes) -> Image.Image:
+    """What a client's bytes decode to: the oracle sees exactly this image."""
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image
+
+
+@dataclass
+class ChatCase:
+    """A chat request in Tessera's form plus what the oracle needs for the same request."""
+
+    body: dict
+    oracle_messages: list[dict]
+    images: list[Image.Image] = field(default_factory=list)
+
+
+def chat_case(*parts: str | bytes | tuple[bytes, str], fmt: str = "PNG") -> ChatCase:
+    """Parts in order: str is text, bytes is an encoded image (PNG by default), (bytes, mime) too."""
+    content: list[dict] = []
+    oracle_content: list[dict] = []
+    images: list[Image.Image] = []
+    for part in parts:
+        if isinstance(part, str):
+            content.append({"type": "text", "text": part})
+            oracle_content.append({"type": "text", "text": part})
+            continue
+        data, mime = part if isinstance(part, tuple) else (part, f"image/{fmt.lower()}")
+        content.append({"type": "image_url", "image_url": {"url": data_url(data, mime)}})
+        oracle_content.append({"type": "image"})
+        images.append(decoded(data))
+    messages = [{"role": "user", "content": content}]
+    return ChatCase(body={"messages": messages}, oracle_messages=[{"role": "user", "content": oracle_content}], images=images)

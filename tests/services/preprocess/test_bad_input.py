@@ -1,0 +1,111 @@
+"""Bad input: each case raises its typed error with a clear message; no crash, no hang, and the
+preprocessor keeps serving good requests afterwards."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+import zlib
+
+import pytest
+
+from services.preprocess import PreprocessConfig, Preprocessor
+from services.preprocess import errors as E
+from tests.factories import data_url, encode_image, image_data_url, make_image
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose IHDR claims width x height, with one tiny IDAT: a decompression-bomb header."""
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+
+
+def _user(*parts):
+    return {"messages": [{"role": "user", "content": list(parts)}]}
+
+
+def _img(url):
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+GOOD_PNG = encode_image(make_image(64, 64, seed=1))
+
+# (name, request body, expected error type, substring of the message)
+BAD_CASES = [
+    ("not_an_object", ["messages"], E.InvalidRequestError, "JSON object"),
+    ("no_prompt", {"model": "tiny"}, E.InvalidRequestError, "exactly one of"),
+    ("messages_not_list", {"messages": "hi"}, E.InvalidRequestError, "must be a list"),
+    ("empty_messages", {"messages": []}, E.InvalidRequestError, "must not be empty"),
+    ("bad_role", {"messages": [{"role": "robot", "content": "hi"}]}, E.InvalidRequestError, "role"),
+    ("unknown_part_type", _user({"type": "audio_url", "audio_url": {"url": "x"}}), E.InvalidRequestError, "unsupported content part type 'audio_url'"),
+    ("text_part_not_string", _user({"type": "text", "text": 5}), E.InvalidRequestError, "text must be a string"),
+    ("invalid_base64", _user(_img("data:image/png;base64,@@@not-base64@@@")), E.InvalidImageDataError, "not valid base64"),
+    ("bad_base64_padding", _user({"type": "image", "image": "abc"}), E.InvalidImageDataError, "not valid base64"),
+    ("non_image_bytes", _user(_img(data_url(b"hello, I am plain text, not a picture"))), E.InvalidImageDataError, "not a supported image"),
+    ("non_image_mime", _user(_img("data:text/plain;base64," + base64.b64encode(GOOD_PNG).decode())), E.InvalidImageDataError, "expected image/*"),
+    ("truncated_png", _user(_img(data_url(GOOD_PNG[: len(GOOD_PNG) // 2]))), E.InvalidImageDataError, "corrupt or truncated"),
+    ("zero_by_zero", _user(_img(data_url(_png_header_only(0, 0)))), E.InvalidImageDimensionsError, "zero size (0x0)"),
+    ("corrupt_png_header", _user(_img(data_url(GOOD_PNG[:8] + b"garbage" * 20))), E.InvalidImageDataError, "could not be parsed"),
+    ("header_bomb_60000", _user(_img(data_url(_png_header_only(60000, 60000)))), E.ImageTooLargeError, "3600000000 pixels"),
+    ("over_pixel_limit", _user(_img(image_data_url(make_image(3000, 2000)))), E.ImageTooLargeError, "over the limit"),
+    ("extreme_aspect_ratio", _user(_img(image_data_url(make_image(2010, 10)))), E.InvalidImageDimensionsError, "aspect ratio"),
+    ("too_many_images", _user(*[_img(image_data_url(make_image(32, 32))) for _ in range(5)]), E.TooManyImagesError, "at most 4"),
+    ("http_url_disabled", _user(_img("http://example.com/cat.png")), E.ImageSourceNotAllowedError, "remote image URLs are disabled"),
+    ("local_path_disabled", _user(_img("/etc/passwd")), E.ImageSourceNotAllowedError, "local image paths are disabled"),
+    ("image_in_assistant_turn", {"messages": [{"role": "assistant", "content": [_img(image_data_url(make_image(32, 32)))]}]}, E.InvalidRequestError, "only allowed in user messages"),
+    ("placeholder_count_mismatch", {"prompt": "<|vision_start|><|image_pad|><|vision_end|> two? <|image_pad|>", "images": [image_data_url(make_image(32, 32))]}, E.PlaceholderMismatchError, "2 image placeholder(s) but 1 image(s)"),
+    ("images_without_placeholder", {"prompt_token_ids": [1, 2, 3], "images": [image_data_url(make_image(32, 32))]}, E.PlaceholderMismatchError, "0 image placeholder(s)"),
+    ("token_id_out_of_vocab", {"prompt_token_ids": [1, 10**9]}, E.InvalidRequestError, "outside the vocabulary"),
+    ("token_ids_not_ints", {"prompt_token_ids": ["a"]}, E.InvalidRequestError, "non-negative integers"),
+    ("prompt_too_long", {"prompt": "word " * 600}, E.PromptTooLongError, "limit is 512"),
+    ("oversized_encoded_image", _user(_img(data_url(b"\0" * (3 * 1024 * 1024)))), E.ImageTooLargeError, "bytes, over the limit"),
+    ("bad_uuid", _user({"type": "image_url", "image_url": {"url": image_data_url(make_image(32, 32))}, "uuid": ""}), E.InvalidRequestError, "uuid"),
+]
+
+
+@pytest.fixture(scope="module")
+def strict_preprocessor(tiny_model):
+    config = PreprocessConfig(
+        max_image_bytes=2 * 1024 * 1024, max_image_pixels=4_000_000, max_images_per_request=4, max_prompt_tokens=512
+    )
+    return Preprocessor(tiny_model, config)
+
+
+@pytest.mark.parametrize("name,body,error_type,message", BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_input_raises_typed_error(name, body, error_type, message, strict_preprocessor):
+    started = time.monotonic()
+    with pytest.raises(error_type) as info:
+        strict_preprocessor.preprocess(body)
+    assert time.monotonic() - started < 10, "bad input must fail fast"
+    assert message in info.value.message
+    assert 400 <= info.value.status_code < 500
+    # The preprocessor is unharmed: a good request still succeeds.
+    result = strict_preprocessor.preprocess(_user(_img(data_url(GOOD_PNG)), {"type": "text", "text": "ok"}))
+    assert len(result.mm_items) == 1
+
+
+def test_remote_url_off_allow_list_is_refused(tiny_model):
+    config = PreprocessConfig(allow_remote_images=True, allowed_image_domains=("images.example.org",))
+    preprocessor = Preprocessor(tiny_model, config)
+    with pytest.raises(E.ImageSourceNotAllowedError, match="not on the allowed domain list"):
+        preprocessor.preprocess(_user(_img("https://evil.example.com/x.png")))
+
+
+def test_local_path_outside_media_dir_is_refused(tiny_model, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "ok.png").write_bytes(GOOD_PNG)
+    (tmp_path / "secret.png").write_bytes(GOOD_PNG)
+    preprocessor = Preprocessor(tiny_model, PreprocessConfig(local_media_dir=media))
+    assert len(preprocessor.preprocess(_user(_img(str(media / "ok.png")))).mm_items) == 1
+    assert len(preprocessor.preprocess(_user(_img(f"file://{media / 'ok.png'}"))).mm_items) == 1
+    for escape in (str(tmp_path / "secret.png"), str(media / ".." / "secret.png"), f"file://{tmp_path}/secret.png"):
+        with pytest.raises(E.ImageSourceNotAllowedError, match="outside the allowed media directory"):
+            preprocessor.preprocess(_user(_img(escape)))
+    with pytest.raises(E.ImageFetchError, match="could not read"):
+        preprocessor.preprocess(_user(_img(str(media / "missing.png"))))
