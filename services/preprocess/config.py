@@ -30,6 +30,8 @@ class PreprocessConfig:
     local_media_dir: Path | None = None
     # Byte budget of the processor cache (pixel tensors); 0 disables it.
     processor_cache_bytes: int = 512 * 1024 * 1024
+    # Entries of the encoded-file -> mm_hash memo (80 bytes each); 0 disables it.
+    file_hash_memo_entries: int = 65536
     # Overrides the model's image-processor pixel bounds; part of mm_hash's processor kwargs.
     min_pixels: int | None = None
     max_pixels: int | None = None
@@ -38,8 +40,8 @@ class PreprocessConfig:
         for name in ("max_image_bytes", "max_image_pixels", "max_images_per_request", "max_prompt_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.processor_cache_bytes < 0:
-            raise ValueError("processor_cache_bytes must be >= 0")
+        if self.processor_cache_bytes < 0 or self.file_hash_memo_entries < 0:
+            raise ValueError("processor_cache_bytes and file_hash_memo_entries must be >= 0")
         if self.remote_fetch_timeout_s <= 0:
             raise ValueError("remote_fetch_timeout_s must be positive")
         if self.allowed_image_domains and not self.allow_remote_images:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import blake3
 import torch
 from PIL import Image
 
@@ -21,7 +22,7 @@ from services.preprocess.image_processing import ImageProcessor, ProcessedImage
 from services.preprocess.image_sources import load_image_bytes
 from services.preprocess.mrope import mrope_positions
 from services.preprocess.placeholders import expand_placeholders
-from services.preprocess.processor_cache import ProcessorCache
+from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
 from services.preprocess.request_parsing import ImageInput, ParsedRequest, parse_request
 from shared.hashing import mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.models.registry import ModelRef
@@ -79,6 +80,8 @@ class Preprocessor:
         self.image_processor = ImageProcessor(model.path, min_pixels=self.config.min_pixels, max_pixels=self.config.max_pixels)
         self.processor_cache = ProcessorCache(self.config.processor_cache_bytes)
         self._hash_kwargs = self.image_processor.kwargs_for_hash
+        # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
+        self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)
 
     def preprocess(self, body: object) -> PreprocessedRequest:
         parsed = parse_request(body, max_images=self.config.max_images_per_request)
@@ -111,7 +114,11 @@ class Preprocessor:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _load_image(self, image_input: ImageInput) -> tuple[MmHash, ProcessedImage, bool]:
-        """(mm_hash, processed image, processor-cache hit) for one image."""
+        """(mm_hash, processed image, processor-cache hit) for one image.
+
+        Lookup order: client stable id, else the encoded-bytes memo (a repeat of the exact same
+        file skips decoding), else decode and hash the pixels.
+        """
         pil: Image.Image | None = None
         if image_input.uuid is not None:
             # A stable id names the content: on a hit, neither the bytes nor the pixels are touched.
@@ -119,8 +126,15 @@ class Preprocessor:
                 model_id=self.model.model_id, modality="image", stable_id=image_input.uuid, processor_kwargs=self._hash_kwargs
             )
         else:
-            pil = decode_image(load_image_bytes(image_input.reference, self.config), self.config)
-            mm_hash = self._hash_pixels(pil)
+            data = load_image_bytes(image_input.reference, self.config)
+            file_key = blake3.blake3(data).digest()
+            memo_hash = self._file_to_mm_hash.get(file_key)
+            if memo_hash is not None and memo_hash in self.processor_cache:
+                mm_hash = memo_hash
+            else:
+                pil = decode_image(data, self.config)
+                mm_hash = self._hash_pixels(pil)
+                self._file_to_mm_hash.put(file_key, mm_hash)
         cached = self.processor_cache.get(mm_hash)
         if cached is not None:
             return mm_hash, cached, True

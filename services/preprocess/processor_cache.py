@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from services.preprocess.image_processing import ProcessedImage
 from shared.types import MmHash
@@ -64,3 +65,34 @@ class ProcessorCache:
 
     def __len__(self) -> int:
         return len(self._hash_to_item)
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class BoundedMemo(Generic[K, V]):
+    """An entry-bounded LRU map for small derived values (never more than ``max_entries``)."""
+
+    def __init__(self, max_entries: int) -> None:
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        self.max_entries = max_entries
+        self._key_to_value: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        value = self._key_to_value.get(key)
+        if value is not None:
+            self._key_to_value.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        if self.max_entries == 0:
+            return
+        self._key_to_value[key] = value
+        self._key_to_value.move_to_end(key)
+        while len(self._key_to_value) > self.max_entries:
+            self._key_to_value.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._key_to_value)

@@ -81,3 +81,37 @@ def test_preprocessor_cache_respects_budget_under_random_images(tiny_model):
         preprocessor.preprocess({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
         assert preprocessor.processor_cache.stats.num_bytes <= budget
     assert preprocessor.processor_cache.stats.num_evictions > 0
+
+
+def test_bounded_memo_keeps_at_most_its_entries_in_lru_order():
+    from services.preprocess.processor_cache import BoundedMemo
+
+    memo: BoundedMemo[str, int] = BoundedMemo(2)
+    memo.put("a", 1)
+    memo.put("b", 2)
+    assert memo.get("a") == 1
+    memo.put("c", 3)
+    assert len(memo) == 2 and memo.get("b") is None and memo.get("a") == 1 and memo.get("c") == 3
+    disabled: BoundedMemo[str, int] = BoundedMemo(0)
+    disabled.put("a", 1)
+    assert disabled.get("a") is None
+
+
+def test_exact_repeat_skips_decoding_but_same_pixels_new_file_still_hit(tiny_model, monkeypatch):
+    from services.preprocess import preprocessor as module
+
+    preprocessor = Preprocessor(tiny_model)
+    image = make_image(100, 80, seed=12)
+    png_url = image_data_url(image, "PNG")
+    body = lambda url: {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]}  # noqa: E731
+    first = preprocessor.preprocess(body(png_url))
+    calls = []
+    real_decode = module.decode_image
+    monkeypatch.setattr(module, "decode_image", lambda *a: calls.append(1) or real_decode(*a))
+    again = preprocessor.preprocess(body(png_url))
+    assert calls == [] and again.mm_items[0].mm_hash == first.mm_items[0].mm_hash
+    from tests.factories import data_url, encode_image
+
+    webp = preprocessor.preprocess(body(data_url(encode_image(image, "WEBP", lossless=True), "image/webp")))
+    assert calls == [1] and webp.mm_items[0].processor_cache_hit
+    assert webp.mm_items[0].mm_hash == first.mm_items[0].mm_hash
