@@ -1,2 +1,2 @@
-"""Attention backends behind one interface: a PyTorch reference (CPU and GPU) and flashinfer
-(CUDA only). Implemented by the engine issue."""
+"""Attention backends behind one interface (``kernels.attention.AttentionBackend``):
+a PyTorch reference that runs on CPU and GPU, and flashinfer, used only when CUDA is present."""

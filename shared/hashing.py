@@ -14,10 +14,11 @@ Lengths prefix every variable-size payload, so no two distinct values share an e
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import blake3
 
-from shared.types import MmHash
+from shared.types import BlockHash, MmHash, PlaceholderRange
 
 # Fixed 32-byte key: hashes are stable across processes, machines and releases of this contract.
 HASH_KEY = b"tessera/hash-contract/v1".ljust(32, b"\0")
@@ -113,3 +114,89 @@ def mm_hash_of_stable_id(
             }
         )
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Block hashes (prefix KV cache)
+#
+# block_hash[i] = digest((parent, tuple(token_ids of block i), extra_keys_i))
+#   parent       = block_hash[i-1], or ROOT_BLOCK_HASH for block 0 (a fixed constant)
+#   extra_keys_i = tagged tuples, in this order:
+#       ("lora", name)                        every block, when a LoRA adapter is active
+#       ("salt", cache_salt)                  block 0 only, when the request carries a salt
+#       ("mm", identifier, offset_in_item)    each image overlapping the block, in prompt order;
+#                                             offset_in_item = first overlapped token's index
+#                                             inside the item
+# Only full blocks are hashed. Tags keep kinds apart: a salt can never collide with an image id.
+# ---------------------------------------------------------------------------------------------
+
+ROOT_BLOCK_HASH = BlockHash(digest_hex("tessera/root-block/v1"))
+
+
+@dataclass(frozen=True, slots=True)
+class MmSpan:
+    """An item's identity (mm_hash, or ``lora:mm_hash``) and its placeholder span in the prompt."""
+
+    identifier: str
+    placeholder: PlaceholderRange
+
+
+def block_extra_keys(
+    block_index: int,
+    block_size: int,
+    mm_spans: Sequence[MmSpan] = (),
+    *,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+) -> tuple:
+    start, end = block_index * block_size, (block_index + 1) * block_size
+    keys: list[tuple] = []
+    if lora_name is not None:
+        keys.append(("lora", lora_name))
+    if cache_salt is not None and block_index == 0:
+        keys.append(("salt", cache_salt))
+    for span in mm_spans:
+        lo, hi = span.placeholder.offset, span.placeholder.end
+        if lo < end and hi > start:
+            keys.append(("mm", span.identifier, max(start, lo) - lo))
+    return tuple(keys)
+
+
+def hash_block(parent: BlockHash, token_ids: Sequence[int], extra_keys: tuple = ()) -> BlockHash:
+    return BlockHash(digest_hex((parent, tuple(token_ids), extra_keys)))
+
+
+def extend_block_hashes(
+    existing: Sequence[BlockHash],
+    token_ids: Sequence[int],
+    block_size: int,
+    mm_spans: Sequence[MmSpan] = (),
+    *,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+) -> list[BlockHash]:
+    """``existing`` plus the hashes of every further full block of ``token_ids``.
+
+    ``existing`` must be the hashes of the first ``len(existing)`` blocks of the same tokens; this
+    lets a request hash incrementally as decode fills blocks.
+    """
+    hashes = list(existing)
+    parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
+    for index in range(len(hashes), len(token_ids) // block_size):
+        block = token_ids[index * block_size : (index + 1) * block_size]
+        extra = block_extra_keys(index, block_size, mm_spans, cache_salt=cache_salt, lora_name=lora_name)
+        parent = hash_block(parent, block, extra)
+        hashes.append(parent)
+    return hashes
+
+
+def block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    mm_spans: Sequence[MmSpan] = (),
+    *,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+) -> list[BlockHash]:
+    """Hashes of every full block of ``token_ids``."""
+    return extend_block_hashes([], token_ids, block_size, mm_spans, cache_salt=cache_salt, lora_name=lora_name)

@@ -1,0 +1,68 @@
+"""The attention-backend contract and the factory that picks a backend in one place.
+
+Paged KV layout (per layer): k_cache and v_cache are [num_blocks, block_size, num_kv_heads,
+head_dim] ("NHD", flashinfer's layout too). Token t of a request lives in slot
+block_table[t // block_size] * block_size + t % block_size.
+
+A step's batch packs every scheduled request's new tokens contiguously (prefill chunks and
+decode tokens alike). Request i owns query rows [query_start_loc[i], query_start_loc[i+1]) and
+attends causally over its first context_lens[i] tokens, the new ones being the last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    query_start_loc: list[int]  # len num_reqs + 1, cumulative new-token counts
+    context_lens: list[int]  # tokens in context per request, new tokens included
+    block_tables: list[list[int]]  # block ids per request, at least ceil(context_len / block_size)
+    slot_mapping: torch.Tensor  # [num_new_tokens] int64: where each new token's K/V is written
+    block_size: int
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.context_lens)
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def prepare(self, batch: AttentionBatch, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+        """Called once per step before the layers run: plan anything shared by all layers."""
+
+    def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: AttentionBatch) -> None:
+        """Store the new tokens' K/V ([num_new_tokens, num_kv_heads, head_dim]) into their slots."""
+
+    def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+        """q: [num_new_tokens, num_heads, head_dim] -> output of the same shape."""
+
+
+def available_backends() -> list[str]:
+    names = ["torch"]
+    from kernels.flashinfer_backend import flashinfer_available
+
+    if flashinfer_available():
+        names.append("flashinfer")
+    return names
+
+
+def create_backend(name: str, device: torch.device) -> AttentionBackend:
+    """``auto`` picks flashinfer on CUDA when it imports, else the PyTorch reference."""
+    from kernels.flashinfer_backend import FlashInferBackend, flashinfer_available
+    from kernels.torch_backend import TorchReferenceBackend
+
+    if name == "auto":
+        name = "flashinfer" if device.type == "cuda" and flashinfer_available() else "torch"
+    if name == "torch":
+        return TorchReferenceBackend()
+    if name == "flashinfer":
+        if device.type != "cuda" or not flashinfer_available():
+            raise ValueError("the flashinfer backend needs CUDA and the flashinfer package")
+        return FlashInferBackend(device)
+    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or flashinfer")
