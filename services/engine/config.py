@@ -1,0 +1,86 @@
+"""Typed, validated engine configuration (CLI flags or ``TESSERA_ENGINE_<FIELD>`` variables)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+ENV_PREFIX = "TESSERA_ENGINE_"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int = 16
+    # KV pool size: an explicit block count, or derived from a byte budget.
+    num_kv_blocks: int | None = None
+    kv_cache_bytes: int = 512 * 1024 * 1024
+    max_num_seqs: int = 16
+    # Token budget per step, shared by prefill chunks and decode tokens (chunked prefill).
+    max_num_batched_tokens: int = 2048
+    # Encoder cache budget in embedding rows, and how many rows the vision tower may produce per step.
+    encoder_cache_tokens: int = 16384
+    max_encoder_tokens_per_step: int = 16384
+    # Never split one image's placeholder span across steps (seed 000 §22.4.2).
+    disable_chunked_mm_input: bool = False
+    enable_prefix_caching: bool = True
+    max_model_len: int = 32768
+    attention_backend: str = "auto"
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens", "encoder_cache_tokens", "max_encoder_tokens_per_step", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError("num_kv_blocks must be positive")
+        if self.max_encoder_tokens_per_step > self.encoder_cache_tokens:
+            raise ValueError("max_encoder_tokens_per_step cannot exceed encoder_cache_tokens")
+        if self.attention_backend not in ("auto", "torch", "flashinfer"):
+            raise ValueError(f"attention_backend must be auto, torch or flashinfer, got {self.attention_backend!r}")
+
+    def resolve_num_kv_blocks(self, *, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+        if self.num_kv_blocks is not None:
+            return self.num_kv_blocks
+        bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * dtype_bytes
+        return max(1, self.kv_cache_bytes // bytes_per_block)
+
+    @classmethod
+    def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("engine")
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            if f.type == "bool":
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            else:
+                group.add_argument(flag, default=None)
+
+    @classmethod
+    def from_sources(cls, args: argparse.Namespace | None = None, env: dict[str, str] | None = None, **overrides) -> EngineConfig:
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = getattr(args, f.name, None) if args is not None else None
+            if raw is None:
+                raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f.name, f.type, raw)
+        values.update(overrides)
+        return cls(**values)
+
+
+def _parse(name: str, type_name: str, raw: object) -> object:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if type_name == "bool":
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if type_name == "str":
+            return raw
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"invalid value for {name}: {raw!r}") from None

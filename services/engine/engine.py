@@ -1,0 +1,134 @@
+"""The single-process engine: ``step() = schedule -> run -> postprocess``.
+
+Admission checks make "a request that does not fit waits, never crashes" hold: anything that
+could never be scheduled (more KV blocks than the pool, an image larger than the encoder cache
+or the per-step encoder budget) is rejected up front with a clear error instead of waiting
+forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from services.engine.config import EngineConfig
+from services.engine.encoder_cache_manager import EncoderCacheManager
+from services.engine.kv.kv_cache_manager import KVCacheManager
+from services.engine.model_runner import ModelRunner
+from services.engine.output_processor import OutputProcessor, RequestOutput
+from services.engine.request import MmFeature, Request, RequestStatus
+from services.engine.sampling import Sampler, SamplingParams
+from services.engine.scheduler import Scheduler
+from services.preprocess import PreprocessedRequest
+from shared.models.registry import ModelRef
+
+
+class RequestRejectedError(ValueError):
+    """The request can never run under this engine's configuration."""
+
+
+class Engine:
+    def __init__(self, model: ModelRef, config: EngineConfig | None = None, *, tokenizer=None) -> None:
+        self.config = config or EngineConfig()
+        self.runner = ModelRunner(model, self.config)
+        self.kv = KVCacheManager(self.runner.num_kv_blocks, self.config.block_size, enable_caching=self.config.enable_prefix_caching)
+        self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
+        self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)
+        self.sampler = Sampler()
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(model.path))
+        self.outputs = OutputProcessor(tokenizer, self.runner.checkpoint.eos_token_ids)
+        self.requests: dict[str, Request] = {}
+        self.num_steps = 0
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt: PreprocessedRequest, sampling: SamplingParams, *, cache_salt: str | None = None
+    ) -> None:
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt.prompt_token_ids),
+            sampling=sampling,
+            mrope_positions=prompt.mrope_positions,
+            mrope_delta=prompt.mrope_delta,
+            mm_features=[
+                MmFeature(item.mm_hash, item.placeholder, item.image.grid_thw, item.image.pixel_values)
+                for item in prompt.mm_items
+            ],
+            cache_salt=cache_salt,
+        )
+        self._check_admissible(request)
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is not None:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+            self.sampler.forget(request_id)
+            self._sync_encoder_outputs()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return []
+        self.num_steps += 1
+        result = self.runner.execute(plan, self.kv)
+        sampled = self.sampler.sample(result.logits, [r.request_id for r in result.requests], [r.sampling for r in result.requests]) if result.requests else []
+        token_for = dict(zip((r.request_id for r in result.requests), sampled))
+        outputs = []
+        for item in plan.scheduled:
+            request = item.request
+            request.num_computed_tokens += item.num_new_tokens
+            self.kv.cache_computed_blocks(request)
+            self.scheduler.release_finished_encoder_inputs(request)
+            new_tokens: list[int] = []
+            if request.request_id in token_for:
+                token = token_for[request.request_id]
+                new_tokens.append(token)
+                status = self.outputs.append_token(request, token)
+                if status is not None:
+                    self.scheduler.finish(request, status)
+                    self.requests.pop(request.request_id, None)
+                    self.sampler.forget(request.request_id)
+            if new_tokens:
+                outputs.append(self.outputs.snapshot(request, new_tokens))
+        self._sync_encoder_outputs()
+        return outputs
+
+    def run_to_completion(self) -> Iterator[RequestOutput]:
+        while self.has_unfinished():
+            yield from self.step()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _sync_encoder_outputs(self) -> None:
+        self.runner.drop_encoder_outputs(self.encoder_cache.drain_evicted())
+        self.encoder_cache.drain_stored()
+
+    def _check_admissible(self, request: Request) -> None:
+        total = request.num_prompt_tokens + request.sampling.max_tokens
+        if total > self.config.max_model_len:
+            raise RequestRejectedError(
+                f"prompt ({request.num_prompt_tokens} tokens) plus max_tokens ({request.sampling.max_tokens}) "
+                f"exceeds the model length limit of {self.config.max_model_len}"
+            )
+        if self.kv.blocks_needed(total) > self.runner.num_kv_blocks:
+            raise RequestRejectedError(
+                f"request needs {self.kv.blocks_needed(total)} KV blocks but the pool has {self.runner.num_kv_blocks}"
+            )
+        for feature in request.mm_features:
+            limit = min(self.config.encoder_cache_tokens, self.config.max_encoder_tokens_per_step)
+            if feature.num_embeds > limit:
+                raise RequestRejectedError(f"an image needs {feature.num_embeds} embedding rows; the encoder limit is {limit}")
+            if self.config.disable_chunked_mm_input and feature.num_embeds > self.config.max_num_batched_tokens:
+                raise RequestRejectedError(
+                    f"an image spans {feature.num_embeds} tokens, more than max_num_batched_tokens "
+                    f"({self.config.max_num_batched_tokens}), and disable_chunked_mm_input forbids splitting it"
+                )

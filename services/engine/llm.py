@@ -1,0 +1,70 @@
+"""A small Python API over preprocessing and the engine.
+
+    llm = LLM("tiny")
+    [result] = llm.generate([{"messages": [...]}], SamplingParams(max_tokens=32))
+    result.text, result.token_ids, result.usage
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from services.engine.config import EngineConfig
+from services.engine.engine import Engine
+from services.engine.sampling import SamplingParams
+from services.preprocess import PreprocessConfig, Preprocessor
+from shared.models.registry import resolve_model
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    usage: Usage
+
+
+class LLM:
+    def __init__(self, model: str = "tiny", engine_config: EngineConfig | None = None, preprocess_config: PreprocessConfig | None = None) -> None:
+        self.model = resolve_model(model)
+        self.preprocessor = Preprocessor(self.model, preprocess_config)
+        self.engine = Engine(self.model, engine_config, tokenizer=self.preprocessor.tokenizer)
+        self._ids = itertools.count()
+
+    def generate(self, requests: list[dict], sampling: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
+        """Run every request to completion, batched together; results in input order."""
+        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(requests)
+        if len(params) != len(requests):
+            raise ValueError("one SamplingParams per request, or a single one for all")
+        order = []
+        for body, p in zip(requests, params):
+            request_id = f"req-{next(self._ids)}"
+            self.engine.add_request(request_id, self.preprocessor.preprocess(body), p, cache_salt=body.get("cache_salt"))
+            order.append(request_id)
+        finals = {}
+        for output in self.engine.run_to_completion():
+            if output.finished:
+                finals[output.request_id] = output
+        return [
+            GenerationResult(
+                request_id=rid,
+                text=finals[rid].text,
+                token_ids=finals[rid].output_token_ids,
+                finish_reason=finals[rid].finish_reason or "",
+                usage=Usage(finals[rid].num_prompt_tokens, len(finals[rid].output_token_ids), finals[rid].num_cached_tokens),
+            )
+            for rid in order
+        ]

@@ -1,0 +1,149 @@
+"""Our Qwen2-VL / Qwen2.5-VL text decoder over a paged KV cache.
+
+Per layer:  h = x + o_proj(attn(rope(q_proj(rms(x))), rope(k_proj(rms(x))), v_proj(rms(x))))
+            y = h + down(silu(gate(rms(h))) * up(rms(h)))
+M-RoPE: the head_dim/2 rotary frequencies are split into mrope_section (t, h, w) chunks; chunk i
+rotates by the token's position on axis i. cos/sin are then duplicated across the two halves
+(rotate_half convention), as in Qwen2-VL.
+Tokens from all scheduled requests are packed into one [num_tokens, hidden] batch; attention is
+the only per-request operation and goes through the attention backend.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.attention import AttentionBackend, AttentionBatch
+from services.engine.model.checkpoint import TextConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class MRotaryEmbedding(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        if sum(config.mrope_section) != dim // 2:
+            raise ValueError(f"mrope_section {config.mrope_section} must sum to head_dim/2 = {dim // 2}")
+        self.mrope_section = list(config.mrope_section)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (3, N) -> cos, sin of shape (N, head_dim)."""
+        freqs = positions[..., None].float() * self.inv_freq  # (3, N, dim/2)
+        chunks = freqs.split(self.mrope_section, dim=-1)
+        freqs = torch.cat([chunk[i % 3] for i, chunk in enumerate(chunks)], dim=-1)  # (N, dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (N, heads, head_dim); cos/sin (N, head_dim)."""
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=True)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=True)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=True)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, cos, sin, kv_cache, batch: AttentionBatch, backend: AttentionBackend) -> torch.Tensor:
+        n = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(n, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        backend.write_kv(k_cache, v_cache, k, v, batch)
+        out = backend.attend(q, k_cache, v_cache, batch, self.scale)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv_cache, batch, backend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, batch, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = MRotaryEmbedding(config)
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        state = dict(weights)
+        if "lm_head.weight" not in state:
+            if not self.config.tie_word_embeddings:
+                raise ValueError("checkpoint has no lm_head.weight and does not tie embeddings")
+            state["lm_head.weight"] = state["embed_tokens.weight"]
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        inputs_embeds: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        batch: AttentionBatch,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """inputs_embeds (N, hidden), positions (3, N) -> final hidden states (N, hidden)."""
+        cos, sin = self.rotary(positions)
+        backend.prepare(batch, num_heads=self.config.num_heads, num_kv_heads=self.config.num_kv_heads, head_dim=self.config.head_dim)
+        x = inputs_embeds
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, cos, sin, kv_cache, batch, backend)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

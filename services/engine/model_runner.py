@@ -1,0 +1,118 @@
+"""Executes one scheduled step: run the vision tower for newly scheduled images, merge image
+embeddings into the token embeddings, run the decoder over the packed batch, and return the
+logits of every request whose scheduled range reaches its last token (it samples this step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.attention import AttentionBatch, create_backend
+from services.engine.config import EngineConfig
+from services.engine.kv.kv_cache_manager import KVCacheManager
+from services.engine.model.checkpoint import load_config, load_weights
+from services.engine.model.text_decoder import TextDecoder
+from services.engine.model.vision import VisionEncoder, build_vision_tower
+from services.engine.request import Request
+from services.engine.scheduler import SchedulerOutput
+from shared.models.registry import ModelRef
+
+
+@dataclass(slots=True)
+class StepLogits:
+    requests: list[Request]
+    logits: torch.Tensor  # [len(requests), vocab] float32
+
+
+class ModelRunner:
+    def __init__(self, model: ModelRef, config: EngineConfig) -> None:
+        self.device = torch.device(config.device)
+        self.dtype = torch.float32
+        self.checkpoint = load_config(model.path)
+        text_weights, vision_weights = load_weights(model.path, self.dtype)
+        self.decoder = TextDecoder(self.checkpoint.text)
+        self.decoder.load(text_weights)
+        self.decoder.to(self.device).eval()
+        merge = self.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
+        self.vision = VisionEncoder(build_vision_tower(self.checkpoint, vision_weights, self.dtype, self.device), merge)
+        text = self.checkpoint.text
+        self.num_kv_blocks = config.resolve_num_kv_blocks(
+            num_layers=text.num_layers, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4
+        )
+        shape = (self.num_kv_blocks, config.block_size, text.num_kv_heads, text.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(text.num_layers)
+        ]
+        self.backend = create_backend(config.attention_backend, self.device)
+        self.block_size = config.block_size
+        # identifier -> embeddings; residency is decided by the EncoderCacheManager.
+        self.encoder_outputs: dict[str, torch.Tensor] = {}
+
+    def drop_encoder_outputs(self, identifiers: list[str]) -> None:
+        for identifier in identifiers:
+            self.encoder_outputs.pop(identifier, None)
+
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput, kv: KVCacheManager) -> StepLogits:
+        self._run_encoder(step)
+        token_ids: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[int] = []
+        query_start_loc, context_lens, block_tables = [0], [], []
+        merges: list[tuple[int, torch.Tensor]] = []  # (row in batch, embedding rows)
+        sample_rows, sample_requests = [], []
+        for item in step.scheduled:
+            request, start = item.request, item.request.num_computed_tokens
+            end = start + item.num_new_tokens
+            row0 = len(token_ids)
+            token_ids.extend(request.token_ids()[start:end])
+            positions.append(request.positions(start, end))
+            table = kv.block_table(request)
+            slots.extend(table[t // self.block_size] * self.block_size + t % self.block_size for t in range(start, end))
+            query_start_loc.append(len(token_ids))
+            context_lens.append(end)
+            block_tables.append(table)
+            for feature in request.mm_features:
+                lo, hi = max(start, feature.placeholder.offset), min(end, feature.placeholder.end)
+                if lo < hi:
+                    rows = self.encoder_outputs[feature.identifier][lo - feature.placeholder.offset : hi - feature.placeholder.offset]
+                    merges.append((row0 + lo - start, rows))
+            if end == request.num_tokens:
+                sample_rows.append(len(token_ids) - 1)
+                sample_requests.append(request)
+
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
+        embeds = self.decoder.embed_tokens(ids)
+        for row, rows in merges:
+            embeds[row : row + rows.shape[0]] = rows.to(embeds.dtype)
+        batch = AttentionBatch(
+            query_start_loc=query_start_loc,
+            context_lens=context_lens,
+            block_tables=block_tables,
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
+            block_size=self.block_size,
+        )
+        hidden = self.decoder(embeds, torch.cat(positions, dim=1).to(self.device), self.kv_caches, batch, self.backend)
+        if not sample_rows:
+            return StepLogits([], torch.empty(0))
+        logits = self.decoder.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
+        return StepLogits(sample_requests, logits.cpu())
+
+    def _run_encoder(self, step: SchedulerOutput) -> None:
+        pending: dict[str, tuple[torch.Tensor, tuple[int, int, int]]] = {}
+        for item in step.scheduled:
+            for index in item.encoder_inputs:
+                feature = item.request.mm_features[index]
+                if feature.identifier in self.encoder_outputs or feature.identifier in pending:
+                    continue
+                if feature.pixel_values is None:
+                    raise RuntimeError(f"image {feature.identifier} must be encoded but its pixels were not sent")
+                pending[feature.identifier] = (feature.pixel_values, feature.grid_thw)
+        if not pending:
+            return
+        outputs = self.vision.encode([p for p, _ in pending.values()], [g for _, g in pending.values()])
+        for identifier, embeds in zip(pending, outputs):
+            self.encoder_outputs[identifier] = embeds

@@ -1,0 +1,67 @@
+"""Turns sampled tokens into request progress: detokenize, apply stop conditions, finish.
+
+Stop order for each new token: stop token (EOS unless ignore_eos, plus stop_token_ids) ->
+stop string (the text is cut before the match, as OpenAI does) -> max_tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, eos_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    def append_token(self, request: Request, token_id: int) -> RequestStatus | None:
+        """Record ``token_id``; returns the finish status if the request is now done."""
+        request.output_token_ids.append(token_id)
+        params = request.sampling
+        if (not params.ignore_eos and token_id in self.eos_token_ids) or token_id in params.stop_token_ids:
+            request.output_text = self._decode(request)
+            return RequestStatus.FINISHED_STOPPED
+        if params.stop:
+            text = self._decode(request)
+            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
+            if cut >= 0:
+                request.output_text = text[:cut]
+                return RequestStatus.FINISHED_STOPPED
+            request.output_text = text
+        if len(request.output_token_ids) >= params.max_tokens:
+            request.output_text = self._decode(request)
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def snapshot(self, request: Request, new_token_ids: list[int]) -> RequestOutput:
+        finished = request.status.is_finished
+        if not request.sampling.stop and not finished:
+            request.output_text = self._decode(request)
+        return RequestOutput(
+            request_id=request.request_id,
+            new_token_ids=new_token_ids,
+            output_token_ids=list(request.output_token_ids),
+            text=request.output_text,
+            finished=finished,
+            finish_reason=request.status.value if finished else None,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_cached_tokens=request.num_cached_tokens or 0,
+        )
+
+    def _decode(self, request: Request) -> str:
+        ids = [t for t in request.output_token_ids if t not in self.eos_token_ids]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,89 @@
+"""The engine's view of one request: prompt, multimodal features, sampling and progress."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from services.engine.sampling import SamplingParams
+from shared.hashing import MmSpan, extend_block_hashes
+from shared.types import BlockHash, PlaceholderRange
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass(slots=True)
+class MmFeature:
+    """One image: identity, placeholder span, and the pixels to encode on an encoder-cache miss."""
+
+    identifier: str
+    placeholder: PlaceholderRange
+    grid_thw: tuple[int, int, int]
+    pixel_values: torch.Tensor | None
+
+    @property
+    def num_embeds(self) -> int:
+        return self.placeholder.length
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    mrope_positions: torch.Tensor  # (3, num_prompt_tokens)
+    mrope_delta: int
+    mm_features: list[MmFeature] = field(default_factory=list)
+    cache_salt: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    # Prompt tokens served from the prefix cache when the request was first scheduled.
+    num_cached_tokens: int | None = None
+    status: RequestStatus = RequestStatus.WAITING
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_preemptions: int = 0
+    output_text: str = ""
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def update_block_hashes(self, block_size: int) -> list[BlockHash]:
+        """Extend block_hashes to cover every full block of the current tokens."""
+        if len(self.block_hashes) < self.num_tokens // block_size:
+            spans = [MmSpan(f.identifier, f.placeholder) for f in self.mm_features]
+            self.block_hashes = extend_block_hashes(
+                self.block_hashes, self.token_ids(), block_size, spans, cache_salt=self.cache_salt
+            )
+        return self.block_hashes
+
+    def positions(self, start: int, end: int) -> torch.Tensor:
+        """(3, end - start) M-RoPE positions of tokens [start, end); generated tokens continue at
+        index + mrope_delta on all three axes."""
+        prompt_len = self.num_prompt_tokens
+        parts = []
+        if start < prompt_len:
+            parts.append(self.mrope_positions[:, start : min(end, prompt_len)])
+        if end > prompt_len:
+            tail = torch.arange(max(start, prompt_len), end, dtype=torch.long) + self.mrope_delta
+            parts.append(tail.expand(3, -1))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)

@@ -1,0 +1,85 @@
+"""Sampling parameters and the sampler.
+
+Order per request: temperature == 0 -> argmax. Otherwise logits / temperature -> top-k filter ->
+top-p (nucleus) filter over the sorted probabilities -> sample with the request's own generator,
+seeded from ``seed`` when given, so a seeded request is reproducible whatever else is batched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class Sampler:
+    _generators: dict[str, torch.Generator] = field(default_factory=dict)
+
+    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int]:
+        """logits: [num_reqs, vocab] float32 -> one token per request."""
+        greedy = logits.argmax(dim=-1).tolist()
+        out = []
+        for row, request_id, p in zip(range(logits.shape[0]), request_ids, params):
+            if p.is_greedy:
+                out.append(greedy[row])
+            else:
+                out.append(self._sample_one(logits[row], self._generator(request_id, p), p))
+        return out
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+        generator = self._generators.get(request_id)
+        if generator is None:
+            generator = torch.Generator()
+            if params.seed is not None:
+                generator.manual_seed(params.seed)
+            else:
+                generator.seed()
+            self._generators[request_id] = generator
+        return generator
+
+    @staticmethod
+    def _sample_one(logits: torch.Tensor, generator: torch.Generator, p: SamplingParams) -> int:
+        scaled = logits.float() / p.temperature
+        if p.top_k > 0 and p.top_k < scaled.numel():
+            kth = torch.topk(scaled, p.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+            drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())

@@ -1,0 +1,159 @@
+"""Continuous-batching scheduler with chunked prefill (one step = one token budget).
+
+Each step:
+  1. running requests, in admission order: schedule their remaining tokens (1 when decoding, a
+     chunk when a prefill was split); if KV cannot be allocated, preempt the most recently
+     admitted running request (recompute mode: its blocks are freed and it rejoins the front of
+     the waiting queue) and retry;
+  2. waiting requests, first come first served, while budget and sequence slots remain: adopt
+     the longest cached prefix, then schedule as many tokens as the budget allows. The head of
+     the queue blocks the rest if it does not fit (no starvation of large requests).
+Images: a scheduled token range that reaches into an image's placeholder needs that image's
+embeddings. They come from the encoder cache, or the image is scheduled for encoding if the
+per-step encoder budget and the cache allow; otherwise the range stops before the image. With
+disable_chunked_mm_input, a range never ends inside an image's span.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.engine.config import EngineConfig
+from services.engine.encoder_cache_manager import EncoderCacheManager
+from services.engine.kv.block_pool import KVBlock
+from services.engine.kv.kv_cache_manager import KVCacheManager
+from services.engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    encoder_inputs: list[int] = field(default_factory=list)  # indices into request.mm_features
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, encoder_cache: EncoderCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.encoder_cache = encoder_cache
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        encoder_budget = self.config.max_encoder_tokens_per_step
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            wanted = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new, encode, encoder_budget_after = self._plan_encoder(request, request.num_computed_tokens, wanted, encoder_budget)
+            if num_new == 0:
+                index += 1
+                continue
+            while not self.kv.allocate(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                self._commit_encoder(request, encode)
+                encoder_budget = encoder_budget_after
+                scheduled.append(ScheduledRequest(request, num_new, encode))
+                budget -= num_new
+                index += 1
+                continue
+            break  # the request itself was preempted
+
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+            request = self.waiting[0]
+            cached: list[KVBlock] = self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
+            start = request.num_computed_tokens + len(cached) * self.kv.block_size
+            wanted = min(request.num_tokens - start, budget)
+            num_new, encode, encoder_budget_after = self._plan_encoder(request, start, wanted, encoder_budget)
+            if num_new == 0 or not self.kv.allocate(request, num_new, cached):
+                break
+            self.waiting.popleft()
+            self._commit_encoder(request, encode)
+            encoder_budget = encoder_budget_after
+            request.num_computed_tokens = start
+            if request.num_cached_tokens is None:
+                request.num_cached_tokens = min(start, request.num_prompt_tokens)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            scheduled.append(ScheduledRequest(request, num_new, encode))
+            budget -= num_new
+        return SchedulerOutput(scheduled, preempted)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        self.encoder_cache.free_request(request.request_id, [f.identifier for f in request.mm_features])
+
+    def release_finished_encoder_inputs(self, request: Request) -> None:
+        """Drop this request's reference to images it has fully consumed."""
+        for feature in request.mm_features:
+            if feature.placeholder.end <= request.num_computed_tokens:
+                self.encoder_cache.free_encoder_input(request.request_id, feature.identifier)
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        self.encoder_cache.free_request(request.request_id, [f.identifier for f in request.mm_features])
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+
+    def _plan_encoder(self, request: Request, start: int, num_new: int, encoder_budget: int) -> tuple[int, list[int], int]:
+        """(tokens that can run, features to encode, encoder budget left) for range [start, start+num_new)."""
+        encode: list[int] = []
+        planned_rows = 0
+        for index, feature in enumerate(request.mm_features):
+            lo, hi = feature.placeholder.offset, feature.placeholder.end
+            if lo >= start + num_new:
+                break
+            if hi <= start:
+                continue
+            if self.config.disable_chunked_mm_input and lo >= start and hi > start + num_new:
+                return lo - start, encode, encoder_budget  # stop before the image rather than split it
+            if self.encoder_cache.check_and_update_cache(request.request_id, feature.identifier):
+                continue
+            rows = feature.num_embeds
+            if rows > encoder_budget or not self.encoder_cache.can_allocate(planned_rows + rows):
+                return max(0, lo - start), encode, encoder_budget
+            encode.append(index)
+            encoder_budget -= rows
+            planned_rows += rows
+        return num_new, encode, encoder_budget
+
+    def _commit_encoder(self, request: Request, encode: list[int]) -> None:
+        for index in encode:
+            feature = request.mm_features[index]
+            if not self.encoder_cache.check_and_update_cache(request.request_id, feature.identifier):
+                self.encoder_cache.allocate(request.request_id, feature.identifier, feature.num_embeds)
