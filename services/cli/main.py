@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from services.cli import models_cmd, preprocess_cmd
+from services.cli import generate_cmd, models_cmd, preprocess_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     models_cmd.register(subparsers)
     preprocess_cmd.register(subparsers)
+    generate_cmd.register(subparsers)
     return parser
 
 

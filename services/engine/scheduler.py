@@ -50,6 +50,7 @@ class Scheduler:
         self.encoder_cache = encoder_cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
@@ -127,6 +128,7 @@ class Scheduler:
         self.encoder_cache.free_request(request.request_id, [f.identifier for f in request.mm_features])
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        self.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 

@@ -1,0 +1,76 @@
+"""Every attention backend must equal dense causal attention on the same packed batch.
+flashinfer runs only where CUDA is present."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.attention import AttentionBatch, available_backends, create_backend
+
+
+def _dense_reference(qs, ks, vs, scale):
+    outs = []
+    for q, k, v in zip(qs, ks, vs):
+        n, ctx = q.shape[0], k.shape[0]
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        scores = torch.einsum("nhd,chd->hnc", q, k) * scale
+        mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+        scores = scores.masked_fill(~mask, float("-inf"))
+        outs.append(torch.einsum("hnc,chd->nhd", scores.softmax(-1), v))
+    return torch.cat(outs)
+
+
+def _case(device, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4):
+    gen = torch.Generator().manual_seed(0)
+    # (context length, new tokens): a prefill, a chunk after a cached prefix, two decodes.
+    shapes = [(9, 9), (13, 5), (7, 1), (16, 1)]
+    num_blocks = 32
+    k_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim)
+    v_cache = torch.zeros_like(k_cache)
+    free = list(torch.randperm(num_blocks, generator=gen).tolist())
+    qs, ks, vs, tables, slots, qsl = [], [], [], [], [], [0]
+    new_k, new_v = [], []
+    for ctx, n in shapes:
+        table = [free.pop() for _ in range(-(-ctx // block_size))]
+        k = torch.randn(ctx, num_kv_heads, head_dim, generator=gen)
+        v = torch.randn(ctx, num_kv_heads, head_dim, generator=gen)
+        for t in range(ctx - n):  # the cached prefix is already in the pages
+            k_cache[table[t // block_size], t % block_size] = k[t]
+            v_cache[table[t // block_size], t % block_size] = v[t]
+        slots.extend(table[t // block_size] * block_size + t % block_size for t in range(ctx - n, ctx))
+        qs.append(torch.randn(n, num_heads, head_dim, generator=gen))
+        ks.append(k)
+        vs.append(v)
+        new_k.append(k[ctx - n :])
+        new_v.append(v[ctx - n :])
+        tables.append(table)
+        qsl.append(qsl[-1] + n)
+    batch = AttentionBatch(qsl, [c for c, _ in shapes], tables, torch.tensor(slots), block_size)
+    to = lambda t: t.to(device)  # noqa: E731
+    return (to(torch.cat(qs)), to(k_cache), to(v_cache), to(torch.cat(new_k)), to(torch.cat(new_v)), batch, qs, ks, vs)
+
+
+@pytest.mark.parametrize("name", ["torch", "flashinfer"])
+def test_backend_matches_dense_attention(name):
+    if name not in available_backends():
+        pytest.skip(f"{name} backend needs CUDA and its package; not available here")
+    device = torch.device("cuda" if name == "flashinfer" else "cpu")
+    q, k_cache, v_cache, k_new, v_new, batch, qs, ks, vs = _case(device)
+    batch.slot_mapping = batch.slot_mapping.to(device)
+    backend = create_backend(name, device)
+    backend.prepare(batch, num_heads=4, num_kv_heads=2, head_dim=16)
+    backend.write_kv(k_cache, v_cache, k_new, v_new, batch)
+    out = backend.attend(q, k_cache, v_cache, batch, scale=16**-0.5)
+    expected = _dense_reference(qs, ks, vs, 16**-0.5)
+    torch.testing.assert_close(out.cpu().float(), expected, atol=2e-3 if name == "flashinfer" else 1e-5, rtol=1e-3)
+
+
+def test_factory_chooses_in_one_place():
+    assert create_backend("auto", torch.device("cpu")).name == "torch"
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        create_backend("triton", torch.device("cpu"))
+    if "flashinfer" not in available_backends():
+        with pytest.raises(ValueError, match="needs CUDA"):
+            create_backend("flashinfer", torch.device("cpu"))

@@ -1,0 +1,68 @@
+"""Sampling parameters, the sampler, and stop conditions end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.engine.sampling import Sampler, SamplingParams
+from tests.factories import chat_case
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": -2}, "top_k"),
+        ({"stop": ("",)}, "stop"),
+    ],
+)
+def test_invalid_parameters_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_batch():
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=1.0, seed=42)
+    draws = []
+    for _ in range(2):
+        sampler = Sampler()
+        draws.append([sampler.sample(logits[:1], ["a"], [params])[0] for _ in range(5)])
+    alone = draws[0]
+    batched_sampler = Sampler()
+    batched = [batched_sampler.sample(logits[[0, 1]], ["a", "b"], [params, SamplingParams(temperature=1.0)])[0] for _ in range(5)]
+    assert draws[0] == draws[1] == batched == alone
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy():
+    logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(1))
+    sampler = Sampler()
+    greedy = logits.argmax(-1).tolist()
+    ids = [str(i) for i in range(4)]
+    assert sampler.sample(logits, ids, [SamplingParams(temperature=2.0, top_k=1, seed=1)] * 4) == greedy
+    assert sampler.sample(logits, ids, [SamplingParams(temperature=2.0, top_p=1e-6, seed=1)] * 4) == greedy
+
+
+def test_top_k_restricts_the_support():
+    logits = torch.arange(10, dtype=torch.float32)
+    sampler = Sampler()
+    draws = {sampler.sample(logits[None], ["r"], [SamplingParams(temperature=5.0, top_k=3, seed=3)])[0] for _ in range(200)}
+    assert draws <= {7, 8, 9} and len(draws) > 1
+
+
+def test_stop_strings_tokens_and_max_tokens(make_llm):
+    llm = make_llm()
+    body = chat_case("Tell me something.").body
+    [free] = llm.generate([body], SamplingParams(max_tokens=12, ignore_eos=True))
+    assert free.finish_reason == "length" and len(free.token_ids) == 12
+    # Stop on the 4th generated token id.
+    [by_token] = llm.generate([body], SamplingParams(max_tokens=12, stop_token_ids=(free.token_ids[3],), ignore_eos=True))
+    assert by_token.finish_reason == "stop" and by_token.token_ids == free.token_ids[:4]
+    # Stop on a string taken from the middle of the free-running text; the text is cut before it.
+    stop = free.text[len(free.text) // 2 :][:4]
+    [by_string] = llm.generate([body], SamplingParams(max_tokens=12, stop=(stop,), ignore_eos=True))
+    assert by_string.finish_reason == "stop"
+    assert stop not in by_string.text and free.text.startswith(by_string.text)
