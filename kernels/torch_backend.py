@@ -1,7 +1,7 @@
 """PyTorch reference attention over the paged KV cache (CPU and GPU).
 
-Per request: gather its context K/V through the block table, expand KV heads for GQA, and run
-scaled-dot-product attention with a causal mask aligned to the end of the context (new token j
+Per request: gather its context K/V through the block table and run
+scaled-dot-product attention (grouped-query heads shared natively) with a causal mask aligned to the end of the context (new token j
 of n sits at absolute position context_len - n + j).
 """
 
@@ -34,16 +34,14 @@ class TorchReferenceBackend:
             blocks = torch.tensor(batch.block_tables[i][:num_blocks], dtype=torch.long, device=q.device)
             keys = k_cache.index_select(0, blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
             values = v_cache.index_select(0, blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
-            if self._num_groups > 1:
-                keys = keys.repeat_interleave(self._num_groups, dim=1)
-                values = values.repeat_interleave(self._num_groups, dim=1)
             query = q[start:end].transpose(0, 1)  # [H, n, D]
             mask = None
             if num_new > 1:
                 positions = torch.arange(ctx - num_new, ctx, device=q.device)
                 mask = torch.arange(ctx, device=q.device)[None, :] <= positions[:, None]
             attn = F.scaled_dot_product_attention(
-                query, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale
+                query, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale,
+                enable_gqa=self._num_groups > 1,
             )
             out[start:end] = attn.transpose(0, 1)
         return out

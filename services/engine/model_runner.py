@@ -85,7 +85,7 @@ class ModelRunner:
                 sample_requests.append(request)
 
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        embeds = self.decoder.embed_tokens(ids)
+        embeds = self.decoder.embed(ids)
         for row, rows in merges:
             embeds[row : row + rows.shape[0]] = rows.to(embeds.dtype)
         batch = AttentionBatch(

