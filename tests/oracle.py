@@ -56,7 +56,7 @@ def _make_hf_processor(tokenizer, image_processor):
 
 class ReferenceOracle:
     def __init__(self, model_dir: Path, *, load_model: bool = True) -> None:
-        from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+        from transformers import AutoModelForImageTextToText, AutoTokenizer
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         self.model_dir = Path(model_dir)
@@ -65,7 +65,8 @@ class ReferenceOracle:
         self.processor = _make_hf_processor(self.tokenizer, self.image_processor)
         self.model = None
         if load_model:
-            self.model = Qwen2VLForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+            # Qwen2-VL or Qwen2.5-VL, whichever the checkpoint declares.
+            self.model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
     def chat_text(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
