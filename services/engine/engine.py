@@ -8,7 +8,9 @@ forever.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import torch
 
 from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
@@ -27,9 +29,9 @@ class RequestRejectedError(ValueError):
 
 
 class Engine:
-    def __init__(self, model: ModelRef, config: EngineConfig | None = None, *, tokenizer=None) -> None:
+    def __init__(self, model: ModelRef, config: EngineConfig | None = None, *, tokenizer=None, load_vision: bool = True) -> None:
         self.config = config or EngineConfig()
-        self.runner = ModelRunner(model, self.config)
+        self.runner = ModelRunner(model, self.config, load_vision=load_vision)
         self.kv = KVCacheManager(self.runner.num_kv_blocks, self.config.block_size, enable_caching=self.config.enable_prefix_caching)
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
         self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)
@@ -41,13 +43,13 @@ class Engine:
         self.outputs = OutputProcessor(tokenizer, self.runner.checkpoint.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.num_steps = 0
+        # Called as fn(request, block_ids) when a request finishes, before its KV is released.
+        self.finish_listeners: list[Callable[[Request, list[int]], None]] = []
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(
         self, request_id: str, prompt: PreprocessedRequest, sampling: SamplingParams, *, cache_salt: str | None = None
     ) -> None:
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in flight")
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt.prompt_token_ids),
@@ -60,9 +62,60 @@ class Engine:
             ],
             cache_salt=cache_salt,
         )
+        self.add(request)
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in flight")
         self._check_admissible(request)
-        self.requests[request_id] = request
+        self.requests[request.request_id] = request
         self.scheduler.add(request)
+
+    # -- disaggregation hooks ----------------------------------------------------------------
+    def has_embeddings(self, identifier: str) -> bool:
+        return identifier in self.runner.encoder_outputs
+
+    def import_embeddings(self, request_id: str, identifier: str, embeds: torch.Tensor) -> bool:
+        """Make an image's embeddings resident for ``request_id`` (computed elsewhere). Returns
+        False if the encoder cache has no room right now."""
+        if self.encoder_cache.check_and_update_cache(request_id, identifier):
+            return True
+        if not self.encoder_cache.can_allocate(embeds.shape[0]):
+            return False
+        self.encoder_cache.allocate(request_id, identifier, embeds.shape[0])
+        self.runner.encoder_outputs[identifier] = embeds.to(self.runner.device, self.runner.dtype)
+        self._sync_encoder_outputs()
+        return True
+
+    def import_prefilled(self, request: Request, first_token: int, kv_pages: list[tuple[torch.Tensor, torch.Tensor]]) -> RequestOutput | None:
+        """Adopt a request whose prompt KV was computed elsewhere, continuing from its first
+        token. Every block it may ever need is reserved now, so it can never be preempted (a
+        decode node could not recompute a prompt whose images it does not hold). Returns the
+        final output if the first token already finishes the request."""
+        self._check_admissible(request)
+        status = self.outputs.append_token(request, first_token)
+        if status is not None:
+            request.status = status
+            return self.outputs.snapshot(request, [first_token])
+        worst_case = request.num_prompt_tokens + request.sampling.max_tokens
+        if not self.kv.allocate(request, worst_case):
+            raise RequestRejectedError("decode node has no free KV pages for this request; retry later")
+        table = self.kv.block_table(request)
+        num_prompt_blocks = kv_pages[0][0].shape[0]
+        ids = torch.tensor(table[:num_prompt_blocks], dtype=torch.long, device=self.runner.device)
+        for (k_cache, v_cache), (k_pages, v_pages) in zip(self.runner.kv_caches, kv_pages):
+            k_cache.index_copy_(0, ids, k_pages.to(k_cache.device, k_cache.dtype))
+            v_cache.index_copy_(0, ids, v_pages.to(v_cache.device, v_cache.dtype))
+        request.num_computed_tokens = request.num_prompt_tokens
+        self.kv.cache_computed_blocks(request)
+        request.status = RequestStatus.RUNNING
+        self.requests[request.request_id] = request
+        self.scheduler.running.append(request)
+        return None
+
+    def kv_pages(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.runner.device)
+        return [(k.index_select(0, ids), v.index_select(0, ids)) for k, v in self.runner.kv_caches]
 
     def abort(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
@@ -95,6 +148,8 @@ class Engine:
                 new_tokens.append(token)
                 status = self.outputs.append_token(request, token)
                 if status is not None:
+                    for listener in self.finish_listeners:
+                        listener(request, self.kv.block_table(request))
                     self.scheduler.finish(request, status)
                     self.requests.pop(request.request_id, None)
                     self.sampler.forget(request.request_id)

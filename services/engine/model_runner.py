@@ -27,7 +27,7 @@ class StepLogits:
 
 
 class ModelRunner:
-    def __init__(self, model: ModelRef, config: EngineConfig) -> None:
+    def __init__(self, model: ModelRef, config: EngineConfig, *, load_vision: bool = True) -> None:
         self.device = torch.device(config.device)
         self.dtype = torch.float32
         self.checkpoint = load_config(model.path)
@@ -36,7 +36,10 @@ class ModelRunner:
         self.decoder.load(text_weights)
         self.decoder.to(self.device).eval()
         merge = self.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
-        self.vision = VisionEncoder(build_vision_tower(self.checkpoint, vision_weights, self.dtype, self.device), merge)
+        # A prefill node receives embeddings from an encoder node and loads no vision tower.
+        self.vision: VisionEncoder | None = None
+        if load_vision:
+            self.vision = VisionEncoder(build_vision_tower(self.checkpoint, vision_weights, self.dtype, self.device), merge)
         text = self.checkpoint.text
         self.num_kv_blocks = config.resolve_num_kv_blocks(
             num_layers=text.num_layers, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4
@@ -113,6 +116,8 @@ class ModelRunner:
                 pending[feature.identifier] = (feature.pixel_values, feature.grid_thw)
         if not pending:
             return
+        if self.vision is None:
+            raise RuntimeError("this node has no vision tower; embeddings must be imported before scheduling")
         outputs = self.vision.encode([p for p, _ in pending.values()], [g for _, g in pending.values()])
         for identifier, embeds in zip(pending, outputs):
             self.encoder_outputs[identifier] = embeds

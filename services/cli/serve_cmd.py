@@ -1,0 +1,91 @@
+"""``tessera serve``: the whole local stack (no --role), or one role's server (--role R)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+from services.engine.config import EngineConfig
+from services.preprocess.config import PreprocessConfig
+from services.stack.roles import ROLES, RoleConfig
+
+_STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-valkey", "--no-restart", "--state-file", "--model", "--role"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    cmd = subparsers.add_parser("serve", help="serve the whole stack locally, or one role with --role")
+    cmd.add_argument("--role", choices=ROLES, default=None, help="run one role's server instead of the whole stack")
+    cmd.add_argument("--model", default="tiny", help="tiny, small, or a checkpoint directory")
+    stack = cmd.add_argument_group("stack (no --role)")
+    stack.add_argument("--host", default="127.0.0.1")
+    stack.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
+    stack.add_argument("--generate-port", type=int, default=50051, help="port of the public gRPC Generate service")
+    stack.add_argument("--no-valkey", action="store_true", help="do not start the embedded Valkey index server")
+    stack.add_argument("--no-restart", action="store_true", help="do not restart a role that dies")
+    stack.add_argument("--state-file", type=Path, default=None, help="write role pids and addresses here (JSON)")
+    role = cmd.add_argument_group("one role (--role)")
+    for f in fields(RoleConfig):
+        if f.name in ("role", "model"):
+            continue
+        role.add_argument("--" + f.name.replace("_", "-"), dest=f"role_{f.name}", default=None)
+    EngineConfig.add_cli_arguments(cmd)
+    PreprocessConfig.add_cli_arguments(cmd)
+    cmd.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.role is None:
+        return _run_stack(args)
+    from services.stack.roles import run_role
+
+    values = {"role": args.role, "model": args.model}
+    for f in fields(RoleConfig):
+        raw = getattr(args, f"role_{f.name}", None)
+        if raw is not None:
+            values[f.name] = int(raw) if f.type == "int" else float(raw) if f.type == "float" else raw
+    run_role(RoleConfig(**values), EngineConfig.from_sources(args), PreprocessConfig.from_sources(args))
+    return 0
+
+
+def _run_stack(args: argparse.Namespace) -> int:
+    import sys
+
+    from services.stack.launcher import Stack, StackConfig
+
+    passthrough = _passthrough(sys.argv)
+    stack = Stack(
+        StackConfig(
+            model=args.model,
+            host=args.host,
+            http_port=args.port,
+            generate_port=args.generate_port,
+            start_valkey=not args.no_valkey,
+            restart_roles=not args.no_restart,
+            state_file=args.state_file,
+            passthrough=passthrough,
+        )
+    )
+    try:
+        stack.start()
+    except BaseException:
+        stack.stop()
+        raise
+    stack.supervise()
+    return 0
+
+
+def _passthrough(argv: list[str]) -> list[str]:
+    """Engine and preprocessing flags given to the stack, forwarded to every role."""
+    args = argv[argv.index("serve") + 1 :] if "serve" in argv else []
+    out, skip = [], False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in _STACK_FLAGS:
+            skip = "=" not in arg and name not in ("--no-valkey", "--no-restart")
+            continue
+        out.append(arg)
+    return out

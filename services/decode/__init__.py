@@ -1,0 +1,1 @@
+"""The decode role: continuous batching over KV pages received from prefill nodes."""

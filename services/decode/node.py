@@ -1,0 +1,78 @@
+"""Decode node: adopts requests whose prompt KV arrives from a prefill node, and decodes them
+with continuous batching. A cancelled stream aborts its request, which frees its KV pages."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from services.engine.config import EngineConfig
+from services.engine.engine import Engine
+from services.engine.engine_loop import EngineLoop
+from services.engine.output_processor import RequestOutput
+from services.engine.request import Request
+from services.transport.tensor_channel import TensorInbox
+from shared.models.registry import ModelRef
+
+
+class KVTransferTimeoutError(RuntimeError):
+    pass
+
+
+class DecodeNode:
+    def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, kv_wait_s: float = 60.0) -> None:
+        self.engine = Engine(model, config, load_vision=False)
+        self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
+        self.inbox = TensorInbox(data_bind)
+        self.kv_wait_s = kv_wait_s
+        self.loop = EngineLoop(self.engine)
+        self.num_requests = 0
+        self.num_tokens_generated = 0
+
+    @property
+    def data_address(self) -> str:
+        return self.inbox.address
+
+    def start(self, request: Request, first_token: int, on_output: Callable[[RequestOutput | BaseException], None]) -> None:
+        """Wait for the prompt's KV pages, adopt the request, and stream outputs to ``on_output``
+        (called on the engine thread; the last call has ``finished`` set, or is an exception)."""
+        message = self.inbox.wait(request.request_id, self.kv_wait_s)
+        if message is None:
+            raise KVTransferTimeoutError(f"KV pages for {request.request_id} did not arrive within {self.kv_wait_s}s")
+        layers = self.engine.runner.checkpoint.text.num_layers
+        pages = [(message.tensors[f"k{i}"], message.tensors[f"v{i}"]) for i in range(layers)]
+
+        def counting(output):
+            if not isinstance(output, BaseException):
+                self.num_tokens_generated += len(output.new_token_ids)
+            on_output(output)
+
+        def adopt(engine: Engine) -> None:
+            self.loop.subscribe(request.request_id, counting)
+            try:
+                final = engine.import_prefilled(request, first_token, pages)
+            except BaseException:
+                self.loop.unsubscribe(request.request_id)
+                raise
+            if final is not None:
+                self.loop.unsubscribe(request.request_id)
+                counting(final)
+            else:  # the first token came from the prefill node; stream it like any other
+                counting(engine.outputs.snapshot(request, [first_token]))
+
+        self.loop.call(adopt).result()
+        self.num_requests += 1
+
+    def abort(self, request_id: str) -> None:
+        self.loop.unsubscribe(request_id)
+        self.loop.call(lambda engine: engine.abort(request_id))
+
+    def counters(self) -> dict[str, float]:
+        return {
+            "decode_requests_total": float(self.num_requests),
+            "decode_tokens_generated_total": float(self.num_tokens_generated),
+            "decode_kv_blocks_free": float(self.engine.kv.pool.num_free_blocks),
+        }
+
+    def close(self) -> None:
+        self.loop.stop()
+        self.inbox.close()

@@ -1,0 +1,55 @@
+"""gRPC Decode service: streams a request's tokens; a cancelled stream aborts the request."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import grpc
+
+from protos.gen import pb, rpc
+from services.decode.node import DecodeNode, KVTransferTimeoutError
+from services.engine.engine import RequestRejectedError
+from services.engine.remote_request import PromptItem, build_request
+from services.transport.convert import item_from_pb, sampling_from_pb
+from services.transport.grpc_server import abort_with, new_server, serve_forever
+
+
+class DecodeServicer(rpc.DecodeServicer):
+    def __init__(self, node: DecodeNode) -> None:
+        self.node = node
+
+    async def Decode(self, request: pb.DecodeRequest, context):
+        items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
+        engine_request = build_request(
+            request.request_id, list(request.prompt_token_ids), items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size
+        )
+        engine_request.num_cached_tokens = request.num_cached_tokens
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        try:
+            await asyncio.to_thread(self.node.start, engine_request, request.first_token_id, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+        except KVTransferTimeoutError as exc:
+            await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
+        except RequestRejectedError as exc:
+            await abort_with(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), 503)
+        finished = False
+        try:
+            while not finished:
+                output = await queue.get()
+                if isinstance(output, BaseException):
+                    await abort_with(context, grpc.StatusCode.INTERNAL, f"decode failed: {output}", 500)
+                finished = output.finished
+                yield pb.DecodeChunk(token_ids=output.new_token_ids, text=output.text, finished=finished, finish_reason=output.finish_reason or "")
+        finally:
+            if not finished:
+                self.node.abort(request.request_id)  # client went away: free its KV pages
+
+    async def Stats(self, request, context) -> pb.StatsResponse:
+        return pb.StatsResponse(role="decode", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
+
+
+async def serve(node: DecodeNode, address: str) -> None:
+    server = new_server()
+    rpc.add_DecodeServicer_to_server(DecodeServicer(node), server)
+    await serve_forever(server, address, ["tessera.v1.Decode"], on_stop=node.close)

@@ -1,0 +1,1 @@
+"""The encoder role: the vision tower behind an encoder-output cache."""

@@ -1,0 +1,99 @@
+"""Runs an Engine on its own thread, for servers.
+
+The engine is single-threaded by design. Servers talk to it only through ``call`` (run a function
+on the loop thread between steps, get a concurrent Future) and ``subscribe`` (receive a request's
+outputs). The loop: run pending calls -> one engine step if work exists -> deliver outputs ->
+otherwise sleep until a call arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+from services.engine.engine import Engine
+from services.engine.output_processor import RequestOutput
+
+T = TypeVar("T")
+log = logging.getLogger("tessera.engine")
+OutputCallback = Callable[[RequestOutput | BaseException], None]
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._calls: queue.SimpleQueue[tuple[Callable[[Engine], object], Future]] = queue.SimpleQueue()
+        self._subscribers: dict[str, OutputCallback] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[[Engine], T]) -> Future:
+        future: Future = Future()
+        self._calls.put((fn, future))
+        return future
+
+    def subscribe(self, request_id: str, callback: OutputCallback) -> None:
+        """``callback`` runs on the loop thread for each output of ``request_id``; it must not block."""
+        self._subscribers[request_id] = callback
+
+    def unsubscribe(self, request_id: str) -> None:
+        self._subscribers.pop(request_id, None)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._calls.put((lambda engine: None, Future()))
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            busy = self.engine.has_unfinished()
+            try:
+                # Idle: sleep until a call arrives. Busy: only pick up calls already queued.
+                first = self._calls.get_nowait() if busy else self._calls.get(timeout=0.5)
+            except queue.Empty:
+                first = None
+            pending = [first] if first is not None else []
+            while pending:
+                fn, future = pending.pop()
+                self._run_call(fn, future)
+                try:
+                    pending.append(self._calls.get_nowait())
+                except queue.Empty:
+                    pass
+            if self.engine.has_unfinished():
+                self._step()
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except BaseException as exc:  # noqa: BLE001 - fail every waiter, keep serving
+            for request_id in list(self.engine.requests):
+                self.engine.abort(request_id)
+                self._deliver(request_id, exc)
+            return
+        for output in outputs:
+            self._deliver(output.request_id, output)
+
+    def _run_call(self, fn, future: Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(self.engine))
+        except BaseException as exc:  # noqa: BLE001 - delivered to the caller
+            future.set_exception(exc)
+
+    def _deliver(self, request_id: str, item) -> None:
+        callback = self._subscribers.get(request_id)
+        if callback is None:
+            return
+        if isinstance(item, BaseException) or item.finished:
+            self._subscribers.pop(request_id, None)
+        try:
+            callback(item)
+        except Exception:  # noqa: BLE001 - a broken subscriber must not stop the engine
+            log.exception("output callback for %s failed", request_id)

@@ -1,0 +1,58 @@
+"""The public gRPC Generate service (for product backends): the same pipeline as the HTTP API,
+streaming text deltas, with usage on the final chunk."""
+
+from __future__ import annotations
+
+import json
+from concurrent import futures
+
+import grpc
+
+from protos.gen import pb, rpc
+from services.gateway.errors import GatewayError
+from services.gateway.openai_api import parse_chat_request
+from services.gateway.pipeline import Pipeline
+from services.transport.grpc_server import CHANNEL_OPTIONS, HTTP_STATUS_KEY
+
+_STATUS_TO_CODE = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
+
+
+class GenerateServicer(rpc.GenerateServicer):
+    def __init__(self, pipeline: Pipeline, *, served_model: str, default_max_tokens: int) -> None:
+        self.pipeline = pipeline
+        self.served_model = served_model
+        self.default_max_tokens = default_max_tokens
+
+    def Generate(self, request: pb.GenerateRequest, context):
+        try:
+            body = json.loads(request.request_json)
+            chat = parse_chat_request(body, served_model=self.served_model, default_max_tokens=self.default_max_tokens)
+            sent, completion_tokens = "", 0
+            for event in self.pipeline.run(chat.preprocess_body, chat.sampling, cache_salt=chat.cache_salt):
+                completion_tokens += len(event.token_ids)
+                delta = event.text[len(sent) :]
+                sent = event.text
+                usage = pb.Usage(prompt_tokens=event.prompt_tokens, completion_tokens=completion_tokens, cached_tokens=event.cached_tokens) if event.finished else None
+                yield pb.GenerateChunk(text_delta=delta, token_ids=event.token_ids, finished=event.finished, finish_reason=event.finish_reason or "", usage=usage)
+        except json.JSONDecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_json is not valid JSON: {exc}")
+        except GatewayError as exc:
+            context.set_trailing_metadata(((HTTP_STATUS_KEY, str(exc.status)),))
+            context.abort(_STATUS_TO_CODE.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+
+
+def start_generate_server(servicer: GenerateServicer, address: str, *, max_workers: int = 32) -> grpc.Server:
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=CHANNEL_OPTIONS)
+    rpc.add_GenerateServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(["tessera.v1.Generate", health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    if server.add_insecure_port(address) == 0:
+        raise RuntimeError(f"could not bind gRPC address {address}")
+    server.start()
+    for name in ("", "tessera.v1.Generate"):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server

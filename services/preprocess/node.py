@@ -1,0 +1,89 @@
+"""Preprocess node: the preprocessing library plus the sender side of seed 002's pixel cache.
+
+For each encoder it feeds, the node mirrors which mm_hashes that encoder already holds (an LRU
+of hashes it has sent). Pixels are pushed to the encoder's data address only on a mirror miss;
+a hit sends nothing and counts the bytes skipped. The mirror can be stale (the encoder evicted
+an item): the encoder then reports the item missing and the caller asks for a resend.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.preprocessor import PreprocessedRequest, Preprocessor
+from services.preprocess.processor_cache import BoundedMemo
+from services.transport.tensor_channel import TensorSender
+from shared.models.registry import ModelRef
+
+
+@dataclass(frozen=True, slots=True)
+class PixelTransfer:
+    num_bytes_sent: int
+    num_bytes_skipped: int
+
+
+class PreprocessNode:
+    def __init__(self, model: ModelRef, config: PreprocessConfig, *, mirror_entries: int = 4096) -> None:
+        self.preprocessor = Preprocessor(model, config)
+        self.sender = TensorSender()
+        self.mirror_entries = mirror_entries
+        self._encoder_to_mirror: dict[str, BoundedMemo[str, bool]] = {}
+        self._lock = threading.Lock()  # the preprocessor and its caches are single-threaded
+        self.num_pixel_bytes_sent = 0
+        self.num_pixel_bytes_skipped = 0
+        self.num_requests = 0
+
+    def preprocess(self, body: object, *, encoder_id: str, encoder_address: str, force_send: bool = False) -> tuple[PreprocessedRequest, PixelTransfer]:
+        with self._lock:
+            result = self.preprocessor.preprocess(body)
+            mirror = self._mirror(encoder_id)
+            sent = skipped = 0
+            for item in result.mm_items:
+                if not force_send and mirror.get(item.mm_hash):
+                    skipped += item.image.num_bytes
+                    continue
+                sent += self._send_pixels(item.mm_hash, item.image, encoder_address)
+                mirror.put(item.mm_hash, True)
+            self.num_requests += 1
+            self.num_pixel_bytes_sent += sent
+            self.num_pixel_bytes_skipped += skipped
+            return result, PixelTransfer(sent, skipped)
+
+    def resend(self, mm_hashes: list[str], *, encoder_id: str, encoder_address: str) -> tuple[list[str], int]:
+        """Push cached pixels again; returns (hashes no longer cached here, bytes sent)."""
+        with self._lock:
+            not_found, sent = [], 0
+            for mm_hash in mm_hashes:
+                image = self.preprocessor.processor_cache.get(mm_hash)
+                if image is None:
+                    not_found.append(mm_hash)
+                    continue
+                sent += self._send_pixels(mm_hash, image, encoder_address)
+                self._mirror(encoder_id).put(mm_hash, True)
+            self.num_pixel_bytes_sent += sent
+            return not_found, sent
+
+    def counters(self) -> dict[str, float]:
+        stats = self.preprocessor.processor_cache.stats
+        return {
+            "processor_cache_hits_total": float(stats.num_hits),
+            "processor_cache_misses_total": float(stats.num_misses),
+            "processor_cache_bytes": float(stats.num_bytes),
+            "pixel_bytes_sent_total": float(self.num_pixel_bytes_sent),
+            "pixel_bytes_skipped_total": float(self.num_pixel_bytes_skipped),
+            "preprocess_requests_total": float(self.num_requests),
+        }
+
+    def _mirror(self, encoder_id: str) -> BoundedMemo[str, bool]:
+        mirror = self._encoder_to_mirror.get(encoder_id)
+        if mirror is None:
+            mirror = self._encoder_to_mirror[encoder_id] = BoundedMemo(self.mirror_entries)
+        return mirror
+
+    def _send_pixels(self, mm_hash: str, image, address: str) -> int:
+        return self.sender.send(address, mm_hash, {"pixel_values": image.pixel_values}, {"grid_thw": list(image.grid_thw)})
+
+    def close(self) -> None:
+        self.sender.close()

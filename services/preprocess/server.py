@@ -1,0 +1,57 @@
+"""gRPC Preprocess service: converts at the edge and calls PreprocessNode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import grpc
+
+from protos.gen import pb, rpc
+from services.preprocess.errors import PreprocessError
+from services.preprocess.node import PreprocessNode
+from services.transport.convert import item_to_pb
+from services.transport.grpc_server import abort_with, new_server, serve_forever
+
+
+class PreprocessServicer(rpc.PreprocessServicer):
+    def __init__(self, node: PreprocessNode) -> None:
+        self.node = node
+
+    async def Preprocess(self, request: pb.PreprocessRequest, context) -> pb.PreprocessResponse:
+        try:
+            body = json.loads(request.request_json)
+        except json.JSONDecodeError as exc:
+            await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, f"request body is not valid JSON: {exc}", 400)
+        try:
+            result, transfer = await asyncio.to_thread(
+                self.node.preprocess,
+                body,
+                encoder_id=request.encoder_id,
+                encoder_address=request.encoder_data_address,
+                force_send=request.force_send_pixels,
+            )
+        except PreprocessError as exc:
+            await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code}: {exc.message}", exc.status_code)
+        return pb.PreprocessResponse(
+            prompt_token_ids=result.prompt_token_ids,
+            mm_items=[item_to_pb(i.mm_hash, i.placeholder, i.image.grid_thw) for i in result.mm_items],
+            pixel_bytes_sent=transfer.num_bytes_sent,
+            pixel_bytes_skipped=transfer.num_bytes_skipped,
+        )
+
+    async def ResendPixels(self, request: pb.ResendPixelsRequest, context) -> pb.ResendPixelsResponse:
+        not_found, sent = await asyncio.to_thread(
+            self.node.resend, list(request.mm_hashes), encoder_id=request.encoder_id, encoder_address=request.encoder_data_address
+        )
+        return pb.ResendPixelsResponse(not_found=not_found, pixel_bytes_sent=sent)
+
+    async def Stats(self, request, context) -> pb.StatsResponse:
+        return pb.StatsResponse(role="preprocess", pid=os.getpid(), counters=self.node.counters())
+
+
+async def serve(node: PreprocessNode, address: str) -> None:
+    server = new_server()
+    rpc.add_PreprocessServicer_to_server(PreprocessServicer(node), server)
+    await serve_forever(server, address, ["tessera.v1.Preprocess"], on_stop=node.close)

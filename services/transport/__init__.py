@@ -1,0 +1,1 @@
+"""Transport: ZMQ for bulk tensors (data plane) and gRPC helpers (control plane)."""

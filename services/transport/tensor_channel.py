@@ -1,0 +1,149 @@
+"""Bulk tensors over ZMQ: multipart messages to a receiver's data address.
+
+Wire format (one message): frame 0 is a JSON header
+  {"key": str, "meta": {...}, "tensors": [{"name", "dtype", "shape"}, ...]}
+followed by one raw frame per tensor (C-contiguous bytes, sent zero-copy).
+Receivers bind a PULL socket; senders keep one PUSH socket per destination. A receiver's inbox
+is bounded in bytes: when full, the oldest unclaimed message is dropped (its consumer times out
+and falls back), so a slow consumer can never exhaust memory.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import zmq
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
+
+
+@dataclass(slots=True)
+class TensorMessage:
+    key: str
+    meta: dict
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class TensorSender:
+    def __init__(self, context: zmq.Context | None = None) -> None:
+        self._context = context or zmq.Context.instance()
+        self._sockets: dict[str, zmq.Socket] = {}
+        self._lock = threading.Lock()
+        self.num_bytes_sent = 0
+
+    def send(self, address: str, key: str, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> int:
+        header = {"key": key, "meta": meta or {}, "tensors": []}
+        frames: list[object] = []
+        for name, tensor in tensors.items():
+            tensor = tensor.detach().to("cpu").contiguous()
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            header["tensors"].append({"name": name, "dtype": dtype, "shape": list(tensor.shape)})
+            raw = tensor.view(torch.uint8) if tensor.dtype == torch.bfloat16 else tensor
+            frames.append(memoryview(raw.numpy()).cast("B"))
+        with self._lock:
+            socket = self._sockets.get(address)
+            if socket is None:
+                socket = self._context.socket(zmq.PUSH)
+                socket.setsockopt(zmq.LINGER, 1000)
+                socket.setsockopt(zmq.SNDHWM, 64)
+                socket.connect(address)
+                self._sockets[address] = socket
+            socket.send_multipart([json.dumps(header).encode(), *frames], copy=False)
+        size = sum(len(f) for f in frames)
+        self.num_bytes_sent += size
+        return size
+
+    def close(self) -> None:
+        with self._lock:
+            for socket in self._sockets.values():
+                socket.close()
+            self._sockets.clear()
+
+
+class TensorInbox:
+    """Binds ``address`` and keeps received messages until claimed with ``wait``."""
+
+    def __init__(self, address: str, *, capacity_bytes: int = 1 << 30, context: zmq.Context | None = None) -> None:
+        self._context = context or zmq.Context.instance()
+        self._socket = self._context.socket(zmq.PULL)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(address)
+        self.address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.capacity_bytes = capacity_bytes
+        self._messages: OrderedDict[str, TensorMessage] = OrderedDict()
+        self._num_bytes = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self.num_dropped = 0
+        self._thread = threading.Thread(target=self._receive_loop, name="tensor-inbox", daemon=True)
+        self._thread.start()
+
+    def wait(self, key: str, timeout_s: float) -> TensorMessage | None:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while key not in self._messages:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return None
+                self._cond.wait(remaining)
+            message = self._messages.pop(key)
+            self._num_bytes -= message.num_bytes
+            return message
+
+    def discard(self, key: str) -> None:
+        with self._cond:
+            message = self._messages.pop(key, None)
+            if message is not None:
+                self._num_bytes -= message.num_bytes
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=2)
+        self._socket.close()
+
+    def _receive_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        while not self._closed:
+            if not dict(poller.poll(100)):
+                continue
+            frames = self._socket.recv_multipart(copy=False)
+            message = _decode(frames)
+            with self._cond:
+                if message.key in self._messages:
+                    self._num_bytes -= self._messages.pop(message.key).num_bytes
+                self._messages[message.key] = message
+                self._num_bytes += message.num_bytes
+                while self._num_bytes > self.capacity_bytes and len(self._messages) > 1:
+                    _, dropped = self._messages.popitem(last=False)
+                    self._num_bytes -= dropped.num_bytes
+                    self.num_dropped += 1
+                self._cond.notify_all()
+
+
+def _decode(frames: list) -> TensorMessage:
+    header = json.loads(bytes(frames[0].buffer))
+    tensors = {}
+    for spec, frame in zip(header["tensors"], frames[1:]):
+        dtype = _DTYPES[spec["dtype"]]
+        if dtype == torch.bfloat16:
+            array = np.frombuffer(frame.buffer, dtype=np.uint8)
+            tensor = torch.from_numpy(array.copy()).view(torch.bfloat16)
+        else:
+            array = np.frombuffer(frame.buffer, dtype=str(dtype).removeprefix("torch."))
+            # The frame's buffer is owned by ZMQ; copy once into torch-owned memory.
+            tensor = torch.from_numpy(array.copy())
+        tensors[spec["name"]] = tensor.reshape(spec["shape"])
+    return TensorMessage(header["key"], header["meta"], tensors)

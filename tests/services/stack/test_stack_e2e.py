@@ -1,0 +1,168 @@
+"""End to end: the real multi-process stack driven by the official openai client, checked
+against the reference oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from openai import APIStatusError, OpenAI
+
+from tests.factories import chat_case, encode_image, make_image
+
+GREEDY = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+
+
+def _client(stack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _oracle_text(oracle, case, max_tokens=12):
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    tokens = oracle.generate(inputs, max_tokens).token_ids
+    return oracle.tokenizer.decode(tokens, skip_special_tokens=True), len(inputs.token_ids)
+
+
+def _png(w, h, seed):
+    return encode_image(make_image(w, h, seed=seed))
+
+
+def test_each_role_is_its_own_process_and_answers_health_checks(stack):
+    roles = stack.state()["roles"]
+    assert set(roles) == {"preprocess", "encoder", "prefill", "decode", "gateway"}
+    pids = {info["pid"] for info in roles.values()}
+    assert len(pids) == 5 and os.getpid() not in pids and stack.process.pid not in pids
+    for pid in pids:
+        os.kill(pid, 0)  # alive
+    for role, info in roles.items():
+        with grpc.insecure_channel(info["grpc_address"]) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, role
+    health = httpx.get(stack.base_url.removesuffix("/v1") + "/health", timeout=10).json()
+    assert {r: v["pid"] for r, v in health["roles"].items()} == {r: roles[r]["pid"] for r in health["roles"]}
+
+
+def test_non_streaming_image_request_equals_the_oracle(stack, oracle):
+    case = chat_case(_png(112, 84, 1), "What is in this image?")
+    reply = _client(stack).chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
+    text, prompt_len = _oracle_text(oracle, case)
+    assert reply.choices[0].message.content == text
+    assert reply.usage.prompt_tokens == prompt_len and reply.usage.completion_tokens == 12
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_streaming_with_usage_equals_the_oracle(stack, oracle):
+    case = chat_case("Describe", _png(84, 84, 2), "in one line.")
+    chunks = list(_client(stack).chat.completions.create(model="tiny", messages=case.body["messages"], stream=True, stream_options={"include_usage": True}, **GREEDY))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    expected, prompt_len = _oracle_text(oracle, case)
+    assert text == expected
+    usage = [c.usage for c in chunks if c.usage]
+    assert len(usage) == 1 and usage[0].prompt_tokens == prompt_len and usage[0].completion_tokens == 12
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+
+
+def test_multi_image_multi_turn_equals_the_oracle(stack, oracle):
+    first = chat_case(_png(56, 84, 3), "first", _png(84, 56, 4), "second")
+    messages = first.body["messages"] + [
+        {"role": "assistant", "content": "Two pictures."},
+        {"role": "user", "content": [{"type": "text", "text": "Which is brighter?"}]},
+    ]
+    first.oracle_messages += [{"role": "assistant", "content": "Two pictures."}, {"role": "user", "content": [{"type": "text", "text": "Which is brighter?"}]}]
+    reply = _client(stack).chat.completions.create(model="tiny", messages=messages, **GREEDY)
+    text, prompt_len = _oracle_text(oracle, first)
+    assert reply.choices[0].message.content == text and reply.usage.prompt_tokens == prompt_len
+
+
+def test_shared_image_encodes_once_and_sends_pixels_once(stack):
+    client = _client(stack)
+    image = _png(140, 112, 5)
+    before = stack.metrics()
+    a = client.chat.completions.create(model="tiny", messages=chat_case(image, "What colour?").body["messages"], **GREEDY)
+    b = client.chat.completions.create(model="tiny", messages=chat_case(image, "How many shapes?").body["messages"], **GREEDY)
+    after = stack.metrics()
+    assert after["tessera_encoder_items_encoded_total"] - before["tessera_encoder_items_encoded_total"] == 1
+    sent = after["tessera_pixel_bytes_sent_total"] - before["tessera_pixel_bytes_sent_total"]
+    skipped = after["tessera_pixel_bytes_skipped_total"] - before["tessera_pixel_bytes_skipped_total"]
+    assert sent > 0 and skipped == sent  # the second request's pixels were never sent
+    assert a.choices[0].message.content != b.choices[0].message.content
+    repeat = client.chat.completions.create(model="tiny", messages=chat_case(image, "How many shapes?").body["messages"], **GREEDY)
+    assert repeat.choices[0].message.content == b.choices[0].message.content
+    assert repeat.usage.prompt_tokens_details.cached_tokens > 0
+
+
+def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_running(stack):
+    client = _client(stack)
+    bad = [
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}]}], 400, "base64"),
+        ([{"role": "user", "content": [{"type": "audio", "audio": "x"}]}], 400, "unsupported content part type"),
+        ([{"role": "wizard", "content": "hi"}], 400, "role"),
+    ]
+    for messages, status, text in bad:
+        with pytest.raises(APIStatusError) as info:
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+        assert info.value.status_code == status and text in info.value.message
+    with pytest.raises(APIStatusError) as info:
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 404
+    raw = httpx.post(stack.base_url + "/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"}, timeout=30)
+    assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
+    ok = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "still alive?"}], **GREEDY)
+    assert ok.usage.completion_tokens == 12
+
+
+def test_cancelled_stream_frees_its_kv_pages(stack):
+    free_before = stack.metrics()["tessera_decode_kv_blocks_free"]
+    stream = _client(stack).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Tell me a very long story."}], stream=True, temperature=0, max_tokens=2000, extra_body={"ignore_eos": True}
+    )
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and stack.metrics()["tessera_decode_kv_blocks_free"] != free_before:
+        time.sleep(0.5)
+    assert stack.metrics()["tessera_decode_kv_blocks_free"] == free_before
+
+
+def test_public_grpc_generate_streams_tokens(stack, oracle):
+    from protos.gen import pb, rpc
+
+    case = chat_case(_png(70, 70, 6), "Name it.")
+    body = {"model": "tiny", "messages": case.body["messages"], "temperature": 0, "max_tokens": 12, "ignore_eos": True}
+    with grpc.insecure_channel(stack.generate_address) as channel:
+        chunks = list(rpc.GenerateStub(channel).Generate(pb.GenerateRequest(request_json=json.dumps(body)), timeout=120))
+    text, prompt_len = _oracle_text(oracle, case)
+    assert "".join(c.text_delta for c in chunks) == text
+    assert chunks[-1].finished and chunks[-1].usage.prompt_tokens == prompt_len
+
+
+def test_killed_role_fails_fast_with_503_and_restart_restores_service(stack):
+    client = _client(stack)
+    state = stack.state()["roles"]["decode"]
+    os.kill(state["pid"], signal.SIGKILL)
+    time.sleep(0.3)
+    started = time.monotonic()
+    with pytest.raises(APIStatusError) as info:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "anyone there?"}], max_tokens=4)
+    assert info.value.status_code == 503 and "decode" in info.value.message
+    assert time.monotonic() - started < 10
+    deadline = time.monotonic() + 180  # the launcher restarts the role on the same ports
+    while time.monotonic() < deadline:
+        roles = stack.state()["roles"]
+        if roles["decode"]["restarts"] >= 1:
+            try:
+                reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "back?"}], **GREEDY)
+                assert reply.usage.completion_tokens == 12
+                return
+            except APIStatusError:
+                pass
+        time.sleep(1)
+    pytest.fail("service did not recover after the decode role was restarted")
