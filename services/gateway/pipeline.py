@@ -22,6 +22,7 @@ from services.engine.sampling import SamplingParams
 from services.gateway.errors import GatewayError
 from services.transport.convert import sampling_to_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, HTTP_STATUS_KEY
+from shared.tracing import outgoing_metadata, tracer
 
 MISSING_PIXELS_KEY = "tessera-missing-pixels"
 
@@ -75,6 +76,11 @@ class Pipeline:
 
     def run(self, body: dict, sampling: SamplingParams, *, cache_salt: str | None = None, request_id: str | None = None) -> Iterator[TokenEvent]:
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
+        # One trace per request: every downstream call carries this span's context.
+        with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
+            yield from self._run(body, sampling, cache_salt, request_id)
+
+    def _run(self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str) -> Iterator[TokenEvent]:
         encoder_address = self.data_address("encoder")
         prep = self._preprocess(body, encoder_address, force=False)
         prefill = self._prefill(request_id, prep, sampling, cache_salt, body, encoder_address)
@@ -118,7 +124,7 @@ class Pipeline:
         )
         for attempt in range(2):
             try:
-                return self.prefill.Prefill(request, timeout=self.timeout_s)
+                return self.prefill.Prefill(request, timeout=self.timeout_s, metadata=outgoing_metadata())
             except grpc.RpcError as exc:
                 missing = _trailing(exc, MISSING_PIXELS_KEY)
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
@@ -135,7 +141,7 @@ class Pipeline:
 
     def _call(self, role: str, method, request, timeout: float):
         try:
-            return method(request, timeout=timeout)
+            return method(request, timeout=timeout, metadata=outgoing_metadata())
         except grpc.RpcError as exc:
             raise self._to_gateway_error(role, exc) from None
 

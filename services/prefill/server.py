@@ -13,6 +13,7 @@ from services.engine.remote_request import PromptItem, build_request
 from services.prefill.node import EmbeddingsUnavailableError, PrefillNode
 from services.transport.convert import item_from_pb, item_to_pb, sampling_from_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, abort_with, new_server, serve_forever
+from shared.tracing import outgoing_metadata
 
 MISSING_PIXELS_KEY = "tessera-missing-pixels"
 
@@ -31,6 +32,7 @@ class PrefillServicer(rpc.PrefillServicer):
                 reply = await self.encoder.Encode(
                     pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in lacking], target_data_address=self.node.data_address),
                     timeout=120,
+                    metadata=outgoing_metadata(),
                 )
                 if reply.missing_pixels:
                     context.set_trailing_metadata(((MISSING_PIXELS_KEY, ",".join(reply.missing_pixels)),))

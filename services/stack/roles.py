@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from services.engine.config import EngineConfig
 from services.preprocess.config import PreprocessConfig
 from shared.models.registry import resolve_model
+from shared.tracing import configure_tracing
 
 ROLES = ("preprocess", "encoder", "prefill", "decode", "gateway")
 
@@ -43,6 +44,7 @@ class RoleConfig:
 
 def run_role(config: RoleConfig, engine_config: EngineConfig, preprocess_config: PreprocessConfig) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {config.role} %(levelname)s %(message)s")
+    configure_tracing(config.role)
     model = resolve_model(config.model)
     if config.role == "gateway":
         _run_gateway(config, model.model_id if config.model not in ("tiny", "small") else config.model)

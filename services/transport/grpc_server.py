@@ -56,7 +56,9 @@ async def _set_status(servicer, name: str, status) -> None:
 
 
 def new_server() -> grpc.aio.Server:
-    return grpc.aio.server(options=CHANNEL_OPTIONS)
+    from services.transport.tracing_interceptor import TracingServerInterceptor
+
+    return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[TracingServerInterceptor()])
 
 
 async def abort_with(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, http_status: int) -> None:

@@ -23,6 +23,7 @@ class RunningStack:
     base_url: str
     generate_address: str
     state_file: Path
+    trace_dir: Path
 
     def state(self) -> dict:
         return json.loads(self.state_file.read_text())
@@ -40,11 +41,12 @@ class RunningStack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, tiny_model, repo_root):
     state_file = tmp_path_factory.mktemp("stack") / "state.json"
+    trace_dir = state_file.parent / "traces"
     http_port, generate_port = free_port(), free_port()
     log = open(state_file.with_suffix(".log"), "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "serve", "--model", "tiny", "--port", str(http_port), "--generate-port", str(generate_port), "--state-file", str(state_file)],
-        cwd=repo_root, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+        cwd=repo_root, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TESSERA_TRACE_EXPORTER": f"jsonl:{trace_dir}"},
     )
     deadline = time.monotonic() + 240
     url = f"http://127.0.0.1:{http_port}"
@@ -60,7 +62,7 @@ def stack(tmp_path_factory, tiny_model, repo_root):
     else:
         process.kill()
         pytest.fail("the stack did not become healthy in time")
-    yield RunningStack(process, url + "/v1", f"127.0.0.1:{generate_port}", state_file)
+    yield RunningStack(process, url + "/v1", f"127.0.0.1:{generate_port}", state_file, trace_dir)
     process.send_signal(signal.SIGINT)
     try:
         process.wait(timeout=60)

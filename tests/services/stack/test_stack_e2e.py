@@ -166,3 +166,17 @@ def test_killed_role_fails_fast_with_503_and_restart_restores_service(stack):
                 pass
         time.sleep(1)
     pytest.fail("service did not recover after the decode role was restarted")
+
+
+def test_one_trace_spans_every_role(stack):
+    case = chat_case(_png(98, 98, 7), "Trace me.")
+    _client(stack).chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
+    time.sleep(1.0)
+    spans = [json.loads(line) for path in stack.trace_dir.glob("*.jsonl") for line in path.read_text().splitlines()]
+    roots = [s for s in spans if s["name"] == "gateway.generate"]
+    assert roots
+    trace_id = roots[-1]["trace_id"]
+    services = {s["service"] for s in spans if s["trace_id"] == trace_id}
+    assert services == {"tessera-gateway", "tessera-preprocess", "tessera-encoder", "tessera-prefill", "tessera-decode"}
+    names = {s["name"] for s in spans if s["trace_id"] == trace_id}
+    assert {"/tessera.v1.Preprocess/Preprocess", "/tessera.v1.Encode/Encode", "/tessera.v1.Prefill/Prefill", "/tessera.v1.Decode/Decode"} <= names
