@@ -9,6 +9,7 @@ from pathlib import Path
 from services.engine.config import EngineConfig
 from services.preprocess.config import PreprocessConfig
 from services.stack.roles import ROLES, RoleConfig
+from shared.settings import dataclass_from_sources
 
 _STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-valkey", "--no-restart", "--state-file", "--model", "--role"}
 
@@ -39,12 +40,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_stack(args)
     from services.stack.roles import run_role
 
-    values = {"role": args.role, "model": args.model}
-    for f in fields(RoleConfig):
-        raw = getattr(args, f"role_{f.name}", None)
-        if raw is not None:
-            values[f.name] = int(raw) if f.type == "int" else float(raw) if f.type == "float" else raw
-    run_role(RoleConfig(**values), EngineConfig.from_sources(args), PreprocessConfig.from_sources(args))
+    flags = argparse.Namespace(role=args.role, model=args.model, **{f.name: getattr(args, f"role_{f.name}", None) for f in fields(RoleConfig) if f.name not in ("role", "model")})
+    role_config = dataclass_from_sources(RoleConfig, "TESSERA_SERVE_", flags)
+    run_role(role_config, EngineConfig.from_sources(args), PreprocessConfig.from_sources(args))
     return 0
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from shared.settings import add_dataclass_arguments, dataclass_from_sources
 
 ENV_PREFIX = "TESSERA_ENGINE_"
 
@@ -47,40 +48,9 @@ class EngineConfig:
 
     @classmethod
     def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("engine")
-        for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            if f.type == "bool":
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-            else:
-                group.add_argument(flag, default=None)
+        add_dataclass_arguments(parser, cls, "engine")
 
     @classmethod
     def from_sources(cls, args: argparse.Namespace | None = None, env: dict[str, str] | None = None, **overrides) -> EngineConfig:
-        env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        for f in fields(cls):
-            raw = getattr(args, f.name, None) if args is not None else None
-            if raw is None:
-                raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _parse(f.name, f.type, raw)
-        values.update(overrides)
-        return cls(**values)
-
-
-def _parse(name: str, type_name: str, raw: object) -> object:
-    if not isinstance(raw, str):
-        return raw
-    try:
-        if type_name == "bool":
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if type_name == "str":
-            return raw
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"invalid value for {name}: {raw!r}") from None
+        """CLI flags win over environment variables, which win over defaults."""
+        return dataclass_from_sources(cls, ENV_PREFIX, args, env, **overrides)

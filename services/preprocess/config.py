@@ -6,9 +6,10 @@ Every field can come from a CLI flag or a ``TESSERA_PREPROCESS_<FIELD>`` environ
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+from shared.settings import add_dataclass_arguments, dataclass_from_sources
 
 ENV_PREFIX = "TESSERA_PREPROCESS_"
 
@@ -51,47 +52,11 @@ class PreprocessConfig:
 
     @classmethod
     def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("preprocessing")
-        for f in fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            if f.type in ("bool", bool):
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
-            elif f.name == "allowed_image_domains":
-                group.add_argument(flag, default=None, help="comma-separated domains")
-            else:
-                group.add_argument(flag, default=None)
+        add_dataclass_arguments(parser, cls, "preprocessing")
 
     @classmethod
     def from_sources(cls, args: argparse.Namespace | None = None, env: dict[str, str] | None = None) -> PreprocessConfig:
         """CLI flags win over environment variables, which win over defaults."""
-        env = os.environ if env is None else env
-        values: dict[str, object] = {}
-        for f in fields(cls):
-            raw = getattr(args, f.name, None) if args is not None else None
-            if raw is None:
-                raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _parse_field(f.name, f.type, raw)
-        return cls(**values)
-
-
-def _parse_field(name: str, type_name: object, raw: object) -> object:
-    if not isinstance(raw, str):
-        return raw
-    text = raw.strip()
-    try:
-        if type_name in ("bool", bool):
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(text)
-        if name == "allowed_image_domains":
-            return tuple(d.strip().lower() for d in text.split(",") if d.strip())
-        if name == "local_media_dir":
-            return Path(text).expanduser().resolve()
-        if type_name in ("float",):
-            return float(text)
-        return int(text)
-    except ValueError:
-        raise ValueError(f"invalid value for {name}: {raw!r}") from None
+        config = dataclass_from_sources(cls, ENV_PREFIX, args, env)
+        # Domains compare case-insensitively.
+        return replace(config, allowed_image_domains=tuple(d.lower() for d in config.allowed_image_domains))
