@@ -1,0 +1,72 @@
+"""In-process index backend for single-process use and unit tests. Same semantics as Redis:
+per-node epochs, heartbeat TTLs, entries tagged with the epoch that wrote them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from shared.index.types import IndexEvents, LookupResult, MmEntry, NodeInfo, NodeState
+from shared.types import BlockHash, MmHash
+
+
+class InProcessIndex:
+    def __init__(self, *, namespace: str = "default", clock: Callable[[], float] = time.monotonic) -> None:
+        self.namespace = namespace
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._node_to_epoch: dict[str, int] = {}
+        self._node_to_state: dict[str, tuple[NodeState, float]] = {}  # state, expires_at
+        self._mm: dict[MmHash, dict[str, tuple[int, MmEntry]]] = {}
+        self._kv: dict[BlockHash, dict[str, tuple[int, str]]] = {}
+        self.num_round_trips = 0
+
+    def register_node(self, node: NodeInfo, *, ttl_s: float) -> int:
+        with self._lock:
+            epoch = self._node_to_epoch.get(node.node_id, 0) + 1
+            self._node_to_epoch[node.node_id] = epoch
+            self._node_to_state[node.node_id] = (NodeState(node, epoch, 0.0, 0.0), self._clock() + ttl_s)
+            return epoch
+
+    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float) -> bool:
+        with self._lock:
+            if self._node_to_epoch.get(node_id) != epoch or node_id not in self._node_to_state:
+                return False
+            state, _ = self._node_to_state[node_id]
+            self._node_to_state[node_id] = (NodeState(state.info, epoch, load, kv_usage), self._clock() + ttl_s)
+            return True
+
+    def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None:
+        with self._lock:
+            for mm_hash, entry in events.mm_stored.items():
+                self._mm.setdefault(mm_hash, {})[node_id] = (epoch, entry)
+            for mm_hash in events.mm_evicted:
+                self._mm.get(mm_hash, {}).pop(node_id, None)
+            for block_hash, tier in events.kv_stored.items():
+                self._kv.setdefault(block_hash, {})[node_id] = (epoch, tier)
+            for block_hash in events.kv_evicted:
+                self._kv.get(block_hash, {}).pop(node_id, None)
+
+    def lookup(self, mm_hashes: list[MmHash], block_hashes: list[BlockHash]) -> LookupResult:
+        with self._lock:
+            self.num_round_trips += 1
+            now = self._clock()
+            nodes = {nid: state for nid, (state, expires) in self._node_to_state.items() if expires > now}
+
+            def live(node_id: str, epoch: int) -> bool:
+                return node_id in nodes and nodes[node_id].epoch == epoch
+
+            mm_holders = {
+                h: {nid: entry for nid, (epoch, entry) in self._mm.get(h, {}).items() if live(nid, epoch)} for h in mm_hashes
+            }
+            block_holders: list[frozenset[str]] = []
+            for block_hash in block_hashes:
+                holders = frozenset(nid for nid, (epoch, _) in self._kv.get(block_hash, {}).items() if live(nid, epoch))
+                if not holders:
+                    break
+                block_holders.append(holders)
+            return LookupResult(nodes=nodes, mm_holders=mm_holders, block_holders=block_holders)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,60 @@
+"""Records exchanged with the index."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.types import BlockHash, MmHash
+
+
+class IndexUnavailableError(RuntimeError):
+    """The index server cannot be reached; callers keep serving from local caches."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: str
+    role: str  # encoder | prefill | decode | preprocess
+    grpc_address: str
+    data_address: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    info: NodeInfo
+    epoch: int
+    load: float  # queue depth or utilisation, higher is busier
+    kv_usage: float  # fraction of KV pages in use, 0..1
+
+
+@dataclass(frozen=True, slots=True)
+class MmEntry:
+    num_tokens: int
+    grid_thw: tuple[int, int, int]
+    num_bytes: int
+
+
+@dataclass(slots=True)
+class IndexEvents:
+    """A batch of cache changes from one node, published atomically."""
+
+    mm_stored: dict[MmHash, MmEntry] = field(default_factory=dict)
+    mm_evicted: list[MmHash] = field(default_factory=list)
+    kv_stored: dict[BlockHash, str] = field(default_factory=dict)  # block -> tier ("device", "host")
+    kv_evicted: list[BlockHash] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.mm_stored or self.mm_evicted or self.kv_stored or self.kv_evicted)
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """What the index knows about one request, live nodes only.
+
+    block_holders[i] is the set of nodes holding block i; the list stops at the first block no
+    live node holds (a prefix beyond a miss is useless).
+    """
+
+    nodes: dict[str, NodeState]
+    mm_holders: dict[MmHash, dict[str, MmEntry]]
+    block_holders: list[frozenset[str]]

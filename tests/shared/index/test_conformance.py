@@ -1,0 +1,136 @@
+"""One conformance suite, run against every index backend: in-process, embedded Valkey and
+Debian's redis-server (skipped only where the redis-server binary is absent; CI installs it)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import redis
+
+from shared.index.backend import create_index
+from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
+from shared.types import BlockHash, MmHash
+from tests.redis_servers import redis_server_binary, running_server, valkey_binary
+
+TTL = 0.5
+
+
+@pytest.fixture(scope="module", params=["memory", "valkey", "redis-server"])
+def index_url(request):
+    if request.param == "memory":
+        yield "memory://"
+        return
+    binary = valkey_binary() if request.param == "valkey" else redis_server_binary()
+    if binary is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    with running_server(binary) as url:
+        yield url
+
+
+@pytest.fixture()
+def index(index_url):
+    backend = create_index(index_url, namespace=f"test-{uuid.uuid4().hex[:8]}")
+    yield backend
+    backend.close()
+
+
+def node(name: str, role: str = "prefill") -> NodeInfo:
+    return NodeInfo(name, role, f"127.0.0.1:{abs(hash(name)) % 50000 + 1000}", "tcp://127.0.0.1:1")
+
+
+ENTRY = MmEntry(num_tokens=64, grid_thw=(1, 16, 16), num_bytes=64 * 768 * 4)
+
+
+def test_registration_starts_a_new_epoch_each_time(index):
+    assert index.register_node(node("a"), ttl_s=30) == 1
+    assert index.register_node(node("a"), ttl_s=30) == 2
+    assert index.register_node(node("b"), ttl_s=30) == 1
+
+
+def test_published_entries_are_served_and_evictions_remove_them(index):
+    epoch = index.register_node(node("enc-1", "encoder"), ttl_s=30)
+    index.publish("enc-1", epoch, IndexEvents(mm_stored={MmHash("img"): ENTRY}, kv_stored={BlockHash("b0"): "device"}))
+    result = index.lookup([MmHash("img"), MmHash("other")], [BlockHash("b0")])
+    assert result.mm_holders[MmHash("img")] == {"enc-1": ENTRY}
+    assert result.mm_holders[MmHash("other")] == {}
+    assert result.block_holders == [frozenset({"enc-1"})]
+    assert result.nodes["enc-1"].info.role == "encoder" and result.nodes["enc-1"].epoch == epoch
+    index.publish("enc-1", epoch, IndexEvents(mm_evicted=[MmHash("img")], kv_evicted=[BlockHash("b0")]))
+    result = index.lookup([MmHash("img")], [BlockHash("b0")])
+    assert result.mm_holders[MmHash("img")] == {} and result.block_holders == []
+
+
+def test_block_lookup_stops_at_the_first_miss_and_tracks_holders_per_block(index):
+    ea = index.register_node(node("a"), ttl_s=30)
+    eb = index.register_node(node("b"), ttl_s=30)
+    index.publish("a", ea, IndexEvents(kv_stored={BlockHash(f"b{i}"): "device" for i in (0, 1, 2, 4)}))
+    index.publish("b", eb, IndexEvents(kv_stored={BlockHash("b0"): "device"}))
+    result = index.lookup([], [BlockHash(f"b{i}") for i in range(5)])
+    assert result.block_holders == [frozenset({"a", "b"}), frozenset({"a"}), frozenset({"a"})]
+
+
+def test_entries_of_a_dead_node_are_never_served(index):
+    epoch = index.register_node(node("dying"), ttl_s=TTL)
+    index.publish("dying", epoch, IndexEvents(kv_stored={BlockHash("x"): "device"}, mm_stored={MmHash("m"): ENTRY}))
+    assert index.lookup([MmHash("m")], [BlockHash("x")]).block_holders == [frozenset({"dying"})]
+    time.sleep(TTL + 0.3)
+    result = index.lookup([MmHash("m")], [BlockHash("x")])
+    assert result.block_holders == [] and result.mm_holders[MmHash("m")] == {} and "dying" not in result.nodes
+
+
+def test_heartbeat_keeps_a_node_alive_and_reports_load(index):
+    epoch = index.register_node(node("busy"), ttl_s=TTL)
+    for _ in range(3):
+        time.sleep(TTL / 2)
+        assert index.heartbeat("busy", epoch, load=3.0, kv_usage=0.25, ttl_s=TTL)
+    state = index.lookup([], []).nodes["busy"]
+    assert state.load == 3.0 and state.kv_usage == 0.25
+
+
+def test_a_restarted_node_does_not_serve_entries_of_its_old_epoch(index):
+    old = index.register_node(node("r"), ttl_s=30)
+    index.publish("r", old, IndexEvents(kv_stored={BlockHash("k"): "device"}))
+    new = index.register_node(node("r"), ttl_s=30)
+    assert new == old + 1
+    assert index.lookup([], [BlockHash("k")]).block_holders == []
+    assert not index.heartbeat("r", old, load=0, kv_usage=0, ttl_s=30)  # the old incarnation is fenced off
+    index.publish("r", new, IndexEvents(kv_stored={BlockHash("k"): "device"}))
+    assert index.lookup([], [BlockHash("k")]).block_holders == [frozenset({"r"})]
+
+
+def test_lookup_is_one_round_trip(index_url, index):
+    epoch = index.register_node(node("a"), ttl_s=30)
+    index.publish("a", epoch, IndexEvents(kv_stored={BlockHash(f"b{i}"): "device" for i in range(64)}))
+    hashes = [BlockHash(f"b{i}") for i in range(64)]
+    if index_url == "memory://":
+        before = index.num_round_trips
+        index.lookup([MmHash("m1"), MmHash("m2")], hashes)
+        assert index.num_round_trips == before + 1
+        return
+    client = redis.Redis.from_url(index_url)
+    index.lookup([], [])  # loads the script
+    client.config_resetstat()
+    index.lookup([MmHash("m1"), MmHash("m2")], hashes)
+    stats = {k: v["calls"] for k, v in client.info("commandstats").items() if not k.startswith(("cmdstat_config", "cmdstat_info"))}
+    # One client command; SMEMBERS and HGETALL run inside the script on the server.
+    assert stats.pop("cmdstat_evalsha") == 1, stats
+    assert set(stats) <= {"cmdstat_smembers", "cmdstat_hgetall"}, stats
+
+
+def test_unreachable_index_raises_a_typed_error_fast():
+    from services.stack.launcher import free_port
+
+    index = create_index(f"redis://127.0.0.1:{free_port()}/0", namespace="down")
+    started = time.monotonic()
+    with pytest.raises(IndexUnavailableError):
+        index.lookup([], [])
+    with pytest.raises(IndexUnavailableError):
+        index.register_node(node("x"), ttl_s=1)
+    assert time.monotonic() - started < 5
+
+
+def test_unknown_index_url_is_rejected():
+    with pytest.raises(ValueError, match="unsupported index URL"):
+        create_index("mongodb://x", namespace="n")
