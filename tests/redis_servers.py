@@ -25,8 +25,8 @@ def redis_server_binary() -> str | None:
 
 
 @contextmanager
-def running_server(binary: str) -> Iterator[str]:
-    port = free_port()
+def running_server(binary: str, *, port: int | None = None) -> Iterator[str]:
+    port = port or free_port()
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

@@ -1,0 +1,117 @@
+"""Publishes one node's cache contents to the index, off the model loop.
+
+The node calls ``record`` from its own thread (cheap: a lock and a queue append). A background
+thread registers the node, heartbeats every ttl/3 with the node's load, and publishes queued
+events in batches. The publisher also keeps the node's current holdings, so that after the index
+was unreachable (or the node re-registered under a new epoch) it republishes the full snapshot:
+the index catches up by itself, and a node never depends on the index to serve.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from shared.index.backend import CacheIndex
+from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
+from shared.types import BlockHash, MmHash
+
+log = logging.getLogger("tessera.index")
+
+LoadFn = Callable[[], tuple[float, float]]  # -> (load, kv_usage)
+
+
+class IndexPublisher:
+    def __init__(self, index: CacheIndex, node: NodeInfo, *, ttl_s: float = 5.0, load_fn: LoadFn = lambda: (0.0, 0.0), flush_s: float = 0.05) -> None:
+        self.index = index
+        self.node = node
+        self.ttl_s = ttl_s
+        self.load_fn = load_fn
+        self.flush_s = flush_s
+        self.epoch: int | None = None
+        self._lock = threading.Lock()
+        self._pending = IndexEvents()
+        self._mm_holdings: dict[MmHash, MmEntry] = {}
+        self._kv_holdings: dict[BlockHash, str] = {}
+        self._wake = threading.Event()
+        self._stopped = threading.Event()
+        self.num_publish_failures = 0
+        self._thread = threading.Thread(target=self._run, name="index-publisher", daemon=True)
+        self._thread.start()
+
+    def record(self, events: IndexEvents) -> None:
+        if events.is_empty():
+            return
+        with self._lock:
+            for h, entry in events.mm_stored.items():
+                self._mm_holdings[h] = entry
+                self._pending.mm_stored[h] = entry
+            for h in events.mm_evicted:
+                self._mm_holdings.pop(h, None)
+                self._pending.mm_stored.pop(h, None)
+                self._pending.mm_evicted.append(h)
+            for h, tier in events.kv_stored.items():
+                self._kv_holdings[h] = tier
+                self._pending.kv_stored[h] = tier
+            for h in events.kv_evicted:
+                self._kv_holdings.pop(h, None)
+                self._pending.kv_stored.pop(h, None)
+                self._pending.kv_evicted.append(h)
+        self._wake.set()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Publish what is pending now; True once the index has it (tests and shutdown)."""
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self.epoch is not None and self._pending.is_empty():
+                    return True
+            time.sleep(0.02)
+        return False
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        next_heartbeat = 0.0
+        while not self._stopped.is_set():
+            self._wake.wait(timeout=min(self.flush_s * 4, self.ttl_s / 3))
+            self._wake.clear()
+            try:
+                if self.epoch is None:
+                    self._register()
+                    next_heartbeat = time.monotonic() + self.ttl_s / 3
+                elif time.monotonic() >= next_heartbeat:
+                    load, kv_usage = self.load_fn()
+                    if not self.index.heartbeat(self.node.node_id, self.epoch, load=load, kv_usage=kv_usage, ttl_s=self.ttl_s):
+                        self.epoch = None  # expired or fenced: register again and republish
+                        continue
+                    next_heartbeat = time.monotonic() + self.ttl_s / 3
+                with self._lock:
+                    batch, self._pending = self._pending, IndexEvents()
+                if not batch.is_empty():
+                    try:
+                        self.index.publish(self.node.node_id, self.epoch, batch)
+                    except IndexUnavailableError:
+                        with self._lock:  # keep it; the snapshot on re-registration covers it
+                            self._pending = batch
+                        raise
+            except IndexUnavailableError as exc:
+                self.num_publish_failures += 1
+                if self.epoch is not None:
+                    log.warning("index unreachable (%s); serving from local caches, will catch up", exc)
+                self.epoch = None
+                self._stopped.wait(min(1.0, self.ttl_s / 3))
+
+    def _register(self) -> None:
+        epoch = self.index.register_node(self.node, ttl_s=self.ttl_s)
+        with self._lock:
+            snapshot = IndexEvents(mm_stored=dict(self._mm_holdings), kv_stored=dict(self._kv_holdings))
+            self._pending = IndexEvents()
+        self.index.publish(self.node.node_id, epoch, snapshot)
+        self.epoch = epoch

@@ -1,0 +1,63 @@
+"""The publisher keeps the index in step with a node, and catches up after an index outage."""
+
+from __future__ import annotations
+
+import time
+
+from shared.index.backend import create_index
+from shared.index.publisher import IndexPublisher
+from shared.index.types import IndexEvents, MmEntry, NodeInfo
+from shared.types import BlockHash, MmHash
+from tests.redis_servers import running_server, valkey_binary
+
+ENTRY = MmEntry(16, (1, 8, 8), 4096)
+
+
+def _wait_for(predicate, timeout_s=10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_events_are_published_in_batches_and_evictions_cancel_stores():
+    index = create_index("memory://", namespace="pub")
+    publisher = IndexPublisher(index, NodeInfo("enc", "encoder", "a:1"), ttl_s=2)
+    try:
+        publisher.record(IndexEvents(mm_stored={MmHash("x"): ENTRY, MmHash("y"): ENTRY}))
+        publisher.record(IndexEvents(mm_evicted=[MmHash("y")], kv_stored={BlockHash("b"): "device"}))
+        assert publisher.flush()
+        result = index.lookup([MmHash("x"), MmHash("y")], [BlockHash("b")])
+        assert result.mm_holders[MmHash("x")] == {"enc": ENTRY} and result.mm_holders[MmHash("y")] == {}
+        assert result.block_holders == [frozenset({"enc"})]
+        time.sleep(2.5)  # heartbeats keep the node alive past its TTL
+        assert "enc" in index.lookup([], []).nodes
+    finally:
+        publisher.stop()
+
+
+def test_index_outage_then_restart_catches_up_from_the_node_snapshot():
+    from services.stack.launcher import free_port
+
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    binary = valkey_binary()
+    with running_server(binary, port=port):
+        index = create_index(url, namespace="outage")
+        publisher = IndexPublisher(index, NodeInfo("pf", "prefill", "a:1"), ttl_s=1.0)
+        publisher.record(IndexEvents(kv_stored={BlockHash("b0"): "device"}))
+        assert publisher.flush()
+    # The server is gone: recording must neither block nor raise.
+    started = time.monotonic()
+    publisher.record(IndexEvents(kv_stored={BlockHash("b1"): "device"}, kv_evicted=[BlockHash("b0")]))
+    assert time.monotonic() - started < 0.1
+    time.sleep(1.5)
+    assert publisher.num_publish_failures > 0
+    try:
+        with running_server(binary, port=port):  # a fresh, empty index on the same address
+            assert _wait_for(lambda: index.lookup([], [BlockHash("b1")]).block_holders == [frozenset({"pf"})])
+            assert index.lookup([], [BlockHash("b0")]).block_holders == []
+    finally:
+        publisher.stop()
