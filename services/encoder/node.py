@@ -18,7 +18,10 @@ from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.model.checkpoint import load_config, load_weights
 from services.engine.model.vision import VisionEncoder, build_vision_tower
 from services.transport.tensor_channel import TensorInbox, TensorSender
+from shared.index.publisher import IndexPublisher
+from shared.index.types import IndexEvents, MmEntry
 from shared.models.registry import ModelRef
+from shared.types import MmHash
 
 _OWNER = "encoder"
 
@@ -38,7 +41,7 @@ class EncodeResult:
 
 
 class EncoderNode:
-    def __init__(self, model: ModelRef, *, data_bind: str, cache_tokens: int, device: str = "cpu", pixel_wait_s: float = 2.0) -> None:
+    def __init__(self, model: ModelRef, *, data_bind: str, cache_tokens: int, device: str = "cpu", pixel_wait_s: float = 2.0, publisher: IndexPublisher | None = None) -> None:
         checkpoint = load_config(model.path)
         _, vision_weights = load_weights(model.path, torch.float32)
         merge = checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
@@ -50,6 +53,7 @@ class EncoderNode:
         self.pixel_wait_s = pixel_wait_s
         self._lock = threading.Lock()
         self.num_cache_hits = 0
+        self.publisher = publisher
 
     @property
     def data_address(self) -> str:
@@ -77,19 +81,24 @@ class EncoderNode:
                 outputs = self.vision.encode([p for _, p in to_encode], [i.grid_thw for i, _ in to_encode])
                 for (item, _), embeds in zip(to_encode, outputs):
                     ready[item.mm_hash] = embeds
-                    self._cache(item.mm_hash, embeds)
+                    self._cache(item.mm_hash, embeds, item.grid_thw)
             for mm_hash, embeds in ready.items():
                 self.sender.send(target_address, mm_hash, {"embeds": embeds}, {"rows": embeds.shape[0]})
             return EncodeResult(missing, len(to_encode), len(items) - len(to_encode) - len(missing))
 
-    def _cache(self, mm_hash: str, embeds: torch.Tensor) -> None:
+    def _cache(self, mm_hash: str, embeds: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
         if not self.cache.can_allocate(embeds.shape[0]):
             return  # larger than the whole budget: serve it uncached
         self.cache.allocate(_OWNER, mm_hash, embeds.shape[0])
         self.cache.free_encoder_input(_OWNER, mm_hash)
         self.store[mm_hash] = embeds
-        for evicted in self.cache.drain_evicted():
-            self.store.pop(evicted, None)
+        evicted = self.cache.drain_evicted()
+        self.cache.drain_stored()
+        for identifier in evicted:
+            self.store.pop(identifier, None)
+        if self.publisher is not None:
+            entry = MmEntry(embeds.shape[0], grid_thw, embeds.numel() * embeds.element_size())
+            self.publisher.record(IndexEvents(mm_stored={MmHash(mm_hash): entry}, mm_evicted=[MmHash(e) for e in evicted]))
 
     def counters(self) -> dict[str, float]:
         return {
@@ -100,5 +109,7 @@ class EncoderNode:
         }
 
     def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
         self.inbox.close()
         self.sender.close()

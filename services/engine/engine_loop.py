@@ -24,8 +24,9 @@ OutputCallback = Callable[[RequestOutput | BaseException], None]
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, after_step: Callable[[Engine], None] | None = None) -> None:
         self.engine = engine
+        self._after_step = after_step
         self._calls: queue.SimpleQueue[tuple[Callable[[Engine], object], Future]] = queue.SimpleQueue()
         self._subscribers: dict[str, OutputCallback] = {}
         self._stopped = threading.Event()
@@ -78,6 +79,11 @@ class EngineLoop:
             return
         for output in outputs:
             self._deliver(output.request_id, output)
+        if self._after_step is not None:
+            try:
+                self._after_step(self.engine)
+            except Exception:  # noqa: BLE001 - bookkeeping must not stop serving
+                log.exception("after-step hook failed")
 
     def _run_call(self, fn, future: Future) -> None:
         if not future.set_running_or_notify_cancel():

@@ -20,6 +20,8 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.transport.tensor_channel import TensorInbox, TensorSender
+from shared.index.kv_events import kv_index_events
+from shared.index.publisher import IndexPublisher
 from shared.models.registry import ModelRef
 
 
@@ -37,7 +39,7 @@ class PrefillResult:
 
 
 class PrefillNode:
-    def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, embedding_wait_s: float = 30.0, prefill_timeout_s: float = 600.0) -> None:
+    def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, embedding_wait_s: float = 30.0, prefill_timeout_s: float = 600.0, publisher: IndexPublisher | None = None) -> None:
         self.engine = Engine(model, config, load_vision=False)
         self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
         self.inbox = TensorInbox(data_bind)
@@ -46,7 +48,8 @@ class PrefillNode:
         self.prefill_timeout_s = prefill_timeout_s
         self._decode_targets: dict[str, str] = {}
         self.engine.finish_listeners.append(self._ship_kv)
-        self.loop = EngineLoop(self.engine)
+        self.publisher = publisher
+        self.loop = EngineLoop(self.engine, after_step=self._publish_kv)
         self.num_embeddings_pulled = 0
         self.num_tokens_computed = 0
         self.num_cached_tokens = 0
@@ -124,7 +127,19 @@ class PrefillNode:
             "prefix_cached_tokens_total": float(self.num_cached_tokens),
         }
 
+    def _publish_kv(self, engine: Engine) -> None:
+        events = engine.kv.pool.drain_events()
+        if self.publisher is not None and events:
+            self.publisher.record(kv_index_events(events))
+
+    def load(self) -> tuple[float, float]:
+        engine = self.engine
+        used = 1.0 - engine.kv.pool.num_free_blocks / engine.kv.pool.num_blocks
+        return float(len(engine.scheduler.running) + len(engine.scheduler.waiting)), used
+
     def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
         self.loop.stop()
         self.inbox.close()
         self.sender.close()

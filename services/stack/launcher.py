@@ -92,6 +92,8 @@ class Stack:
         addr = {role: f"{host}:{free_port()}" for role in ("preprocess", "encoder", "prefill", "decode")}
         data = {role: f"tcp://{host}:{free_port()}" for role in ("encoder", "prefill", "decode")}
         base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model]
+        if self.valkey_url:
+            base += ["--index-url", self.valkey_url]
         specs = [
             ("preprocess", ["--grpc-address", addr["preprocess"]]),
             ("encoder", ["--grpc-address", addr["encoder"], "--data-address", data["encoder"]]),

@@ -22,6 +22,9 @@ class RoleConfig:
     model: str = "tiny"
     grpc_address: str = "127.0.0.1:0"
     data_address: str = "tcp://127.0.0.1:0"
+    # The cache index (redis://host:port/db or memory://); empty: this node publishes nothing.
+    index_url: str = ""
+    index_ttl_s: float = 5.0
     # gateway only
     http_host: str = "127.0.0.1"
     http_port: int = 8000
@@ -59,18 +62,35 @@ def run_role(config: RoleConfig, engine_config: EngineConfig, preprocess_config:
         from services.encoder.server import serve
 
         node = EncoderNode(model, data_bind=config.data_address, cache_tokens=engine_config.encoder_cache_tokens, device=engine_config.device)
+        node.publisher = _publisher(config, model.model_id, node.data_address, None)
         coroutine = serve(node, config.grpc_address)
     elif config.role == "prefill":
         from services.prefill.node import PrefillNode
         from services.prefill.server import serve
 
-        coroutine = serve(PrefillNode(model, engine_config, data_bind=config.data_address), config.grpc_address, config.encoder_address)
+        node = PrefillNode(model, engine_config, data_bind=config.data_address)
+        node.publisher = _publisher(config, model.model_id, node.data_address, node.load)
+        coroutine = serve(node, config.grpc_address, config.encoder_address)
     else:
         from services.decode.node import DecodeNode
         from services.decode.server import serve
 
-        coroutine = serve(DecodeNode(model, engine_config, data_bind=config.data_address), config.grpc_address)
+        node = DecodeNode(model, engine_config, data_bind=config.data_address)
+        node.publisher = _publisher(config, model.model_id, node.data_address, node.load)
+        coroutine = serve(node, config.grpc_address)
     asyncio.run(coroutine)
+
+
+def _publisher(config: RoleConfig, namespace: str, data_address: str, load_fn):
+    if not config.index_url:
+        return None
+    from shared.index.backend import create_index
+    from shared.index.publisher import IndexPublisher
+    from shared.index.types import NodeInfo
+
+    info = NodeInfo(node_id=f"{config.role}@{config.grpc_address}", role=config.role, grpc_address=config.grpc_address, data_address=data_address)
+    kwargs = {"load_fn": load_fn} if load_fn is not None else {}
+    return IndexPublisher(create_index(config.index_url, namespace=namespace), info, ttl_s=config.index_ttl_s, **kwargs)
 
 
 def _run_gateway(config: RoleConfig, served_model: str) -> None:

@@ -180,3 +180,29 @@ def test_one_trace_spans_every_role(stack):
     assert services == {"tessera-gateway", "tessera-preprocess", "tessera-encoder", "tessera-prefill", "tessera-decode"}
     names = {s["name"] for s in spans if s["trace_id"] == trace_id}
     assert {"/tessera.v1.Preprocess/Preprocess", "/tessera.v1.Encode/Encode", "/tessera.v1.Prefill/Prefill", "/tessera.v1.Decode/Decode"} <= names
+
+
+def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
+    from services.engine.config import EngineConfig
+    from services.preprocess import Preprocessor
+    from shared.hashing import MmSpan, block_hashes
+    from shared.index.backend import create_index
+    from shared.models.registry import resolve_model
+
+    case = chat_case(_png(112, 112, 8), "Index me.")
+    _client(stack).chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
+    prep = Preprocessor(resolve_model("tiny")).preprocess(case.body)
+    item = prep.mm_items[0]
+    hashes = block_hashes(prep.prompt_token_ids, EngineConfig().block_size, [MmSpan(item.mm_hash, item.placeholder)])
+    index = create_index(stack.state()["valkey"]["url"], namespace="tessera-tiny")
+    deadline = time.monotonic() + 10
+    while True:
+        result = index.lookup([item.mm_hash], hashes)
+        holders = {nid.split("@")[0] for block in result.block_holders for nid in block}
+        if (result.mm_holders[item.mm_hash] and len(result.block_holders) == len(hashes) and holders == {"prefill", "decode"}) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert [nid.split("@")[0] for nid in result.mm_holders[item.mm_hash]] == ["encoder"]
+    assert result.mm_holders[item.mm_hash][next(iter(result.mm_holders[item.mm_hash]))].num_tokens == item.placeholder.length
+    assert len(result.block_holders) == len(hashes) and holders == {"prefill", "decode"}
+    assert {state.info.role for state in result.nodes.values()} == {"encoder", "prefill", "decode"}
