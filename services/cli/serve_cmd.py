@@ -11,7 +11,7 @@ from services.preprocess.config import PreprocessConfig
 from services.stack.roles import ROLES, RoleConfig
 from shared.settings import dataclass_from_sources
 
-_STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-valkey", "--no-restart", "--state-file", "--model", "--role"}
+_STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-valkey", "--no-restart", "--state-file", "--model", "--role", "--encoders", "--prefill", "--decode", "--routing-policy"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,6 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument("--no-valkey", action="store_true", help="do not start the embedded Valkey index server")
     stack.add_argument("--no-restart", action="store_true", help="do not restart a role that dies")
     stack.add_argument("--state-file", type=Path, default=None, help="write role pids and addresses here (JSON)")
+    stack.add_argument("--encoders", type=int, default=1, help="number of encoder nodes")
+    stack.add_argument("--prefill", type=int, default=1, help="number of prefill nodes")
+    stack.add_argument("--decode", type=int, default=1, help="number of decode nodes")
     role = cmd.add_argument_group("one role (--role)")
     for f in fields(RoleConfig):
         if f.name in ("role", "model"):
@@ -62,6 +65,10 @@ def _run_stack(args: argparse.Namespace) -> int:
             restart_roles=not args.no_restart,
             state_file=args.state_file,
             passthrough=passthrough,
+            num_encoders=args.encoders,
+            num_prefill=args.prefill,
+            num_decode=args.decode,
+            routing_policy=args.role_routing_policy or "cache_aware",
         )
     )
     try:

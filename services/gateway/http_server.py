@@ -40,12 +40,13 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/health":
             stats = self.app.pipeline.stats()
-            ok = len(stats) == 4
-            self._json(200 if ok else 503, {"status": "ok" if ok else "degraded", "roles": {r: {"pid": s.pid} for r, s in stats.items()}})
+            ok = len(stats) == len(self.app.pipeline.addresses.all())
+            nodes = [{"role": role, "address": address, "pid": s.pid} for role, address, s in stats]
+            self._json(200 if ok else 503, {"status": "ok" if ok else "degraded", "nodes": nodes})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": self.app.served_model, "object": "model", "created": self.app.started, "owned_by": "tessera"}]})
         elif self.path == "/metrics":
-            counters = {role: dict(s.counters) for role, s in self.app.pipeline.stats().items()}
+            counters = {f"{role}@{address}": dict(s.counters) for role, address, s in self.app.pipeline.stats()}
             self._send(200, self.app.metrics.render(counters).encode(), "text/plain; version=0.0.4")
         else:
             self._error(GatewayError(404, f"no route for GET {self.path}"))

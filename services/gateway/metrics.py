@@ -45,7 +45,8 @@ class GatewayMetrics:
         for role, counters in sorted(role_counters.items()):
             for name, value in counters.items():
                 merged[name] = merged.get(name, 0.0) + value
-            lines.append(f'tessera_role_up{{role="{role}"}} 1')
+            name, _, address = role.partition("@")
+            lines.append(f'tessera_node_up{{role="{name}",address="{address}"}} 1')
         for name, value in sorted(merged.items()):
             kind = "counter" if name.endswith("_total") else "gauge"
             lines.append(f"# TYPE tessera_{name} {kind}")

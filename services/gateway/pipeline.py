@@ -1,6 +1,7 @@
-"""The request path across roles: preprocess -> prefill (which pulls embeddings from the encoder)
--> decode, as plain Python over gRPC stubs. Yields token events; raises GatewayError with the
-status a client should see.
+"""The request path across roles, as plain Python over gRPC stubs:
+preprocess -> route (one index lookup) -> pixels to the chosen encoder, only for images it lacks
+-> prefill on the chosen node (it pulls missing embeddings from the chosen encoder) -> decode.
+Yields token events; raises GatewayError with the status a client should see.
 
 Missing pixels (the preprocess node's mirror said the encoder had an image it has since evicted)
 are resent once from the processor cache, or by re-running preprocessing with force_send_pixels.
@@ -10,6 +11,7 @@ do not wait for a dead peer to come back.
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from collections.abc import Iterator
@@ -19,20 +21,25 @@ import grpc
 
 from protos.gen import pb, rpc
 from services.engine.sampling import SamplingParams
+from services.router.router import Route, RoleNodes, Router
 from services.gateway.errors import GatewayError
 from services.transport.convert import sampling_to_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, HTTP_STATUS_KEY
 from shared.tracing import outgoing_metadata, tracer
+from shared.types import MmHash, PlaceholderRange
 
 MISSING_PIXELS_KEY = "tessera-missing-pixels"
 
 
 @dataclass(frozen=True, slots=True)
 class RoleAddresses:
-    preprocess: str
-    encoder: str
-    prefill: str
-    decode: str
+    preprocess: tuple[str, ...]
+    encoder: tuple[str, ...]
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+
+    def all(self) -> list[tuple[str, str]]:
+        return [(role, address) for role in ("preprocess", "encoder", "prefill", "decode") for address in getattr(self, role)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,33 +53,38 @@ class TokenEvent:
 
 
 class Pipeline:
-    def __init__(self, addresses: RoleAddresses, *, timeout_s: float = 300.0, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, addresses: RoleAddresses, *, router: Router | None = None, timeout_s: float = 300.0, connect_timeout_s: float = 5.0) -> None:
         self.addresses = addresses
+        self.router = router or Router(RoleNodes(addresses.encoder, addresses.prefill, addresses.decode))
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
-        channel = lambda addr: grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)  # noqa: E731
-        self.preprocess = rpc.PreprocessStub(channel(addresses.preprocess))
-        self.encoder = rpc.EncodeStub(channel(addresses.encoder))
-        self.prefill = rpc.PrefillStub(channel(addresses.prefill))
-        self.decode = rpc.DecodeStub(channel(addresses.decode))
+        self._stubs: dict[tuple[str, str], object] = {}
         self._data_addresses: dict[str, str] = {}
+        self._turns = itertools.count()
+        self.last_route: Route | None = None
 
-    def stats(self) -> dict[str, pb.StatsResponse]:
-        out = {}
-        for role, stub in (("preprocess", self.preprocess), ("encoder", self.encoder), ("prefill", self.prefill), ("decode", self.decode)):
+    def stub(self, role: str, address: str):
+        key = (role, address)
+        if key not in self._stubs:
+            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            self._stubs[key] = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill": rpc.PrefillStub, "decode": rpc.DecodeStub}[role](channel)
+        return self._stubs[key]
+
+    def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:
+        out = []
+        for role, address in self.addresses.all():
             try:
-                out[role] = stub.Stats(pb.StatsRequest(), timeout=self.connect_timeout_s)
+                out.append((role, address, self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s)))
             except grpc.RpcError:
                 continue
         return out
 
-    def data_address(self, role: str) -> str:
-        address = self._data_addresses.get(role)
-        if address is None:
-            stub = {"encoder": self.encoder, "prefill": self.prefill, "decode": self.decode}[role]
-            address = self._call(role, stub.Stats, pb.StatsRequest(), self.connect_timeout_s).data_address
-            self._data_addresses[role] = address
-        return address
+    def data_address(self, role: str, address: str) -> str:
+        data = self._data_addresses.get(address)
+        if data is None:
+            data = self._call(role, self.stub(role, address).Stats, pb.StatsRequest(), self.connect_timeout_s).data_address
+            self._data_addresses[address] = data
+        return data
 
     def run(self, body: dict, sampling: SamplingParams, *, cache_salt: str | None = None, request_id: str | None = None) -> Iterator[TokenEvent]:
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
@@ -81,9 +93,15 @@ class Pipeline:
             yield from self._run(body, sampling, cache_salt, request_id)
 
     def _run(self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str) -> Iterator[TokenEvent]:
-        encoder_address = self.data_address("encoder")
-        prep = self._preprocess(body, encoder_address, force=False)
-        prefill = self._prefill(request_id, prep, sampling, cache_salt, body, encoder_address)
+        preprocess_address = self.addresses.preprocess[next(self._turns) % len(self.addresses.preprocess)]
+        prep = self._preprocess(preprocess_address, body)
+        images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
+        route = self.router.route(list(prep.prompt_token_ids), images, cache_salt)
+        self.last_route = route
+        lacking = [h for h, _ in images if h not in route.images_on_encoder]
+        if lacking:
+            self._push_pixels(preprocess_address, lacking, route.encoder, force=False)
+        prefill = self._prefill(request_id, prep, sampling, cache_salt, route, preprocess_address)
         decode_request = pb.DecodeRequest(
             request_id=request_id,
             prompt_token_ids=prep.prompt_token_ids,
@@ -94,7 +112,7 @@ class Pipeline:
             mm_items=prep.mm_items,
             cache_salt=cache_salt or "",
         )
-        stream = self._call("decode", self.decode.Decode, decode_request, self.timeout_s)
+        stream = self._call("decode", self.stub("decode", route.decode).Decode, decode_request, self.timeout_s)
         prompt_tokens = len(prep.prompt_token_ids)
         try:
             for chunk in stream:
@@ -107,36 +125,36 @@ class Pipeline:
             stream.cancel()  # no-op when complete; frees the decode node's KV when abandoned
         raise GatewayError(503, "the decode service ended the stream early")
 
-    def _preprocess(self, body: dict, encoder_address: str, *, force: bool) -> pb.PreprocessResponse:
-        request = pb.PreprocessRequest(
-            request_json=json.dumps(body), encoder_id=self.addresses.encoder, encoder_data_address=encoder_address, force_send_pixels=force
-        )
-        return self._call("preprocess", self.preprocess.Preprocess, request, self.timeout_s)
+    def _push_pixels(self, preprocess_address: str, mm_hashes: list[str], encoder: str, *, force: bool) -> pb.ResendPixelsResponse:
+        request = pb.ResendPixelsRequest(mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force)
+        return self._call("preprocess", self.stub("preprocess", preprocess_address).ResendPixels, request, self.timeout_s)
 
-    def _prefill(self, request_id, prep, sampling, cache_salt, body, encoder_address) -> pb.PrefillResponse:
+    def _preprocess(self, address: str, body: dict) -> pb.PreprocessResponse:
+        request = pb.PreprocessRequest(request_json=json.dumps(body))
+        return self._call("preprocess", self.stub("preprocess", address).Preprocess, request, self.timeout_s)
+
+    def _prefill(self, request_id, prep, sampling, cache_salt, route: Route, preprocess_address: str) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             request_id=request_id,
             prompt_token_ids=prep.prompt_token_ids,
             mm_items=prep.mm_items,
             cache_salt=cache_salt or "",
-            decode_data_address=self.data_address("decode"),
+            decode_data_address=self.data_address("decode", route.decode),
             sampling=sampling_to_pb(sampling),
+            encoder_address=route.encoder,
         )
+        stub = self.stub("prefill", route.prefill)
         for attempt in range(2):
             try:
-                return self.prefill.Prefill(request, timeout=self.timeout_s, metadata=outgoing_metadata())
+                return stub.Prefill(request, timeout=self.timeout_s, metadata=outgoing_metadata())
             except grpc.RpcError as exc:
                 missing = _trailing(exc, MISSING_PIXELS_KEY)
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
                     raise self._to_gateway_error("prefill", exc) from None
-                reply = self._call(
-                    "preprocess",
-                    self.preprocess.ResendPixels,
-                    pb.ResendPixelsRequest(mm_hashes=missing.split(","), encoder_id=self.addresses.encoder, encoder_data_address=encoder_address),
-                    self.timeout_s,
-                )
+                # The encoder lost images our mirror thought it had: push them again.
+                reply = self._push_pixels(preprocess_address, missing.split(","), route.encoder, force=True)
                 if reply.not_found:
-                    self._preprocess(body, encoder_address, force=True)
+                    raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
         raise AssertionError("unreachable")
 
     def _call(self, role: str, method, request, timeout: float):
@@ -151,7 +169,7 @@ class Pipeline:
         if status is not None:
             return GatewayError(int(status), exc.details() or f"{role} rejected the request")
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-            self._data_addresses.pop(role, None)
+            self._data_addresses.clear()  # a restarted node may come back with another data address
             return GatewayError(503, f"the {role} service is unavailable: {exc.details() or code.name}")
         return GatewayError(500, f"the {role} service failed: {exc.details() or code.name}")
 

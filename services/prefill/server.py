@@ -21,7 +21,14 @@ MISSING_PIXELS_KEY = "tessera-missing-pixels"
 class PrefillServicer(rpc.PrefillServicer):
     def __init__(self, node: PrefillNode, encoder_address: str) -> None:
         self.node = node
-        self.encoder = rpc.EncodeStub(grpc.aio.insecure_channel(encoder_address, options=CHANNEL_OPTIONS))
+        self.default_encoder = encoder_address
+        self._encoders: dict[str, rpc.EncodeStub] = {}
+
+    def _encoder(self, address: str) -> rpc.EncodeStub:
+        stub = self._encoders.get(address)
+        if stub is None:
+            stub = self._encoders[address] = rpc.EncodeStub(grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
+        return stub
 
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
         items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
@@ -29,7 +36,7 @@ class PrefillServicer(rpc.PrefillServicer):
         lacking = await asyncio.to_thread(self.node.claim_local_embeddings, rid, items)
         try:
             if lacking:
-                reply = await self.encoder.Encode(
+                reply = await self._encoder(request.encoder_address or self.default_encoder).Encode(
                     pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in lacking], target_data_address=self.node.data_address),
                     timeout=120,
                     metadata=outgoing_metadata(),

@@ -40,7 +40,7 @@ class PreprocessNode:
             result = self.preprocessor.preprocess(body)
             mirror = self._mirror(encoder_id)
             sent = skipped = 0
-            for item in result.mm_items:
+            for item in result.mm_items if encoder_address else ():
                 if not force_send and mirror.get(item.mm_hash):
                     skipped += item.image.num_bytes
                     continue
@@ -51,19 +51,24 @@ class PreprocessNode:
             self.num_pixel_bytes_skipped += skipped
             return result, PixelTransfer(sent, skipped)
 
-    def resend(self, mm_hashes: list[str], *, encoder_id: str, encoder_address: str) -> tuple[list[str], int]:
-        """Push cached pixels again; returns (hashes no longer cached here, bytes sent)."""
+    def resend(self, mm_hashes: list[str], *, encoder_id: str, encoder_address: str, force: bool = True) -> tuple[list[str], PixelTransfer]:
+        """Push cached pixels to an encoder; without ``force``, skip those the mirror says it
+        holds. Returns (hashes no longer cached here, bytes sent and skipped)."""
         with self._lock:
-            not_found, sent = [], 0
+            not_found, sent, skipped = [], 0, 0
+            mirror = self._mirror(encoder_id)
             for mm_hash in mm_hashes:
                 image = self.preprocessor.processor_cache.get(mm_hash)
                 if image is None:
                     not_found.append(mm_hash)
-                    continue
-                sent += self._send_pixels(mm_hash, image, encoder_address)
-                self._mirror(encoder_id).put(mm_hash, True)
+                elif not force and mirror.get(mm_hash):
+                    skipped += image.num_bytes
+                else:
+                    sent += self._send_pixels(mm_hash, image, encoder_address)
+                    mirror.put(mm_hash, True)
             self.num_pixel_bytes_sent += sent
-            return not_found, sent
+            self.num_pixel_bytes_skipped += skipped
+            return not_found, PixelTransfer(sent, skipped)
 
     def counters(self) -> dict[str, float]:
         stats = self.preprocessor.processor_cache.stats

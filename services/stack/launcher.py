@@ -71,6 +71,10 @@ class StackConfig:
     restart_roles: bool = True
     state_file: Path | None = None
     startup_timeout_s: float = 300.0
+    num_encoders: int = 1
+    num_prefill: int = 1
+    num_decode: int = 1
+    routing_policy: str = "cache_aware"
     passthrough: list[str] = field(default_factory=list)  # engine / preprocess flags for the roles
 
 
@@ -89,19 +93,24 @@ class Stack:
         if self.config.start_valkey:
             self._start_valkey()
         host, model = self.config.host, self.config.model
-        addr = {role: f"{host}:{free_port()}" for role in ("preprocess", "encoder", "prefill", "decode")}
-        data = {role: f"tcp://{host}:{free_port()}" for role in ("encoder", "prefill", "decode")}
+        counts = {"preprocess": 1, "encoder": self.config.num_encoders, "decode": self.config.num_decode, "prefill": self.config.num_prefill}
+        if min(counts.values()) < 1:
+            raise ValueError("every role needs at least one node")
         base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model]
         if self.valkey_url:
             base += ["--index-url", self.valkey_url]
-        specs = [
-            ("preprocess", ["--grpc-address", addr["preprocess"]]),
-            ("encoder", ["--grpc-address", addr["encoder"], "--data-address", data["encoder"]]),
-            ("decode", ["--grpc-address", addr["decode"], "--data-address", data["decode"]]),
-            ("prefill", ["--grpc-address", addr["prefill"], "--data-address", data["prefill"], "--encoder-address", addr["encoder"]]),
-        ]
-        for role, extra in specs:
-            self.roles.append(RoleProcess(role, [*base, "--role", role, *extra, *self.config.passthrough], addr[role]))
+        addresses: dict[str, list[str]] = {role: [] for role in counts}
+        for role, count in counts.items():  # encoders before prefill: prefill falls back to the first encoder
+            for i in range(count):
+                grpc_address = f"{host}:{free_port()}"
+                extra = ["--grpc-address", grpc_address]
+                if role != "preprocess":
+                    extra += ["--data-address", f"tcp://{host}:{free_port()}"]
+                if role == "prefill":
+                    extra += ["--encoder-address", addresses["encoder"][0]]
+                name = role if i == 0 else f"{role}-{i}"
+                self.roles.append(RoleProcess(name, [*base, "--role", role, *extra, *self.config.passthrough], grpc_address))
+                addresses[role].append(grpc_address)
         for role in self.roles:  # independent roles load their models in parallel
             self._spawn(role)
         for role in self.roles:
@@ -110,8 +119,8 @@ class Stack:
         gateway = RoleProcess(
             "gateway",
             [*base, "--role", "gateway", "--http-host", host, "--http-port", str(self.config.http_port), "--generate-address", generate_address,
-             "--preprocess-address", addr["preprocess"], "--encoder-address", addr["encoder"], "--prefill-address", addr["prefill"],
-             "--decode-address", addr["decode"]],
+             "--routing-policy", self.config.routing_policy, *self.config.passthrough,
+             *[arg for role in ("preprocess", "encoder", "prefill", "decode") for arg in (f"--{role}-address", ",".join(addresses[role]))]],
             generate_address,
         )
         self.roles.append(gateway)

@@ -34,6 +34,7 @@ class RoleConfig:
     prefill_address: str = ""
     decode_address: str = ""
     default_max_tokens: int = 256
+    routing_policy: str = "cache_aware"
     request_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -42,7 +43,11 @@ class RoleConfig:
         if self.role == "prefill" and not self.encoder_address:
             raise ValueError("the prefill role needs --encoder-address")
         if self.role == "gateway" and not all((self.preprocess_address, self.encoder_address, self.prefill_address, self.decode_address)):
-            raise ValueError("the gateway needs --preprocess-address, --encoder-address, --prefill-address and --decode-address")
+            raise ValueError("the gateway needs --preprocess-address, --encoder-address, --prefill-address and --decode-address (comma-separated lists)")
+        from services.router.scoring import POLICIES
+
+        if self.routing_policy not in POLICIES:
+            raise ValueError(f"routing_policy must be one of {', '.join(POLICIES)}, got {self.routing_policy!r}")
 
 
 def run_role(config: RoleConfig, engine_config: EngineConfig, preprocess_config: PreprocessConfig) -> None:
@@ -50,7 +55,7 @@ def run_role(config: RoleConfig, engine_config: EngineConfig, preprocess_config:
     configure_tracing(config.role)
     model = resolve_model(config.model)
     if config.role == "gateway":
-        _run_gateway(config, model.model_id if config.model not in ("tiny", "small") else config.model)
+        _run_gateway(config, model.model_id if config.model not in ("tiny", "small") else config.model, model.model_id, engine_config.block_size)
         return
     if config.role == "preprocess":
         from services.preprocess.node import PreprocessNode
@@ -93,15 +98,22 @@ def _publisher(config: RoleConfig, namespace: str, data_address: str, load_fn):
     return IndexPublisher(create_index(config.index_url, namespace=namespace), info, ttl_s=config.index_ttl_s, **kwargs)
 
 
-def _run_gateway(config: RoleConfig, served_model: str) -> None:
+def _run_gateway(config: RoleConfig, served_model: str, namespace: str, block_size: int) -> None:
     from services.gateway.generate_server import GenerateServicer, start_generate_server
     from services.gateway.http_server import GatewayApp, make_server
     from services.gateway.pipeline import Pipeline, RoleAddresses
 
-    pipeline = Pipeline(
-        RoleAddresses(config.preprocess_address, config.encoder_address, config.prefill_address, config.decode_address),
-        timeout_s=config.request_timeout_s,
-    )
+    from services.router.router import RoleNodes, Router
+
+    split = lambda text: tuple(a.strip() for a in text.split(",") if a.strip())  # noqa: E731
+    addresses = RoleAddresses(split(config.preprocess_address), split(config.encoder_address), split(config.prefill_address), split(config.decode_address))
+    index = None
+    if config.index_url:
+        from shared.index.backend import create_index
+
+        index = create_index(config.index_url, namespace=namespace)
+    router = Router(RoleNodes(addresses.encoder, addresses.prefill, addresses.decode), policy=config.routing_policy, index=index, block_size=block_size)
+    pipeline = Pipeline(addresses, router=router, timeout_s=config.request_timeout_s)
     generate = start_generate_server(
         GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens), config.generate_address
     )

@@ -1,0 +1,91 @@
+"""Routes one request: one index lookup, then a pure choice per role (see scoring.py).
+
+Candidates are the configured nodes of each role; the index adds what they hold and their load,
+and drops nodes whose heartbeat lapsed. Without an index (disabled or unreachable) every node is
+a candidate with no cached work, so cache_aware degrades to tie-breaking and the others still work.
+Decode placement ignores caches (the prompt's KV is shipped from prefill): cache_aware places
+decode least-loaded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from services.router.scoring import POLICIES, Candidate, choose, image_tokens_per_node, prefix_tokens_per_node
+from shared.hashing import MmSpan, block_hashes
+from shared.index.backend import CacheIndex
+from shared.index.types import IndexUnavailableError, LookupResult
+from shared.types import BlockHash, MmHash, PlaceholderRange
+
+
+@dataclass(frozen=True, slots=True)
+class RoleNodes:
+    encoder: tuple[str, ...]
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    encoder: str
+    prefill: str
+    decode: str
+    images_on_encoder: frozenset[str]  # mm_hashes the chosen encoder holds, per the index
+    decision_s: float
+
+
+@dataclass(slots=True)
+class Router:
+    nodes: RoleNodes
+    policy: str = "cache_aware"
+    index: CacheIndex | None = None
+    block_size: int = 16
+    _turns: itertools.count = field(default_factory=itertools.count)
+    num_index_failures: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+
+    def route(self, token_ids: list[int], images: list[tuple[MmHash, PlaceholderRange]], cache_salt: str | None = None) -> Route:
+        started = time.perf_counter()
+        turn = next(self._turns)
+        hashes: list[BlockHash] = []
+        if self.index is not None and self.policy == "cache_aware":
+            hashes = block_hashes(token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt)
+        lookup = self._lookup([h for h, _ in images], hashes)
+        tie_key = images[0][0] if images else ""
+        image_tokens = {h: r.length for h, r in images}
+        mm_holders = {h: {_address(n): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
+        encoder = choose(self.policy, self._candidates("encoder", lookup), image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key)
+        blocks = [frozenset(_address(n) for n in b) for b in lookup.block_holders] if lookup else []
+        prefill = choose(self.policy, self._candidates("prefill", lookup), prefix_tokens_per_node(blocks, self.block_size), turn=turn, tie_key=tie_key)
+        decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
+        decode = choose(decode_policy, self._candidates("decode", lookup), {}, turn=turn)
+        held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
+        return Route(encoder, prefill, decode, held, time.perf_counter() - started)
+
+    def _lookup(self, mm_hashes: list[MmHash], hashes: list[BlockHash]) -> LookupResult | None:
+        if self.index is None:
+            return None
+        try:
+            return self.index.lookup(mm_hashes, hashes)
+        except IndexUnavailableError:
+            self.num_index_failures += 1
+            return None
+
+    def _candidates(self, role: str, lookup: LookupResult | None) -> list[Candidate]:
+        configured = getattr(self.nodes, role)
+        if lookup is None:
+            return [Candidate(address, 0.0, 0.0) for address in configured]
+        live = {s.info.grpc_address: s for s in lookup.nodes.values() if s.info.role == role}
+        # A configured node the index does not list (not yet registered, or index lagging) stays
+        # eligible with no cached work; the launcher's health checks own liveness.
+        return [Candidate(a, live[a].load, live[a].kv_usage) if a in live else Candidate(a, 0.0, 0.0) for a in configured]
+
+
+def _address(node_id: str) -> str:
+    """Node ids are "role@grpc_address"."""
+    return node_id.split("@", 1)[1] if "@" in node_id else node_id

@@ -1,0 +1,57 @@
+"""The routing policy as a pure function."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.router.scoring import LOAD_WEIGHT, Candidate, choose, image_tokens_per_node, prefix_tokens_per_node
+
+
+def nodes(*specs):
+    return [Candidate(name, load, kv) for name, load, kv in specs]
+
+
+def test_cache_aware_prefers_the_node_holding_more_work():
+    candidates = nodes(("a", 0, 0.1), ("b", 0, 0.1))
+    assert choose("cache_aware", candidates, {"b": 512}) == "b"
+    assert choose("cache_aware", candidates, {}) == "a"  # tie: lowest id
+
+
+def test_load_outweighs_a_small_cache_advantage_but_not_a_large_one():
+    candidates = nodes(("hot", 3, 0.0), ("idle", 0, 0.0))
+    assert choose("cache_aware", candidates, {"hot": int(2 * LOAD_WEIGHT)}) == "idle"
+    assert choose("cache_aware", candidates, {"hot": int(4 * LOAD_WEIGHT)}) == "hot"
+
+
+def test_full_kv_pool_is_penalised():
+    assert choose("cache_aware", nodes(("full", 0, 1.0), ("roomy", 0, 0.0)), {"full": 64}) == "roomy"
+
+
+def test_round_robin_and_least_loaded():
+    candidates = nodes(("a", 2, 0), ("b", 0, 0), ("c", 1, 0))
+    assert [choose("round_robin", candidates, {}, turn=t) for t in range(4)] == ["a", "b", "c", "a"]
+    assert choose("least_loaded", candidates, {"a": 10_000}) == "b"
+
+
+def test_unknown_policy_and_no_candidates_are_errors():
+    with pytest.raises(ValueError, match="unknown routing policy"):
+        choose("random", nodes(("a", 0, 0)), {})
+    with pytest.raises(ValueError, match="no candidate"):
+        choose("cache_aware", [], {})
+
+
+def test_prefix_tokens_stop_at_each_nodes_first_miss():
+    holders = [frozenset({"a", "b"}), frozenset({"a"}), frozenset({"a", "b"})]
+    assert prefix_tokens_per_node(holders, 16) == {"a": 48, "b": 16}
+    assert prefix_tokens_per_node([], 16) == {}
+
+
+def test_image_tokens_sum_per_node():
+    assert image_tokens_per_node({"x": {"e1": None}, "y": {"e1": None, "e2": None}}, {"x": 64, "y": 100}) == {"e1": 164, "e2": 100}
+
+
+def test_ties_spread_by_rendezvous_hashing_and_are_stable():
+    candidates = nodes(("a", 0, 0), ("b", 0, 0))
+    picks = [choose("cache_aware", candidates, {}, tie_key=f"img{i}") for i in range(40)]
+    assert set(picks) == {"a", "b"}
+    assert picks == [choose("cache_aware", candidates, {}, tie_key=f"img{i}") for i in range(40)]
