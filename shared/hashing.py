@@ -163,7 +163,11 @@ def block_extra_keys(
 
 
 def hash_block(parent: BlockHash, token_ids: Sequence[int], extra_keys: tuple = ()) -> BlockHash:
-    return BlockHash(digest_hex((parent, tuple(token_ids), extra_keys)))
+    # Equal to digest_hex((parent, tuple(token_ids), extra_keys)), with the token tuple encoded
+    # in one pass: this runs for every block of every request on the router's hot path.
+    tokens = b"".join([b"I%d;" % t for t in token_ids])
+    raw = b"L3:" + canonical_bytes(parent) + b"L%d:" % len(token_ids) + tokens + canonical_bytes(extra_keys)
+    return BlockHash(blake3.blake3(raw, key=HASH_KEY).hexdigest())
 
 
 def extend_block_hashes(

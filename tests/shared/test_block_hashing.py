@@ -80,3 +80,16 @@ def test_block_hashes_are_equal_across_processes():
     here = block_hashes(list(range(17)), 4, [_span("aaa", 2, 5)], cache_salt="s")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "7"})
     assert out.stdout.strip() == str(here)
+
+
+def test_fast_block_encoding_equals_the_canonical_serialization():
+    import random
+
+    from shared.hashing import digest_hex
+
+    rng = random.Random(0)
+    for _ in range(200):
+        tokens = [rng.randrange(0, 200_000) for _ in range(rng.randrange(0, 20))]
+        extra = tuple(("mm", f"h{rng.randrange(9)}", rng.randrange(100)) for _ in range(rng.randrange(0, 3)))
+        parent = ROOT_BLOCK_HASH if rng.random() < 0.5 else hash_block(ROOT_BLOCK_HASH, [1, 2])
+        assert hash_block(parent, tokens, extra) == digest_hex((parent, tuple(tokens), extra))
