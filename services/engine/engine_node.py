@@ -1,0 +1,44 @@
+"""What prefill and decode nodes share: an engine on its own loop thread, a data-plane inbox,
+and publishing of the KV pool's store/evict events to the cache index after every step."""
+
+from __future__ import annotations
+
+from services.engine.config import EngineConfig
+from services.engine.engine import Engine
+from services.engine.engine_loop import EngineLoop
+from services.transport.tensor_channel import TensorInbox
+from shared.index.kv_events import kv_index_events
+from shared.index.publisher import IndexPublisher
+from shared.models.registry import ModelRef
+
+
+class EngineNode:
+    def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, publisher: IndexPublisher | None = None) -> None:
+        self.engine = Engine(model, config, load_vision=False)
+        self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
+        self.inbox = TensorInbox(data_bind)
+        self.publisher = publisher
+
+    def start_loop(self) -> None:
+        """Start the engine thread; subclasses call it once their own hooks are installed."""
+        self.loop = EngineLoop(self.engine, after_step=self._publish_kv)
+
+    @property
+    def data_address(self) -> str:
+        return self.inbox.address
+
+    def load(self) -> tuple[float, float]:
+        """(requests queued or running, fraction of KV pages in use), for heartbeats."""
+        pool = self.engine.kv.pool
+        return float(len(self.engine.scheduler.running) + len(self.engine.scheduler.waiting)), 1.0 - pool.num_free_blocks / pool.num_blocks
+
+    def _publish_kv(self, engine: Engine) -> None:
+        events = engine.kv.pool.drain_events()
+        if self.publisher is not None and events:
+            self.publisher.record(kv_index_events(events))
+
+    def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
+        self.loop.stop()
+        self.inbox.close()

