@@ -63,9 +63,6 @@ class PrefillServicer(rpc.PrefillServicer):
             raise
         return pb.PrefillResponse(first_token_id=result.first_token_id, num_cached_tokens=result.num_cached_tokens, mrope_delta=result.mrope_delta)
 
-    async def Release(self, request, context) -> pb.ReleaseResponse:
-        return pb.ReleaseResponse()
-
     async def Stats(self, request, context) -> pb.StatsResponse:
         return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
 
