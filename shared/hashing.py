@@ -163,8 +163,7 @@ def block_extra_keys(
 
 
 def hash_block(parent: BlockHash, token_ids: Sequence[int], extra_keys: tuple = ()) -> BlockHash:
-    # Equal to digest_hex((parent, tuple(token_ids), extra_keys)), with the token tuple encoded
-    # in one pass: this runs for every block of every request on the router's hot path.
+    """digest_hex((parent, tuple(token_ids), extra_keys)): the definition every fast path must match."""
     tokens = b"".join([b"I%d;" % t for t in token_ids])
     raw = b"L3:" + canonical_bytes(parent) + b"L%d:" % len(token_ids) + tokens + canonical_bytes(extra_keys)
     return BlockHash(blake3.blake3(raw, key=HASH_KEY).hexdigest())
@@ -183,15 +182,59 @@ def extend_block_hashes(
 
     ``existing`` must be the hashes of the first ``len(existing)`` blocks of the same tokens; this
     lets a request hash incrementally as decode fills blocks.
+
+    Each hash equals ``hash_block(parent, block, block_extra_keys(...))`` byte for byte (tested),
+    but the canonical serialization is assembled from pre-encoded pieces: this runs for every
+    block of every request on the router's hot path, where the generic encoder cost ~7 us a block.
     """
     hashes = list(existing)
+    first, stop = len(hashes), len(token_ids) // block_size
+    if first >= stop:
+        return hashes
+    # One %-format per block encodes its tokens exactly as canonical ints ("I" decimal ";").
+    token_format = b"I%d;" * block_size
+    tokens = tuple(token_ids[first * block_size : stop * block_size])
+    tails = _extra_key_tails(first, stop, block_size, mm_spans, cache_salt, lora_name)
+    plain_tail = _encoded_extra_keys([], lora_name)  # blocks with no salt and no image
+    head = b"L%d:" % block_size
     parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
-    for index in range(len(hashes), len(token_ids) // block_size):
-        block = token_ids[index * block_size : (index + 1) * block_size]
-        extra = block_extra_keys(index, block_size, mm_spans, cache_salt=cache_salt, lora_name=lora_name)
-        parent = hash_block(parent, block, extra)
-        hashes.append(parent)
+    parent_bytes = canonical_bytes(parent)
+    new = blake3.blake3
+    for index in range(first, stop):
+        offset = (index - first) * block_size
+        raw = b"L3:" + parent_bytes + head + token_format % tokens[offset : offset + block_size] + tails.get(index, plain_tail)
+        parent = new(raw, key=HASH_KEY).hexdigest()
+        # A hex digest is ASCII, so its canonical str encoding is "S<len>:" plus its bytes.
+        parent_bytes = b"S%d:%s" % (len(parent), parent.encode())
+        hashes.append(BlockHash(parent))
     return hashes
+
+
+def _extra_key_tails(
+    first: int, stop: int, block_size: int, mm_spans: Sequence[MmSpan], cache_salt: str | None, lora_name: str | None
+) -> dict[int, bytes]:
+    """canonical_bytes(block_extra_keys(i, ...)) for each block in [first, stop) whose keys go
+    beyond the LoRA key: block 0 when salted, and each block an image overlaps."""
+    block_to_mm_keys: dict[int, list[bytes]] = {}
+    for span in mm_spans:  # in the caller's order, as block_extra_keys lists them
+        lo, hi = span.placeholder.offset, span.placeholder.end
+        identifier = canonical_bytes(span.identifier)
+        # Exactly the blocks i with lo < (i+1)*block_size and hi > i*block_size, as in block_extra_keys.
+        for index in range(max(first, lo // block_size), min(stop, (hi - 1) // block_size + 1)):
+            key = b"L3:S2:mm" + identifier + b"I%d;" % (max(index * block_size, lo) - lo)
+            block_to_mm_keys.setdefault(index, []).append(key)
+    tails = {}
+    for index in (block_to_mm_keys.keys() | ({0} if cache_salt is not None and first == 0 else set())):
+        salt = [canonical_bytes(("salt", cache_salt))] if cache_salt is not None and index == 0 else []
+        tails[index] = _encoded_extra_keys(salt + block_to_mm_keys.get(index, []), lora_name)
+    return tails
+
+
+def _encoded_extra_keys(keys: list[bytes], lora_name: str | None) -> bytes:
+    """Canonical bytes of the extra-keys tuple: the LoRA key first, then ``keys`` (encoded)."""
+    if lora_name is not None:
+        keys = [canonical_bytes(("lora", lora_name)), *keys]
+    return b"L%d:" % len(keys) + b"".join(keys)
 
 
 def block_hashes(

@@ -93,3 +93,35 @@ def test_fast_block_encoding_equals_the_canonical_serialization():
         extra = tuple(("mm", f"h{rng.randrange(9)}", rng.randrange(100)) for _ in range(rng.randrange(0, 3)))
         parent = ROOT_BLOCK_HASH if rng.random() < 0.5 else hash_block(ROOT_BLOCK_HASH, [1, 2])
         assert hash_block(parent, tokens, extra) == digest_hex((parent, tuple(tokens), extra))
+
+
+def _canonical_block_hashes(tokens, block_size, spans, cache_salt=None, lora_name=None):
+    """The contract spelled out with the generic serializer: the fast path must equal it."""
+    from shared.hashing import digest_hex
+
+    hashes, parent = [], ROOT_BLOCK_HASH
+    for index in range(len(tokens) // block_size):
+        extra = block_extra_keys(index, block_size, spans, cache_salt=cache_salt, lora_name=lora_name)
+        parent = digest_hex((parent, tuple(tokens[index * block_size : (index + 1) * block_size]), extra))
+        hashes.append(parent)
+    return hashes
+
+
+def test_fast_block_hashes_equal_the_canonical_definition():
+    import random
+
+    rng = random.Random(1)
+    for _ in range(300):
+        block_size = rng.choice([1, 2, 4, 16])
+        tokens = [rng.randrange(0, 200_000) for _ in range(rng.randrange(0, 70))]
+        # Overlapping, adjacent, empty and out-of-prompt spans, in no particular order.
+        spans = [
+            _span(f"img{rng.randrange(5)}", rng.randrange(-3, 75), rng.randrange(0, 30))
+            for _ in range(rng.randrange(0, 4))
+        ]
+        salt = rng.choice([None, "", "tenant-é"])
+        lora = rng.choice([None, "adapter"])
+        expected = _canonical_block_hashes(tokens, block_size, spans, salt, lora)
+        assert block_hashes(tokens, block_size, spans, cache_salt=salt, lora_name=lora) == expected
+        done = rng.randrange(0, len(expected) + 1)
+        assert extend_block_hashes(expected[:done], tokens, block_size, spans, cache_salt=salt, lora_name=lora) == expected
