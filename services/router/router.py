@@ -4,7 +4,9 @@ Candidates are the configured nodes of each role; the index adds what they hold 
 and drops nodes whose heartbeat lapsed. Without an index (disabled or unreachable) every node is
 a candidate with no cached work, so cache_aware degrades to tie-breaking and the others still work.
 Decode placement ignores caches (the prompt's KV is shipped from prefill): cache_aware places
-decode least-loaded.
+decode least-loaded. Whatever the policy, when an index is configured the route reports how many
+leading prompt tokens each live prefill and decode node holds, so the caller can pull a prefix
+from a peer instead of recomputing it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 
 from services.router.scoring import POLICIES, Candidate, choose, image_tokens_per_node, prefix_tokens_per_node
-from shared.hashing import MmSpan, block_hashes
+from shared.hashing import MmSpan
+from shared.hashing import block_hashes as compute_block_hashes
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError, LookupResult
 from shared.types import BlockHash, MmHash, PlaceholderRange
@@ -33,6 +36,9 @@ class Route:
     prefill: str
     decode: str
     images_on_encoder: frozenset[str]  # mm_hashes the chosen encoder holds, per the index
+    # gRPC address of each live prefill or decode node holding a leading prefix of the prompt's
+    # blocks -> leading prompt tokens it holds (block_size * leading blocks); empty without an index.
+    prefix_tokens_by_node: dict[str, int]
     decision_s: float
 
 
@@ -49,23 +55,45 @@ class Router:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown routing policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
 
-    def route(self, token_ids: list[int], images: list[tuple[MmHash, PlaceholderRange]], cache_salt: str | None = None) -> Route:
+    def route(
+        self,
+        token_ids: list[int],
+        images: list[tuple[MmHash, PlaceholderRange]],
+        cache_salt: str | None = None,
+        block_hashes: list[BlockHash] | None = None,
+    ) -> Route:
+        """``block_hashes``: the prompt's block hashes when the caller already has them (they must
+        be shared.hashing.block_hashes of the same tokens, images and salt at this block_size)."""
         started = time.perf_counter()
         turn = next(self._turns)
         hashes: list[BlockHash] = []
-        if self.index is not None and self.policy == "cache_aware":
-            hashes = block_hashes(token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt)
+        if self.index is not None:
+            if block_hashes is not None:
+                hashes = block_hashes
+            else:
+                hashes = compute_block_hashes(token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt)
         lookup = self._lookup([h for h, _ in images], hashes)
         tie_key = images[0][0] if images else ""
         image_tokens = {h: r.length for h, r in images}
         mm_holders = {h: {_address(n): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
         encoder = choose(self.policy, self._candidates("encoder", lookup), image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key)
-        blocks = [frozenset(_address(n) for n in b) for b in lookup.block_holders] if lookup else []
-        prefill = choose(self.policy, self._candidates("prefill", lookup), prefix_tokens_per_node(blocks, self.block_size), turn=turn, tie_key=tie_key)
+        prefix_tokens = self._prefix_tokens_by_node(lookup)
+        prefill = choose(self.policy, self._candidates("prefill", lookup), prefix_tokens, turn=turn, tie_key=tie_key)
         decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
         decode = choose(decode_policy, self._candidates("decode", lookup), {}, turn=turn)
         held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
-        return Route(encoder, prefill, decode, held, time.perf_counter() - started)
+        return Route(encoder, prefill, decode, held, prefix_tokens, time.perf_counter() - started)
+
+    def _prefix_tokens_by_node(self, lookup: LookupResult | None) -> dict[str, int]:
+        if lookup is None:
+            return {}
+        # Only prefill and decode nodes hold KV pages a request can reuse.
+        node_to_num_blocks = {
+            _address(node_id): num_blocks
+            for node_id, num_blocks in lookup.node_to_num_prefix_blocks.items()
+            if node_id in lookup.nodes and lookup.nodes[node_id].info.role in ("prefill", "decode")
+        }
+        return prefix_tokens_per_node(node_to_num_blocks, self.block_size)
 
     def _lookup(self, mm_hashes: list[MmHash], hashes: list[BlockHash]) -> LookupResult | None:
         if self.index is None:

@@ -60,17 +60,10 @@ def choose(policy: str, candidates: Sequence[Candidate], node_to_cached_tokens: 
     raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
 
 
-def prefix_tokens_per_node(block_holders: Sequence[frozenset[str]], block_size: int) -> dict[str, int]:
-    """Leading blocks each node holds, in tokens (a node's prefix ends at its first missing block)."""
-    out: dict[str, int] = {}
-    still_matching: set[str] | None = None
-    for holders in block_holders:
-        still_matching = set(holders) if still_matching is None else still_matching & holders
-        if not still_matching:
-            break
-        for node_id in still_matching:
-            out[node_id] = out.get(node_id, 0) + block_size
-    return out
+def prefix_tokens_per_node(node_to_num_prefix_blocks: Mapping[str, int], block_size: int) -> dict[str, int]:
+    """Leading prompt blocks each node holds (up to its first missing block, as the index counts
+    them), in tokens."""
+    return {node_id: num_blocks * block_size for node_id, num_blocks in node_to_num_prefix_blocks.items() if num_blocks > 0}
 
 
 def image_tokens_per_node(mm_holders: Mapping[str, Mapping[str, object]], image_tokens: Mapping[str, int]) -> dict[str, int]:

@@ -60,13 +60,16 @@ class InProcessIndex:
             mm_holders = {
                 h: {nid: entry for nid, (epoch, entry) in self._mm.get(h, {}).items() if live(nid, epoch)} for h in mm_hashes
             }
-            block_holders: list[frozenset[str]] = []
-            for block_hash in block_hashes:
-                holders = frozenset(nid for nid, (epoch, _) in self._kv.get(block_hash, {}).items() if live(nid, epoch))
-                if not holders:
+            node_to_num_prefix_blocks: dict[str, int] = {}
+            matching: set[str] | None = None  # live nodes holding every block so far
+            for num_blocks, block_hash in enumerate(block_hashes, start=1):
+                holders = {nid for nid, (epoch, _) in self._kv.get(block_hash, {}).items() if live(nid, epoch)}
+                matching = holders if matching is None else matching & holders
+                if not matching:
                     break
-                block_holders.append(holders)
-            return LookupResult(nodes=nodes, mm_holders=mm_holders, block_holders=block_holders)
+                for node_id in matching:
+                    node_to_num_prefix_blocks[node_id] = num_blocks
+            return LookupResult(nodes=nodes, mm_holders=mm_holders, node_to_num_prefix_blocks=node_to_num_prefix_blocks)
 
     def close(self) -> None:
         pass

@@ -51,10 +51,13 @@ class IndexEvents:
 class LookupResult:
     """What the index knows about one request, live nodes only.
 
-    block_holders[i] is the set of nodes holding block i; the list stops at the first block no
-    live node holds (a prefix beyond a miss is useless).
+    node_to_num_prefix_blocks[n] is the largest k such that live node n holds the request's blocks
+    0..k-1 under its current epoch: n's prefix ends at its first missing block, whatever n holds
+    beyond it (a prefix beyond a miss is useless). Nodes with k = 0 are absent. Backends stop
+    reading blocks once no live node holds every block so far, so a lookup costs the longest
+    cached prefix, not the prompt.
     """
 
     nodes: dict[str, NodeState]
     mm_holders: dict[MmHash, dict[str, MmEntry]]
-    block_holders: list[frozenset[str]]
+    node_to_num_prefix_blocks: dict[str, int]

@@ -40,10 +40,10 @@ def test_unknown_policy_and_no_candidates_are_errors():
         choose("cache_aware", [], {})
 
 
-def test_prefix_tokens_stop_at_each_nodes_first_miss():
-    holders = [frozenset({"a", "b"}), frozenset({"a"}), frozenset({"a", "b"})]
-    assert prefix_tokens_per_node(holders, 16) == {"a": 48, "b": 16}
-    assert prefix_tokens_per_node([], 16) == {}
+def test_prefix_tokens_are_leading_blocks_times_block_size():
+    assert prefix_tokens_per_node({"a": 3, "b": 1}, 16) == {"a": 48, "b": 16}
+    assert prefix_tokens_per_node({"a": 0}, 16) == {}
+    assert prefix_tokens_per_node({}, 16) == {}
 
 
 def test_image_tokens_sum_per_node():

@@ -55,29 +55,60 @@ def test_published_entries_are_served_and_evictions_remove_them(index):
     result = index.lookup([MmHash("img"), MmHash("other")], [BlockHash("b0")])
     assert result.mm_holders[MmHash("img")] == {"enc-1": ENTRY}
     assert result.mm_holders[MmHash("other")] == {}
-    assert result.block_holders == [frozenset({"enc-1"})]
+    assert result.node_to_num_prefix_blocks == {"enc-1": 1}
     assert result.nodes["enc-1"].info.role == "encoder" and result.nodes["enc-1"].epoch == epoch
     index.publish("enc-1", epoch, IndexEvents(mm_evicted=[MmHash("img")], kv_evicted=[BlockHash("b0")]))
     result = index.lookup([MmHash("img")], [BlockHash("b0")])
-    assert result.mm_holders[MmHash("img")] == {} and result.block_holders == []
+    assert result.mm_holders[MmHash("img")] == {} and result.node_to_num_prefix_blocks == {}
 
 
-def test_block_lookup_stops_at_the_first_miss_and_tracks_holders_per_block(index):
+def blocks(*indices: int) -> IndexEvents:
+    return IndexEvents(kv_stored={BlockHash(f"b{i}"): "device" for i in indices})
+
+
+def test_each_nodes_prefix_ends_at_its_first_missing_block(index):
     ea = index.register_node(node("a"), ttl_s=30)
     eb = index.register_node(node("b"), ttl_s=30)
-    index.publish("a", ea, IndexEvents(kv_stored={BlockHash(f"b{i}"): "device" for i in (0, 1, 2, 4)}))
-    index.publish("b", eb, IndexEvents(kv_stored={BlockHash("b0"): "device"}))
+    ec = index.register_node(node("c", "decode"), ttl_s=30)
+    index.publish("a", ea, blocks(0, 1, 2, 4))
+    index.publish("b", eb, blocks(0, 2, 3))  # b's blocks after its gap at b1 do not count
+    index.publish("c", ec, blocks(1, 2))  # no block 0: no prefix at all
     result = index.lookup([], [BlockHash(f"b{i}") for i in range(5)])
-    assert result.block_holders == [frozenset({"a", "b"}), frozenset({"a"}), frozenset({"a"})]
+    assert result.node_to_num_prefix_blocks == {"a": 3, "b": 1}
+
+
+def test_the_walk_stops_at_the_first_block_no_live_node_holds(index):
+    ea = index.register_node(node("a"), ttl_s=30)
+    eb = index.register_node(node("b"), ttl_s=30)
+    index.publish("a", ea, blocks(0, 1, 3, 4))
+    index.publish("b", eb, blocks(0, 1, 3))  # nobody holds b2
+    assert index.lookup([], [BlockHash(f"b{i}") for i in range(5)]).node_to_num_prefix_blocks == {"a": 2, "b": 2}
+    assert index.lookup([], [BlockHash("b2"), BlockHash("b3")]).node_to_num_prefix_blocks == {}
+    assert index.lookup([], []).node_to_num_prefix_blocks == {}
+
+
+def test_blocks_of_dead_or_stale_nodes_are_gaps_in_a_live_nodes_prefix(index):
+    live = index.register_node(node("live"), ttl_s=30)
+    dying = index.register_node(node("dying"), ttl_s=TTL)
+    old = index.register_node(node("restarted"), ttl_s=30)
+    index.publish("live", live, blocks(0, 2))
+    index.publish("dying", dying, blocks(0, 1, 2))
+    index.publish("restarted", old, blocks(0, 1, 2))
+    new = index.register_node(node("restarted"), ttl_s=30)
+    index.publish("restarted", new, blocks(0, 2))  # its old epoch's b1 must not count
+    hashes = [BlockHash(f"b{i}") for i in range(3)]
+    assert index.lookup([], hashes).node_to_num_prefix_blocks == {"live": 1, "dying": 3, "restarted": 1}
+    time.sleep(TTL + 0.3)
+    assert index.lookup([], hashes).node_to_num_prefix_blocks == {"live": 1, "restarted": 1}
 
 
 def test_entries_of_a_dead_node_are_never_served(index):
     epoch = index.register_node(node("dying"), ttl_s=TTL)
     index.publish("dying", epoch, IndexEvents(kv_stored={BlockHash("x"): "device"}, mm_stored={MmHash("m"): ENTRY}))
-    assert index.lookup([MmHash("m")], [BlockHash("x")]).block_holders == [frozenset({"dying"})]
+    assert index.lookup([MmHash("m")], [BlockHash("x")]).node_to_num_prefix_blocks == {"dying": 1}
     time.sleep(TTL + 0.3)
     result = index.lookup([MmHash("m")], [BlockHash("x")])
-    assert result.block_holders == [] and result.mm_holders[MmHash("m")] == {} and "dying" not in result.nodes
+    assert result.node_to_num_prefix_blocks == {} and result.mm_holders[MmHash("m")] == {} and "dying" not in result.nodes
 
 
 def test_heartbeat_keeps_a_node_alive_and_reports_load(index):
@@ -94,10 +125,10 @@ def test_a_restarted_node_does_not_serve_entries_of_its_old_epoch(index):
     index.publish("r", old, IndexEvents(kv_stored={BlockHash("k"): "device"}))
     new = index.register_node(node("r"), ttl_s=30)
     assert new == old + 1
-    assert index.lookup([], [BlockHash("k")]).block_holders == []
+    assert index.lookup([], [BlockHash("k")]).node_to_num_prefix_blocks == {}
     assert not index.heartbeat("r", old, load=0, kv_usage=0, ttl_s=30)  # the old incarnation is fenced off
     index.publish("r", new, IndexEvents(kv_stored={BlockHash("k"): "device"}))
-    assert index.lookup([], [BlockHash("k")]).block_holders == [frozenset({"r"})]
+    assert index.lookup([], [BlockHash("k")]).node_to_num_prefix_blocks == {"r": 1}
 
 
 def test_lookup_is_one_round_trip(index_url, index):
@@ -114,9 +145,9 @@ def test_lookup_is_one_round_trip(index_url, index):
     client.config_resetstat()
     index.lookup([MmHash("m1"), MmHash("m2")], hashes)
     stats = {k: v["calls"] for k, v in client.info("commandstats").items() if not k.startswith(("cmdstat_config", "cmdstat_info"))}
-    # One client command; SMEMBERS and HGETALL run inside the script on the server.
+    # One client command; SMEMBERS, HGETALL and HMGET run inside the script on the server.
     assert stats.pop("cmdstat_evalsha") == 1, stats
-    assert set(stats) <= {"cmdstat_smembers", "cmdstat_hgetall"}, stats
+    assert set(stats) <= {"cmdstat_smembers", "cmdstat_hgetall", "cmdstat_hmget"}, stats
 
 
 def test_unreachable_index_raises_a_typed_error_fast():

@@ -31,7 +31,7 @@ def test_events_are_published_in_batches_and_evictions_cancel_stores():
         assert publisher.flush()
         result = index.lookup([MmHash("x"), MmHash("y")], [BlockHash("b")])
         assert result.mm_holders[MmHash("x")] == {"enc": ENTRY} and result.mm_holders[MmHash("y")] == {}
-        assert result.block_holders == [frozenset({"enc"})]
+        assert result.node_to_num_prefix_blocks == {"enc": 1}
         time.sleep(2.5)  # heartbeats keep the node alive past its TTL
         assert "enc" in index.lookup([], []).nodes
     finally:
@@ -57,7 +57,7 @@ def test_index_outage_then_restart_catches_up_from_the_node_snapshot():
     assert publisher.num_publish_failures > 0
     try:
         with running_server(binary, port=port):  # a fresh, empty index on the same address
-            assert _wait_for(lambda: index.lookup([], [BlockHash("b1")]).block_holders == [frozenset({"pf"})])
-            assert index.lookup([], [BlockHash("b0")]).block_holders == []
+            assert _wait_for(lambda: index.lookup([], [BlockHash("b1")]).node_to_num_prefix_blocks == {"pf": 1})
+            assert index.lookup([], [BlockHash("b0")]).node_to_num_prefix_blocks == {}
     finally:
         publisher.stop()

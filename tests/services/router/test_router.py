@@ -1,0 +1,77 @@
+"""The router over a real index backend (in-process): prefix reporting and placement."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.router.router import RoleNodes, Router
+from services.router.scoring import POLICIES
+from shared.hashing import MmSpan, block_hashes
+from shared.index.memory_backend import InProcessIndex
+from shared.index.types import IndexEvents, IndexUnavailableError, NodeInfo
+from shared.types import MmHash, PlaceholderRange
+
+BLOCK = 4
+NODES = RoleNodes(encoder=("e:1", "e:2"), prefill=("p:1", "p:2"), decode=("d:1", "d:2"))
+TOKENS = list(range(40))  # 10 full blocks
+IMAGE = (MmHash("img"), PlaceholderRange(8, 12))
+HASHES = block_hashes(TOKENS, BLOCK, [MmSpan(*IMAGE)])
+
+
+def index_holding(node_to_blocks: dict[str, list[int]]) -> InProcessIndex:
+    """An index where node "role@address" holds the listed blocks of TOKENS."""
+    index = InProcessIndex()
+    for node_id, blocks in node_to_blocks.items():
+        role, address = node_id.split("@")
+        epoch = index.register_node(NodeInfo(node_id, role, address), ttl_s=60)
+        index.publish(node_id, epoch, IndexEvents(kv_stored={HASHES[i]: "device" for i in blocks}))
+    return index
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_route_reports_leading_tokens_of_every_live_prefill_and_decode_node(policy):
+    index = index_holding(
+        {
+            "prefill@p:1": list(range(10)),
+            "prefill@p:2": [0, 1, 2, 5],  # its prefix ends at its first missing block
+            "decode@d:1": [0, 1],
+            "decode@d:2": [3, 4],  # no block 0: no prefix
+            "encoder@e:1": [0, 1, 2],  # encoders hold no reusable KV
+        }
+    )
+    route = Router(NODES, policy=policy, index=index, block_size=BLOCK).route(TOKENS, [IMAGE])
+    assert route.prefix_tokens_by_node == {"p:1": 40, "p:2": 12, "d:1": 8}
+
+
+def test_cache_aware_places_prefill_on_the_longest_prefix():
+    index = index_holding({"prefill@p:1": [0, 1], "prefill@p:2": list(range(6))})
+    assert Router(NODES, index=index, block_size=BLOCK).route(TOKENS, [IMAGE]).prefill == "p:2"
+
+
+def test_blocks_of_another_image_or_salt_are_not_a_prefix():
+    index = index_holding({"prefill@p:1": list(range(10))})
+    router = Router(NODES, index=index, block_size=BLOCK)
+    other_image = (MmHash("other"), IMAGE[1])
+    assert router.route(TOKENS, [other_image]).prefix_tokens_by_node == {"p:1": 8}  # blocks before the image
+    assert router.route(TOKENS, [IMAGE], cache_salt="tenant").prefix_tokens_by_node == {}
+
+
+def test_precomputed_block_hashes_give_the_same_route():
+    index = index_holding({"prefill@p:1": [0, 1], "prefill@p:2": list(range(6)), "decode@d:2": [0]})
+    router = Router(NODES, index=index, block_size=BLOCK)
+    computed = router.route(TOKENS, [IMAGE])
+    given = router.route(TOKENS, [IMAGE], block_hashes=HASHES)
+    assert (given.prefill, given.prefix_tokens_by_node) == (computed.prefill, computed.prefix_tokens_by_node)
+    assert index.num_round_trips == 2  # one lookup per route, hashes given or not
+
+
+class DownIndex(InProcessIndex):
+    def lookup(self, mm_hashes, block_hashes):
+        raise IndexUnavailableError("down")
+
+
+def test_without_an_index_no_prefix_is_reported_and_routing_still_works():
+    assert Router(NODES, index=None).route(TOKENS, [IMAGE]).prefix_tokens_by_node == {}
+    router = Router(NODES, index=DownIndex())
+    route = router.route(TOKENS, [IMAGE])
+    assert route.prefix_tokens_by_node == {} and route.prefill in NODES.prefill and router.num_index_failures == 1
