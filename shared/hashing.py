@@ -191,22 +191,21 @@ def extend_block_hashes(
     first, stop = len(hashes), len(token_ids) // block_size
     if first >= stop:
         return hashes
-    # One %-format per block encodes its tokens exactly as canonical ints ("I" decimal ";").
-    token_format = b"I%d;" * block_size
-    tokens = tuple(token_ids[first * block_size : stop * block_size])
+    # One %-format encodes every token exactly as a canonical int ("I" decimal ";"); "|" never
+    # occurs in that encoding, so it marks block ends and one split yields each block's bytes.
+    token_format = (b"I%d;" * block_size + b"|") * (stop - first)
+    encoded_blocks = (token_format % tuple(token_ids[first * block_size : stop * block_size])).split(b"|")
     tails = _extra_key_tails(first, stop, block_size, mm_spans, cache_salt, lora_name)
     plain_tail = _encoded_extra_keys([], lora_name)  # blocks with no salt and no image
     head = b"L%d:" % block_size
-    parent = hashes[-1] if hashes else ROOT_BLOCK_HASH
-    parent_bytes = canonical_bytes(parent)
-    new = blake3.blake3
+    parent_bytes = canonical_bytes(hashes[-1] if hashes else ROOT_BLOCK_HASH)
+    new, tail_of, append = blake3.blake3, tails.get, hashes.append
     for index in range(first, stop):
-        offset = (index - first) * block_size
-        raw = b"L3:" + parent_bytes + head + token_format % tokens[offset : offset + block_size] + tails.get(index, plain_tail)
+        raw = b"".join((b"L3:", parent_bytes, head, encoded_blocks[index - first], tail_of(index, plain_tail)))
         parent = new(raw, key=HASH_KEY).hexdigest()
-        # A hex digest is ASCII, so its canonical str encoding is "S<len>:" plus its bytes.
-        parent_bytes = b"S%d:%s" % (len(parent), parent.encode())
-        hashes.append(BlockHash(parent))
+        # A blake3 hex digest is 64 ASCII characters: its canonical str encoding is "S64:" + it.
+        parent_bytes = b"S64:" + parent.encode()
+        append(BlockHash(parent))
     return hashes
 
 
