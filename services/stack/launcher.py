@@ -4,6 +4,8 @@ Order: embedded Valkey (the index server) -> preprocess, encoder, decode, prefil
 Each role is its own OS process; the launcher waits for each gRPC health check to answer
 SERVING before starting the next dependent. A role that dies is restarted (with a short
 backoff) on the same ports, so service resumes by itself; requests in the gap fail fast with 503.
+So is the embedded Valkey, on the same port and empty: meanwhile the nodes serve from their local
+caches, and once it is back each node registers under a new epoch and republishes what it holds.
 Ctrl-C (SIGINT) or SIGTERM stops the roles in reverse order, then Valkey.
 """
 
@@ -84,6 +86,9 @@ class Stack:
         self.roles: list[RoleProcess] = []
         self.valkey: subprocess.Popen | None = None
         self.valkey_url = ""
+        self.valkey_port = 0
+        self.valkey_restarts = 0
+        self._valkey_retry_at = 0.0
         self._stopping = False
 
     def start(self) -> None:
@@ -133,6 +138,7 @@ class Stack:
         signal.signal(signal.SIGTERM, lambda *_: self._request_stop())
         signal.signal(signal.SIGINT, lambda *_: self._request_stop())
         while not self._stopping:
+            self._check_valkey()
             for role in self.roles:
                 if role.process is not None and role.process.poll() is not None and not self._stopping:
                     print(f"{role.role} (pid {role.process.pid}) exited with {role.process.returncode}", file=sys.stderr, flush=True)
@@ -172,13 +178,35 @@ class Stack:
     def _start_valkey(self) -> None:
         from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 
-        self.valkey, self.valkey_url = start_redis_server(embedded_valkey_binary(), free_port(), preexec_fn=_detach_but_die_with_parent)
+        self.valkey_port = self.valkey_port or free_port()  # a restart reuses the port the nodes know
+        self.valkey, self.valkey_url = start_redis_server(embedded_valkey_binary(), self.valkey_port, preexec_fn=_detach_but_die_with_parent)
+
+    def _check_valkey(self) -> None:
+        """Restart a dead embedded Valkey on its port (after the roles' backoff), without blocking
+        the roles' supervision meanwhile."""
+        if self.valkey is None or self.valkey.poll() is None or not self.config.restart_roles:
+            return
+        backoff = min(5.0, 0.5 * 2 ** min(self.valkey_restarts, 3))
+        if self._valkey_retry_at == 0.0:
+            print(f"valkey (pid {self.valkey.pid}) exited with {self.valkey.returncode}", file=sys.stderr, flush=True)
+            self._valkey_retry_at = time.monotonic() + backoff
+        if time.monotonic() < self._valkey_retry_at:
+            return
+        try:
+            self._start_valkey()
+        except RuntimeError as exc:  # e.g. its port was taken meanwhile: try again later
+            print(f"valkey restart failed ({exc}); retrying", file=sys.stderr, flush=True)
+            self._valkey_retry_at = time.monotonic() + backoff
+            return
+        self._valkey_retry_at = 0.0
+        self.valkey_restarts += 1
+        self._write_state()
 
     def _write_state(self) -> None:
         if self.config.state_file is None:
             return
         state = {
-            "valkey": {"url": self.valkey_url, "pid": self.valkey.pid if self.valkey else None},
+            "valkey": {"url": self.valkey_url, "pid": self.valkey.pid if self.valkey else None, "restarts": self.valkey_restarts},
             "http": f"http://{self.config.host}:{self.config.http_port}",
             "roles": {r.role: {"pid": r.process.pid if r.process else None, "grpc_address": r.grpc_address, "restarts": r.num_restarts} for r in self.roles},
         }

@@ -1,4 +1,9 @@
-"""A real multi-process stack (``tessera serve``) shared by the tests in this folder."""
+"""A real multi-process stack (``tessera serve``) shared by the tests in this folder.
+
+``launch_stack`` starts one more stack (any ``tessera serve`` flags) for tests that need their own
+topology or break things on purpose; ``stop_stack`` stops it. The ``stack`` fixture is the default
+one-node-per-role stack, shared by a module.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -24,6 +30,7 @@ class RunningStack:
     generate_address: str
     state_file: Path
     trace_dir: Path
+    log: IO[str] | None = None
 
     def state(self) -> dict:
         return json.loads(self.state_file.read_text())
@@ -37,35 +44,52 @@ class RunningStack:
                 out[name] = float(value)
         return out
 
+    def log_tail(self, num_chars: int = 4000) -> str:
+        return self.state_file.with_suffix(".log").read_text()[-num_chars:]
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, tiny_model, repo_root):
-    state_file = tmp_path_factory.mktemp("stack") / "state.json"
-    trace_dir = state_file.parent / "traces"
+
+def launch_stack(directory: Path, repo_root: Path, *extra: str, env: dict[str, str] | None = None, timeout_s: float = 240.0) -> RunningStack:
+    """``tessera serve --model tiny <extra>`` in ``directory`` (state file, log, traces), once its
+    gateway answers /health."""
+    state_file = directory / "state.json"
+    trace_dir = directory / "traces"
     http_port, generate_port = free_port(), free_port()
     log = open(state_file.with_suffix(".log"), "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "--model", "tiny", "--port", str(http_port), "--generate-port", str(generate_port), "--state-file", str(state_file)],
-        cwd=repo_root, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TESSERA_TRACE_EXPORTER": f"jsonl:{trace_dir}"},
+        [sys.executable, "-m", "services.cli.main", "serve", "--model", "tiny", "--port", str(http_port), "--generate-port", str(generate_port), "--state-file", str(state_file), *extra],
+        cwd=repo_root, stdout=log, stderr=subprocess.STDOUT, env={**(os.environ if env is None else env), "TESSERA_TRACE_EXPORTER": f"jsonl:{trace_dir}"},
     )
-    deadline = time.monotonic() + 240
+    running = RunningStack(process, f"http://127.0.0.1:{http_port}/v1", f"127.0.0.1:{generate_port}", state_file, trace_dir, log)
+    deadline = time.monotonic() + timeout_s
     url = f"http://127.0.0.1:{http_port}"
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            pytest.fail(f"tessera serve exited early:\n{state_file.with_suffix('.log').read_text()[-4000:]}")
+            log.close()
+            pytest.fail(f"tessera serve exited early:\n{running.log_tail()}")
         try:
             if state_file.exists() and httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
+                return running
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
-    else:
-        process.kill()
-        pytest.fail("the stack did not become healthy in time")
-    yield RunningStack(process, url + "/v1", f"127.0.0.1:{generate_port}", state_file, trace_dir)
-    process.send_signal(signal.SIGINT)
+    stop_stack(running)
+    pytest.fail("the stack did not become healthy in time")
+
+
+def stop_stack(running: RunningStack) -> None:
+    """Ctrl-C the launcher (it stops its roles, then its Valkey); kill it if it hangs."""
+    running.process.send_signal(signal.SIGINT)
     try:
-        process.wait(timeout=60)
+        running.process.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+        running.process.kill()
+        running.process.wait()
+    if running.log is not None:
+        running.log.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, tiny_model, repo_root):
+    running = launch_stack(tmp_path_factory.mktemp("stack"), repo_root)
+    yield running
+    stop_stack(running)

@@ -1,0 +1,302 @@
+"""Failures of the cache index and of a node, on the real multi-process stack (``tessera serve``),
+driven by the official openai client and checked against the reference oracle.
+
+* The index server (the embedded Valkey) is killed mid-load: requests keep succeeding from the
+  nodes' local caches (encoder cache, prefix cache), outputs stay equal to the oracle, and once
+  an index server is back on the same port every node registers again and republishes what it
+  holds, including what it cached during the outage.
+* An encoder holding an image is killed: within the heartbeat TTL the index stops naming it as a
+  holder; the launcher restarts it under a new epoch that keeps its old entries hidden; the same
+  image is served again (re-encoded) with oracle-equal output.
+* The launcher restarts a dead embedded Valkey by itself, and the index catches up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import fields
+
+import grpc
+import pytest
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from openai import OpenAI
+
+from services.engine.config import EngineConfig
+from services.preprocess import Preprocessor
+from services.stack.redis_server import embedded_valkey_binary, start_redis_server
+from services.stack.roles import RoleConfig
+from shared.hashing import MmSpan, block_hashes
+from shared.index.backend import create_index
+from tests.factories import chat_case, encode_image, make_image
+from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
+
+MAX_TOKENS = 8
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+# The heartbeat TTL every node of a stack registers with (`--index-ttl-s`, default of RoleConfig).
+TTL_S = float(next(f.default for f in fields(RoleConfig) if f.name == "index_ttl_s"))
+ENCODED = "tessera_encoder_items_encoded_total"
+PIXELS_SENT = "tessera_pixel_bytes_sent_total"
+PIXELS_SKIPPED = "tessera_pixel_bytes_skipped_total"
+
+
+def _stack_env() -> dict[str, str]:
+    """The test's environment, without overrides of the roles' index settings (so TTL_S holds)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_SERVE_INDEX")}
+
+
+def _client(stack: RunningStack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def _png(seed: int) -> bytes:
+    return encode_image(make_image(112, 112, seed=seed))
+
+
+def _oracle_text(oracle, case) -> str:
+    tokens = oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), MAX_TOKENS).token_ids
+    return oracle.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def _wait_until(predicate, timeout_s: float, interval_s: float = 0.1):
+    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout_s`` passes (None)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value or None
+        time.sleep(interval_s)
+
+
+def _index_is_up(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def _mm_hash(preprocessor: Preprocessor, case) -> str:
+    return preprocessor.preprocess(case.body).mm_items[0].mm_hash
+
+
+def _holders(index, mm_hashes: list[str]) -> dict[str, set[str]]:
+    """mm_hash -> the node ids the index serves as holders (live heartbeat, current epoch)."""
+    result = index.lookup(mm_hashes, [])
+    return {h: set(result.mm_holders[h]) for h in mm_hashes}
+
+
+def _is_serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+
+def _ask(stack: RunningStack, case, *, stream: bool = False, during=None) -> tuple[str, int]:
+    """(text, cached prompt tokens) of one greedy request; ``during`` runs once the first streamed
+    token has arrived (the request is then past routing, encoding and prefill, and still decoding)."""
+    client = _client(stack)
+    if not stream:
+        reply = client.chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
+        assert reply.usage.completion_tokens == MAX_TOKENS
+        return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
+    chunks = client.chat.completions.create(model="tiny", messages=case.body["messages"], stream=True, stream_options={"include_usage": True}, **GREEDY)
+    text, usage, called = "", None, during is None
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if not called:
+                during()
+                called = True
+            text += chunk.choices[0].delta.content
+        if chunk.usage:
+            usage = chunk.usage
+    assert called, "no token was streamed"
+    assert usage is not None and usage.completion_tokens == MAX_TOKENS
+    return text, usage.prompt_tokens_details.cached_tokens
+
+
+@pytest.fixture(scope="module")
+def preprocessor(tiny_model) -> Preprocessor:
+    return Preprocessor(tiny_model)
+
+
+def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_catches_up(tmp_path, repo_root, tiny_model, oracle, preprocessor):
+    images = {name: _png(seed) for name, seed in (("A", 301), ("B", 302), ("C", 303), ("D", 304), ("E", 305))}
+    # (image, question, encoder runs expected, expect a prefix-cache hit). Requests 0-2 run with
+    # the index up; the index is killed while request 3 streams; 4-8 run with it down.
+    plan = [
+        ("A", "What is this?", 1, False),
+        ("B", "Describe the colours.", 1, False),
+        ("A", "What is this?", 0, True),
+        ("C", "Count the shapes.", 1, False),  # the index dies mid-request
+        ("A", "What is this?", 0, True),  # exact repeats: encoder cache and prefix cache
+        ("B", "What style is it?", 0, True),  # a repeated image, a new question
+        ("D", "Name it.", 1, False),  # a new image is encoded without the index
+        ("D", "Name it.", 0, True),
+        ("C", "Count the shapes.", 0, True),  # encoded as the index died
+    ]
+    kill_at = 3
+    cases = [chat_case(images[name], question) for name, question, _, _ in plan]
+    expected = [_oracle_text(oracle, case) for case in cases]
+    mm = {name: _mm_hash(preprocessor, chat_case(data, "x")) for name, data in images.items()}
+    prep = preprocessor.preprocess(cases[0].body)
+    blocks_a = block_hashes(prep.prompt_token_ids, EngineConfig().block_size, [MmSpan(i.mm_hash, i.placeholder) for i in prep.mm_items])
+    valkey = None
+    # --no-restart: the launcher leaves the dead index down, so the outage lasts as long as the test wants.
+    stack = launch_stack(tmp_path, repo_root, "--no-restart", env=_stack_env())
+    try:
+        state = stack.state()
+        url, valkey_pid = state["valkey"]["url"], state["valkey"]["pid"]
+        index = create_index(url, namespace=tiny_model.model_id)
+        node_ids = {role: f"{role}@{state['roles'][role]['grpc_address']}" for role in ("encoder", "prefill", "decode")}
+        encoder_id = node_ids["encoder"]
+
+        def kill_the_index() -> None:
+            os.kill(valkey_pid, signal.SIGKILL)
+            assert _wait_until(lambda: not _index_is_up(url), 10), "the index server did not die"
+
+        for i, (case, (name, question, num_encoded, prefix_hit)) in enumerate(zip(cases, plan)):
+            label = f"request {i} ({name}: {question!r})"
+            if i == kill_at:  # what was published before the outage is in the index
+                assert _wait_until(lambda: _holders(index, [mm["A"], mm["B"]]) == {mm["A"]: {encoder_id}, mm["B"]: {encoder_id}}, 10)
+                assert _wait_until(lambda: index.lookup([], blocks_a).node_to_num_prefix_blocks == dict.fromkeys((node_ids["prefill"], node_ids["decode"]), len(blocks_a)), 10)
+            before = stack.metrics()
+            text, cached = _ask(stack, case, stream=i == kill_at, during=kill_the_index if i == kill_at else None)
+            after = stack.metrics()
+            assert text == expected[i], label
+            assert after[ENCODED] - before[ENCODED] == num_encoded, label
+            assert (cached > 0) == prefix_hit, f"{label}: {cached} cached tokens"
+            if num_encoded == 0:  # a repeated image's pixels never travel again, index or not
+                assert after[PIXELS_SENT] == before[PIXELS_SENT], label
+            if i > kill_at and num_encoded == 0:
+                # Without the index the router cannot know the encoder holds the image: the
+                # gateway asks preprocess to push it, and preprocess's own mirror skips it.
+                assert after[PIXELS_SKIPPED] > before[PIXELS_SKIPPED], label
+        assert not _index_is_up(url), "the whole outage phase must have run without an index"
+        assert stack.metrics()[ENCODED] == 4  # one vision-tower run per distinct image, outage or not
+
+        # An empty index server comes back on the same port: every node registers again (a new
+        # epoch) and republishes its snapshot, including what it cached while the index was down.
+        valkey, restarted_url = start_redis_server(embedded_valkey_binary(), int(url.rsplit(":", 1)[1].split("/")[0]))
+        assert restarted_url == url
+        started = time.monotonic()
+        everything = [mm[name] for name in "ABCD"]
+        caught_up = _wait_until(lambda: _holders(index, everything) == {h: {encoder_id} for h in everything}, 15, 0.2)
+        assert caught_up, f"index did not catch up: {_holders(index, everything)}"
+        full_prefix = dict.fromkeys((node_ids["prefill"], node_ids["decode"]), len(blocks_a))
+        assert _wait_until(lambda: index.lookup([], blocks_a).node_to_num_prefix_blocks == full_prefix, 10), index.lookup([], blocks_a)
+        assert {s.info.role for s in index.lookup([], []).nodes.values()} == {"encoder", "prefill", "decode"}
+        print(f"index caught up {time.monotonic() - started:.1f}s after it came back")
+
+        # The gateway routes from the index again: it knows the encoder holds A and asks preprocess
+        # to push nothing; A's prefix is cached. Outputs still equal the oracle.
+        before = stack.metrics()
+        text, cached = _ask(stack, cases[0])
+        after = stack.metrics()
+        assert text == expected[0] and cached > 0
+        assert after[ENCODED] == before[ENCODED] and after[PIXELS_SENT] == before[PIXELS_SENT] and after[PIXELS_SKIPPED] == before[PIXELS_SKIPPED]
+
+        # Publishing goes on as usual: a new image is served and published under the new epoch.
+        case = chat_case(images["E"], "And this one?")
+        assert _ask(stack, case)[0] == _oracle_text(oracle, case)
+        assert stack.metrics()[ENCODED] - after[ENCODED] == 1
+        assert _wait_until(lambda: _holders(index, [mm["E"]]) == {mm["E"]: {encoder_id}}, 10)
+        assert stack.process.poll() is None and all(r["restarts"] == 0 for r in stack.state()["roles"].values())
+    finally:
+        stop_stack(stack)
+        if valkey is not None:  # started by this test, not by the launcher
+            valkey.terminate()
+            try:
+                valkey.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                valkey.kill()
+
+
+@pytest.fixture(scope="module")
+def two_encoder_stack(tmp_path_factory, tiny_model, repo_root, preprocessor):
+    # Embedding caches (encoder and prefill nodes alike) that hold one test image: the next image
+    # evicts it, so the prefill node has to pull it from an encoder again.
+    rows = preprocessor.preprocess(chat_case(_png(0), "x").body).mm_items[0].placeholder.length
+    budget = ["--encoder-cache-tokens", str(rows), "--max-encoder-tokens-per-step", str(rows)]
+    running = launch_stack(tmp_path_factory.mktemp("two-encoders"), repo_root, "--encoders", "2", *budget, env=_stack_env())
+    yield running
+    stop_stack(running)
+
+
+def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encoder_stack, tiny_model, oracle, preprocessor):
+    stack = two_encoder_stack
+    url = stack.state()["valkey"]["url"]
+    index = create_index(url, namespace=tiny_model.model_id)
+    raw = redis.Redis.from_url(url, decode_responses=True)
+    case = chat_case(_png(401), "What is in this picture?")
+    expected = _oracle_text(oracle, case)
+    mm_hash = _mm_hash(preprocessor, case)
+
+    assert _ask(stack, case)[0] == expected
+    holders = _wait_until(lambda: _holders(index, [mm_hash])[mm_hash], 10)
+    assert holders and len(holders) == 1, "exactly one encoder encodes the image"
+    (holder,) = holders
+    old_epoch = index.lookup([], []).nodes[holder].epoch
+    role, info = next((r, i) for r, i in stack.state()["roles"].items() if f"encoder@{i['grpc_address']}" == holder)
+
+    os.kill(info["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    # Its last heartbeat was at most TTL/3 ago, so its node key lapses within the TTL (or the
+    # restarted node's new epoch hides the entry sooner); poll well inside that bound.
+    assert _wait_until(lambda: holder not in _holders(index, [mm_hash])[mm_hash], TTL_S + 1.0, 0.05), "still served as a holder"
+    hidden_after = time.monotonic() - killed
+    assert hidden_after <= TTL_S + 0.5, f"hidden only after {hidden_after:.2f}s (TTL {TTL_S}s)"
+    print(f"the killed encoder's entry stopped being served {hidden_after:.2f}s after the kill (TTL {TTL_S}s)")
+
+    # The launcher restarts the encoder on the same address; it registers under a new epoch. Its
+    # old entry is still stored in the index, and the epoch keeps it from being served. (Until the
+    # restart, a request the router places on the dead encoder fails fast with 503: the router
+    # keeps every configured node eligible, so the test does not send one meanwhile.)
+    def restarted() -> bool:
+        now = stack.state()["roles"][role]
+        return now["restarts"] >= 1 and now["pid"] != info["pid"] and _is_serving(info["grpc_address"])
+
+    assert _wait_until(restarted, 60, 0.5), "the launcher did not restart the killed encoder"
+    assert _wait_until(lambda: holder in index.lookup([], []).nodes, 10)
+    assert index.lookup([], []).nodes[holder].epoch > old_epoch
+    assert raw.hget(f"{index.prefix}mm:{mm_hash}", holder).startswith(f"{old_epoch}|")  # stale, not deleted
+    assert holder not in _holders(index, [mm_hash])[mm_hash]
+
+    # Another image evicts the first one from the prefill node's one-image embedding cache; the
+    # first image again is then served by re-encoding it (no live encoder holds it), oracle-equal.
+    other = chat_case(_png(402), "And this one?")
+    assert _ask(stack, other)[0] == _oracle_text(oracle, other)
+    before = stack.metrics()[ENCODED]  # the restarted encoder counts from 0: compare from here
+    assert _ask(stack, case)[0] == expected
+    assert stack.metrics()[ENCODED] - before == 1
+    now_held_by = _wait_until(lambda: _holders(index, [mm_hash])[mm_hash], 10)
+    assert now_held_by and len(now_held_by) == 1, "the re-encoded image is published by the encoder that encoded it"
+    assert index.lookup([], []).nodes[next(iter(now_held_by))].info.role == "encoder"
+    raw.close()
+
+
+def test_launcher_restarts_a_dead_index_server_and_the_index_catches_up(two_encoder_stack, tiny_model, oracle, preprocessor):
+    stack = two_encoder_stack
+    state = stack.state()
+    url, valkey = state["valkey"]["url"], state["valkey"]
+    index = create_index(url, namespace=tiny_model.model_id)
+    case = chat_case(_png(501), "Which colour dominates?")
+    mm_hash = _mm_hash(preprocessor, case)
+    assert _ask(stack, case)[0] == _oracle_text(oracle, case)
+    holders = _wait_until(lambda: _holders(index, [mm_hash])[mm_hash], 10)
+    assert holders and len(holders) == 1
+
+    os.kill(valkey["pid"], signal.SIGKILL)
+    assert _wait_until(lambda: stack.state()["valkey"]["restarts"] > valkey["restarts"], 15), "the launcher did not restart Valkey"
+    assert stack.state()["valkey"]["url"] == url and stack.state()["valkey"]["pid"] != valkey["pid"]
+    assert _wait_until(lambda: _holders(index, [mm_hash])[mm_hash] == holders, 15, 0.2), "the index did not catch up"
+    publishing = ["decode", "encoder", "encoder", "prefill"]  # every node but preprocess publishes
+    assert _wait_until(lambda: sorted(s.info.role for s in index.lookup([], []).nodes.values()) == publishing, 10), "every node registers again"
