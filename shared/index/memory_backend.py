@@ -33,7 +33,9 @@ class InProcessIndex:
         with self._lock:
             if self._node_to_epoch.get(node_id) != epoch or node_id not in self._node_to_state:
                 return False
-            state, _ = self._node_to_state[node_id]
+            state, expires_at = self._node_to_state[node_id]
+            if expires_at <= self._clock():  # lapsed: it must register again, as with Redis
+                return False
             self._node_to_state[node_id] = (NodeState(state.info, epoch, load, kv_usage), self._clock() + ttl_s)
             return True
 

@@ -40,9 +40,10 @@ local tags = {}  -- live node -> "{epoch}|", the start of every entry written un
 local nodes = {}
 for _, id in ipairs(call('SMEMBERS', prefix .. 'nodes')) do
   local fields = call('HGETALL', prefix .. 'node:' .. id)
-  if #fields > 0 then
-    local state = {}
-    for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
+  local state = {}
+  for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
+  -- No epoch: not a registration (a heartbeat that raced the key's expiry); not live.
+  if state['epoch'] then
     nodes[id] = state
     tags[id] = state['epoch'] .. '|'
   end
@@ -92,6 +93,17 @@ return cjson.encode({nodes = nodes, mm = mm, prefix = counts})
 """
 
 
+# KEYS: epoch key, node key; ARGV: epoch, load, kv_usage, ttl_ms. Check and refresh in one atomic
+# step: refreshing a node key that expired after a separate check would recreate it without its
+# registration fields, a node no lookup can see and whose heartbeats keep succeeding.
+HEARTBEAT_SCRIPT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], 'load', ARGV[2], 'kv_usage', ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return 1
+"""
+
+
 class _OneWritePacker(PythonRespSerializer):
     """redis-py's packer gives every argument over 6000 bytes its own socket write, so a lookup
     (16 KB of block hashes for a 4096-token prompt) took three writes, each able to wake the
@@ -110,6 +122,7 @@ class RedisIndex:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True, command_packer=packer
         )
         self._lookup = self._client.register_script(LOOKUP_SCRIPT)
+        self._heartbeat = self._client.register_script(HEARTBEAT_SCRIPT)
 
     def register_node(self, node: NodeInfo, *, ttl_s: float) -> int:
         try:
@@ -126,15 +139,9 @@ class RedisIndex:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
 
     def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float) -> bool:
-        key = self.prefix + f"node:{node_id}"
+        keys = [self.prefix + f"epoch:{node_id}", self.prefix + f"node:{node_id}"]
         try:
-            if self._client.get(self.prefix + f"epoch:{node_id}") != str(epoch) or not self._client.exists(key):
-                return False
-            with self._client.pipeline(transaction=True) as pipe:
-                pipe.hset(key, mapping={"load": load, "kv_usage": kv_usage})
-                pipe.pexpire(key, int(ttl_s * 1000))
-                pipe.execute()
-            return True
+            return self._heartbeat(keys=keys, args=[epoch, load, kv_usage, int(ttl_s * 1000)]) == 1
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
 

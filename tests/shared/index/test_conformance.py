@@ -120,6 +120,17 @@ def test_heartbeat_keeps_a_node_alive_and_reports_load(index):
     assert state.load == 3.0 and state.kv_usage == 0.25
 
 
+def test_a_lapsed_node_cannot_heartbeat_back_to_life(index):
+    """Once its TTL lapsed, a node must register again (a new epoch): reviving it would serve
+    entries its heartbeat gap may have made stale."""
+    epoch = index.register_node(node("late"), ttl_s=TTL)
+    index.publish("late", epoch, IndexEvents(kv_stored={BlockHash("k"): "device"}))
+    time.sleep(TTL + 0.3)
+    assert not index.heartbeat("late", epoch, load=1.0, kv_usage=0.0, ttl_s=30)
+    result = index.lookup([], [BlockHash("k")])
+    assert "late" not in result.nodes and result.node_to_num_prefix_blocks == {}
+
+
 def test_a_restarted_node_does_not_serve_entries_of_its_old_epoch(index):
     old = index.register_node(node("r"), ttl_s=30)
     index.publish("r", old, IndexEvents(kv_stored={BlockHash("k"): "device"}))
