@@ -65,5 +65,6 @@ class DecodeNode(EngineNode):
             "decode_requests_total": float(self.num_requests),
             "decode_tokens_generated_total": float(self.num_tokens_generated),
             "decode_kv_blocks_free": float(self.engine.kv.pool.num_free_blocks),
+            "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
         }
 

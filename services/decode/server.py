@@ -13,6 +13,7 @@ from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
 from services.transport.convert import item_from_pb, sampling_from_pb
 from services.transport.grpc_server import abort_with, new_server, serve_forever
+from services.transport.kv_peer import add_kv_peer
 
 
 class DecodeServicer(rpc.DecodeServicer):
@@ -52,4 +53,5 @@ class DecodeServicer(rpc.DecodeServicer):
 async def serve(node: DecodeNode, address: str) -> None:
     server = new_server()
     rpc.add_DecodeServicer_to_server(DecodeServicer(node), server)
-    await serve_forever(server, address, ["tessera.v1.Decode"], on_stop=node.close)
+    kv_peer = add_kv_peer(server, node)
+    await serve_forever(server, address, ["tessera.v1.Decode", kv_peer], on_stop=node.close)

@@ -22,6 +22,7 @@ from services.engine.sampling import Sampler, SamplingParams
 from services.engine.scheduler import Scheduler
 from services.preprocess import PreprocessedRequest
 from shared.models.registry import ModelRef
+from shared.types import BlockHash
 
 
 class RequestRejectedError(ValueError):
@@ -116,6 +117,38 @@ class Engine:
     def kv_pages(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         ids = torch.tensor(block_ids, dtype=torch.long, device=self.runner.device)
         return [(k.index_select(0, ids), v.index_select(0, ids)) for k, v in self.runner.kv_caches]
+
+    def num_cached_blocks(self, hashes: list[BlockHash]) -> int:
+        """How many leading blocks of ``hashes`` this engine's prefix cache holds."""
+        count = 0
+        for block_hash in hashes:
+            if self.kv.pool.lookup(block_hash) is None:
+                break
+            count += 1
+        return count
+
+    def export_kv_prefix(self, hashes: list[BlockHash]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the pages of the leading blocks of ``hashes`` held here (every layer's K and
+        V, shaped (num_blocks, block_size, kv_heads, head_dim)); empty lists if none is held."""
+        num = self.num_cached_blocks(hashes)
+        return self.kv_pages([self.kv.pool.lookup(h).block_id for h in hashes[:num]])
+
+    def import_kv_blocks(self, hashes: list[BlockHash], pages: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """File pages computed elsewhere under their block hashes as cached prefix blocks, so the
+        next prefix lookup finds them. Blocks already held are skipped; stops when the pool has
+        no free block. Returns the number of blocks imported."""
+        num_imported = 0
+        for index, block_hash in enumerate(hashes):
+            if self.kv.pool.lookup(block_hash) is not None:
+                continue
+            block = self.kv.pool.import_block(block_hash)
+            if block is None:
+                break
+            for (k_cache, v_cache), (k_pages, v_pages) in zip(self.runner.kv_caches, pages):
+                k_cache[block.block_id].copy_(k_pages[index])
+                v_cache[block.block_id].copy_(v_pages[index])
+            num_imported += 1
+        return num_imported
 
     def abort(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)

@@ -1,15 +1,17 @@
-"""What prefill and decode nodes share: an engine on its own loop thread, a data-plane inbox,
-and publishing of the KV pool's store/evict events to the cache index after every step."""
+"""What prefill and decode nodes share: an engine on its own loop thread, a data-plane inbox and
+sender, publishing of the KV pool's store/evict events to the cache index after every step, and
+exporting cached prefix pages to a peer that pulls them."""
 
 from __future__ import annotations
 
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
-from services.transport.tensor_channel import TensorInbox
+from services.transport.tensor_channel import TensorInbox, TensorSender
 from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
 from shared.models.registry import ModelRef
+from shared.types import BlockHash
 
 
 class EngineNode:
@@ -17,7 +19,9 @@ class EngineNode:
         self.engine = Engine(model, config, load_vision=False)
         self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
         self.inbox = TensorInbox(data_bind)
+        self.sender = TensorSender()
         self.publisher = publisher
+        self.num_kv_blocks_exported = 0
 
     def start_loop(self) -> None:
         """Start the engine thread; subclasses call it once their own hooks are installed."""
@@ -32,6 +36,22 @@ class EngineNode:
         pool = self.engine.kv.pool
         return float(len(self.engine.scheduler.running) + len(self.engine.scheduler.waiting)), 1.0 - pool.num_free_blocks / pool.num_blocks
 
+    def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:
+        """Push the pages of the leading blocks of ``hashes`` held here to ``target``'s inbox
+        under ``transfer_id``; returns how many blocks were sent (0: nothing is sent). The
+        pages are copied on the engine thread, so a later eviction cannot tear them."""
+        pages = self.loop.call(lambda engine: engine.export_kv_prefix(hashes)).result()
+        num_blocks = pages[0][0].shape[0] if pages else 0
+        if num_blocks == 0:
+            return 0
+        tensors = {}
+        for layer, (k, v) in enumerate(pages):
+            tensors[f"k{layer}"] = k
+            tensors[f"v{layer}"] = v
+        self.sender.send(target, transfer_id, tensors, {"num_blocks": num_blocks})
+        self.num_kv_blocks_exported += num_blocks
+        return num_blocks
+
     def _publish_kv(self, engine: Engine) -> None:
         events = engine.kv.pool.drain_events()
         if self.publisher is not None and events:
@@ -42,3 +62,4 @@ class EngineNode:
             self.publisher.stop()
         self.loop.stop()
         self.inbox.close()
+        self.sender.close()

@@ -1,6 +1,7 @@
 """The request path across roles, as plain Python over gRPC stubs:
 preprocess -> route (one index lookup) -> pixels to the chosen encoder, only for images it lacks
--> prefill on the chosen node (it pulls missing embeddings from the chosen encoder) -> decode.
+-> prefill on the chosen node (it pulls missing embeddings from the chosen encoder, and prefix KV
+from the peers the route names when that beats recomputing) -> decode.
 Yields token events; raises GatewayError with the status a client should see.
 
 Missing pixels (the preprocess node's mirror said the encoder had an image it has since evicted)
@@ -142,6 +143,7 @@ class Pipeline:
             decode_data_address=self.data_address("decode", route.decode),
             sampling=sampling_to_pb(sampling),
             encoder_address=route.encoder,
+            kv_sources=[pb.KVSource(grpc_address=a, num_tokens=n) for a, n in kv_sources(route)],
         )
         stub = self.stub("prefill", route.prefill)
         for attempt in range(2):
@@ -172,6 +174,14 @@ class Pipeline:
             self._data_addresses.clear()  # a restarted node may come back with another data address
             return GatewayError(503, f"the {role} service is unavailable: {exc.details() or code.name}")
         return GatewayError(500, f"the {role} service failed: {exc.details() or code.name}")
+
+
+def kv_sources(route: Route, limit: int = 2) -> list[tuple[str, int]]:
+    """Peers holding a longer prefix than the chosen prefill node, longest first: the prefill
+    node decides whether pulling from them beats recomputing."""
+    own = route.prefix_tokens_by_node.get(route.prefill, 0)
+    better = [(a, n) for a, n in route.prefix_tokens_by_node.items() if a != route.prefill and n > own]
+    return sorted(better, key=lambda item: (-item[1], item[0]))[:limit]
 
 
 def _trailing(exc: grpc.RpcError, key: str) -> str | None:

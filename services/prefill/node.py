@@ -1,6 +1,11 @@
 """Prefill node: computes a prompt's KV (reusing its prefix cache), samples the first token, and
 pushes the prompt's KV pages to the decode node's data address.
 
+Prefix KV: before running a prompt, the node may pull the pages of a longer cached prefix from a
+peer the router named (kv_pull.py decides whether that beats recomputing). Pulled pages are filed
+under their block hashes as ordinary cached blocks, so the normal prefix lookup adopts them; a
+failed or late pull simply leaves them to be recomputed.
+
 Embeddings: the node keeps its own embedding cache (the engine's encoder cache, with no vision
 tower behind it). Items it lacks are pulled from the encoder node, which pushes them to this
 node's inbox. Claims and imports run on the engine thread, and each holds a reference for the
@@ -9,6 +14,8 @@ request, so nothing it needs can be evicted before the request is scheduled.
 
 from __future__ import annotations
 
+import time
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -19,9 +26,10 @@ from services.engine.engine import Engine
 from services.engine.engine_node import EngineNode
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
-from services.transport.tensor_channel import TensorSender
+from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate
 from shared.index.publisher import IndexPublisher
 from shared.models.registry import ModelRef
+from shared.types import BlockHash
 
 
 class EmbeddingsUnavailableError(RuntimeError):
@@ -37,10 +45,39 @@ class PrefillResult:
     mrope_delta: int
 
 
+@dataclass(frozen=True, slots=True)
+class PullPlan:
+    source: KVSource
+    hashes: list[BlockHash]  # the blocks to ask the source for, in prompt order
+    transfer_id: str
+
+
 class PrefillNode(EngineNode):
-    def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, embedding_wait_s: float = 30.0, prefill_timeout_s: float = 600.0, publisher: IndexPublisher | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelRef,
+        config: EngineConfig,
+        *,
+        data_bind: str,
+        embedding_wait_s: float = 30.0,
+        prefill_timeout_s: float = 600.0,
+        publisher: IndexPublisher | None = None,
+        kv_pull_bandwidth_bytes_per_s: float = 1.0e9,
+        kv_pull_overhead_s: float = 0.005,
+        kv_pull_timeout_s: float = 10.0,
+        prefill_s_per_token: float = 0.0007,
+    ) -> None:
         super().__init__(model, config, data_bind=data_bind, publisher=publisher)
-        self.sender = TensorSender()
+        text = self.engine.runner.checkpoint.text
+        self.pull_cost = PullCostModel(
+            kv_bytes_per_token(text.num_layers, text.num_kv_heads, text.head_dim, self.engine.runner.kv_caches[0][0].element_size()),
+            kv_pull_bandwidth_bytes_per_s,
+            kv_pull_overhead_s,
+        )
+        self.kv_pull_timeout_s = kv_pull_timeout_s
+        self.prefill_s_per_token = prefill_s_per_token
+        self.num_kv_blocks_pulled = 0
+        self.num_kv_pull_failures = 0
         self.embedding_wait_s = embedding_wait_s
         self.prefill_timeout_s = prefill_timeout_s
         self._decode_targets: dict[str, str] = {}
@@ -78,6 +115,33 @@ class PrefillNode(EngineNode):
     def release(self, request_id: str, items: list[PromptItem]) -> None:
         self.loop.call(lambda engine: engine.encoder_cache.free_request(request_id, [i.mm_hash for i in items]))
 
+    def plan_pull(self, request: Request, sources: list[KVSource]) -> PullPlan | None:
+        """The pull worth making for ``request``, if any: from the source holding the longest
+        prefix beyond ours, when the cost model says pulling beats recomputing."""
+        block_size = self.engine.config.block_size
+        hashes = request.update_block_hashes(block_size)
+        num_local = self.loop.call(lambda engine: engine.num_cached_blocks(hashes)).result()
+        for source in sorted(sources, key=lambda s: -s.num_tokens):
+            wanted = blocks_to_pull(num_local, source, request.num_prompt_tokens, block_size)
+            if self.pull_cost.should_pull(len(wanted) * block_size, self.prefill_s_per_token, block_size):
+                return PullPlan(source, hashes[wanted.start : wanted.stop], f"kv-{uuid.uuid4().hex}")
+            break  # shorter sources only save less
+        return None
+
+    def receive_kv(self, plan: PullPlan, num_blocks: int) -> int:
+        """Wait for the pages the source announced and file them as cached blocks; returns the
+        number imported (0 on timeout: the prompt is then recomputed)."""
+        message = self.inbox.wait(plan.transfer_id, self.kv_pull_timeout_s) if num_blocks > 0 else None
+        if message is None:
+            self.num_kv_pull_failures += num_blocks > 0
+            return 0
+        layers = self.engine.runner.checkpoint.text.num_layers
+        pages = [(message.tensors[f"k{i}"], message.tensors[f"v{i}"]) for i in range(layers)]
+        hashes = plan.hashes[:num_blocks]
+        imported = self.loop.call(lambda engine: engine.import_kv_blocks(hashes, pages)).result()
+        self.num_kv_blocks_pulled += imported
+        return imported
+
     def prefill(self, request: Request, decode_address: str) -> PrefillResult:
         """Run the prompt (embeddings already claimed) and ship its KV; blocks until done."""
         # Only the first token is sampled here (with the request's own sampling settings); stop
@@ -86,6 +150,7 @@ class PrefillNode(EngineNode):
         done: Future = Future()
         self._decode_targets[request.request_id] = decode_address
         self.loop.subscribe(request.request_id, lambda out: done.set_exception(out) if isinstance(out, BaseException) else done.set_result(out))
+        started = time.perf_counter()
         try:
             self.loop.call(lambda engine: engine.add(request)).result()
             output = done.result(timeout=self.prefill_timeout_s)
@@ -95,7 +160,9 @@ class PrefillNode(EngineNode):
             self.loop.call(lambda engine: engine.abort(request.request_id))
             raise
         self.num_cached_tokens += output.num_cached_tokens
-        self.num_tokens_computed += request.num_prompt_tokens - output.num_cached_tokens
+        num_computed = request.num_prompt_tokens - output.num_cached_tokens
+        self.num_tokens_computed += num_computed
+        self.prefill_s_per_token = updated_rate(self.prefill_s_per_token, time.perf_counter() - started, num_computed)
         return PrefillResult(output.new_token_ids[0], output.num_cached_tokens, request.mrope_delta)
 
     def _ship_kv(self, request: Request, block_ids: list[int]) -> None:
@@ -117,8 +184,7 @@ class PrefillNode(EngineNode):
             "prefill_kv_bytes_sent_total": float(self.sender.num_bytes_sent),
             "prefill_tokens_computed_total": float(self.num_tokens_computed),
             "prefix_cached_tokens_total": float(self.num_cached_tokens),
+            "prefill_kv_blocks_pulled_total": float(self.num_kv_blocks_pulled),
+            "prefill_kv_pull_failures_total": float(self.num_kv_pull_failures),
+            "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
         }
-
-    def close(self) -> None:
-        super().close()
-        self.sender.close()

@@ -1,4 +1,5 @@
-"""gRPC Prefill service: pulls missing embeddings from the encoder, then runs PrefillNode."""
+"""gRPC Prefill service: pulls missing embeddings from the encoder and, when worth it, prefix KV
+from a peer, then runs PrefillNode. Also serves KVPeer, so other prefill nodes can pull from it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import grpc
 from protos.gen import pb, rpc
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
+from services.prefill.kv_pull import KVSource
 from services.prefill.node import EmbeddingsUnavailableError, PrefillNode
+from services.transport.kv_peer import add_kv_peer
 from services.transport.convert import item_from_pb, item_to_pb, sampling_from_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, abort_with, new_server, serve_forever
 from shared.tracing import outgoing_metadata
@@ -23,12 +26,37 @@ class PrefillServicer(rpc.PrefillServicer):
         self.node = node
         self.default_encoder = encoder_address
         self._encoders: dict[str, rpc.EncodeStub] = {}
+        self._peers: dict[str, rpc.KVPeerStub] = {}
 
     def _encoder(self, address: str) -> rpc.EncodeStub:
         stub = self._encoders.get(address)
         if stub is None:
             stub = self._encoders[address] = rpc.EncodeStub(grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
         return stub
+
+    def _peer(self, address: str) -> rpc.KVPeerStub:
+        stub = self._peers.get(address)
+        if stub is None:
+            stub = self._peers[address] = rpc.KVPeerStub(grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
+        return stub
+
+    async def _pull_kv(self, engine_request, sources: list[KVSource]) -> int:
+        """Pull prefix pages from the best peer when the cost model favours it; any failure
+        leaves them to be recomputed. Returns the number of prompt tokens pulled."""
+        plan = await asyncio.to_thread(self.node.plan_pull, engine_request, sources)
+        if plan is None:
+            return 0
+        try:
+            reply = await self._peer(plan.source.grpc_address).ExportKV(
+                pb.ExportKVRequest(block_hashes=plan.hashes, target_data_address=self.node.data_address, transfer_id=plan.transfer_id),
+                timeout=self.node.kv_pull_timeout_s,
+                metadata=outgoing_metadata(),
+            )
+        except grpc.aio.AioRpcError:
+            self.node.num_kv_pull_failures += 1
+            return 0
+        imported = await asyncio.to_thread(self.node.receive_kv, plan, reply.num_blocks)
+        return imported * self.node.engine.config.block_size
 
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
         items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
@@ -48,6 +76,8 @@ class PrefillServicer(rpc.PrefillServicer):
             engine_request = build_request(
                 rid, list(request.prompt_token_ids), items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size
             )
+            sources = [KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources]
+            num_pulled = await self._pull_kv(engine_request, sources) if sources else 0
             result = await asyncio.to_thread(self.node.prefill, engine_request, request.decode_data_address)
         except grpc.aio.AioRpcError as exc:
             self.node.release(rid, items)
@@ -61,7 +91,9 @@ class PrefillServicer(rpc.PrefillServicer):
         except BaseException:
             self.node.release(rid, items)
             raise
-        return pb.PrefillResponse(first_token_id=result.first_token_id, num_cached_tokens=result.num_cached_tokens, mrope_delta=result.mrope_delta)
+        return pb.PrefillResponse(
+            first_token_id=result.first_token_id, num_cached_tokens=result.num_cached_tokens, mrope_delta=result.mrope_delta, num_pulled_tokens=num_pulled
+        )
 
     async def Stats(self, request, context) -> pb.StatsResponse:
         return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
@@ -70,4 +102,5 @@ class PrefillServicer(rpc.PrefillServicer):
 async def serve(node: PrefillNode, address: str, encoder_address: str) -> None:
     server = new_server()
     rpc.add_PrefillServicer_to_server(PrefillServicer(node, encoder_address), server)
-    await serve_forever(server, address, ["tessera.v1.Prefill"], on_stop=node.close)
+    kv_peer = add_kv_peer(server, node)
+    await serve_forever(server, address, ["tessera.v1.Prefill", kv_peer], on_stop=node.close)

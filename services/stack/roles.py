@@ -25,6 +25,11 @@ class RoleConfig:
     # The cache index (redis://host:port/db or memory://); empty: this node publishes nothing.
     index_url: str = ""
     index_ttl_s: float = 5.0
+    # prefill only: the pull-or-recompute cost model for prefix KV (services/prefill/kv_pull.py)
+    kv_pull_bandwidth_gbps: float = 1.0
+    kv_pull_overhead_ms: float = 5.0
+    kv_pull_timeout_s: float = 10.0
+    prefill_ms_per_token: float = 0.7  # initial estimate; refined from measured prefills
     # gateway only
     http_host: str = "127.0.0.1"
     http_port: int = 8000
@@ -42,6 +47,11 @@ class RoleConfig:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if self.role == "prefill" and not self.encoder_address:
             raise ValueError("the prefill role needs --encoder-address")
+        for name in ("kv_pull_bandwidth_gbps", "kv_pull_timeout_s", "prefill_ms_per_token"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.kv_pull_overhead_ms < 0:
+            raise ValueError("kv_pull_overhead_ms must be >= 0")
         if self.role == "gateway" and not all((self.preprocess_address, self.encoder_address, self.prefill_address, self.decode_address)):
             raise ValueError("the gateway needs --preprocess-address, --encoder-address, --prefill-address and --decode-address (comma-separated lists)")
         from services.router.scoring import POLICIES
@@ -73,7 +83,15 @@ def run_role(config: RoleConfig, engine_config: EngineConfig, preprocess_config:
         from services.prefill.node import PrefillNode
         from services.prefill.server import serve
 
-        node = PrefillNode(model, engine_config, data_bind=config.data_address)
+        node = PrefillNode(
+            model,
+            engine_config,
+            data_bind=config.data_address,
+            kv_pull_bandwidth_bytes_per_s=config.kv_pull_bandwidth_gbps * 1e9,
+            kv_pull_overhead_s=config.kv_pull_overhead_ms / 1000,
+            kv_pull_timeout_s=config.kv_pull_timeout_s,
+            prefill_s_per_token=config.prefill_ms_per_token / 1000,
+        )
         node.publisher = _publisher(config, model.model_id, node.data_address, node.load)
         coroutine = serve(node, config.grpc_address, config.encoder_address)
     else:

@@ -140,6 +140,17 @@ class BlockPool:
         self.hash_to_block[block_hash] = block
         self.events.append(BlockStored(block_hash, block.block_id))
 
+    def import_block(self, block_hash: BlockHash) -> KVBlock | None:
+        """Take a free block for KV computed elsewhere and file it under ``block_hash`` as a free,
+        cached block (at the free queue's tail: the last to be evicted). The caller writes the
+        page into it before anything else allocates. None if caching is off or nothing is free."""
+        if not self.enable_caching or not self.can_allocate(1):
+            return None
+        block = self.allocate(1)[0]
+        self.cache_block(block, block_hash)
+        self.free([block])
+        return block
+
     def drain_events(self) -> list[BlockStored | BlockEvicted]:
         events, self.events = self.events, []
         return events

@@ -59,3 +59,21 @@ def test_pool_never_exceeds_its_blocks_and_counts_stay_consistent(ops):
         assert sum(b.ref_count for b in pool.blocks) == len(held)
         assert all(pool.hash_to_block[h].block_hash == h for h in pool.hash_to_block)
         assert len(list(pool.free_queue)) == pool.num_free_blocks
+
+
+def test_import_block_files_a_free_cached_block_at_the_queue_tail():
+    pool = BlockPool(3)
+    block = pool.import_block(BlockHash("h1"))
+    assert block is not None
+    assert block.ref_count == 0 and pool.lookup(BlockHash("h1")) is block
+    assert pool.num_free_blocks == 3
+    assert list(pool.free_queue)[-1] is block  # evicted last
+    first = pool.allocate(1)[0]
+    assert first is not block and pool.lookup(BlockHash("h1")) is block
+
+
+def test_import_block_returns_none_when_nothing_is_free():
+    pool = BlockPool(1)
+    pool.allocate(1)
+    assert pool.import_block(BlockHash("h1")) is None
+    assert pool.lookup(BlockHash("h1")) is None
