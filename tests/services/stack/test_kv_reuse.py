@@ -5,7 +5,6 @@ output equals the oracle."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import httpx
@@ -15,7 +14,7 @@ from services.preprocess import Preprocessor
 from shared.hashing import MmSpan, block_hashes
 from shared.index.backend import create_index
 from tests.factories import chat_case, encode_image, make_image
-from tests.services.stack.test_topology import _start, _stop
+from tests.services.stack.conftest import launch_stack, stop_stack
 
 BLOCK = 16  # the engine default, used by every node of the stack
 QUESTIONS = ["Describe this image in detail.", "What else can you see?", "Summarise that in one sentence."]
@@ -44,18 +43,15 @@ def _held_prefix_blocks(index, hashes, deadline_s: float = 10.0) -> int:
 
 
 def test_turns_on_different_prefill_nodes_recompute_no_block_computed_before(repo_root, tiny_model, oracle, tmp_path):
-    state_file = tmp_path / "state.json"
-    process, url = _start(repo_root, "--encoders", "1", "--prefill", "2", "--decode", "1", "--routing-policy", "round_robin", "--state-file", str(state_file))
-    for _ in range(100):  # the launcher writes its state just after the gateway turns healthy
-        if state_file.exists():
-            break
-        time.sleep(0.1)
-    index = create_index(json.loads(state_file.read_text())["valkey"]["url"], namespace=tiny_model.model_id)
-    preprocessor = Preprocessor(tiny_model)
-    client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    case = chat_case(encode_image(make_image(224, 168, seed=900)), QUESTIONS[0])
-    messages, oracle_messages = list(case.body["messages"]), list(case.oracle_messages)
+    running = launch_stack(tmp_path, repo_root, "--encoders", "1", "--prefill", "2", "--decode", "1", "--routing-policy", "round_robin")
+    url = running.base_url.removesuffix("/v1")
+    index = None
     try:
+        index = create_index(running.state()["valkey"]["url"], namespace=tiny_model.model_id)
+        preprocessor = Preprocessor(tiny_model)
+        client = OpenAI(base_url=running.base_url, api_key="unused", max_retries=0, timeout=120)
+        case = chat_case(encode_image(make_image(224, 168, seed=900)), QUESTIONS[0])
+        messages, oracle_messages = list(case.body["messages"]), list(case.oracle_messages)
         for turn, question in enumerate(QUESTIONS):
             if turn:
                 messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
@@ -87,5 +83,6 @@ def test_turns_on_different_prefill_nodes_recompute_no_block_computed_before(rep
         assert _metric(url, "tessera_prefill_kv_blocks_pulled_total") > 0
         assert _metric(url, "tessera_prefill_kv_pull_failures_total") == 0
     finally:
-        index.close()
-        _stop(process)
+        if index is not None:
+            index.close()
+        stop_stack(running)
