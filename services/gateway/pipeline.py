@@ -1,5 +1,6 @@
 """The request path across roles, as plain Python over gRPC stubs:
-preprocess -> route (one index lookup) -> pixels to the chosen encoder, only for images it lacks
+preprocess (skipping the image processor for images a live encoder holds, per the index)
+-> route (one index lookup) -> pixels to the chosen encoder, only for images it lacks
 -> prefill on the chosen node (it pulls missing embeddings from the chosen encoder, and prefix KV
 from the peers the route names when that beats recomputing) -> decode.
 Yields token events; raises GatewayError with the status a client should see.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -101,8 +102,8 @@ class Pipeline:
         self.last_route = route
         lacking = [h for h, _ in images if h not in route.images_on_encoder]
         if lacking:
-            self._push_pixels(preprocess_address, lacking, route.encoder, force=False)
-        prefill = self._prefill(request_id, prep, sampling, cache_salt, route, preprocess_address)
+            self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False)
+        prefill = self._prefill(request_id, prep, sampling, cache_salt, route, lambda missing: self._ensure_pixels(preprocess_address, body, missing, route.encoder, force=True))
         decode_request = pb.DecodeRequest(
             request_id=request_id,
             prompt_token_ids=prep.prompt_token_ids,
@@ -126,15 +127,25 @@ class Pipeline:
             stream.cancel()  # no-op when complete; frees the decode node's KV when abandoned
         raise GatewayError(503, "the decode service ended the stream early")
 
+    def _ensure_pixels(self, preprocess_address: str, body: dict, mm_hashes: list[str], encoder: str, *, force: bool) -> None:
+        """Push these images' pixels to ``encoder``. Pixels preprocess does not hold (it skipped
+        them because the index said an encoder had them, or evicted them) are made by running
+        preprocessing again without skipping, then pushed."""
+        not_found = list(self._push_pixels(preprocess_address, mm_hashes, encoder, force=force).not_found)
+        if not_found:
+            self._preprocess(preprocess_address, body, skip_indexed=False)
+            if self._push_pixels(preprocess_address, not_found, encoder, force=force).not_found:
+                raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
+
     def _push_pixels(self, preprocess_address: str, mm_hashes: list[str], encoder: str, *, force: bool) -> pb.ResendPixelsResponse:
         request = pb.ResendPixelsRequest(mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force)
         return self._call("preprocess", self.stub("preprocess", preprocess_address).ResendPixels, request, self.timeout_s)
 
-    def _preprocess(self, address: str, body: dict) -> pb.PreprocessResponse:
-        request = pb.PreprocessRequest(request_json=json.dumps(body))
+    def _preprocess(self, address: str, body: dict, *, skip_indexed: bool = True) -> pb.PreprocessResponse:
+        request = pb.PreprocessRequest(request_json=json.dumps(body), skip_indexed_pixels=skip_indexed and self.router.index is not None)
         return self._call("preprocess", self.stub("preprocess", address).Preprocess, request, self.timeout_s)
 
-    def _prefill(self, request_id, prep, sampling, cache_salt, route: Route, preprocess_address: str) -> pb.PrefillResponse:
+    def _prefill(self, request_id, prep, sampling, cache_salt, route: Route, resend_pixels: Callable[[list[str]], None]) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             request_id=request_id,
             prompt_token_ids=prep.prompt_token_ids,
@@ -154,9 +165,7 @@ class Pipeline:
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
                     raise self._to_gateway_error("prefill", exc) from None
                 # The encoder lost images our mirror thought it had: push them again.
-                reply = self._push_pixels(preprocess_address, missing.split(","), route.encoder, force=True)
-                if reply.not_found:
-                    raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
+                resend_pixels(missing.split(","))
         raise AssertionError("unreachable")
 
     def _call(self, role: str, method, request, timeout: float):

@@ -19,13 +19,13 @@ class ProcessedImage:
     num_tokens: placeholder tokens the image expands to = t*h*w / merge**2
     """
 
-    pixel_values: torch.Tensor
+    pixel_values: torch.Tensor | None  # None: not processed here (an encoder holds its embeddings)
     grid_thw: tuple[int, int, int]
     num_tokens: int
 
     @property
     def num_bytes(self) -> int:
-        return self.pixel_values.numel() * self.pixel_values.element_size()
+        return 0 if self.pixel_values is None else self.pixel_values.numel() * self.pixel_values.element_size()
 
 
 class ImageProcessor:

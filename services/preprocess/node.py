@@ -4,6 +4,10 @@ For each encoder it feeds, the node mirrors which mm_hashes that encoder already
 of hashes it has sent). Pixels are pushed to the encoder's data address only on a mirror miss;
 a hit sends nothing and counts the bytes skipped. The mirror can be stale (the encoder evicted
 an item): the encoder then reports the item missing and the caller asks for a resend.
+
+With a cache index, a request may also skip processing images that a live encoder already holds
+(Preprocessor's ``indexed_grids``); such items have no pixels here, so a resend reports them not
+found and the caller preprocesses again without skipping.
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ import threading
 from dataclasses import dataclass
 
 from services.preprocess.config import PreprocessConfig
-from services.preprocess.preprocessor import PreprocessedRequest, Preprocessor
+from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor
 from services.preprocess.processor_cache import BoundedMemo
 from services.transport.tensor_channel import TensorSender
+from shared.index.backend import CacheIndex
+from shared.index.types import IndexUnavailableError
 from shared.models.registry import ModelRef
+from shared.types import MmHash
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +32,10 @@ class PixelTransfer:
 
 
 class PreprocessNode:
-    def __init__(self, model: ModelRef, config: PreprocessConfig, *, mirror_entries: int = 4096) -> None:
+    def __init__(self, model: ModelRef, config: PreprocessConfig, *, mirror_entries: int = 4096, index: CacheIndex | None = None) -> None:
         self.preprocessor = Preprocessor(model, config)
+        self.indexed_grids: IndexedGrids | None = grids_from_index(index) if index is not None else None
+        self.num_images_skipped = 0
         self.sender = TensorSender()
         self.mirror_entries = mirror_entries
         self._encoder_to_mirror: dict[str, BoundedMemo[str, bool]] = {}
@@ -35,12 +44,17 @@ class PreprocessNode:
         self.num_pixel_bytes_skipped = 0
         self.num_requests = 0
 
-    def preprocess(self, body: object, *, encoder_id: str, encoder_address: str, force_send: bool = False) -> tuple[PreprocessedRequest, PixelTransfer]:
+    def preprocess(
+        self, body: object, *, encoder_id: str, encoder_address: str, force_send: bool = False, skip_indexed: bool = False
+    ) -> tuple[PreprocessedRequest, PixelTransfer]:
         with self._lock:
-            result = self.preprocessor.preprocess(body)
+            result = self.preprocessor.preprocess(body, indexed_grids=self.indexed_grids if skip_indexed else None)
+            self.num_images_skipped += sum(1 for item in result.mm_items if item.image.pixel_values is None)
             mirror = self._mirror(encoder_id)
             sent = skipped = 0
             for item in result.mm_items if encoder_address else ():
+                if item.image.pixel_values is None:
+                    continue  # not processed: the encoder the index named holds its embeddings
                 if not force_send and mirror.get(item.mm_hash):
                     skipped += item.image.num_bytes
                     continue
@@ -79,6 +93,7 @@ class PreprocessNode:
             "pixel_bytes_sent_total": float(self.num_pixel_bytes_sent),
             "pixel_bytes_skipped_total": float(self.num_pixel_bytes_skipped),
             "preprocess_requests_total": float(self.num_requests),
+            "preprocess_images_skipped_total": float(self.num_images_skipped),
         }
 
     def _mirror(self, encoder_id: str) -> BoundedMemo[str, bool]:
@@ -92,3 +107,17 @@ class PreprocessNode:
 
     def close(self) -> None:
         self.sender.close()
+
+
+def grids_from_index(index: CacheIndex) -> IndexedGrids:
+    """Patch grids of the images some live encoder holds, per the index's placeholder metadata;
+    nothing when the index is unreachable (the images are then processed as usual)."""
+
+    def lookup(mm_hashes: list[MmHash]) -> dict[MmHash, tuple[int, int, int]]:
+        try:
+            result = index.lookup(mm_hashes, [])
+        except IndexUnavailableError:
+            return {}
+        return {h: next(iter(holders.values())).grid_thw for h, holders in result.mm_holders.items() if holders}
+
+    return lookup

@@ -3,12 +3,19 @@
   parse -> render prompt (chat template) -> tokenize -> per image: load bytes, decode, mm_hash,
   processor cache (hit skips the image processor) -> expand placeholders -> check length
   -> M-RoPE positions
+
+Skipping pixels: a caller may pass ``indexed_grids``, which names the images whose embeddings a
+live encoder already holds, with their patch grids (the cache index's placeholder metadata). On a
+processor-cache miss such an image is not run through the image processor at all: its grid gives
+the placeholder length and M-RoPE positions, and it carries no pixels (nothing downstream needs
+them while that encoder holds its embeddings; a caller that does need them asks again without
+``indexed_grids``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import blake3
@@ -27,6 +34,10 @@ from services.preprocess.request_parsing import ImageInput, ParsedRequest, parse
 from shared.hashing import mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.models.registry import ModelRef
 from shared.types import MmHash, PlaceholderRange
+
+
+# The images (by mm_hash) that some live encoder holds -> their patch grids (t, h, w).
+IndexedGrids = Callable[[list[MmHash]], Mapping[MmHash, tuple[int, int, int]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +94,14 @@ class Preprocessor:
         # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
         self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)
 
-    def preprocess(self, body: object) -> PreprocessedRequest:
+    def preprocess(self, body: object, *, indexed_grids: IndexedGrids | None = None) -> PreprocessedRequest:
         parsed = parse_request(body, max_images=self.config.max_images_per_request)
         token_ids = self._tokenize(parsed)
-        hashed = [self._load_image(image) for image in parsed.images]
+        identified = [self._identify(image) for image in parsed.images]
+        cached = [self.processor_cache.get(mm_hash) for mm_hash, _ in identified]
+        misses = [mm_hash for (mm_hash, _), hit in zip(identified, cached) if hit is None]
+        grids = indexed_grids(misses) if indexed_grids is not None and misses else {}
+        hashed = [self._materialize(image, mm_hash, pil, hit, grids.get(mm_hash)) for image, (mm_hash, pil), hit in zip(parsed.images, identified, cached)]
         expanded, ranges = expand_placeholders(token_ids, self.image_token_id, [h[1].num_tokens for h in hashed])
         if len(expanded) > self.config.max_prompt_tokens:
             raise PromptTooLongError(
@@ -113,31 +128,37 @@ class Preprocessor:
         text = parsed.prompt_text if parsed.prompt_text is not None else self.render_prompt(parsed.template_messages or [])
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _load_image(self, image_input: ImageInput) -> tuple[MmHash, ProcessedImage, bool]:
-        """(mm_hash, processed image, processor-cache hit) for one image.
+    def _identify(self, image_input: ImageInput) -> tuple[MmHash, Image.Image | None]:
+        """(mm_hash, the decoded image if decoding was needed to hash it).
 
         Lookup order: client stable id, else the encoded-bytes memo (a repeat of the exact same
         file skips decoding), else decode and hash the pixels.
         """
-        pil: Image.Image | None = None
         if image_input.uuid is not None:
-            # A stable id names the content: on a hit, neither the bytes nor the pixels are touched.
-            mm_hash = mm_hash_of_stable_id(
-                model_id=self.model.model_id, modality="image", stable_id=image_input.uuid, processor_kwargs=self._hash_kwargs
-            )
-        else:
-            data = load_image_bytes(image_input.reference, self.config)
-            file_key = blake3.blake3(data).digest()
-            memo_hash = self._file_to_mm_hash.get(file_key)
-            if memo_hash is not None and memo_hash in self.processor_cache:
-                mm_hash = memo_hash
-            else:
-                pil = decode_image(data, self.config)
-                mm_hash = self._hash_pixels(pil)
-                self._file_to_mm_hash.put(file_key, mm_hash)
-        cached = self.processor_cache.get(mm_hash)
+            # A stable id names the content: neither the bytes nor the pixels are touched.
+            return mm_hash_of_stable_id(model_id=self.model.model_id, modality="image", stable_id=image_input.uuid, processor_kwargs=self._hash_kwargs), None
+        data = load_image_bytes(image_input.reference, self.config)
+        file_key = blake3.blake3(data).digest()
+        memo_hash = self._file_to_mm_hash.get(file_key)
+        if memo_hash is not None:
+            return memo_hash, None
+        pil = decode_image(data, self.config)
+        mm_hash = self._hash_pixels(pil)
+        self._file_to_mm_hash.put(file_key, mm_hash)
+        return mm_hash, pil
+
+    def _materialize(
+        self, image_input: ImageInput, mm_hash: MmHash, pil: Image.Image | None, cached: ProcessedImage | None, indexed_grid: tuple[int, int, int] | None
+    ) -> tuple[MmHash, ProcessedImage, bool]:
+        """(mm_hash, processed image, processor-cache hit): the cached entry, a pixel-less record
+        from the index's grid, or a fresh run of the image processor."""
+        if cached is None and mm_hash in self.processor_cache:
+            cached = self.processor_cache.get(mm_hash)  # a repeat of an image earlier in this request
         if cached is not None:
             return mm_hash, cached, True
+        if indexed_grid is not None:
+            t, h, w = indexed_grid
+            return mm_hash, ProcessedImage(None, (t, h, w), t * h * w // self.image_processor.merge_size**2), False
         if pil is None:
             pil = decode_image(load_image_bytes(image_input.reference, self.config), self.config)
         processed = self.image_processor.process(pil)

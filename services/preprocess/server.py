@@ -31,6 +31,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
                 encoder_id=request.encoder_id,
                 encoder_address=request.encoder_data_address,
                 force_send=request.force_send_pixels,
+                skip_indexed=request.skip_indexed_pixels,
             )
         except PreprocessError as exc:
             await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code}: {exc.message}", exc.status_code)

@@ -71,7 +71,12 @@ def run_role(config: RoleConfig, engine_config: EngineConfig, preprocess_config:
         from services.preprocess.node import PreprocessNode
         from services.preprocess.server import serve
 
-        coroutine = serve(PreprocessNode(model, preprocess_config), config.grpc_address)
+        index = None
+        if config.index_url:
+            from shared.index.backend import create_index
+
+            index = create_index(config.index_url, namespace=model.model_id)
+        coroutine = serve(PreprocessNode(model, preprocess_config, index=index), config.grpc_address)
     elif config.role == "encoder":
         from services.encoder.node import EncoderNode
         from services.encoder.server import serve
