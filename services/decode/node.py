@@ -24,7 +24,6 @@ class DecodeNode(EngineNode):
         self.kv_wait_s = kv_wait_s
         self.num_requests = 0
         self.num_tokens_generated = 0
-        self.start_loop()
 
     def start(self, request: Request, first_token: int, on_output: Callable[[RequestOutput | BaseException], None]) -> None:
         """Wait for the prompt's KV pages, adopt the request, and stream outputs to ``on_output``

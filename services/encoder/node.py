@@ -18,6 +18,7 @@ from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.model.checkpoint import load_config, load_weights
 from services.engine.model.vision import VisionEncoder, build_vision_tower
 from services.transport.tensor_channel import TensorInbox, TensorSender
+from shared.compute_thread import ComputeThread
 from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
 from shared.models.registry import ModelRef
@@ -42,10 +43,8 @@ class EncodeResult:
 
 class EncoderNode:
     def __init__(self, model: ModelRef, *, data_bind: str, cache_tokens: int, device: str = "cpu", pixel_wait_s: float = 2.0, publisher: IndexPublisher | None = None) -> None:
-        checkpoint = load_config(model.path)
-        _, vision_weights = load_weights(model.path, torch.float32)
-        merge = checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
-        self.vision = VisionEncoder(build_vision_tower(checkpoint, vision_weights, torch.float32, torch.device(device)), merge)
+        self.compute = ComputeThread("encoder-compute")  # builds the tower and runs every encode
+        self.vision = self.compute.run(_build_vision, model, device)
         self.cache = EncoderCacheManager(cache_tokens)
         self.store: dict[str, torch.Tensor] = {}
         self.inbox = TensorInbox(data_bind)
@@ -60,6 +59,9 @@ class EncoderNode:
         return self.inbox.address
 
     def encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
+        return self.compute.run(self._encode, items, target_address)
+
+    def _encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
         with self._lock:
             ready: dict[str, torch.Tensor] = {}
             to_encode: list[tuple[EncodeItem, torch.Tensor]] = []
@@ -111,5 +113,13 @@ class EncoderNode:
     def close(self) -> None:
         if self.publisher is not None:
             self.publisher.stop()
+        self.compute.close()
         self.inbox.close()
         self.sender.close()
+
+
+def _build_vision(model: ModelRef, device: str) -> VisionEncoder:
+    checkpoint = load_config(model.path)
+    _, vision_weights = load_weights(model.path, torch.float32)
+    merge = checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
+    return VisionEncoder(build_vision_tower(checkpoint, vision_weights, torch.float32, torch.device(device)), merge)

@@ -4,6 +4,9 @@ The engine is single-threaded by design. Servers talk to it only through ``call`
 on the loop thread between steps, get a concurrent Future) and ``subscribe`` (receive a request's
 outputs). The loop: run pending calls -> one engine step if work exists -> deliver outputs ->
 otherwise sleep until a call arrives.
+
+The engine is built on the loop thread too, so that one thread does all of the process's tensor
+work (see shared/compute_thread.py for why that matters on CPU).
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ OutputCallback = Callable[[RequestOutput | BaseException], None]
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, *, after_step: Callable[[Engine], None] | None = None) -> None:
-        self.engine = engine
+    def __init__(self, make_engine: Callable[[], Engine], *, after_step: Callable[[Engine], None] | None = None) -> None:
         self._after_step = after_step
         self._calls: queue.SimpleQueue[tuple[Callable[[Engine], object], Future]] = queue.SimpleQueue()
         self._subscribers: dict[str, OutputCallback] = {}
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        built: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(make_engine, built), name="engine-loop", daemon=True)
         self._thread.start()
+        self.engine: Engine = built.result()  # re-raises a failure to build
 
     def call(self, fn: Callable[[Engine], T]) -> Future:
         future: Future = Future()
@@ -50,7 +54,13 @@ class EngineLoop:
         self._calls.put((lambda engine: None, Future()))
         self._thread.join(timeout=10)
 
-    def _run(self) -> None:
+    def _run(self, make_engine: Callable[[], Engine], built: Future) -> None:
+        try:
+            self.engine = make_engine()
+        except BaseException as exc:  # noqa: BLE001 - handed to the constructor's caller
+            built.set_exception(exc)
+            return
+        built.set_result(self.engine)
         while not self._stopped.is_set():
             busy = self.engine.has_unfinished()
             try:

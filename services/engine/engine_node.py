@@ -16,16 +16,13 @@ from shared.types import BlockHash
 
 class EngineNode:
     def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, publisher: IndexPublisher | None = None) -> None:
-        self.engine = Engine(model, config, load_vision=False)
+        self.publisher = publisher
+        self.loop = EngineLoop(lambda: Engine(model, config, load_vision=False), after_step=self._publish_kv)
+        self.engine = self.loop.engine  # touch it only through self.loop.call once serving
         self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
         self.inbox = TensorInbox(data_bind)
         self.sender = TensorSender()
-        self.publisher = publisher
         self.num_kv_blocks_exported = 0
-
-    def start_loop(self) -> None:
-        """Start the engine thread; subclasses call it once their own hooks are installed."""
-        self.loop = EngineLoop(self.engine, after_step=self._publish_kv)
 
     @property
     def data_address(self) -> str:

@@ -85,7 +85,6 @@ class PrefillNode(EngineNode):
         self.num_embeddings_pulled = 0
         self.num_tokens_computed = 0
         self.num_cached_tokens = 0
-        self.start_loop()
 
     def claim_local_embeddings(self, request_id: str, items: list[PromptItem]) -> list[PromptItem]:
         """Reference the items this node already holds; returns those it lacks."""
