@@ -14,6 +14,7 @@ request, so nothing it needs can be evicted before the request is scheduled.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from concurrent.futures import Future
@@ -82,6 +83,8 @@ class PrefillNode(EngineNode):
         self.prefill_timeout_s = prefill_timeout_s
         self._decode_targets: dict[str, str] = {}
         self.engine.finish_listeners.append(self._ship_kv)
+        self._pulls_lock = threading.Lock()
+        self._mm_hash_to_pull: dict[str, threading.Event] = {}
         self.num_embeddings_pulled = 0
         self.num_tokens_computed = 0
         self.num_cached_tokens = 0
@@ -93,6 +96,38 @@ class PrefillNode(EngineNode):
             return [i for i in items if not engine.encoder_cache.check_and_update_cache(request_id, i.mm_hash)]
 
         return self.loop.call(claim).result()
+
+    def begin_pulls(self, items: list[PromptItem]) -> tuple[list[PromptItem], list[PromptItem]]:
+        """Split ``items`` into those the caller must fetch from an encoder and those another
+        request is already fetching. Each image is fetched once at a time: the data-plane inbox
+        hands a pushed message to one waiter only."""
+        mine, others = [], []
+        with self._pulls_lock:
+            for item in items:
+                if item.mm_hash in self._mm_hash_to_pull:
+                    others.append(item)
+                else:
+                    self._mm_hash_to_pull[item.mm_hash] = threading.Event()
+                    mine.append(item)
+        return mine, others
+
+    def end_pulls(self, items: list[PromptItem]) -> None:
+        """The caller's fetches of ``items`` are over (imported or failed): wake their waiters."""
+        with self._pulls_lock:
+            events = [self._mm_hash_to_pull.pop(item.mm_hash, None) for item in items]
+        for event in events:
+            if event is not None:
+                event.set()
+
+    def await_pulls(self, request_id: str, items: list[PromptItem]) -> list[PromptItem]:
+        """Wait for other requests' fetches of ``items``, then reference them for this request;
+        returns those still lacking (a fetch failed, or the image was evicted since)."""
+        for item in items:
+            with self._pulls_lock:
+                event = self._mm_hash_to_pull.get(item.mm_hash)
+            if event is not None:
+                event.wait(self.embedding_wait_s)
+        return self.claim_local_embeddings(request_id, items)
 
     def receive_embeddings(self, request_id: str, items: list[PromptItem]) -> None:
         """Wait for pushed embeddings of ``items`` and import them; raises if any never arrive."""

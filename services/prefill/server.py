@@ -58,21 +58,36 @@ class PrefillServicer(rpc.PrefillServicer):
         imported = await asyncio.to_thread(self.node.receive_kv, plan, reply.num_blocks)
         return imported * self.node.engine.config.block_size
 
+    async def _fetch_embeddings(self, rid: str, lacking: list[PromptItem], encoder_address: str, context) -> None:
+        """Pull ``lacking`` from the encoder, sharing fetches already in flight for other requests
+        (a fetch of the same image that failed under another request is retried here once)."""
+        for _ in range(2):
+            mine, others = self.node.begin_pulls(lacking)
+            try:
+                if mine:
+                    reply = await self._encoder(encoder_address).Encode(
+                        pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in mine], target_data_address=self.node.data_address),
+                        timeout=120,
+                        metadata=outgoing_metadata(),
+                    )
+                    if reply.missing_pixels:
+                        context.set_trailing_metadata(((MISSING_PIXELS_KEY, ",".join(reply.missing_pixels)),))
+                        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "encoder lacks pixels for some images")
+                    await asyncio.to_thread(self.node.receive_embeddings, rid, mine)
+            finally:
+                self.node.end_pulls(mine)
+            lacking = await asyncio.to_thread(self.node.await_pulls, rid, others) if others else []
+            if not lacking:
+                return
+        raise EmbeddingsUnavailableError([i.mm_hash for i in lacking])
+
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
         items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
         rid = request.request_id
         lacking = await asyncio.to_thread(self.node.claim_local_embeddings, rid, items)
         try:
             if lacking:
-                reply = await self._encoder(request.encoder_address or self.default_encoder).Encode(
-                    pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in lacking], target_data_address=self.node.data_address),
-                    timeout=120,
-                    metadata=outgoing_metadata(),
-                )
-                if reply.missing_pixels:
-                    context.set_trailing_metadata(((MISSING_PIXELS_KEY, ",".join(reply.missing_pixels)),))
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "encoder lacks pixels for some images")
-                await asyncio.to_thread(self.node.receive_embeddings, rid, lacking)
+                await self._fetch_embeddings(rid, lacking, request.encoder_address or self.default_encoder, context)
             engine_request = build_request(
                 rid, list(request.prompt_token_ids), items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -34,17 +35,34 @@ def _detach_but_die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+# Ports handed to servers that bind them later. They are drawn below Linux's ephemeral range
+# (32768-60999 by default): a port from bind(0) lies inside it, and between our check and the
+# server's bind any outgoing connection (gRPC, Redis, HTTP) may take it as its local port.
+_PORT_RANGE = (20000, 32000)
+_RANDOM = random.SystemRandom()  # independent of any seeding by the host program
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback TCP port that is free now, outside the ephemeral range."""
+    for _ in range(200):
+        port = _RANDOM.randint(*_PORT_RANGE)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1]}")
 
 
-def wait_serving(address: str, timeout_s: float) -> None:
+def wait_serving(address: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
+    """Wait until ``address`` answers SERVING; fail at once if ``process`` (its server) exits."""
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"the server for {address} exited with code {process.returncode} while starting")
             try:
                 if stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
                     return
@@ -119,7 +137,7 @@ class Stack:
         for role in self.roles:  # independent roles load their models in parallel
             self._spawn(role)
         for role in self.roles:
-            wait_serving(role.grpc_address, self.config.startup_timeout_s)
+            wait_serving(role.grpc_address, self.config.startup_timeout_s, role.process)
         generate_address = f"{host}:{self.config.generate_port}"
         gateway = RoleProcess(
             "gateway",
@@ -130,7 +148,7 @@ class Stack:
         )
         self.roles.append(gateway)
         self._spawn(gateway)
-        wait_serving(generate_address, self.config.startup_timeout_s)
+        wait_serving(generate_address, self.config.startup_timeout_s, gateway.process)
         self._write_state()
         print(f"tessera is serving {model} at http://{host}:{self.config.http_port}/v1 (gRPC Generate on {generate_address})", flush=True)
 

@@ -100,6 +100,24 @@ def test_shared_image_encodes_once_and_sends_pixels_once(stack):
     assert repeat.usage.prompt_tokens_details.cached_tokens > 0
 
 
+def test_concurrent_requests_for_one_new_image_share_a_single_encode(stack, oracle):
+    """Both arrive before the image is cached anywhere; the prefill node fetches it once and
+    both requests use it (a second fetch used to wait out its timeout and fail)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = _client(stack)
+    image = _png(336, 336, 77)
+    cases = [chat_case(image, "What colour?"), chat_case(image, "How many shapes?")]
+    before = stack.metrics()
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        replies = list(pool.map(lambda c: client.chat.completions.create(model="tiny", messages=c.body["messages"], **GREEDY), cases))
+    assert time.monotonic() - started < 20
+    for case, reply in zip(cases, replies):
+        assert reply.choices[0].message.content == _oracle_text(oracle, case)[0]
+    assert stack.metrics()["tessera_encoder_items_encoded_total"] - before["tessera_encoder_items_encoded_total"] == 1
+
+
 def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_running(stack):
     client = _client(stack)
     bad = [
