@@ -214,19 +214,21 @@ def _extra_key_tails(
 ) -> dict[int, bytes]:
     """canonical_bytes(block_extra_keys(i, ...)) for each block in [first, stop) whose keys go
     beyond the LoRA key: block 0 when salted, and each block an image overlaps."""
-    block_to_mm_keys: dict[int, list[bytes]] = {}
+    block_to_keys: dict[int, list[bytes]] = {}  # encoded keys after the LoRA key, in order
+    if cache_salt is not None and first == 0:
+        block_to_keys[0] = [canonical_bytes(("salt", cache_salt))]
     for span in mm_spans:  # in the caller's order, as block_extra_keys lists them
         lo, hi = span.placeholder.offset, span.placeholder.end
-        identifier = canonical_bytes(span.identifier)
+        key_head = b"L3:S2:mm" + canonical_bytes(span.identifier) + b"I"
         # Exactly the blocks i with lo < (i+1)*block_size and hi > i*block_size, as in block_extra_keys.
         for index in range(max(first, lo // block_size), min(stop, (hi - 1) // block_size + 1)):
-            key = b"L3:S2:mm" + identifier + b"I%d;" % (max(index * block_size, lo) - lo)
-            block_to_mm_keys.setdefault(index, []).append(key)
-    tails = {}
-    for index in (block_to_mm_keys.keys() | ({0} if cache_salt is not None and first == 0 else set())):
-        salt = [canonical_bytes(("salt", cache_salt))] if cache_salt is not None and index == 0 else []
-        tails[index] = _encoded_extra_keys(salt + block_to_mm_keys.get(index, []), lora_name)
-    return tails
+            key = b"%s%d;" % (key_head, max(index * block_size, lo) - lo)
+            keys = block_to_keys.get(index)
+            if keys is None:
+                block_to_keys[index] = [key]
+            else:
+                keys.append(key)
+    return {index: _encoded_extra_keys(keys, lora_name) for index, keys in block_to_keys.items()}
 
 
 def _encoded_extra_keys(keys: list[bytes], lora_name: str | None) -> bytes:
