@@ -109,9 +109,12 @@ class Router:
         if lookup is None:
             return [Candidate(address, 0.0, 0.0) for address in configured]
         live = {s.info.grpc_address: s for s in lookup.nodes.values() if s.info.role == role}
-        # A configured node the index does not list (not yet registered, or index lagging) stays
-        # eligible with no cached work; the launcher's health checks own liveness.
-        return [Candidate(a, live[a].load, live[a].kv_usage) if a in live else Candidate(a, 0.0, 0.0) for a in configured]
+        listed = [Candidate(a, live[a].load, live[a].kv_usage) for a in configured if a in live]
+        # A configured node whose heartbeat lapsed is dead or hung: routing to it would only fail
+        # (and rendezvous tie-breaking would keep sending an image's requests there). If the index
+        # lists no node of the role at all (registrations not in yet, or it just restarted empty),
+        # it knows nothing about liveness, so every configured node stays eligible.
+        return listed or [Candidate(a, 0.0, 0.0) for a in configured]
 
 
 def _address(node_id: str) -> str:

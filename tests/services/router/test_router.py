@@ -75,3 +75,18 @@ def test_without_an_index_no_prefix_is_reported_and_routing_still_works():
     router = Router(NODES, index=DownIndex())
     route = router.route(TOKENS, [IMAGE])
     assert route.prefix_tokens_by_node == {} and route.prefill in NODES.prefill and router.num_index_failures == 1
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_nodes_whose_heartbeat_lapsed_are_not_candidates(policy):
+    index = index_holding({"encoder@e:1": [], "prefill@p:2": [], "decode@d:1": []})  # e:2, p:1, d:2 silent
+    router = Router(NODES, policy=policy, index=index, block_size=BLOCK)
+    for _ in range(4):
+        route = router.route(TOKENS, [IMAGE])
+        assert (route.encoder, route.prefill, route.decode) == ("e:1", "p:2", "d:1")
+
+
+def test_every_configured_node_is_eligible_while_the_index_lists_none_of_a_role():
+    index = index_holding({"encoder@e:1": []})  # no prefill or decode node registered yet
+    router = Router(NODES, policy="round_robin", index=index, block_size=BLOCK)
+    assert {router.route(TOKENS, [IMAGE]).prefill for _ in range(4)} == {"p:1", "p:2"}
