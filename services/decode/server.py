@@ -8,6 +8,7 @@ import os
 import grpc
 
 from protos.gen import pb, rpc
+from services.decode.coalesce import OutputCoalescer
 from services.decode.node import DecodeNode, KVTransferTimeoutError
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
@@ -29,7 +30,8 @@ class DecodeServicer(rpc.DecodeServicer):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         try:
-            await asyncio.to_thread(self.node.start, engine_request, request.first_token_id, lambda out: loop.call_soon_threadsafe(queue.put_nowait, out))
+            to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
+            await asyncio.to_thread(self.node.start, engine_request, request.first_token_id, to_client)
         except KVTransferTimeoutError as exc:
             await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
         except RequestRejectedError as exc:

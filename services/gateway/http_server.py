@@ -69,7 +69,7 @@ class Handler(BaseHTTPRequestHandler):
     def _complete(self, chat) -> None:
         started = time.monotonic()
         final, completion_tokens = None, 0
-        for event in self.app.pipeline.run(chat.preprocess_body, chat.sampling, cache_salt=chat.cache_salt):
+        for event in self.app.pipeline.run(chat.preprocess_body, chat.sampling, cache_salt=chat.cache_salt, stream=False):
             if final is None:
                 self.app.metrics.record_ttft(time.monotonic() - started)
             completion_tokens += len(event.token_ids)

@@ -88,13 +88,17 @@ class Pipeline:
             self._data_addresses[address] = data
         return data
 
-    def run(self, body: dict, sampling: SamplingParams, *, cache_salt: str | None = None, request_id: str | None = None) -> Iterator[TokenEvent]:
+    def run(
+        self, body: dict, sampling: SamplingParams, *, cache_salt: str | None = None, request_id: str | None = None, stream: bool = True
+    ) -> Iterator[TokenEvent]:
+        """Token events: one per token when ``stream``, else just the first and the last (which
+        then carries every token since the first)."""
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
-            yield from self._run(body, sampling, cache_salt, request_id)
+            yield from self._run(body, sampling, cache_salt, request_id, stream)
 
-    def _run(self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str) -> Iterator[TokenEvent]:
+    def _run(self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool) -> Iterator[TokenEvent]:
         preprocess_address = self.addresses.preprocess[next(self._turns) % len(self.addresses.preprocess)]
         prep = self._preprocess(preprocess_address, body)
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
@@ -113,18 +117,19 @@ class Pipeline:
             num_cached_tokens=prefill.num_cached_tokens,
             mm_items=prep.mm_items,
             cache_salt=cache_salt or "",
+            stream=stream,
         )
-        stream = self._call("decode", self.stub("decode", route.decode).Decode, decode_request, self.timeout_s)
+        chunks = self._call("decode", self.stub("decode", route.decode).Decode, decode_request, self.timeout_s)
         prompt_tokens = len(prep.prompt_token_ids)
         try:
-            for chunk in stream:
+            for chunk in chunks:
                 yield TokenEvent(list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, prefill.num_cached_tokens)
                 if chunk.finished:
                     return
         except grpc.RpcError as exc:
             raise self._to_gateway_error("decode", exc) from None
         finally:
-            stream.cancel()  # no-op when complete; frees the decode node's KV when abandoned
+            chunks.cancel()  # no-op when complete; frees the decode node's KV when abandoned
         raise GatewayError(503, "the decode service ended the stream early")
 
     def _ensure_pixels(self, preprocess_address: str, body: dict, mm_hashes: list[str], encoder: str, *, force: bool) -> None:
