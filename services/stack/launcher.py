@@ -55,6 +55,10 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1]}")
 
 
+class ServerExitedError(RuntimeError):
+    """A server process exited before it answered SERVING."""
+
+
 def wait_serving(address: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
     """Wait until ``address`` answers SERVING; fail at once if ``process`` (its server) exits."""
     deadline = time.monotonic() + timeout_s
@@ -62,7 +66,7 @@ def wait_serving(address: str, timeout_s: float, process: subprocess.Popen | Non
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
-                raise RuntimeError(f"the server for {address} exited with code {process.returncode} while starting")
+                raise ServerExitedError(f"the server for {address} exited with code {process.returncode} while starting")
             try:
                 if stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
                     return
@@ -137,7 +141,7 @@ class Stack:
         for role in self.roles:  # independent roles load their models in parallel
             self._spawn(role)
         for role in self.roles:
-            wait_serving(role.grpc_address, self.config.startup_timeout_s, role.process)
+            self._wait_started(role)
         generate_address = f"{host}:{self.config.generate_port}"
         gateway = RoleProcess(
             "gateway",
@@ -148,9 +152,22 @@ class Stack:
         )
         self.roles.append(gateway)
         self._spawn(gateway)
-        wait_serving(generate_address, self.config.startup_timeout_s, gateway.process)
+        self._wait_started(gateway)
         self._write_state()
         print(f"tessera is serving {model} at http://{host}:{self.config.http_port}/v1 (gRPC Generate on {generate_address})", flush=True)
+
+    def _wait_started(self, role: RoleProcess, max_attempts: int = 3) -> None:
+        """Wait for ``role`` to serve; a process that dies while starting (a port taken in the
+        meantime, a crash) is started again, at most ``max_attempts`` times in all."""
+        for attempt in range(1, max_attempts + 1):
+            try:
+                wait_serving(role.grpc_address, self.config.startup_timeout_s, role.process)
+                return
+            except ServerExitedError as exc:
+                if attempt == max_attempts:
+                    raise
+                print(f"{role.role}: {exc}; starting it again", file=sys.stderr, flush=True)
+                self._spawn(role)
 
     def supervise(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: self._request_stop())
