@@ -28,7 +28,7 @@ from services.gateway.errors import GatewayError
 from services.transport.convert import sampling_to_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, HTTP_STATUS_KEY
 from shared.tracing import outgoing_metadata, tracer
-from shared.types import MmHash, PlaceholderRange
+from shared.types import BlockHash, MmHash, PlaceholderRange
 
 MISSING_PIXELS_KEY = "tessera-missing-pixels"
 
@@ -100,9 +100,10 @@ class Pipeline:
 
     def _run(self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool) -> Iterator[TokenEvent]:
         preprocess_address = self.addresses.preprocess[next(self._turns) % len(self.addresses.preprocess)]
-        prep = self._preprocess(preprocess_address, body)
+        prep = self._preprocess(preprocess_address, body, cache_salt=cache_salt)
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
-        route = self.router.route(list(prep.prompt_token_ids), images, cache_salt)
+        hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
+        route = self.router.route(list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes)
         self.last_route = route
         lacking = [h for h, _ in images if h not in route.images_on_encoder]
         if lacking:
@@ -146,8 +147,14 @@ class Pipeline:
         request = pb.ResendPixelsRequest(mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force)
         return self._call("preprocess", self.stub("preprocess", preprocess_address).ResendPixels, request, self.timeout_s)
 
-    def _preprocess(self, address: str, body: dict, *, skip_indexed: bool = True) -> pb.PreprocessResponse:
-        request = pb.PreprocessRequest(request_json=json.dumps(body), skip_indexed_pixels=skip_indexed and self.router.index is not None)
+    def _preprocess(self, address: str, body: dict, *, skip_indexed: bool = True, cache_salt: str | None = None) -> pb.PreprocessResponse:
+        with_index = self.router.index is not None
+        request = pb.PreprocessRequest(
+            request_json=json.dumps(body),
+            skip_indexed_pixels=skip_indexed and with_index,
+            block_size=self.router.block_size if with_index else 0,
+            cache_salt=cache_salt or "",
+        )
         return self._call("preprocess", self.stub("preprocess", address).Preprocess, request, self.timeout_s)
 
     def _prefill(self, request_id, prep, sampling, cache_salt, route: Route, resend_pixels: Callable[[list[str]], None]) -> pb.PrefillResponse:

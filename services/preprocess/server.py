@@ -13,6 +13,7 @@ from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
 from services.transport.convert import item_to_pb
 from services.transport.grpc_server import abort_with, new_server, serve_forever
+from shared.hashing import MmSpan, block_hashes
 
 
 class PreprocessServicer(rpc.PreprocessServicer):
@@ -35,7 +36,13 @@ class PreprocessServicer(rpc.PreprocessServicer):
             )
         except PreprocessError as exc:
             await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code}: {exc.message}", exc.status_code)
+        hashes: list[str] = []
+        if request.block_size > 0:
+            # Hashed here, where the tokens are, so the router's decision is one index lookup.
+            spans = [MmSpan(i.mm_hash, i.placeholder) for i in result.mm_items]
+            hashes = block_hashes(result.prompt_token_ids, request.block_size, spans, cache_salt=request.cache_salt or None)
         return pb.PreprocessResponse(
+            block_hashes=hashes,
             prompt_token_ids=result.prompt_token_ids,
             mm_items=[item_to_pb(i.mm_hash, i.placeholder, i.image.grid_thw) for i in result.mm_items],
             pixel_bytes_sent=transfer.num_bytes_sent,
