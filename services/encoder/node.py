@@ -9,7 +9,6 @@ never referenced between calls, so eviction is LRU over whole items within a row
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +49,6 @@ class EncoderNode:
         self.inbox = TensorInbox(data_bind)
         self.sender = TensorSender()
         self.pixel_wait_s = pixel_wait_s
-        self._lock = threading.Lock()
         self.num_cache_hits = 0
         self.publisher = publisher
 
@@ -62,31 +60,31 @@ class EncoderNode:
         return self.compute.run(self._encode, items, target_address)
 
     def _encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
-        with self._lock:
-            ready: dict[str, torch.Tensor] = {}
-            to_encode: list[tuple[EncodeItem, torch.Tensor]] = []
-            missing: list[str] = []
-            for item in items:
-                if item.mm_hash in ready or any(e.mm_hash == item.mm_hash for e, _ in to_encode):
-                    continue
-                if self.cache.check_and_update_cache(_OWNER, item.mm_hash):
-                    self.cache.free_encoder_input(_OWNER, item.mm_hash)  # refresh its LRU position
-                    ready[item.mm_hash] = self.store[item.mm_hash]
-                    self.num_cache_hits += 1
-                    continue
-                message = self.inbox.wait(item.mm_hash, self.pixel_wait_s)
-                if message is None:
-                    missing.append(item.mm_hash)
-                else:
-                    to_encode.append((item, message.tensors["pixel_values"]))
-            if to_encode:
-                outputs = self.vision.encode([p for _, p in to_encode], [i.grid_thw for i, _ in to_encode])
-                for (item, _), embeds in zip(to_encode, outputs):
-                    ready[item.mm_hash] = embeds
-                    self._cache(item.mm_hash, embeds, item.grid_thw)
-            for mm_hash, embeds in ready.items():
-                self.sender.send(target_address, mm_hash, {"embeds": embeds}, {"rows": embeds.shape[0]})
-            return EncodeResult(missing, len(to_encode), len(items) - len(to_encode) - len(missing))
+        # Runs only on the compute thread, one call at a time: no lock needed.
+        ready: dict[str, torch.Tensor] = {}
+        to_encode: list[tuple[EncodeItem, torch.Tensor]] = []
+        missing: list[str] = []
+        for item in items:
+            if item.mm_hash in ready or any(e.mm_hash == item.mm_hash for e, _ in to_encode):
+                continue
+            if self.cache.check_and_update_cache(_OWNER, item.mm_hash):
+                self.cache.free_encoder_input(_OWNER, item.mm_hash)  # refresh its LRU position
+                ready[item.mm_hash] = self.store[item.mm_hash]
+                self.num_cache_hits += 1
+                continue
+            message = self.inbox.wait(item.mm_hash, self.pixel_wait_s)
+            if message is None:
+                missing.append(item.mm_hash)
+            else:
+                to_encode.append((item, message.tensors["pixel_values"]))
+        if to_encode:
+            outputs = self.vision.encode([p for _, p in to_encode], [i.grid_thw for i, _ in to_encode])
+            for (item, _), embeds in zip(to_encode, outputs):
+                ready[item.mm_hash] = embeds
+                self._cache(item.mm_hash, embeds, item.grid_thw)
+        for mm_hash, embeds in ready.items():
+            self.sender.send(target_address, mm_hash, {"embeds": embeds}, {"rows": embeds.shape[0]})
+        return EncodeResult(missing, len(to_encode), len(items) - len(to_encode) - len(missing))
 
     def _cache(self, mm_hash: str, embeds: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
         if not self.cache.can_allocate(embeds.shape[0]):

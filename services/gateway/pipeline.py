@@ -197,9 +197,9 @@ class Pipeline:
         return GatewayError(500, f"the {role} service failed: {exc.details() or code.name}")
 
 
-def kv_sources(route: Route, limit: int = 2) -> list[tuple[str, int]]:
-    """Peers holding a longer prefix than the chosen prefill node, longest first: the prefill
-    node decides whether pulling from them beats recomputing."""
+def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:
+    """Peers holding a longer prefix than the chosen prefill node, longest first (the prefill
+    node pulls from the longest only, and decides whether that beats recomputing)."""
     own = route.prefix_tokens_by_node.get(route.prefill, 0)
     better = [(a, n) for a, n in route.prefix_tokens_by_node.items() if a != route.prefill and n > own]
     return sorted(better, key=lambda item: (-item[1], item[0]))[:limit]

@@ -154,20 +154,26 @@ class PrefillNode(EngineNode):
         prefix beyond ours, when the cost model says pulling beats recomputing."""
         block_size = self.engine.config.block_size
         hashes = request.update_block_hashes(block_size)
+        if not sources:
+            return None
+        source = max(sources, key=lambda s: s.num_tokens)  # a shorter prefix could only save less
         num_local = self.loop.call(lambda engine: engine.num_cached_blocks(hashes)).result()
-        for source in sorted(sources, key=lambda s: -s.num_tokens):
-            wanted = blocks_to_pull(num_local, source, request.num_prompt_tokens, block_size)
-            if self.pull_cost.should_pull(len(wanted) * block_size, self.prefill_s_per_token, block_size):
-                return PullPlan(source, hashes[wanted.start : wanted.stop], f"kv-{uuid.uuid4().hex}")
-            break  # shorter sources only save less
-        return None
+        wanted = blocks_to_pull(num_local, source, request.num_prompt_tokens, block_size)
+        if not self.pull_cost.should_pull(len(wanted) * block_size, self.prefill_s_per_token, block_size):
+            return None
+        return PullPlan(source, hashes[wanted.start : wanted.stop], f"kv-{uuid.uuid4().hex}")
+
+    def record_pull_failure(self) -> None:
+        self.num_kv_pull_failures += 1
 
     def receive_kv(self, plan: PullPlan, num_blocks: int) -> int:
         """Wait for the pages the source announced and file them as cached blocks; returns the
         number imported (0 on timeout: the prompt is then recomputed)."""
-        message = self.inbox.wait(plan.transfer_id, self.kv_pull_timeout_s) if num_blocks > 0 else None
+        if num_blocks == 0:
+            return 0  # the source no longer held them: nothing was sent
+        message = self.inbox.wait(plan.transfer_id, self.kv_pull_timeout_s)
         if message is None:
-            self.num_kv_pull_failures += num_blocks > 0
+            self.record_pull_failure()
             return 0
         layers = self.engine.runner.checkpoint.text.num_layers
         pages = [(message.tensors[f"k{i}"], message.tensors[f"v{i}"]) for i in range(layers)]
