@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from services.router.router import RoleNodes, Router  # noqa: E402
+from services.router.membership import Membership  # noqa: E402
+from services.router.router import Router  # noqa: E402
 from shared.hashing import MmSpan, block_hashes  # noqa: E402
 from shared.index.backend import create_index  # noqa: E402
 from shared.index.types import IndexEvents, MmEntry, NodeInfo  # noqa: E402
@@ -43,7 +44,7 @@ def run(index_url: str, prompt_tokens: int, decisions: int, block_size: int) -> 
     index.publish(f"prefill@{nodes['prefill'][0]}", epochs[f"prefill@{nodes['prefill'][0]}"], IndexEvents(kv_stored={h: "device" for h in hashes}))
     index.publish(f"prefill@{nodes['prefill'][1]}", epochs[f"prefill@{nodes['prefill'][1]}"], IndexEvents(kv_stored={h: "device" for h in hashes[: len(hashes) // 2]}))
     index.publish(f"encoder@{nodes['encoder'][1]}", epochs[f"encoder@{nodes['encoder'][1]}"], IndexEvents(mm_stored={image[0]: MmEntry(1024, (1, 64, 64), 1024 * 768 * 4)}))
-    router = Router(RoleNodes(tuple(nodes["encoder"]), tuple(nodes["prefill"]), tuple(nodes["decode"])), index=index, block_size=block_size)
+    router = Router(Membership(index), index=index, block_size=block_size)
     route = router.route(tokens, [image])
     assert route.prefill == nodes["prefill"][0] and route.encoder == nodes["encoder"][1], route
     expected = {nodes["prefill"][0]: len(hashes) * block_size, nodes["prefill"][1]: len(hashes) // 2 * block_size}

@@ -15,16 +15,25 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from shared.liveness import Liveness
+
 T = TypeVar("T")
 
 
 class ComputeThread:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, liveness: Liveness | None = None) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._watch = liveness.watch(name) if liveness is not None else None
 
     def run(self, fn: Callable[..., T], *args) -> T:
         """Run ``fn(*args)`` on the compute thread and wait for it (calls run one at a time)."""
-        return self._executor.submit(fn, *args).result()
+        return self._executor.submit(self._watched, fn, *args).result()
+
+    def _watched(self, fn: Callable[..., T], *args) -> T:
+        if self._watch is None:
+            return fn(*args)
+        with self._watch.busy():
+            return fn(*args)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from services.cli import generate_cmd, models_cmd, preprocess_cmd, serve_cmd
+from services.cli import generate_cmd, models_cmd, ops_cmd, preprocess_cmd, serve_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     preprocess_cmd.register(subparsers)
     generate_cmd.register(subparsers)
     serve_cmd.register(subparsers)
+    ops_cmd.register(subparsers)
     return parser
 
 

@@ -11,7 +11,7 @@ from services.preprocess.config import PreprocessConfig
 from services.stack.roles import ROLES, RoleConfig
 from shared.settings import dataclass_from_sources
 
-_STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-valkey", "--no-restart", "--state-file", "--model", "--role", "--encoders", "--prefill", "--decode", "--routing-policy"}
+_STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-restart", "--state-file", "--model", "--role", "--encoders", "--prefill", "--decode", "--routing-policy", "--index-url"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument("--host", default="127.0.0.1")
     stack.add_argument("--port", type=int, default=8000, help="HTTP port of the OpenAI-compatible API")
     stack.add_argument("--generate-port", type=int, default=50051, help="port of the public gRPC Generate service")
-    stack.add_argument("--no-valkey", action="store_true", help="do not start the embedded Valkey index server")
     stack.add_argument("--no-restart", action="store_true", help="do not restart a role that dies")
     stack.add_argument("--state-file", type=Path, default=None, help="write role pids and addresses here (JSON)")
     stack.add_argument("--encoders", type=int, default=1, help="number of encoder nodes")
@@ -61,7 +60,7 @@ def _run_stack(args: argparse.Namespace) -> int:
             host=args.host,
             http_port=args.port,
             generate_port=args.generate_port,
-            start_valkey=not args.no_valkey,
+            index_url=args.role_index_url or "",
             restart_roles=not args.no_restart,
             state_file=args.state_file,
             passthrough=passthrough,
@@ -90,7 +89,7 @@ def _passthrough(argv: list[str]) -> list[str]:
             continue
         name = arg.split("=", 1)[0]
         if name in _STACK_FLAGS:
-            skip = "=" not in arg and name not in ("--no-valkey", "--no-restart")
+            skip = "=" not in arg and name != "--no-restart"
             continue
         out.append(arg)
     return out

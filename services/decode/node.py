@@ -11,6 +11,7 @@ from services.engine.engine_node import EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from shared.index.publisher import IndexPublisher
+from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 
 
@@ -19,8 +20,17 @@ class KVTransferTimeoutError(RuntimeError):
 
 
 class DecodeNode(EngineNode):
-    def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, kv_wait_s: float = 60.0, publisher: IndexPublisher | None = None) -> None:
-        super().__init__(model, config, data_bind=data_bind, publisher=publisher)
+    def __init__(
+        self,
+        model: ModelRef,
+        config: EngineConfig,
+        *,
+        data_bind: str,
+        kv_wait_s: float = 60.0,
+        publisher: IndexPublisher | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
+        super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness)
         self.kv_wait_s = kv_wait_s
         self.num_requests = 0
         self.num_tokens_generated = 0

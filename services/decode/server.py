@@ -13,7 +13,7 @@ from services.decode.node import DecodeNode, KVTransferTimeoutError
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
 from services.transport.convert import item_from_pb, sampling_from_pb
-from services.transport.grpc_server import abort_with, new_server, serve_forever
+from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
 from services.transport.kv_peer import add_kv_peer
 
 
@@ -27,6 +27,7 @@ class DecodeServicer(rpc.DecodeServicer):
             request.request_id, list(request.prompt_token_ids), items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size
         )
         engine_request.num_cached_tokens = request.num_cached_tokens
+        engine_request.output_token_ids = list(request.prior_output_token_ids)  # a migrated request
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         try:
@@ -52,8 +53,8 @@ class DecodeServicer(rpc.DecodeServicer):
         return pb.StatsResponse(role="decode", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
 
 
-async def serve(node: DecodeNode, address: str) -> None:
+async def serve(node: DecodeNode, address: str, lifecycle: Lifecycle) -> None:
     server = new_server()
     rpc.add_DecodeServicer_to_server(DecodeServicer(node), server)
     kv_peer = add_kv_peer(server, node)
-    await serve_forever(server, address, ["tessera.v1.Decode", kv_peer], on_stop=node.close)
+    await serve_forever(server, address, ["tessera.v1.Decode", kv_peer], lifecycle)

@@ -9,6 +9,7 @@ never referenced between calls, so eviction is LRU over whole items within a row
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from services.transport.tensor_channel import TensorInbox, TensorSender
 from shared.compute_thread import ComputeThread
 from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
+from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 from shared.types import MmHash
 
@@ -41,8 +43,18 @@ class EncodeResult:
 
 
 class EncoderNode:
-    def __init__(self, model: ModelRef, *, data_bind: str, cache_tokens: int, device: str = "cpu", pixel_wait_s: float = 2.0, publisher: IndexPublisher | None = None) -> None:
-        self.compute = ComputeThread("encoder-compute")  # builds the tower and runs every encode
+    def __init__(
+        self,
+        model: ModelRef,
+        *,
+        data_bind: str,
+        cache_tokens: int,
+        device: str = "cpu",
+        pixel_wait_s: float = 2.0,
+        publisher: IndexPublisher | None = None,
+        liveness: Liveness | None = None,
+    ) -> None:
+        self.compute = ComputeThread("encoder-compute", liveness=liveness)  # builds the tower and runs every encode
         self.vision = self.compute.run(_build_vision, model, device)
         self.cache = EncoderCacheManager(cache_tokens)
         self.store: dict[str, torch.Tensor] = {}
@@ -51,13 +63,25 @@ class EncoderNode:
         self.pixel_wait_s = pixel_wait_s
         self.num_cache_hits = 0
         self.publisher = publisher
+        self._pending_lock = threading.Lock()
+        self.num_pending = 0  # Encode calls queued or running: this node's load
 
     @property
     def data_address(self) -> str:
         return self.inbox.address
 
     def encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
-        return self.compute.run(self._encode, items, target_address)
+        with self._pending_lock:
+            self.num_pending += 1
+        try:
+            return self.compute.run(self._encode, items, target_address)
+        finally:
+            with self._pending_lock:
+                self.num_pending -= 1
+
+    def load(self) -> tuple[float, float]:
+        """(calls queued or running, 0: no KV pool), for heartbeats."""
+        return float(self.num_pending), 0.0
 
     def _encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
         # Runs only on the compute thread, one call at a time: no lock needed.

@@ -7,7 +7,7 @@ import os
 
 from protos.gen import pb, rpc
 from services.encoder.node import EncodeItem, EncoderNode
-from services.transport.grpc_server import new_server, serve_forever
+from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 
 
 class EncodeServicer(rpc.EncodeServicer):
@@ -23,7 +23,7 @@ class EncodeServicer(rpc.EncodeServicer):
         return pb.StatsResponse(role="encoder", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
 
 
-async def serve(node: EncoderNode, address: str) -> None:
+async def serve(node: EncoderNode, address: str, lifecycle: Lifecycle) -> None:
     server = new_server()
     rpc.add_EncodeServicer_to_server(EncodeServicer(node), server)
-    await serve_forever(server, address, ["tessera.v1.Encode"], on_stop=node.close)
+    await serve_forever(server, address, ["tessera.v1.Encode"], lifecycle)

@@ -92,8 +92,13 @@ class Engine:
         """Adopt a request whose prompt KV was computed elsewhere, continuing from its first
         token. Every block it may ever need is reserved now, so it can never be preempted (a
         decode node could not recompute a prompt whose images it does not hold). Returns the
-        final output if the first token already finishes the request."""
+        final output if the first token already finishes the request.
+
+        A migrated request arrives with ``output_token_ids`` already holding the answer sent so
+        far: ``kv_pages`` then cover the prompt and those tokens, and ``first_token`` follows them.
+        """
         self._check_admissible(request)
+        num_known_tokens = request.num_tokens  # all of them have KV in kv_pages
         status = self.outputs.append_token(request, first_token)
         if status is not None:
             request.status = status
@@ -107,7 +112,7 @@ class Engine:
         for (k_cache, v_cache), (k_pages, v_pages) in zip(self.runner.kv_caches, kv_pages):
             k_cache.index_copy_(0, ids, k_pages.to(k_cache.device, k_cache.dtype))
             v_cache.index_copy_(0, ids, v_pages.to(v_cache.device, v_cache.dtype))
-        request.num_computed_tokens = request.num_prompt_tokens
+        request.num_computed_tokens = num_known_tokens
         self.kv.cache_computed_blocks(request)
         request.status = RequestStatus.RUNNING
         self.requests[request.request_id] = request

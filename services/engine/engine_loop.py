@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from services.engine.engine import Engine
 from services.engine.output_processor import RequestOutput
+from shared.liveness import Liveness
 
 T = TypeVar("T")
 log = logging.getLogger("tessera.engine")
@@ -27,13 +28,17 @@ OutputCallback = Callable[[RequestOutput | BaseException], None]
 
 
 class EngineLoop:
-    def __init__(self, make_engine: Callable[[], Engine], *, after_step: Callable[[Engine], None] | None = None) -> None:
+    def __init__(
+        self, make_engine: Callable[[], Engine], *, after_step: Callable[[Engine], None] | None = None, liveness: Liveness | None = None
+    ) -> None:
         self._after_step = after_step
         self._calls: queue.SimpleQueue[tuple[Callable[[Engine], object], Future]] = queue.SimpleQueue()
         self._subscribers: dict[str, OutputCallback] = {}
         self._stopped = threading.Event()
         built: Future = Future()
         self._thread = threading.Thread(target=self._run, args=(make_engine, built), name="engine-loop", daemon=True)
+        # The loop wakes at least every 0.5 s when idle; each call and step is a work item.
+        self._watch = liveness.watch("engine loop", max_idle_s=10.0, thread=self._thread) if liveness is not None else None
         self._thread.start()
         self.engine: Engine = built.result()  # re-raises a failure to build
 
@@ -62,6 +67,8 @@ class EngineLoop:
             return
         built.set_result(self.engine)
         while not self._stopped.is_set():
+            if self._watch is not None:
+                self._watch.tick()
             busy = self.engine.has_unfinished()
             try:
                 # Idle: sleep until a call arrives. Busy: only pick up calls already queued.
@@ -80,6 +87,13 @@ class EngineLoop:
                 self._step()
 
     def _step(self) -> None:
+        if self._watch is None:
+            self._run_step()
+            return
+        with self._watch.busy():
+            self._run_step()
+
+    def _run_step(self) -> None:
         try:
             outputs = self.engine.step()
         except BaseException as exc:  # noqa: BLE001 - fail every waiter, keep serving

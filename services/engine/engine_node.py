@@ -10,14 +10,17 @@ from services.engine.engine_loop import EngineLoop
 from services.transport.tensor_channel import TensorInbox, TensorSender
 from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
+from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 from shared.types import BlockHash
 
 
 class EngineNode:
-    def __init__(self, model: ModelRef, config: EngineConfig, *, data_bind: str, publisher: IndexPublisher | None = None) -> None:
+    def __init__(
+        self, model: ModelRef, config: EngineConfig, *, data_bind: str, publisher: IndexPublisher | None = None, liveness: Liveness | None = None
+    ) -> None:
         self.publisher = publisher
-        self.loop = EngineLoop(lambda: Engine(model, config, load_vision=False), after_step=self._publish_kv)
+        self.loop = EngineLoop(lambda: Engine(model, config, load_vision=False), after_step=self._publish_kv, liveness=liveness)
         self.engine = self.loop.engine  # touch it only through self.loop.call once serving
         self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
         self.inbox = TensorInbox(data_bind)

@@ -7,6 +7,7 @@ Routes: POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from http import HTTPStatus
@@ -16,6 +17,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai_api import chunk_json, completion_json, parse_chat_request, usage_json
 from services.gateway.pipeline import Pipeline
+from services.router.membership import ROUTED_ROLES
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -27,6 +29,17 @@ class GatewayApp:
         self.default_max_tokens = default_max_tokens
         self.metrics = GatewayMetrics()
         self.started = int(time.time())
+        self.draining = False
+        self._lock = threading.Lock()
+        self.num_in_flight = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self.num_in_flight += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.num_in_flight -= 1
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -39,10 +52,11 @@ class Handler(BaseHTTPRequestHandler):
     # -- routing --------------------------------------------------------------------------
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/health":
-            stats = self.app.pipeline.stats()
-            ok = len(stats) == len(self.app.pipeline.addresses.all())
-            nodes = [{"role": role, "address": address, "pid": s.pid} for role, address, s in stats]
-            self._json(200 if ok else 503, {"status": "ok" if ok else "degraded", "nodes": nodes})
+            membership = self.app.pipeline.membership
+            missing = [role for role in ROUTED_ROLES if not membership.nodes(role)]
+            nodes = [{"role": s.info.role, "address": s.info.grpc_address, "node_id": s.info.node_id} for s in membership.snapshot().values()]
+            status = "draining" if self.app.draining else ("ok" if not missing else f"no live {', '.join(missing)} node")
+            self._json(200 if status == "ok" else 503, {"status": status, "nodes": nodes})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": self.app.served_model, "object": "model", "created": self.app.started, "owned_by": "tessera"}]})
         elif self.path == "/metrics":
@@ -55,6 +69,16 @@ class Handler(BaseHTTPRequestHandler):
         if self.path != "/v1/chat/completions":
             self._error(GatewayError(404, f"no route for POST {self.path}"))
             return
+        if self.app.draining:
+            self._error(GatewayError(503, "the gateway is draining; retry on another gateway"))
+            return
+        self.app.enter()
+        try:
+            self._chat()
+        finally:
+            self.app.leave()
+
+    def _chat(self) -> None:
         try:
             body = self._read_json()
             chat = parse_chat_request(body, served_model=self.app.served_model, default_max_tokens=self.app.default_max_tokens)

@@ -1,14 +1,22 @@
-"""The request path across roles, as plain Python over gRPC stubs:
-preprocess (skipping the image processor for images a live encoder holds, per the index)
--> route (one index lookup) -> pixels to the chosen encoder, only for images it lacks
--> prefill on the chosen node (it pulls missing embeddings from the chosen encoder, and prefix KV
-from the peers the route names when that beats recomputing) -> decode.
-Yields token events; raises GatewayError with the status a client should see.
+"""The request path across roles, as plain Python over gRPC stubs, with failover and migration.
+
+One attempt: preprocess (skipping the image processor for images a live encoder holds) -> route
+(one index lookup) -> pixels to the chosen encoder, only for images it lacks -> prefill on the
+chosen node (it pulls missing embeddings from the chosen encoder, and prefix KV from the peer the
+route names when that beats recomputing) -> decode, streaming token events.
+
+Failover, in this one place (servicers never retry): a call that fails because a node did
+(UNAVAILABLE, a deadline, a draining node's refusal, or a prefill naming the encoder that failed
+it) is a NodeFailure. The node is excluded for this request and quarantined in the membership
+for everyone, and the attempt starts again from routing; a preprocess failure picks another
+preprocess node. A decode node lost mid-stream is a *migration*: the next attempt prefills the
+prompt plus the tokens already streamed (their prompt blocks are prefix-cache hits) and the new
+decode node continues after them, so the client sees one stream with no repeated token.
+A request gives up with a 503 when a role has no live node left, or after ``max_failures`` node
+failures. Errors about the request itself (4xx) are never retried.
 
 Missing pixels (the preprocess node's mirror said the encoder had an image it has since evicted)
 are resent once from the processor cache, or by re-running preprocessing with force_send_pixels.
-Any role that is down or times out gives a 503 naming that role, fast: calls carry deadlines and
-do not wait for a dead peer to come back.
 """
 
 from __future__ import annotations
@@ -16,32 +24,23 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import grpc
 
 from protos.gen import pb, rpc
 from services.engine.sampling import SamplingParams
-from services.router.router import Route, RoleNodes, Router
 from services.gateway.errors import GatewayError
+from services.router.router import NoLiveNodeError, Route, Router
 from services.transport.convert import sampling_to_pb
-from services.transport.grpc_server import CHANNEL_OPTIONS, HTTP_STATUS_KEY
+from services.transport.grpc_server import CHANNEL_OPTIONS, FAILED_NODE_KEY, HTTP_STATUS_KEY, MISSING_PIXELS_KEY
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
-MISSING_PIXELS_KEY = "tessera-missing-pixels"
-
-
-@dataclass(frozen=True, slots=True)
-class RoleAddresses:
-    preprocess: tuple[str, ...]
-    encoder: tuple[str, ...]
-    prefill: tuple[str, ...]
-    decode: tuple[str, ...]
-
-    def all(self) -> list[tuple[str, str]]:
-        return [(role, address) for role in ("preprocess", "encoder", "prefill", "decode") for address in getattr(self, role)]
+# gRPC codes that mean "the node failed", not "the request is bad": retried on another node.
+_NODE_FAILURE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED)
+_STUBS = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill": rpc.PrefillStub, "decode": rpc.DecodeStub}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,27 +53,54 @@ class TokenEvent:
     cached_tokens: int
 
 
+class NodeFailure(Exception):
+    def __init__(self, role: str, address: str, detail: str) -> None:
+        super().__init__(f"{role} {address}: {detail}")
+        self.role = role
+        self.address = address
+
+
+@dataclass(slots=True)
+class Attempts:
+    """One request's failure budget and the nodes it must avoid."""
+
+    max_failures: int
+    excluded: set[str] = field(default_factory=set)
+    failures: list[NodeFailure] = field(default_factory=list)
+
+    def record(self, failure: NodeFailure) -> None:
+        self.failures.append(failure)
+        if failure.address:
+            self.excluded.add(failure.address)
+        if len(self.failures) > self.max_failures:
+            raise GatewayError(503, f"gave up after {len(self.failures)} node failures; last: {failure}")
+
+
 class Pipeline:
-    def __init__(self, addresses: RoleAddresses, *, router: Router | None = None, timeout_s: float = 300.0, connect_timeout_s: float = 5.0) -> None:
-        self.addresses = addresses
-        self.router = router or Router(RoleNodes(addresses.encoder, addresses.prefill, addresses.decode))
+    def __init__(self, router: Router, *, timeout_s: float = 300.0, connect_timeout_s: float = 5.0, max_failures: int = 4) -> None:
+        self.router = router
+        self.membership = router.membership
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.max_failures = max_failures
         self._stubs: dict[tuple[str, str], object] = {}
         self._data_addresses: dict[str, str] = {}
         self._turns = itertools.count()
-        self.last_route: Route | None = None
+        self.num_retries = 0
+        self.num_migrations = 0
 
     def stub(self, role: str, address: str):
         key = (role, address)
         if key not in self._stubs:
-            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-            self._stubs[key] = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill": rpc.PrefillStub, "decode": rpc.DecodeStub}[role](channel)
+            self._stubs[key] = _STUBS[role](grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
         return self._stubs[key]
 
     def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:
         out = []
-        for role, address in self.addresses.all():
+        for state in self.membership.snapshot().values():
+            role, address = state.info.role, state.info.grpc_address
+            if role not in _STUBS:
+                continue
             try:
                 out.append((role, address, self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s)))
             except grpc.RpcError:
@@ -82,70 +108,73 @@ class Pipeline:
         return out
 
     def data_address(self, role: str, address: str) -> str:
-        data = self._data_addresses.get(address)
+        state = self.membership.find(address)
+        if state is not None and state.info.data_address:
+            return state.info.data_address
+        data = self._data_addresses.get(address)  # static lists: ask the node itself
         if data is None:
-            data = self._call(role, self.stub(role, address).Stats, pb.StatsRequest(), self.connect_timeout_s).data_address
+            data = self._call(role, address, self.stub(role, address).Stats, pb.StatsRequest(), self.connect_timeout_s).data_address
             self._data_addresses[address] = data
         return data
 
     def run(
         self, body: dict, sampling: SamplingParams, *, cache_salt: str | None = None, request_id: str | None = None, stream: bool = True
     ) -> Iterator[TokenEvent]:
-        """Token events: one per token when ``stream``, else just the first and the last (which
-        then carries every token since the first)."""
+        """Token events: one per token when ``stream``, else just the first and the last of each
+        decode node (the last carries every token since that node's first)."""
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
             yield from self._run(body, sampling, cache_salt, request_id, stream)
 
     def _run(self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool) -> Iterator[TokenEvent]:
-        preprocess_address = self.addresses.preprocess[next(self._turns) % len(self.addresses.preprocess)]
-        prep = self._preprocess(preprocess_address, body, cache_salt=cache_salt)
+        attempts = Attempts(self.max_failures)
+        preprocess_address: str | None = None
+        prep: pb.PreprocessResponse | None = None
+        emitted: list[int] = []  # answer tokens already yielded: a migration continues after them
+        cached_tokens: int | None = None
+        for attempt in itertools.count():
+            try:
+                if preprocess_address is None:
+                    preprocess_address = self._pick_preprocess(attempts.excluded)
+                if prep is None:
+                    prep = self._preprocess(preprocess_address, body, cache_salt=cache_salt)
+                route, lacking = self._route(prep, cache_salt, attempts.excluded)
+                if lacking:
+                    self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False)
+                prefill = self._prefill(f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted)
+                cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
+                for event in self._decode(f"{request_id}-{attempt}", prep, sampling, cache_salt, route, prefill, emitted, stream, cached_tokens):
+                    emitted.extend(event.token_ids)
+                    yield event
+                    if event.finished:
+                        return
+                raise NodeFailure("decode", route.decode, "the stream ended early")
+            except NodeFailure as failure:
+                attempts.record(failure)
+                self.membership.report_failure(failure.address)
+                self.num_retries += 1
+                if failure.role == "decode" and emitted:
+                    self.num_migrations += 1
+                if failure.role == "preprocess":
+                    preprocess_address = None
+            except NoLiveNodeError as exc:
+                raise GatewayError(503, f"{exc}: retry when nodes have joined") from None
+        raise AssertionError("unreachable")
+
+    # -- stages -------------------------------------------------------------------------------
+    def _pick_preprocess(self, excluded: set[str]) -> str:
+        nodes = self.membership.nodes("preprocess", exclude=frozenset(excluded))
+        if not nodes:
+            raise NoLiveNodeError("preprocess")
+        return nodes[next(self._turns) % len(nodes)].info.grpc_address
+
+    def _route(self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str]) -> tuple[Route, list[str]]:
+        """The route, and the request's images its encoder lacks (their pixels must be pushed)."""
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
-        route = self.router.route(list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes)
-        self.last_route = route
-        lacking = [h for h, _ in images if h not in route.images_on_encoder]
-        if lacking:
-            self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False)
-        prefill = self._prefill(request_id, prep, sampling, cache_salt, route, lambda missing: self._ensure_pixels(preprocess_address, body, missing, route.encoder, force=True))
-        decode_request = pb.DecodeRequest(
-            request_id=request_id,
-            prompt_token_ids=prep.prompt_token_ids,
-            first_token_id=prefill.first_token_id,
-            mrope_delta=prefill.mrope_delta,
-            sampling=sampling_to_pb(sampling),
-            num_cached_tokens=prefill.num_cached_tokens,
-            mm_items=prep.mm_items,
-            cache_salt=cache_salt or "",
-            stream=stream,
-        )
-        chunks = self._call("decode", self.stub("decode", route.decode).Decode, decode_request, self.timeout_s)
-        prompt_tokens = len(prep.prompt_token_ids)
-        try:
-            for chunk in chunks:
-                yield TokenEvent(list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, prefill.num_cached_tokens)
-                if chunk.finished:
-                    return
-        except grpc.RpcError as exc:
-            raise self._to_gateway_error("decode", exc) from None
-        finally:
-            chunks.cancel()  # no-op when complete; frees the decode node's KV when abandoned
-        raise GatewayError(503, "the decode service ended the stream early")
-
-    def _ensure_pixels(self, preprocess_address: str, body: dict, mm_hashes: list[str], encoder: str, *, force: bool) -> None:
-        """Push these images' pixels to ``encoder``. Pixels preprocess does not hold (it skipped
-        them because the index said an encoder had them, or evicted them) are made by running
-        preprocessing again without skipping, then pushed."""
-        not_found = list(self._push_pixels(preprocess_address, mm_hashes, encoder, force=force).not_found)
-        if not_found:
-            self._preprocess(preprocess_address, body, skip_indexed=False)
-            if self._push_pixels(preprocess_address, not_found, encoder, force=force).not_found:
-                raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
-
-    def _push_pixels(self, preprocess_address: str, mm_hashes: list[str], encoder: str, *, force: bool) -> pb.ResendPixelsResponse:
-        request = pb.ResendPixelsRequest(mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force)
-        return self._call("preprocess", self.stub("preprocess", preprocess_address).ResendPixels, request, self.timeout_s)
+        route = self.router.route(list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes, exclude=frozenset(excluded))
+        return route, [h for h, _ in images if h not in route.images_on_encoder]
 
     def _preprocess(self, address: str, body: dict, *, skip_indexed: bool = True, cache_salt: str | None = None) -> pb.PreprocessResponse:
         with_index = self.router.index is not None
@@ -155,9 +184,23 @@ class Pipeline:
             block_size=self.router.block_size if with_index else 0,
             cache_salt=cache_salt or "",
         )
-        return self._call("preprocess", self.stub("preprocess", address).Preprocess, request, self.timeout_s)
+        return self._call("preprocess", address, self.stub("preprocess", address).Preprocess, request, self.timeout_s)
 
-    def _prefill(self, request_id, prep, sampling, cache_salt, route: Route, resend_pixels: Callable[[list[str]], None]) -> pb.PrefillResponse:
+    def _ensure_pixels(self, preprocess_address: str, body: dict, mm_hashes: list[str], encoder: str, *, force: bool) -> None:
+        """Push these images' pixels to ``encoder``. Pixels preprocess does not hold (it skipped
+        them because the index said an encoder had them, or evicted them, or another preprocess
+        node made them) are made by running preprocessing again without skipping, then pushed."""
+        not_found = list(self._push_pixels(preprocess_address, mm_hashes, encoder, force=force).not_found)
+        if not_found:
+            self._preprocess(preprocess_address, body, skip_indexed=False)
+            if self._push_pixels(preprocess_address, not_found, encoder, force=force).not_found:
+                raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
+
+    def _push_pixels(self, preprocess_address: str, mm_hashes: list[str], encoder: str, *, force: bool) -> pb.ResendPixelsResponse:
+        request = pb.ResendPixelsRequest(mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force)
+        return self._call("preprocess", preprocess_address, self.stub("preprocess", preprocess_address).ResendPixels, request, self.timeout_s)
+
+    def _prefill(self, request_id, preprocess_address, body, prep, sampling, cache_salt, route: Route, emitted: list[int]) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             request_id=request_id,
             prompt_token_ids=prep.prompt_token_ids,
@@ -167,6 +210,7 @@ class Pipeline:
             sampling=sampling_to_pb(sampling),
             encoder_address=route.encoder,
             kv_sources=[pb.KVSource(grpc_address=a, num_tokens=n) for a, n in kv_sources(route)],
+            prior_output_token_ids=emitted,
         )
         stub = self.stub("prefill", route.prefill)
         for attempt in range(2):
@@ -175,26 +219,54 @@ class Pipeline:
             except grpc.RpcError as exc:
                 missing = _trailing(exc, MISSING_PIXELS_KEY)
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
-                    raise self._to_gateway_error("prefill", exc) from None
+                    raise _classify("prefill", route.prefill, exc) from None
                 # The encoder lost images our mirror thought it had: push them again.
-                resend_pixels(missing.split(","))
+                self._ensure_pixels(preprocess_address, body, missing.split(","), route.encoder, force=True)
         raise AssertionError("unreachable")
 
-    def _call(self, role: str, method, request, timeout: float):
+    def _decode(self, request_id, prep, sampling, cache_salt, route: Route, prefill, emitted: list[int], stream: bool, cached_tokens: int) -> Iterator[TokenEvent]:
+        decode_request = pb.DecodeRequest(
+            request_id=request_id,
+            prompt_token_ids=prep.prompt_token_ids,
+            first_token_id=prefill.first_token_id,
+            mrope_delta=prefill.mrope_delta,
+            sampling=sampling_to_pb(sampling),
+            num_cached_tokens=cached_tokens,
+            mm_items=prep.mm_items,
+            cache_salt=cache_salt or "",
+            stream=stream,
+            prior_output_token_ids=emitted,
+        )
+        chunks = self._call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, self.timeout_s)
+        prompt_tokens = len(prep.prompt_token_ids)
+        try:
+            for chunk in chunks:
+                yield TokenEvent(list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, cached_tokens)
+        except grpc.RpcError as exc:
+            raise _classify("decode", route.decode, exc) from None
+        finally:
+            chunks.cancel()  # no-op when complete; frees the decode node's KV when abandoned
+
+    def _call(self, role: str, address: str, method, request, timeout: float):
         try:
             return method(request, timeout=timeout, metadata=outgoing_metadata())
         except grpc.RpcError as exc:
-            raise self._to_gateway_error(role, exc) from None
+            raise _classify(role, address, exc) from None
 
-    def _to_gateway_error(self, role: str, exc: grpc.RpcError) -> GatewayError:
-        code = exc.code()
-        status = _trailing(exc, HTTP_STATUS_KEY)
-        if status is not None:
-            return GatewayError(int(status), exc.details() or f"{role} rejected the request")
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-            self._data_addresses.clear()  # a restarted node may come back with another data address
-            return GatewayError(503, f"the {role} service is unavailable: {exc.details() or code.name}")
-        return GatewayError(500, f"the {role} service failed: {exc.details() or code.name}")
+
+def _classify(role: str, address: str, exc: grpc.RpcError) -> NodeFailure | GatewayError:
+    """A node's failure (retried elsewhere) or the request's own error (returned to the client)."""
+    detail = exc.details() or exc.code().name
+    failed = _trailing(exc, FAILED_NODE_KEY)
+    if failed is not None:
+        failed_role, _, failed_address = failed.partition("=")
+        return NodeFailure(failed_role, failed_address, detail)
+    status = _trailing(exc, HTTP_STATUS_KEY)
+    if status is not None:
+        return GatewayError(int(status), detail or f"{role} rejected the request")
+    if exc.code() in _NODE_FAILURE_CODES:
+        return NodeFailure(role, address, detail)
+    return GatewayError(500, f"the {role} service failed: {detail}")
 
 
 def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:

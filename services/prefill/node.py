@@ -29,6 +29,7 @@ from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate
 from shared.index.publisher import IndexPublisher
+from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 from shared.types import BlockHash
 
@@ -63,12 +64,13 @@ class PrefillNode(EngineNode):
         embedding_wait_s: float = 30.0,
         prefill_timeout_s: float = 600.0,
         publisher: IndexPublisher | None = None,
+        liveness: Liveness | None = None,
         kv_pull_bandwidth_bytes_per_s: float = 1.0e9,
         kv_pull_overhead_s: float = 0.005,
         kv_pull_timeout_s: float = 10.0,
         prefill_s_per_token: float = 0.0007,
     ) -> None:
-        super().__init__(model, config, data_bind=data_bind, publisher=publisher)
+        super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness)
         text = self.engine.runner.checkpoint.text
         self.pull_cost = PullCostModel(
             kv_bytes_per_token(text.num_layers, text.num_kv_heads, text.head_dim, self.engine.runner.kv_caches[0][0].element_size()),

@@ -1,5 +1,7 @@
-"""gRPC Prefill service: pulls missing embeddings from the encoder and, when worth it, prefix KV
-from a peer, then runs PrefillNode. Also serves KVPeer, so other prefill nodes can pull from it."""
+"""gRPC Prefill service: pulls missing embeddings from the encoder the gateway names and, when
+worth it, prefix KV from a peer, then runs PrefillNode. Also serves KVPeer, so other prefill nodes
+can pull from it. An encoder that fails is named in the error (FAILED_NODE_KEY): the gateway
+retries the request on another one; this servicer never retries by itself."""
 
 from __future__ import annotations
 
@@ -15,16 +17,13 @@ from services.prefill.kv_pull import KVSource
 from services.prefill.node import EmbeddingsUnavailableError, PrefillNode
 from services.transport.kv_peer import add_kv_peer
 from services.transport.convert import item_from_pb, item_to_pb, sampling_from_pb
-from services.transport.grpc_server import CHANNEL_OPTIONS, abort_with, new_server, serve_forever
+from services.transport.grpc_server import CHANNEL_OPTIONS, MISSING_PIXELS_KEY, Lifecycle, abort_with, new_server, serve_forever
 from shared.tracing import outgoing_metadata
-
-MISSING_PIXELS_KEY = "tessera-missing-pixels"
 
 
 class PrefillServicer(rpc.PrefillServicer):
-    def __init__(self, node: PrefillNode, encoder_address: str) -> None:
+    def __init__(self, node: PrefillNode) -> None:
         self.node = node
-        self.default_encoder = encoder_address
         self._encoders: dict[str, rpc.EncodeStub] = {}
         self._peers: dict[str, rpc.KVPeerStub] = {}
 
@@ -85,21 +84,24 @@ class PrefillServicer(rpc.PrefillServicer):
         items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
         rid = request.request_id
         lacking = await asyncio.to_thread(self.node.claim_local_embeddings, rid, items)
+        encoder = request.encoder_address
         try:
             if lacking:
-                await self._fetch_embeddings(rid, lacking, request.encoder_address or self.default_encoder, context)
-            engine_request = build_request(
-                rid, list(request.prompt_token_ids), items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size
-            )
+                if not encoder:
+                    await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, "images need embeddings but no encoder_address was given", 400)
+                await self._fetch_embeddings(rid, lacking, encoder, context)
+            # A migrated request's answer so far is computed like prompt text (same positions).
+            token_ids = [*request.prompt_token_ids, *request.prior_output_token_ids]
+            engine_request = build_request(rid, token_ids, items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size)
             sources = [KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources]
             num_pulled = await self._pull_kv(engine_request, sources) if sources else 0
             result = await asyncio.to_thread(self.node.prefill, engine_request, request.decode_data_address)
         except grpc.aio.AioRpcError as exc:
             self.node.release(rid, items)
-            await abort_with(context, grpc.StatusCode.UNAVAILABLE, f"encoder unavailable: {exc.details()}", 503)
+            await abort_with(context, grpc.StatusCode.UNAVAILABLE, f"encoder {encoder} unavailable: {exc.details()}", None, failed_node=("encoder", encoder))
         except EmbeddingsUnavailableError as exc:
             self.node.release(rid, items)
-            await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
+            await abort_with(context, grpc.StatusCode.UNAVAILABLE, f"{exc} from encoder {encoder}", None, failed_node=("encoder", encoder))
         except RequestRejectedError as exc:
             self.node.release(rid, items)
             await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), 400)
@@ -114,8 +116,8 @@ class PrefillServicer(rpc.PrefillServicer):
         return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
 
 
-async def serve(node: PrefillNode, address: str, encoder_address: str) -> None:
+async def serve(node: PrefillNode, address: str, lifecycle: Lifecycle) -> None:
     server = new_server()
-    rpc.add_PrefillServicer_to_server(PrefillServicer(node, encoder_address), server)
+    rpc.add_PrefillServicer_to_server(PrefillServicer(node), server)
     kv_peer = add_kv_peer(server, node)
-    await serve_forever(server, address, ["tessera.v1.Prefill", kv_peer], on_stop=node.close)
+    await serve_forever(server, address, ["tessera.v1.Prefill", kv_peer], lifecycle)

@@ -12,6 +12,7 @@ found and the caller preprocesses again without skipping.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from services.preprocess.processor_cache import BoundedMemo
 from services.transport.tensor_channel import TensorSender
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError
+from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 from shared.types import MmHash
 
@@ -32,7 +34,9 @@ class PixelTransfer:
 
 
 class PreprocessNode:
-    def __init__(self, model: ModelRef, config: PreprocessConfig, *, mirror_entries: int = 4096, index: CacheIndex | None = None) -> None:
+    def __init__(
+        self, model: ModelRef, config: PreprocessConfig, *, mirror_entries: int = 4096, index: CacheIndex | None = None, liveness: Liveness | None = None
+    ) -> None:
         self.preprocessor = Preprocessor(model, config)
         self.indexed_grids: IndexedGrids | None = grids_from_index(index) if index is not None else None
         self.num_images_skipped = 0
@@ -40,14 +44,17 @@ class PreprocessNode:
         self.mirror_entries = mirror_entries
         self._encoder_to_mirror: dict[str, BoundedMemo[str, bool]] = {}
         self._lock = threading.Lock()  # the preprocessor and its caches are single-threaded
+        # Work runs one request at a time under the lock: one watch tells a hung request.
+        self._watch = liveness.watch("preprocess") if liveness is not None else None
         self.num_pixel_bytes_sent = 0
         self.num_pixel_bytes_skipped = 0
         self.num_requests = 0
+        self.num_waiting = 0  # calls waiting for or holding the lock: this node's load
 
     def preprocess(
         self, body: object, *, encoder_id: str, encoder_address: str, force_send: bool = False, skip_indexed: bool = False
     ) -> tuple[PreprocessedRequest, PixelTransfer]:
-        with self._lock:
+        with self._working():
             result = self.preprocessor.preprocess(body, indexed_grids=self.indexed_grids if skip_indexed else None)
             self.num_images_skipped += sum(1 for item in result.mm_items if item.image.pixel_values is None)
             mirror = self._mirror(encoder_id)
@@ -68,7 +75,7 @@ class PreprocessNode:
     def resend(self, mm_hashes: list[str], *, encoder_id: str, encoder_address: str, force: bool = True) -> tuple[list[str], PixelTransfer]:
         """Push cached pixels to an encoder; without ``force``, skip those the mirror says it
         holds. Returns (hashes no longer cached here, bytes sent and skipped)."""
-        with self._lock:
+        with self._working():
             not_found, sent, skipped = [], 0, 0
             mirror = self._mirror(encoder_id)
             for mm_hash in mm_hashes:
@@ -95,6 +102,21 @@ class PreprocessNode:
             "preprocess_requests_total": float(self.num_requests),
             "preprocess_images_skipped_total": float(self.num_images_skipped),
         }
+
+    def load(self) -> tuple[float, float]:
+        return float(self.num_waiting), 0.0
+
+    @contextlib.contextmanager
+    def _working(self):
+        self.num_waiting += 1  # approximate under concurrency; only a load signal
+        try:
+            with self._lock, self._busy():
+                yield
+        finally:
+            self.num_waiting -= 1
+
+    def _busy(self):
+        return self._watch.busy() if self._watch is not None else contextlib.nullcontext()
 
     def _mirror(self, encoder_id: str) -> BoundedMemo[str, bool]:
         mirror = self._encoder_to_mirror.get(encoder_id)

@@ -12,7 +12,7 @@ from protos.gen import pb, rpc
 from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
 from services.transport.convert import item_to_pb
-from services.transport.grpc_server import abort_with, new_server, serve_forever
+from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
 from shared.hashing import MmSpan, block_hashes
 
 
@@ -59,7 +59,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
         return pb.StatsResponse(role="preprocess", pid=os.getpid(), counters=self.node.counters())
 
 
-async def serve(node: PreprocessNode, address: str) -> None:
+async def serve(node: PreprocessNode, address: str, lifecycle: Lifecycle) -> None:
     server = new_server()
     rpc.add_PreprocessServicer_to_server(PreprocessServicer(node), server)
-    await serve_forever(server, address, ["tessera.v1.Preprocess"], on_stop=node.close)
+    await serve_forever(server, address, ["tessera.v1.Preprocess"], lifecycle)

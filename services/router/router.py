@@ -1,12 +1,13 @@
 """Routes one request: one index lookup, then a pure choice per role (see scoring.py).
 
-Candidates are the configured nodes of each role; the index adds what they hold and their load,
-and drops nodes whose heartbeat lapsed. Without an index (disabled or unreachable) every node is
-a candidate with no cached work, so cache_aware degrades to tie-breaking and the others still work.
-Decode placement ignores caches (the prompt's KV is shipped from prefill): cache_aware places
-decode least-loaded. Whatever the policy, when an index is configured the route reports how many
-leading prompt tokens each live prefill and decode node holds, so the caller can pull a prefix
-from a peer instead of recomputing it.
+Candidates are the live nodes of each role from Membership (the index's node records, which the
+lookup itself refreshes), minus the nodes this request already saw fail. The lookup adds what
+each node holds and its load. Without an index (or while it is unreachable) the candidates are
+the static or last-known nodes with no cached work, so cache_aware degrades to tie-breaking and
+the other policies still work. Decode placement ignores caches (the prompt's KV is shipped from
+prefill): cache_aware places decode least-loaded. Whatever the policy, when cache lookups are on
+the route reports how many leading prompt tokens each live prefill and decode node holds, so the
+caller can pull a prefix from a peer instead of recomputing it.
 """
 
 from __future__ import annotations
@@ -16,18 +17,18 @@ import time
 from dataclasses import dataclass, field
 
 from services.router.scoring import POLICIES, Candidate, choose, image_tokens_per_node, prefix_tokens_per_node
+from services.router.membership import Membership
 from shared.hashing import MmSpan
 from shared.hashing import block_hashes as compute_block_hashes
 from shared.index.backend import CacheIndex
-from shared.index.types import IndexUnavailableError, LookupResult
+from shared.index.types import IndexUnavailableError, LookupResult, NodeState
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
 
-@dataclass(frozen=True, slots=True)
-class RoleNodes:
-    encoder: tuple[str, ...]
-    prefill: tuple[str, ...]
-    decode: tuple[str, ...]
+class NoLiveNodeError(RuntimeError):
+    def __init__(self, role: str) -> None:
+        super().__init__(f"no live {role} node is left")
+        self.role = role
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +45,9 @@ class Route:
 
 @dataclass(slots=True)
 class Router:
-    nodes: RoleNodes
+    membership: Membership
     policy: str = "cache_aware"
-    index: CacheIndex | None = None
+    index: CacheIndex | None = None  # None: no cache lookups (the membership may still use one)
     block_size: int = 16
     _turns: itertools.count = field(default_factory=itertools.count)
     num_index_failures: int = 0
@@ -61,9 +62,12 @@ class Router:
         images: list[tuple[MmHash, PlaceholderRange]],
         cache_salt: str | None = None,
         block_hashes: list[BlockHash] | None = None,
+        exclude: frozenset[str] = frozenset(),
     ) -> Route:
         """``block_hashes``: the prompt's block hashes when the caller already has them (they must
-        be shared.hashing.block_hashes of the same tokens, images and salt at this block_size)."""
+        be shared.hashing.block_hashes of the same tokens, images and salt at this block_size).
+        ``exclude``: gRPC addresses of nodes that already failed this request. Raises
+        NoLiveNodeError when a role has no candidate left."""
         started = time.perf_counter()
         turn = next(self._turns)
         hashes: list[BlockHash] = []
@@ -73,14 +77,16 @@ class Router:
             else:
                 hashes = compute_block_hashes(token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt)
         lookup = self._lookup([h for h, _ in images], hashes)
+        if lookup is not None:
+            self.membership.update(lookup.nodes)
         tie_key = images[0][0] if images else ""
         image_tokens = {h: r.length for h, r in images}
-        mm_holders = {h: {_address(n): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
-        encoder = choose(self.policy, self._candidates("encoder", lookup), image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key)
+        mm_holders = {h: {self._address(n, lookup): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
+        encoder = choose(self.policy, self._candidates("encoder", exclude), image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key)
         prefix_tokens = self._prefix_tokens_by_node(lookup)
-        prefill = choose(self.policy, self._candidates("prefill", lookup), prefix_tokens, turn=turn, tie_key=tie_key)
+        prefill = choose(self.policy, self._candidates("prefill", exclude), prefix_tokens, turn=turn, tie_key=tie_key)
         decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
-        decode = choose(decode_policy, self._candidates("decode", lookup), {}, turn=turn)
+        decode = choose(decode_policy, self._candidates("decode", exclude), {}, turn=turn)
         held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
         return Route(encoder, prefill, decode, held, prefix_tokens, time.perf_counter() - started)
 
@@ -89,34 +95,31 @@ class Router:
             return {}
         # Only prefill and decode nodes hold KV pages a request can reuse.
         node_to_num_blocks = {
-            _address(node_id): num_blocks
+            self._address(node_id, lookup): num_blocks
             for node_id, num_blocks in lookup.node_to_num_prefix_blocks.items()
             if node_id in lookup.nodes and lookup.nodes[node_id].info.role in ("prefill", "decode")
         }
         return prefix_tokens_per_node(node_to_num_blocks, self.block_size)
 
     def _lookup(self, mm_hashes: list[MmHash], hashes: list[BlockHash]) -> LookupResult | None:
-        if self.index is None:
+        index = self.index or self.membership.index
+        if index is None:
             return None
+        if self.index is None:
+            mm_hashes, hashes = [], []  # cache lookups off: the lookup only refreshes membership
         try:
-            return self.index.lookup(mm_hashes, hashes)
+            return index.lookup(mm_hashes, hashes)
         except IndexUnavailableError:
             self.num_index_failures += 1
             return None
 
-    def _candidates(self, role: str, lookup: LookupResult | None) -> list[Candidate]:
-        configured = getattr(self.nodes, role)
-        if lookup is None:
-            return [Candidate(address, 0.0, 0.0) for address in configured]
-        live = {s.info.grpc_address: s for s in lookup.nodes.values() if s.info.role == role}
-        listed = [Candidate(a, live[a].load, live[a].kv_usage) for a in configured if a in live]
-        # A configured node whose heartbeat lapsed is dead or hung: routing to it would only fail
-        # (and rendezvous tie-breaking would keep sending an image's requests there). If the index
-        # lists no node of the role at all (registrations not in yet, or it just restarted empty),
-        # it knows nothing about liveness, so every configured node stays eligible.
-        return listed or [Candidate(a, 0.0, 0.0) for a in configured]
+    def _candidates(self, role: str, exclude: frozenset[str]) -> list[Candidate]:
+        nodes = self.membership.nodes(role, exclude=exclude)
+        if not nodes:
+            raise NoLiveNodeError(role)
+        return [Candidate(s.info.grpc_address, s.load, s.kv_usage) for s in nodes]
 
-
-def _address(node_id: str) -> str:
-    """Node ids are "role@grpc_address"."""
-    return node_id.split("@", 1)[1] if "@" in node_id else node_id
+    @staticmethod
+    def _address(node_id: str, lookup: LookupResult | None) -> str:
+        state: NodeState | None = lookup.nodes.get(node_id) if lookup is not None else None
+        return state.info.grpc_address if state is not None else node_id

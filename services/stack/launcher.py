@@ -1,8 +1,10 @@
 """``tessera serve``: start the whole local stack and supervise it.
 
-Order: embedded Valkey (the index server) -> preprocess, encoder, decode, prefill -> gateway.
-Each role is its own OS process; the launcher waits for each gRPC health check to answer
-SERVING before starting the next dependent. A role that dies is restarted (with a short
+Order: embedded Valkey (the index server, unless --index-url names one) -> every node -> gateway.
+Each role is its own OS process, wired exactly as in a real deployment: every node registers its
+advertised addresses in the index and the gateway discovers them there (no address lists are
+passed around), so a node started later by hand with the same --index-url joins by itself. The
+launcher waits for each node's gRPC health check to answer SERVING before starting the gateway. A role that dies is restarted (with a short
 backoff) on the same ports, so service resumes by itself; requests in the gap fail fast with 503.
 So is the embedded Valkey, on the same port and empty: meanwhile the nodes serve from their local
 caches, and once it is back each node registers under a new epoch and republishes what it holds.
@@ -91,7 +93,7 @@ class StackConfig:
     host: str = "127.0.0.1"
     http_port: int = 8000
     generate_port: int = 50051
-    start_valkey: bool = True
+    index_url: str = ""  # an external Redis/Valkey; empty: start the embedded Valkey
     restart_roles: bool = True
     state_file: Path | None = None
     startup_timeout_s: float = 300.0
@@ -117,27 +119,23 @@ class Stack:
         from shared.models.registry import resolve_model
 
         resolve_model(self.config.model)  # build a missing built-in once, before the roles start
-        if self.config.start_valkey:
+        if self.config.index_url:
+            self.valkey_url = self.config.index_url
+        else:
             self._start_valkey()
         host, model = self.config.host, self.config.model
         counts = {"preprocess": 1, "encoder": self.config.num_encoders, "decode": self.config.num_decode, "prefill": self.config.num_prefill}
         if min(counts.values()) < 1:
             raise ValueError("every role needs at least one node")
-        base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model]
-        if self.valkey_url:
-            base += ["--index-url", self.valkey_url]
-        addresses: dict[str, list[str]] = {role: [] for role in counts}
-        for role, count in counts.items():  # encoders before prefill: prefill falls back to the first encoder
+        base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--index-url", self.valkey_url]
+        for role, count in counts.items():
             for i in range(count):
                 grpc_address = f"{host}:{free_port()}"
                 extra = ["--grpc-address", grpc_address]
                 if role != "preprocess":
                     extra += ["--data-address", f"tcp://{host}:{free_port()}"]
-                if role == "prefill":
-                    extra += ["--encoder-address", addresses["encoder"][0]]
                 name = role if i == 0 else f"{role}-{i}"
                 self.roles.append(RoleProcess(name, [*base, "--role", role, *extra, *self.config.passthrough], grpc_address))
-                addresses[role].append(grpc_address)
         for role in self.roles:  # independent roles load their models in parallel
             self._spawn(role)
         for role in self.roles:
@@ -146,8 +144,7 @@ class Stack:
         gateway = RoleProcess(
             "gateway",
             [*base, "--role", "gateway", "--http-host", host, "--http-port", str(self.config.http_port), "--generate-address", generate_address,
-             "--routing-policy", self.config.routing_policy, *self.config.passthrough,
-             *[arg for role in ("preprocess", "encoder", "prefill", "decode") for arg in (f"--{role}-address", ",".join(addresses[role]))]],
+             "--routing-policy", self.config.routing_policy, *self.config.passthrough],
             generate_address,
         )
         self.roles.append(gateway)
@@ -207,7 +204,7 @@ class Stack:
         self._stopping = True
 
     def _spawn(self, role: RoleProcess) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TESSERA_INDEX_URL": self.valkey_url}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         role.process = subprocess.Popen(role.argv, env=env, preexec_fn=_detach_but_die_with_parent)
 
     def _start_valkey(self) -> None:

@@ -1,32 +1,79 @@
-"""Shared gRPC plumbing: server construction (health, reflection, size limits), graceful
-shutdown on SIGTERM/SIGINT, channel options, and the mapping of errors to status codes."""
+"""Shared gRPC plumbing: server construction (health, reflection, size limits, keepalive), the
+server lifecycle (join the cluster once serving, drain on SIGTERM/SIGINT), channel options, and
+the mapping of errors to status codes."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from shared.liveness import Liveness
+
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# Keepalive: a peer whose host vanished (no RST, no FIN) is detected by an unanswered HTTP/2 ping
+# within KEEPALIVE_TIME + KEEPALIVE_TIMEOUT, not at the request's deadline; the call then fails
+# UNAVAILABLE and the gateway's pipeline retries or migrates it.
+KEEPALIVE_TIME_MS = 2000
+KEEPALIVE_TIMEOUT_MS = 2000
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Reconnect quickly after a peer restarts, so service resumes without operator action.
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+# Servers accept pings as often as clients send them (the default answers frequent pings with
+# GOAWAY "too_many_pings", which would tear down healthy channels).
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
+    ("grpc.http2.max_ping_strikes", 0),
 ]
 # The HTTP status a gRPC error maps to, carried in trailing metadata by thin servicers.
 HTTP_STATUS_KEY = "tessera-http-status"
+# "role=grpc_address" of a node that failed a call made on the request's behalf (a prefill node's
+# encoder): the gateway retries the request without it.
+FAILED_NODE_KEY = "tessera-failed-node"
+# Comma-separated mm_hashes an encoder lacks pixels for: the gateway resends them and retries.
+MISSING_PIXELS_KEY = "tessera-missing-pixels"
 
 log = logging.getLogger("tessera")
 
 
-async def serve_forever(server: grpc.aio.Server, address: str, service_names: list[str], *, grace_s: float = 5.0, on_stop=None) -> None:
-    """Bind, mark every service SERVING, and run until SIGTERM/SIGINT, then drain gracefully."""
+@dataclass(slots=True)
+class Lifecycle:
+    """How a role's server joins and leaves the cluster.
+
+    Start: bind -> SERVING -> ``on_start`` (register in the index: only a node that answers is
+    ever routed to). SIGTERM, a drain: NOT_SERVING -> ``on_drain`` (deregister, so no router
+    picks it again) -> refuse new calls and give the ones in flight up to ``drain_timeout_s`` to
+    finish -> ``on_stop`` (release resources) -> exit. A call refused while draining fails
+    UNAVAILABLE, which the gateway retries on another node.
+    """
+
+    drain_timeout_s: float = 30.0
+    on_start: Callable[[], None] | None = None
+    on_drain: Callable[[], None] | None = None
+    on_stop: Callable[[], None] | None = None
+    liveness: Liveness | None = None
+
+
+async def serve_forever(server: grpc.aio.Server, address: str, service_names: list[str], lifecycle: Lifecycle) -> None:
+    """Bind, mark every service SERVING, and run until SIGTERM/SIGINT, then drain."""
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -36,17 +83,35 @@ async def serve_forever(server: grpc.aio.Server, address: str, service_names: li
     await server.start()
     for name in ["", *service_names]:
         await _set_status(health_servicer, name, health_pb2.HealthCheckResponse.SERVING)
+    ticker = asyncio.create_task(_tick_forever(lifecycle.liveness))
+    if lifecycle.on_start is not None:
+        lifecycle.on_start()
     log.info("serving %s on %s", ", ".join(service_names), address)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    log.info("draining (up to %.0fs for calls in flight)", lifecycle.drain_timeout_s)
     for name in ["", *service_names]:
         await _set_status(health_servicer, name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.stop(grace_s)
-    if on_stop is not None:
-        on_stop()
+    if lifecycle.on_drain is not None:
+        await asyncio.to_thread(lifecycle.on_drain)
+    await server.stop(lifecycle.drain_timeout_s)
+    ticker.cancel()
+    if lifecycle.on_stop is not None:
+        lifecycle.on_stop()
+    log.info("drained; exiting")
+
+
+async def _tick_forever(liveness: Liveness | None) -> None:
+    """Proves the event loop (which runs every servicer) is not blocked."""
+    if liveness is None:
+        return
+    watch = liveness.watch("event loop", max_idle_s=10.0)
+    while True:
+        watch.tick()
+        await asyncio.sleep(1.0)
 
 
 async def _set_status(servicer, name: str, status) -> None:
@@ -58,9 +123,18 @@ async def _set_status(servicer, name: str, status) -> None:
 def new_server() -> grpc.aio.Server:
     from services.transport.tracing_interceptor import TracingServerInterceptor
 
-    return grpc.aio.server(options=CHANNEL_OPTIONS, interceptors=[TracingServerInterceptor()])
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[TracingServerInterceptor()])
 
 
-async def abort_with(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, http_status: int) -> None:
-    context.set_trailing_metadata(((HTTP_STATUS_KEY, str(http_status)),))
+async def abort_with(
+    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, http_status: int | None, *, failed_node: tuple[str, str] | None = None
+) -> None:
+    """Fail the call; ``http_status`` None marks a node failure the gateway may retry elsewhere,
+    ``failed_node`` (role, address) names the node that failed."""
+    metadata = []
+    if http_status is not None:
+        metadata.append((HTTP_STATUS_KEY, str(http_status)))
+    if failed_node is not None:
+        metadata.append((FAILED_NODE_KEY, f"{failed_node[0]}={failed_node[1]}"))
+    context.set_trailing_metadata(tuple(metadata))
     await context.abort(code, message)

@@ -1,18 +1,21 @@
 """The index backend contract and the one place that chooses a backend.
 
 Semantics every backend must honour (tests/shared/index/test_conformance.py checks them):
-  * register_node starts a new epoch for the node id (a restart never inherits old entries);
+  * register_node starts a new epoch for the node id, greater than every epoch the index ever
+    handed out (a restart never inherits old entries, even after its node was pruned);
   * a node's entries are served only while its heartbeat key is alive and only if they were
     written under its current epoch;
   * publish applies a batch atomically; lookup answers a whole request in one round trip and
-    stops the block list at the first block no live node holds.
+    stops the block list at the first block no live node holds;
+  * membership: the live node records *are* the cluster. live_nodes lists them (and prunes the
+    records of nodes whose heartbeat lapsed); deregister_node removes a draining node at once.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from shared.index.types import IndexEvents, LookupResult, NodeInfo
+from shared.index.types import IndexEvents, LookupResult, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
 
@@ -22,6 +25,12 @@ class CacheIndex(Protocol):
 
     def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float) -> bool:
         """Refresh liveness and load; False if ``epoch`` is no longer the node's current one."""
+
+    def deregister_node(self, node_id: str, epoch: int) -> None:
+        """Remove ``node_id`` from the cluster now (a drain), if ``epoch`` is still its current one."""
+
+    def live_nodes(self) -> dict[str, NodeState]:
+        """Every live node (heartbeat within its TTL); forgets the nodes whose heartbeat lapsed."""
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None: ...
 

@@ -1,5 +1,6 @@
 """In-process index backend for single-process use and unit tests. Same semantics as Redis:
-per-node epochs, heartbeat TTLs, entries tagged with the epoch that wrote them."""
+epochs from one counter, heartbeat TTLs, entries tagged with the epoch that wrote them, lapsed
+nodes pruned by live_nodes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ class InProcessIndex:
         self.namespace = namespace
         self._clock = clock
         self._lock = threading.Lock()
+        self._num_epochs = 0  # the last epoch handed out, to any node
         self._node_to_epoch: dict[str, int] = {}
         self._node_to_state: dict[str, tuple[NodeState, float]] = {}  # state, expires_at
         self._mm: dict[MmHash, dict[str, tuple[int, MmEntry]]] = {}
@@ -24,7 +26,8 @@ class InProcessIndex:
 
     def register_node(self, node: NodeInfo, *, ttl_s: float) -> int:
         with self._lock:
-            epoch = self._node_to_epoch.get(node.node_id, 0) + 1
+            self._num_epochs += 1
+            epoch = self._num_epochs
             self._node_to_epoch[node.node_id] = epoch
             self._node_to_state[node.node_id] = (NodeState(node, epoch, 0.0, 0.0), self._clock() + ttl_s)
             return epoch
@@ -38,6 +41,20 @@ class InProcessIndex:
                 return False
             self._node_to_state[node_id] = (NodeState(state.info, epoch, load, kv_usage), self._clock() + ttl_s)
             return True
+
+    def deregister_node(self, node_id: str, epoch: int) -> None:
+        with self._lock:
+            if self._node_to_epoch.get(node_id) == epoch:
+                self._node_to_epoch.pop(node_id)
+                self._node_to_state.pop(node_id, None)
+
+    def live_nodes(self) -> dict[str, NodeState]:
+        with self._lock:
+            now = self._clock()
+            for node_id in [n for n, (_, expires) in self._node_to_state.items() if expires <= now]:
+                del self._node_to_state[node_id]
+                self._node_to_epoch.pop(node_id, None)
+            return {node_id: state for node_id, (state, _) in self._node_to_state.items()}
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None:
         with self._lock:

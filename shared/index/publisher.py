@@ -1,8 +1,10 @@
 """Publishes one node's cache contents to the index, off the model loop.
 
-The node calls ``record`` from its own thread (cheap: a lock and a queue append). A background
-thread registers the node, heartbeats every ttl/3 with the node's load, and publishes queued
-events in batches. The publisher also keeps the node's current holdings, so that after the index
+The node calls ``record`` from its own thread (cheap: a lock and a queue append). Once the node
+serves (``start``), a background thread registers it, heartbeats every ttl/3 with the node's load,
+and publishes queued events in batches. A heartbeat is sent only while ``alive_fn`` says the
+node's compute loops make progress (shared/liveness.py), so a hung node leaves the rotation
+within its TTL. ``deregister`` (a drain) withdraws the node and its entries at once. The publisher also keeps the node's current holdings, so that after the index
 was unreachable (or the node re-registered under a new epoch) it republishes the full snapshot:
 the index catches up by itself, and a node never depends on the index to serve.
 """
@@ -24,11 +26,21 @@ LoadFn = Callable[[], tuple[float, float]]  # -> (load, kv_usage)
 
 
 class IndexPublisher:
-    def __init__(self, index: CacheIndex, node: NodeInfo, *, ttl_s: float = 5.0, load_fn: LoadFn = lambda: (0.0, 0.0), flush_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        index: CacheIndex,
+        node: NodeInfo,
+        *,
+        ttl_s: float = 5.0,
+        load_fn: LoadFn = lambda: (0.0, 0.0),
+        alive_fn: Callable[[], bool] = lambda: True,
+        flush_s: float = 0.05,
+    ) -> None:
         self.index = index
         self.node = node
         self.ttl_s = ttl_s
         self.load_fn = load_fn
+        self.alive_fn = alive_fn
         self.flush_s = flush_s
         self.epoch: int | None = None
         self._lock = threading.Lock()
@@ -38,7 +50,11 @@ class IndexPublisher:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self.num_publish_failures = 0
+        self.num_heartbeats_withheld = 0
         self._thread = threading.Thread(target=self._run, name="index-publisher", daemon=True)
+
+    def start(self) -> None:
+        """Join the cluster: call once the node answers requests."""
         self._thread.start()
 
     def record(self, events: IndexEvents) -> None:
@@ -75,7 +91,25 @@ class IndexPublisher:
     def stop(self) -> None:
         self._stopped.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def deregister(self) -> None:
+        """Leave the cluster now (a drain): stop heartbeating, withdraw every entry this node
+        published, and remove its node record, so no router picks it again. Best effort: with the
+        index down, the record lapses after its TTL instead."""
+        self.stop()
+        epoch = self.epoch
+        if epoch is None:
+            return
+        with self._lock:
+            withdrawn = IndexEvents(mm_evicted=list(self._mm_holdings), kv_evicted=list(self._kv_holdings))
+        try:
+            self.index.publish(self.node.node_id, epoch, withdrawn)
+            self.index.deregister_node(self.node.node_id, epoch)
+        except IndexUnavailableError as exc:
+            log.warning("could not deregister from the index (%s); the node lapses after its TTL", exc)
+        self.epoch = None
 
     def _run(self) -> None:
         next_heartbeat = 0.0
@@ -87,6 +121,13 @@ class IndexPublisher:
                     self._register()
                     next_heartbeat = time.monotonic() + self.ttl_s / 3
                 elif time.monotonic() >= next_heartbeat:
+                    if not self.alive_fn():
+                        # A hung compute loop: let the record lapse so routers stop choosing us.
+                        self.num_heartbeats_withheld += 1
+                        if self.num_heartbeats_withheld == 1:
+                            log.error("compute loop is not making progress; withholding heartbeats")
+                        next_heartbeat = time.monotonic() + self.ttl_s / 3
+                        continue
                     load, kv_usage = self.load_fn()
                     if not self.index.heartbeat(self.node.node_id, self.epoch, load=load, kv_usage=kv_usage, ttl_s=self.ttl_s):
                         self.epoch = None  # expired or fenced: register again and republish

@@ -1,9 +1,13 @@
 """Redis / Valkey index backend.
 
 Key layout, under the namespace prefix P = "tessera:{namespace}:":
-  P epoch:{node}      INTEGER  the node's current epoch (INCR on registration)
+  P epochs            INTEGER  the last epoch handed out, to any node (INCR on registration)
+  P epoch:{node}      INTEGER  the node's current epoch
   P node:{node}       HASH     role, grpc, data, epoch, load, kv_usage; expires after the TTL
-  P nodes             SET      node ids ever registered (lookup skips those whose key expired)
+  P nodes             SET      registered node ids (lookup skips those whose key expired;
+                               live_nodes prunes them with their epoch key)
+Epochs come from one counter for all nodes, so a node id registered again after its records were
+pruned still gets an epoch its old entries never carried.
   P mm:{mm_hash}      HASH     node -> "{epoch}|{num_tokens}|{t},{h},{w}|{bytes}"
   P kv:{block_hash}   HASH     node -> "{epoch}|{tier}"
 Entry keys expire ENTRY_TTL_S after their last write, so a node that vanished for good leaves
@@ -104,6 +108,46 @@ return 1
 """
 
 
+# KEYS: epochs counter, epoch key, node key, nodes set; ARGV: role, grpc, data, ttl_ms, node id.
+# One atomic step, so a concurrent prune never sees the node half-registered.
+REGISTER_SCRIPT = """
+local epoch = redis.call('INCR', KEYS[1])
+redis.call('SET', KEYS[2], epoch)
+redis.call('DEL', KEYS[3])
+redis.call('HSET', KEYS[3], 'role', ARGV[1], 'grpc', ARGV[2], 'data', ARGV[3], 'epoch', epoch, 'load', 0, 'kv_usage', 0)
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+redis.call('SADD', KEYS[4], ARGV[5])
+return epoch
+"""
+
+# KEYS: epoch key, node key, nodes set; ARGV: epoch, node id. Only the current incarnation may
+# deregister: a restarted node's registration must survive its predecessor's late drain.
+DEREGISTER_SCRIPT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[2])
+return 1
+"""
+
+# ARGV[1]: key prefix. Returns JSON {id: fields} of live nodes; forgets lapsed ones.
+LIVE_NODES_SCRIPT = """
+local call, prefix = redis.call, ARGV[1]
+local nodes = {}
+for _, id in ipairs(call('SMEMBERS', prefix .. 'nodes')) do
+  local fields = call('HGETALL', prefix .. 'node:' .. id)
+  local state = {}
+  for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
+  if state['epoch'] then
+    nodes[id] = state
+  elseif #fields == 0 then
+    call('SREM', prefix .. 'nodes', id)
+    call('DEL', prefix .. 'epoch:' .. id)
+  end
+end
+return cjson.encode(nodes)
+"""
+
+
 class _OneWritePacker(PythonRespSerializer):
     """redis-py's packer gives every argument over 6000 bytes its own socket write, so a lookup
     (16 KB of block hashes for a 4096-token prompt) took three writes, each able to wake the
@@ -123,20 +167,31 @@ class RedisIndex:
         )
         self._lookup = self._client.register_script(LOOKUP_SCRIPT)
         self._heartbeat = self._client.register_script(HEARTBEAT_SCRIPT)
+        self._register = self._client.register_script(REGISTER_SCRIPT)
+        self._deregister = self._client.register_script(DEREGISTER_SCRIPT)
+        self._live_nodes = self._client.register_script(LIVE_NODES_SCRIPT)
 
     def register_node(self, node: NodeInfo, *, ttl_s: float) -> int:
+        p = self.prefix
+        keys = [p + "epochs", p + f"epoch:{node.node_id}", p + f"node:{node.node_id}", p + "nodes"]
         try:
-            epoch = int(self._client.incr(self.prefix + f"epoch:{node.node_id}"))
-            key = self.prefix + f"node:{node.node_id}"
-            with self._client.pipeline(transaction=True) as pipe:
-                pipe.delete(key)
-                pipe.hset(key, mapping={"role": node.role, "grpc": node.grpc_address, "data": node.data_address, "epoch": epoch, "load": 0, "kv_usage": 0})
-                pipe.pexpire(key, int(ttl_s * 1000))
-                pipe.sadd(self.prefix + "nodes", node.node_id)
-                pipe.execute()
-            return epoch
+            return int(self._register(keys=keys, args=[node.role, node.grpc_address, node.data_address, int(ttl_s * 1000), node.node_id]))
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
+
+    def deregister_node(self, node_id: str, epoch: int) -> None:
+        p = self.prefix
+        try:
+            self._deregister(keys=[p + f"epoch:{node_id}", p + f"node:{node_id}", p + "nodes"], args=[epoch, node_id])
+        except redis.RedisError as exc:
+            raise IndexUnavailableError(f"index unavailable: {exc}") from None
+
+    def live_nodes(self) -> dict[str, NodeState]:
+        try:
+            reply = json.loads(self._live_nodes(args=[self.prefix]))
+        except redis.RedisError as exc:
+            raise IndexUnavailableError(f"index unavailable: {exc}") from None
+        return {node_id: _node_state(node_id, fields) for node_id, fields in reply.items()}
 
     def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float) -> bool:
         keys = [self.prefix + f"epoch:{node_id}", self.prefix + f"node:{node_id}"]
@@ -171,10 +226,7 @@ class RedisIndex:
             reply = json.loads(self._lookup(args=[self.prefix, json.dumps([mm_hashes, block_hashes])]))
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
-        nodes = {}
-        for node_id, fields in reply["nodes"].items():
-            info = NodeInfo(node_id, fields.get("role", ""), fields.get("grpc", ""), fields.get("data", ""))
-            nodes[node_id] = NodeState(info, int(fields["epoch"]), float(fields.get("load", 0)), float(fields.get("kv_usage", 0)))
+        nodes = {node_id: _node_state(node_id, fields) for node_id, fields in reply["nodes"].items()}
         mm_holders = {}
         for mm_hash in mm_hashes:
             holders = {}
@@ -186,3 +238,8 @@ class RedisIndex:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _node_state(node_id: str, fields: dict[str, str]) -> NodeState:
+    info = NodeInfo(node_id, fields.get("role", ""), fields.get("grpc", ""), fields.get("data", ""))
+    return NodeState(info, int(fields["epoch"]), float(fields.get("load", 0)), float(fields.get("kv_usage", 0)))

@@ -1,10 +1,12 @@
-"""The router over a real index backend (in-process): prefix reporting and placement."""
+"""The router over a real index backend (in-process): prefix reporting, placement, and candidates
+from the membership (live nodes only, minus the ones a request saw fail)."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.router.router import RoleNodes, Router
+from services.router.membership import Membership
+from services.router.router import NoLiveNodeError, Router
 from services.router.scoring import POLICIES
 from shared.hashing import MmSpan, block_hashes
 from shared.index.memory_backend import InProcessIndex
@@ -12,15 +14,23 @@ from shared.index.types import IndexEvents, IndexUnavailableError, NodeInfo
 from shared.types import MmHash, PlaceholderRange
 
 BLOCK = 4
-NODES = RoleNodes(encoder=("e:1", "e:2"), prefill=("p:1", "p:2"), decode=("d:1", "d:2"))
+STATIC = {"encoder": ("e:1", "e:2"), "prefill": ("p:1", "p:2"), "decode": ("d:1", "d:2")}
+ALL_NODES = [f"{role}@{a}" for role, addresses in STATIC.items() for a in addresses]
 TOKENS = list(range(40))  # 10 full blocks
 IMAGE = (MmHash("img"), PlaceholderRange(8, 12))
 HASHES = block_hashes(TOKENS, BLOCK, [MmSpan(*IMAGE)])
 
 
-def index_holding(node_to_blocks: dict[str, list[int]]) -> InProcessIndex:
-    """An index where node "role@address" holds the listed blocks of TOKENS."""
+def router_over(index, **kwargs) -> Router:
+    return Router(Membership(index), index=index, block_size=BLOCK, **kwargs)
+
+
+def index_holding(node_to_blocks: dict[str, list[int]], *, everyone: bool = True) -> InProcessIndex:
+    """An index where node "role@address" holds the listed blocks of TOKENS; with ``everyone``,
+    every node of STATIC is live too."""
     index = InProcessIndex()
+    if everyone:
+        node_to_blocks = {**{n: [] for n in ALL_NODES}, **node_to_blocks}
     for node_id, blocks in node_to_blocks.items():
         role, address = node_id.split("@")
         epoch = index.register_node(NodeInfo(node_id, role, address), ttl_s=60)
@@ -39,18 +49,18 @@ def test_route_reports_leading_tokens_of_every_live_prefill_and_decode_node(poli
             "encoder@e:1": [0, 1, 2],  # encoders hold no reusable KV
         }
     )
-    route = Router(NODES, policy=policy, index=index, block_size=BLOCK).route(TOKENS, [IMAGE])
+    route = router_over(index, policy=policy).route(TOKENS, [IMAGE])
     assert route.prefix_tokens_by_node == {"p:1": 40, "p:2": 12, "d:1": 8}
 
 
 def test_cache_aware_places_prefill_on_the_longest_prefix():
     index = index_holding({"prefill@p:1": [0, 1], "prefill@p:2": list(range(6))})
-    assert Router(NODES, index=index, block_size=BLOCK).route(TOKENS, [IMAGE]).prefill == "p:2"
+    assert router_over(index).route(TOKENS, [IMAGE]).prefill == "p:2"
 
 
 def test_blocks_of_another_image_or_salt_are_not_a_prefix():
     index = index_holding({"prefill@p:1": list(range(10))})
-    router = Router(NODES, index=index, block_size=BLOCK)
+    router = router_over(index)
     other_image = (MmHash("other"), IMAGE[1])
     assert router.route(TOKENS, [other_image]).prefix_tokens_by_node == {"p:1": 8}  # blocks before the image
     assert router.route(TOKENS, [IMAGE], cache_salt="tenant").prefix_tokens_by_node == {}
@@ -58,7 +68,7 @@ def test_blocks_of_another_image_or_salt_are_not_a_prefix():
 
 def test_precomputed_block_hashes_give_the_same_route():
     index = index_holding({"prefill@p:1": [0, 1], "prefill@p:2": list(range(6)), "decode@d:2": [0]})
-    router = Router(NODES, index=index, block_size=BLOCK)
+    router = router_over(index)
     computed = router.route(TOKENS, [IMAGE])
     given = router.route(TOKENS, [IMAGE], block_hashes=HASHES)
     assert (given.prefill, given.prefix_tokens_by_node) == (computed.prefill, computed.prefix_tokens_by_node)
@@ -71,22 +81,38 @@ class DownIndex(InProcessIndex):
 
 
 def test_without_an_index_no_prefix_is_reported_and_routing_still_works():
-    assert Router(NODES, index=None).route(TOKENS, [IMAGE]).prefix_tokens_by_node == {}
-    router = Router(NODES, index=DownIndex())
+    assert Router(Membership(None, STATIC)).route(TOKENS, [IMAGE]).prefix_tokens_by_node == {}
+    index = DownIndex()
+    for node_id in ALL_NODES:
+        role, address = node_id.split("@")
+        index.register_node(NodeInfo(node_id, role, address), ttl_s=60)
+    membership = Membership(index)
+    membership.refresh()  # the last-known set, kept through the outage
+    router = Router(membership, index=index)
     route = router.route(TOKENS, [IMAGE])
-    assert route.prefix_tokens_by_node == {} and route.prefill in NODES.prefill and router.num_index_failures == 1
+    assert route.prefix_tokens_by_node == {} and route.prefill in STATIC["prefill"] and router.num_index_failures == 1
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_nodes_whose_heartbeat_lapsed_are_not_candidates(policy):
-    index = index_holding({"encoder@e:1": [], "prefill@p:2": [], "decode@d:1": []})  # e:2, p:1, d:2 silent
-    router = Router(NODES, policy=policy, index=index, block_size=BLOCK)
+    index = index_holding({"encoder@e:1": [], "prefill@p:2": [], "decode@d:1": []}, everyone=False)  # e:2, p:1, d:2 silent
+    router = router_over(index, policy=policy)
     for _ in range(4):
         route = router.route(TOKENS, [IMAGE])
         assert (route.encoder, route.prefill, route.decode) == ("e:1", "p:2", "d:1")
 
 
-def test_every_configured_node_is_eligible_while_the_index_lists_none_of_a_role():
-    index = index_holding({"encoder@e:1": []})  # no prefill or decode node registered yet
-    router = Router(NODES, policy="round_robin", index=index, block_size=BLOCK)
-    assert {router.route(TOKENS, [IMAGE]).prefill for _ in range(4)} == {"p:1", "p:2"}
+def test_a_node_that_joins_is_a_candidate_on_the_next_route():
+    index = index_holding({"encoder@e:1": [], "prefill@p:1": [], "decode@d:1": []}, everyone=False)
+    router = router_over(index, policy="round_robin")
+    assert {router.route(TOKENS, [IMAGE]).encoder for _ in range(4)} == {"e:1"}
+    index.register_node(NodeInfo("encoder@e:9", "encoder", "e:9"), ttl_s=60)
+    assert {router.route(TOKENS, [IMAGE]).encoder for _ in range(4)} == {"e:1", "e:9"}
+
+
+def test_excluded_nodes_are_skipped_and_a_role_with_none_left_raises():
+    router = router_over(index_holding({}), policy="round_robin")
+    for _ in range(4):
+        assert router.route(TOKENS, [IMAGE], exclude=frozenset({"d:1", "p:2"})).decode == "d:2"
+    with pytest.raises(NoLiveNodeError, match="no live encoder node"):
+        router.route(TOKENS, [IMAGE], exclude=frozenset({"e:1", "e:2"}))

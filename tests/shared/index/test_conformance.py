@@ -37,16 +37,51 @@ def index(index_url):
 
 
 def node(name: str, role: str = "prefill") -> NodeInfo:
-    return NodeInfo(name, role, f"127.0.0.1:{abs(hash(name)) % 50000 + 1000}", "tcp://127.0.0.1:1")
+    return NodeInfo(name, role, f"{name}.example:50061", f"tcp://{name}.example:50071")
 
 
 ENTRY = MmEntry(num_tokens=64, grid_thw=(1, 16, 16), num_bytes=64 * 768 * 4)
 
 
-def test_registration_starts_a_new_epoch_each_time(index):
-    assert index.register_node(node("a"), ttl_s=30) == 1
-    assert index.register_node(node("a"), ttl_s=30) == 2
-    assert index.register_node(node("b"), ttl_s=30) == 1
+def test_registration_starts_a_new_greater_epoch_each_time(index):
+    first = index.register_node(node("a"), ttl_s=30)
+    second = index.register_node(node("a"), ttl_s=30)
+    other = index.register_node(node("b"), ttl_s=30)
+    assert first < second and len({first, second, other}) == 3
+
+
+def test_live_nodes_are_the_cluster_with_their_advertised_addresses(index):
+    index.register_node(node("enc", "encoder"), ttl_s=30)
+    index.register_node(node("pre", "preprocess"), ttl_s=30)
+    live = index.live_nodes()
+    assert set(live) == {"enc", "pre"}
+    assert live["enc"].info == node("enc", "encoder") and live["pre"].info.role == "preprocess"
+
+
+def test_a_deregistered_node_and_its_entries_are_gone_at_once(index):
+    epoch = index.register_node(node("draining"), ttl_s=30)
+    index.publish("draining", epoch, blocks(0))
+    index.deregister_node("draining", epoch)
+    assert "draining" not in index.live_nodes()
+    assert index.lookup([], [BlockHash("b0")]).node_to_num_prefix_blocks == {}
+    assert not index.heartbeat("draining", epoch, load=0, kv_usage=0, ttl_s=30)
+
+
+def test_a_stale_incarnation_cannot_deregister_its_successor(index):
+    old = index.register_node(node("r"), ttl_s=30)
+    new = index.register_node(node("r"), ttl_s=30)
+    index.deregister_node("r", old)
+    assert index.live_nodes()["r"].epoch == new
+
+
+def test_lapsed_nodes_are_pruned_and_a_pruned_id_never_reuses_an_epoch(index):
+    first = index.register_node(node("gone"), ttl_s=TTL)
+    index.publish("gone", first, blocks(0))
+    time.sleep(TTL + 0.3)
+    assert "gone" not in index.live_nodes()  # pruned here
+    again = index.register_node(node("gone"), ttl_s=30)
+    assert again > first
+    assert index.lookup([], [BlockHash("b0")]).node_to_num_prefix_blocks == {}  # old entries stay hidden
 
 
 def test_published_entries_are_served_and_evictions_remove_them(index):
@@ -135,7 +170,7 @@ def test_a_restarted_node_does_not_serve_entries_of_its_old_epoch(index):
     old = index.register_node(node("r"), ttl_s=30)
     index.publish("r", old, IndexEvents(kv_stored={BlockHash("k"): "device"}))
     new = index.register_node(node("r"), ttl_s=30)
-    assert new == old + 1
+    assert new > old
     assert index.lookup([], [BlockHash("k")]).node_to_num_prefix_blocks == {}
     assert not index.heartbeat("r", old, load=0, kv_usage=0, ttl_s=30)  # the old incarnation is fenced off
     index.publish("r", new, IndexEvents(kv_stored={BlockHash("k"): "device"}))

@@ -25,6 +25,7 @@ def _wait_for(predicate, timeout_s=10.0) -> bool:
 def test_events_are_published_in_batches_and_evictions_cancel_stores():
     index = create_index("memory://", namespace="pub")
     publisher = IndexPublisher(index, NodeInfo("enc", "encoder", "a:1"), ttl_s=2)
+    publisher.start()
     try:
         publisher.record(IndexEvents(mm_stored={MmHash("x"): ENTRY, MmHash("y"): ENTRY}))
         publisher.record(IndexEvents(mm_evicted=[MmHash("y")], kv_stored={BlockHash("b"): "device"}))
@@ -47,6 +48,7 @@ def test_index_outage_then_restart_catches_up_from_the_node_snapshot():
     with running_server(binary, port=port):
         index = create_index(url, namespace="outage")
         publisher = IndexPublisher(index, NodeInfo("pf", "prefill", "a:1"), ttl_s=1.0)
+        publisher.start()
         publisher.record(IndexEvents(kv_stored={BlockHash("b0"): "device"}))
         assert publisher.flush()
     # The server is gone: recording must neither block nor raise.
@@ -59,5 +61,35 @@ def test_index_outage_then_restart_catches_up_from_the_node_snapshot():
         with running_server(binary, port=port):  # a fresh, empty index on the same address
             assert _wait_for(lambda: index.lookup([], [BlockHash("b1")]).node_to_num_prefix_blocks == {"pf": 1})
             assert index.lookup([], [BlockHash("b0")]).node_to_num_prefix_blocks == {}
+    finally:
+        publisher.stop()
+
+
+def test_nothing_is_registered_before_start_and_deregister_withdraws_everything():
+    index = create_index("memory://", namespace="drain")
+    publisher = IndexPublisher(index, NodeInfo("dec", "decode", "a:1"), ttl_s=2)
+    publisher.record(IndexEvents(kv_stored={BlockHash("b"): "device"}))
+    time.sleep(0.2)
+    assert index.live_nodes() == {}  # not serving yet: not a member
+    publisher.start()
+    assert publisher.flush()
+    assert index.lookup([], [BlockHash("b")]).node_to_num_prefix_blocks == {"dec": 1}
+    publisher.deregister()
+    assert index.live_nodes() == {}
+    assert index.lookup([], [BlockHash("b")]).node_to_num_prefix_blocks == {}
+
+
+def test_a_node_whose_compute_loop_hangs_stops_heartbeating_and_lapses():
+    index = create_index("memory://", namespace="hung")
+    alive = [True]
+    publisher = IndexPublisher(index, NodeInfo("enc", "encoder", "a:1"), ttl_s=0.6, alive_fn=lambda: alive[0])
+    publisher.start()
+    try:
+        assert publisher.flush()
+        time.sleep(1.0)
+        assert "enc" in index.live_nodes()  # heartbeats kept it past its TTL
+        alive[0] = False
+        assert _wait_for(lambda: "enc" not in index.live_nodes(), timeout_s=3)
+        assert publisher.num_heartbeats_withheld > 0
     finally:
         publisher.stop()

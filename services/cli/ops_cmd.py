@@ -1,0 +1,52 @@
+"""``tessera health ADDRESS`` and ``tessera drain --pid PID``: the probes and hooks containers use
+(compose healthchecks, Kubernetes preStop)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    health = subparsers.add_parser("health", help="exit 0 if the gRPC server at ADDRESS answers SERVING")
+    health.add_argument("address", help="host:port of a role's gRPC server")
+    health.add_argument("--timeout-s", type=float, default=3.0)
+    health.set_defaults(func=run_health)
+    drain = subparsers.add_parser("drain", help="SIGTERM a server (it deregisters and finishes its work) and wait for it to exit")
+    drain.add_argument("--pid", type=int, default=1, help="the server's process id (1 in a container)")
+    drain.add_argument("--timeout-s", type=float, default=30.0)
+    drain.set_defaults(func=run_drain)
+
+
+def run_health(args: argparse.Namespace) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(args.address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=args.timeout_s)
+        except grpc.RpcError as exc:
+            print(f"{args.address}: {exc.code().name}", file=sys.stderr)
+            return 1
+    serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+    print(f"{args.address}: {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}")
+    return 0 if serving else 1
+
+
+def run_drain(args: argparse.Namespace) -> int:
+    try:
+        os.kill(args.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return 0
+    deadline = time.monotonic() + args.timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(args.pid, 0)
+        except ProcessLookupError:
+            return 0
+        time.sleep(0.2)
+    print(f"process {args.pid} still running after {args.timeout_s}s", file=sys.stderr)
+    return 1

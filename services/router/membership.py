@@ -1,0 +1,121 @@
+"""Which nodes of each role the gateway may use.
+
+With an index, the live node records *are* the cluster: every lookup returns them (``update``),
+and a background refresh (``refresh_s``) also keeps them current when requests are rare and
+prunes lapsed records. Through an index outage the last-known set is kept. Without an index, a
+static address list per role stands in.
+
+A node that failed a call is quarantined for ``quarantine_s`` (about the heartbeat TTL, after
+which its record lapses anyway if it is dead), so other requests stop choosing it at once, not
+when its TTL runs out; a node that registers again (a new epoch, a restart) is out of quarantine
+at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from shared.index.backend import CacheIndex
+from shared.index.types import IndexUnavailableError, NodeInfo, NodeState
+
+log = logging.getLogger("tessera.membership")
+ROUTED_ROLES = ("preprocess", "encoder", "prefill", "decode")
+
+
+class Membership:
+    def __init__(
+        self,
+        index: CacheIndex | None,
+        static: Mapping[str, tuple[str, ...]] | None = None,
+        *,
+        refresh_s: float = 1.0,
+        quarantine_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if index is None and not static:
+            raise ValueError("membership needs an index or static address lists")
+        self.index = index
+        self.refresh_s = refresh_s
+        self.quarantine_s = quarantine_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._nodes: dict[str, NodeState] = {}
+        if static:
+            for role, addresses in static.items():
+                for address in addresses:
+                    node_id = f"{role}@{address}"
+                    self._nodes[node_id] = NodeState(NodeInfo(node_id, role, address), 0, 0.0, 0.0)
+        self._address_to_quarantine: dict[str, tuple[float, int]] = {}  # until, epoch at failure
+        self.num_refresh_failures = 0
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- reading ------------------------------------------------------------------------------
+    def nodes(self, role: str, *, exclude: frozenset[str] = frozenset()) -> list[NodeState]:
+        """Live nodes of ``role`` not in ``exclude`` (gRPC addresses); quarantined ones only when
+        nothing else is left."""
+        now = self._clock()
+        with self._lock:
+            candidates = [s for s in self._nodes.values() if s.info.role == role and s.info.grpc_address not in exclude]
+            healthy = [s for s in candidates if not self._quarantined(s, now)]
+        return sorted(healthy or candidates, key=lambda s: s.info.grpc_address)
+
+    def find(self, address: str) -> NodeState | None:
+        with self._lock:
+            return next((s for s in self._nodes.values() if s.info.grpc_address == address), None)
+
+    def snapshot(self) -> dict[str, NodeState]:
+        with self._lock:
+            return dict(self._nodes)
+
+    # -- updating -----------------------------------------------------------------------------
+    def update(self, live: Mapping[str, NodeState]) -> None:
+        """The index's current live nodes (from a lookup or a refresh)."""
+        with self._lock:
+            self._nodes = dict(live)
+
+    def report_failure(self, address: str) -> None:
+        state = self.find(address)
+        with self._lock:
+            self._address_to_quarantine[address] = (self._clock() + self.quarantine_s, state.epoch if state else 0)
+
+    def refresh(self) -> bool:
+        if self.index is None:
+            return True
+        try:
+            live = self.index.live_nodes()
+        except IndexUnavailableError as exc:
+            self.num_refresh_failures += 1
+            log.warning("index unreachable (%s); keeping the last-known %d nodes", exc, len(self._nodes))
+            return False
+        self.update(live)
+        return True
+
+    def start(self) -> None:
+        if self.index is None:
+            return
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="membership", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.refresh_s):
+            self.refresh()
+
+    def _quarantined(self, state: NodeState, now: float) -> bool:
+        entry = self._address_to_quarantine.get(state.info.grpc_address)
+        if entry is None:
+            return False
+        until, epoch = entry
+        if now >= until or state.epoch > epoch:  # served its time, or restarted since it failed
+            self._address_to_quarantine.pop(state.info.grpc_address, None)
+            return False
+        return True

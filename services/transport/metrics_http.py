@@ -1,0 +1,39 @@
+"""Each role's own Prometheus endpoint (``--metrics-port``), so a role running alone in a
+container or pod can be scraped, and an autoscaler can read its queue.
+
+``tessera_node_queue_depth`` is the work queued or running on the node (requests for prefill and
+decode, encode calls for encoders, preprocess calls): what its latency grows with, and the metric
+the HorizontalPodAutoscalers in deploy/kubernetes scale on. The node's Stats counters follow as
+``tessera_<name>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class NodeCollector(Collector):
+    def __init__(self, role: str, queue_depth: Callable[[], float], counters: Callable[[], dict[str, float]]) -> None:
+        self.role = role
+        self.queue_depth = queue_depth
+        self.counters = counters
+
+    def collect(self):
+        depth = GaugeMetricFamily("tessera_node_queue_depth", "work queued or running on this node", labels=["role"])
+        depth.add_metric([self.role], self.queue_depth())
+        yield depth
+        for name, value in sorted(self.counters().items()):
+            # Counters keep their _total names as gauges: they are snapshots of the node's Stats.
+            family = GaugeMetricFamily(f"tessera_{name}", f"{self.role} node statistic {name}", labels=["role"])
+            family.add_metric([self.role], value)
+            yield family
+
+
+def start_metrics_server(host: str, port: int, collector: NodeCollector) -> None:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    start_http_server(port, addr=host, registry=registry)

