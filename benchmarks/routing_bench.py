@@ -11,7 +11,7 @@ Client side: TTFT (first streamed content chunk) p50/p99, latency p50, throughpu
 deltas of the gateway's /metrics over the run (counters summed over roles): encoder runs per
 distinct image, prefill tokens computed per prompt token, prefix-cached tokens, KV blocks pulled
 from peers. round_robin is the classic baseline without the index (--baseline-index off, the
-default: `--no-valkey`). Also the router decision time for a 4096-token prompt against an embedded
+default: `--cache-lookups false`, the index then serves membership only). Also the router decision time for a 4096-token prompt against an embedded
 Valkey (benchmarks/router_bench.py). With --endpoint only the client-side numbers are reported.
 Prints a table and writes JSON (default benchmarks/results/routing.json).
 """
@@ -182,7 +182,7 @@ def start_stack(model: str, policy: str, use_index: bool, log_path: Path, timeou
     """``tessera serve`` 2/2/2 with ``policy``; (launcher process, /v1 URL) once /health is 200."""
     port = free_port()
     command = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--port", str(port), "--generate-port", str(free_port()),
-               "--encoders", "2", "--prefill", "2", "--decode", "2", "--routing-policy", policy, *([] if use_index else ["--no-valkey"])]
+               "--encoders", "2", "--prefill", "2", "--decode", "2", "--routing-policy", policy, *([] if use_index else ["--cache-lookups", "false"])]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     try:
@@ -303,7 +303,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--endpoint", default=None, help="benchmark this OpenAI-compatible endpoint instead of starting tessera")
     parser.add_argument("--served-model", default=None, help="model name to send with --endpoint (default: --model)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated routing policies, each on a fresh stack")
-    parser.add_argument("--baseline-index", choices=("on", "off"), default="off", help="run round_robin with the Valkey index (default off: --no-valkey)")
+    parser.add_argument("--baseline-index", choices=("on", "off"), default="off", help="run round_robin with the Valkey index (default off: --cache-lookups false)")
     parser.add_argument("--images", type=int, default=12, help="distinct images")
     parser.add_argument("--questions", type=int, default=4, help="questions per image")
     parser.add_argument("--concurrency", type=int, default=4, help="concurrent client threads")

@@ -11,7 +11,7 @@ from services.preprocess.config import PreprocessConfig
 from services.stack.roles import ROLES, RoleConfig
 from shared.settings import dataclass_from_sources
 
-_STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-restart", "--state-file", "--model", "--role", "--encoders", "--prefill", "--decode", "--routing-policy", "--index-url"}
+_STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-restart", "--state-file", "--model", "--role", "--preprocess", "--encoders", "--prefill", "--decode", "--routing-policy", "--index-url"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument("--generate-port", type=int, default=50051, help="port of the public gRPC Generate service")
     stack.add_argument("--no-restart", action="store_true", help="do not restart a role that dies")
     stack.add_argument("--state-file", type=Path, default=None, help="write role pids and addresses here (JSON)")
+    stack.add_argument("--preprocess", type=int, default=1, help="number of preprocess nodes")
     stack.add_argument("--encoders", type=int, default=1, help="number of encoder nodes")
     stack.add_argument("--prefill", type=int, default=1, help="number of prefill nodes")
     stack.add_argument("--decode", type=int, default=1, help="number of decode nodes")
@@ -64,6 +65,7 @@ def _run_stack(args: argparse.Namespace) -> int:
             restart_roles=not args.no_restart,
             state_file=args.state_file,
             passthrough=passthrough,
+            num_preprocess=args.preprocess,
             num_encoders=args.encoders,
             num_prefill=args.prefill,
             num_decode=args.decode,

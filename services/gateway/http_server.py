@@ -60,7 +60,9 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": self.app.served_model, "object": "model", "created": self.app.started, "owned_by": "tessera"}]})
         elif self.path == "/metrics":
-            counters = {f"{role}@{address}": dict(s.counters) for role, address, s in self.app.pipeline.stats()}
+            pipeline = self.app.pipeline
+            counters = {f"{role}@{address}": dict(s.counters) for role, address, s in pipeline.stats()}
+            counters["gateway@self"] = {"gateway_node_failures_total": float(pipeline.num_retries), "gateway_migrations_total": float(pipeline.num_migrations)}
             self._send(200, self.app.metrics.render(counters).encode(), "text/plain; version=0.0.4")
         else:
             self._error(GatewayError(404, f"no route for GET {self.path}"))

@@ -142,13 +142,15 @@ class Pipeline:
                 route, lacking = self._route(prep, cache_salt, attempts.excluded)
                 if lacking:
                     self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False)
-                prefill = self._prefill(f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted)
+                with self.membership.in_flight(route.encoder, route.prefill, route.decode):
+                    prefill = self._prefill(f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted)
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
-                for event in self._decode(f"{request_id}-{attempt}", prep, sampling, cache_salt, route, prefill, emitted, stream, cached_tokens):
-                    emitted.extend(event.token_ids)
-                    yield event
-                    if event.finished:
-                        return
+                with self.membership.in_flight(route.decode):
+                    for event in self._decode(f"{request_id}-{attempt}", prep, sampling, cache_salt, route, prefill, emitted, stream, cached_tokens):
+                        emitted.extend(event.token_ids)
+                        yield event
+                        if event.finished:
+                            return
                 raise NodeFailure("decode", route.decode, "the stream ended early")
             except NodeFailure as failure:
                 attempts.record(failure)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError, NodeInfo, NodeState
@@ -49,6 +50,7 @@ class Membership:
                     node_id = f"{role}@{address}"
                     self._nodes[node_id] = NodeState(NodeInfo(node_id, role, address), 0, 0.0, 0.0)
         self._address_to_quarantine: dict[str, tuple[float, int]] = {}  # until, epoch at failure
+        self._address_to_num_in_flight: dict[str, int] = {}  # this gateway's own calls
         self.num_refresh_failures = 0
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
@@ -76,6 +78,22 @@ class Membership:
         """The index's current live nodes (from a lookup or a refresh)."""
         with self._lock:
             self._nodes = dict(live)
+
+    def num_in_flight(self, address: str) -> int:
+        return self._address_to_num_in_flight.get(address, 0)
+
+    @contextmanager
+    def in_flight(self, *addresses: str) -> Iterator[None]:
+        """Count this gateway's work on ``addresses`` while the block runs (a load signal)."""
+        with self._lock:
+            for address in addresses:
+                self._address_to_num_in_flight[address] = self._address_to_num_in_flight.get(address, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                for address in addresses:
+                    self._address_to_num_in_flight[address] -= 1
 
     def report_failure(self, address: str) -> None:
         state = self.find(address)

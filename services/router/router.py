@@ -117,7 +117,7 @@ class Router:
         nodes = self.membership.nodes(role, exclude=exclude)
         if not nodes:
             raise NoLiveNodeError(role)
-        return [Candidate(s.info.grpc_address, s.load, s.kv_usage) for s in nodes]
+        return [Candidate(s.info.grpc_address, max(s.load, self.membership.num_in_flight(s.info.grpc_address)), s.kv_usage) for s in nodes]
 
     @staticmethod
     def _address(node_id: str, lookup: LookupResult | None) -> str:

@@ -14,7 +14,12 @@ For each candidate node n of a role:
                     cached tokens to win, so hot caches cannot pile load onto one node
   KV_WEIGHT         penalty for a nearly full KV pool (its new blocks would evict cached ones)
 
-Policies: cache_aware takes the highest score; least_loaded the lowest load; round_robin cycles.
+  load(n) is the larger of n's heartbeat load (every gateway's requests, up to ttl/3 old) and the
+  requests this gateway has in flight on n (exact, current): between heartbeats a burst would
+  otherwise see equal stale loads and pile onto one node.
+
+Policies: cache_aware takes the highest score; least_loaded the lowest load, cycling through
+equally loaded nodes with ``turn``; round_robin cycles.
 Ties are broken by rendezvous hashing on ``tie_key`` (for example the request's first image), so
 new items spread evenly over equal nodes and the same item always lands on the same node.
 """
@@ -50,7 +55,9 @@ def choose(policy: str, candidates: Sequence[Candidate], node_to_cached_tokens: 
     if policy == "round_robin":
         return ordered[turn % len(ordered)].node_id
     if policy == "least_loaded":
-        return min(ordered, key=lambda c: (c.load, c.kv_usage)).node_id
+        lowest = min((c.load, c.kv_usage) for c in ordered)
+        tied = [c for c in ordered if (c.load, c.kv_usage) == lowest]
+        return tied[turn % len(tied)].node_id
     if policy == "cache_aware":
         best = max(score(c, node_to_cached_tokens.get(c.node_id, 0)) for c in ordered)
         tied = [c for c in ordered if score(c, node_to_cached_tokens.get(c.node_id, 0)) == best]

@@ -97,6 +97,7 @@ class StackConfig:
     restart_roles: bool = True
     state_file: Path | None = None
     startup_timeout_s: float = 300.0
+    num_preprocess: int = 1
     num_encoders: int = 1
     num_prefill: int = 1
     num_decode: int = 1
@@ -124,7 +125,7 @@ class Stack:
         else:
             self._start_valkey()
         host, model = self.config.host, self.config.model
-        counts = {"preprocess": 1, "encoder": self.config.num_encoders, "decode": self.config.num_decode, "prefill": self.config.num_prefill}
+        counts = {"preprocess": self.config.num_preprocess, "encoder": self.config.num_encoders, "decode": self.config.num_decode, "prefill": self.config.num_prefill}
         if min(counts.values()) < 1:
             raise ValueError("every role needs at least one node")
         base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--index-url", self.valkey_url]

@@ -116,3 +116,9 @@ def test_excluded_nodes_are_skipped_and_a_role_with_none_left_raises():
         assert router.route(TOKENS, [IMAGE], exclude=frozenset({"d:1", "p:2"})).decode == "d:2"
     with pytest.raises(NoLiveNodeError, match="no live encoder node"):
         router.route(TOKENS, [IMAGE], exclude=frozenset({"e:1", "e:2"}))
+
+
+def test_this_gateways_requests_in_flight_count_as_load_before_any_heartbeat_shows_them():
+    router = router_over(index_holding({}), policy="least_loaded")
+    with router.membership.in_flight("d:1"), router.membership.in_flight("d:1"), router.membership.in_flight("d:2"):
+        assert {router.route(TOKENS, [IMAGE]).decode for _ in range(3)} == {"d:2"}

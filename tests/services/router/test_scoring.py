@@ -55,3 +55,8 @@ def test_ties_spread_by_rendezvous_hashing_and_are_stable():
     picks = [choose("cache_aware", candidates, {}, tie_key=f"img{i}") for i in range(40)]
     assert set(picks) == {"a", "b"}
     assert picks == [choose("cache_aware", candidates, {}, tie_key=f"img{i}") for i in range(40)]
+
+
+def test_least_loaded_cycles_through_equally_loaded_nodes():
+    candidates = [Candidate("a", 0.0, 0.0), Candidate("b", 0.0, 0.0), Candidate("c", 2.0, 0.0)]
+    assert [choose("least_loaded", candidates, {}, turn=t) for t in range(4)] == ["a", "b", "a", "b"]

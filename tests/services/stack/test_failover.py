@@ -1,0 +1,182 @@
+"""Nodes dying, joining and draining under streamed load, on a real 2/2/2/2 stack (two nodes of
+every role) driven by the official openai client and checked against the reference oracle.
+
+* One node of each role is SIGKILLed once streams are flowing, and more requests follow at once:
+  no request fails, greedy output equals the oracle, requests sent to the dead node are retried
+  elsewhere, and the streams cut on a dead decode node are migrated.
+* An encoder started by hand later, with nothing but the index URL, gets work; SIGTERM drains it
+  while requests run, and none of them fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from services.stack.launcher import free_port, wait_serving
+from tests.factories import chat_case, encode_image, make_image
+from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
+
+MAX_TOKENS = 96
+NUM_EARLY = 4  # streaming when the node dies
+NUM_REQUESTS = 12  # the rest are sent right after
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, tiny_model, repo_root):
+    running = launch_stack(
+        tmp_path_factory.mktemp("failover"), repo_root, "--preprocess", "2", "--encoders", "2", "--prefill", "2", "--decode", "2", "--no-restart"
+    )
+    yield running
+    stop_stack(running)
+
+
+def _cases(seed: int) -> list:
+    return [chat_case(encode_image(make_image(56 + 14 * (i % 3), 56, seed=seed + i)), f"Question {i}: what is here?") for i in range(NUM_REQUESTS)]
+
+
+def _oracle_text(oracle, case) -> str:
+    tokens = oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), MAX_TOKENS).token_ids
+    return oracle.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def _gateway_counter(stack: RunningStack, name: str) -> float:
+    return stack.metrics().get(f"tessera_{name}", 0.0)
+
+
+def _wait_for_all_nodes(stack: RunningStack, num_nodes: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    base = stack.base_url.removesuffix("/v1")
+    while time.monotonic() < deadline:
+        reply = httpx.get(base + "/health", timeout=10)
+        if reply.status_code == 200 and len(reply.json()["nodes"]) == num_nodes:
+            return
+        time.sleep(0.3)
+    pytest.fail(f"the stack did not get back to {num_nodes} live nodes: {httpx.get(base + '/health').text}")
+
+
+class Streams:
+    """Concurrent streaming requests; ``wait_flowing(n)`` returns once n of them got a token."""
+
+    def __init__(self, stack: RunningStack, cases) -> None:
+        self.client = OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+        self.cases = cases
+        self.texts: list[str | None] = [None] * len(cases)
+        self.errors: list[BaseException] = []
+        self._flowing = threading.Semaphore(0)
+        self._threads = [threading.Thread(target=self._one, args=(i,)) for i in range(len(cases))]
+        for thread in self._threads:
+            thread.start()
+
+    def _one(self, i: int) -> None:
+        try:
+            chunks = self.client.chat.completions.create(model="tiny", messages=self.cases[i].body["messages"], stream=True, **GREEDY)
+            text, first = "", True
+            for chunk in chunks:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    if first:
+                        self._flowing.release()
+                        first = False
+                    text += chunk.choices[0].delta.content
+            self.texts[i] = text
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(exc)
+            self._flowing.release()
+
+    def wait_flowing(self, num_streams: int) -> None:
+        for _ in range(num_streams):
+            assert self._flowing.acquire(timeout=120), "no stream started"
+
+    def join(self) -> tuple[list[str | None], list[BaseException]]:
+        for thread in self._threads:
+            thread.join(timeout=300)
+        return self.texts, self.errors
+
+
+def _num_live_nodes(stack: RunningStack) -> int:
+    count = 0
+    for name, role in stack.state()["roles"].items():
+        if name != "gateway":
+            try:
+                os.kill(role["pid"], 0)
+                count += 1
+            except ProcessLookupError:
+                pass
+    return count
+
+
+@pytest.mark.parametrize("role", ["decode", "prefill", "encoder", "preprocess"])
+def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle(cluster, oracle, role):
+    """The stack runs with --no-restart, so the dead node stays dead: requests routed after the
+    kill still find it listed in the index (until its TTL lapses) and must fail over."""
+    _wait_for_all_nodes(cluster, _num_live_nodes(cluster))
+    cases = _cases(seed={"decode": 10, "prefill": 30, "encoder": 50, "preprocess": 70}[role])
+    expected = [_oracle_text(oracle, case) for case in cases]
+    before = {name: _gateway_counter(cluster, name) for name in ("gateway_migrations_total", "gateway_node_failures_total")}
+    victim = cluster.state()["roles"][role]
+    early = Streams(cluster, cases[:NUM_EARLY])
+    early.wait_flowing(NUM_EARLY)  # every early stream is decoding, on both decode nodes
+    os.kill(victim["pid"], signal.SIGKILL)
+    late = Streams(cluster, cases[NUM_EARLY:])  # these still need every role
+    (early_texts, early_errors), (late_texts, late_errors) = early.join(), late.join()
+    assert not early_errors and not late_errors, (early_errors + late_errors, cluster.log_tail())
+    assert early_texts + late_texts == expected
+    num_failures = _gateway_counter(cluster, "gateway_node_failures_total") - before["gateway_node_failures_total"]
+    num_migrations = _gateway_counter(cluster, "gateway_migrations_total") - before["gateway_migrations_total"]
+    print(f"killed {role}: {num_failures:.0f} node failures retried, {num_migrations:.0f} streams migrated")
+    assert num_failures > 0  # the dead node was chosen and the request went elsewhere
+    if role == "decode":
+        assert num_migrations > 0
+
+
+def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_request(cluster, oracle, repo_root, tmp_path):
+    num_nodes = _num_live_nodes(cluster)
+    _wait_for_all_nodes(cluster, num_nodes)
+    index_url = cluster.state()["valkey"]["url"]
+    grpc_address = f"127.0.0.1:{free_port()}"
+    log = open(tmp_path / "encoder-extra.log", "w")
+    extra = subprocess.Popen(
+        [sys.executable, "-m", "services.cli.main", "serve", "--role", "encoder", "--model", "tiny", "--index-url", index_url,
+         "--grpc-address", grpc_address, "--data-address", f"tcp://127.0.0.1:{free_port()}"],
+        cwd=repo_root, stdout=log, stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_serving(grpc_address, 120, extra)
+        _wait_for_all_nodes(cluster, num_nodes + 1)
+        cases = _cases(seed=90)
+        expected = [_oracle_text(oracle, case) for case in cases]
+        texts, errors = Streams(cluster, cases[:NUM_EARLY]).join()
+        assert not errors and texts == expected[:NUM_EARLY]
+        assert _encoded_by(grpc_address) > 0, "the new encoder got no work"
+        # Scale in: SIGTERM drains it while requests for new images are in flight.
+        streams = Streams(cluster, cases[NUM_EARLY:])
+        streams.wait_flowing(1)
+        extra.send_signal(signal.SIGTERM)
+        texts, errors = streams.join()
+        assert not errors, (errors, cluster.log_tail())
+        assert texts == expected[NUM_EARLY:]
+        assert extra.wait(timeout=60) == 0
+        _wait_for_all_nodes(cluster, num_nodes)  # it deregistered
+    finally:
+        if extra.poll() is None:
+            extra.kill()
+        log.close()
+
+
+def _encoded_by(grpc_address: str) -> float:
+    import grpc
+
+    from protos.gen import pb, rpc
+
+    with grpc.insecure_channel(grpc_address) as channel:
+        stats = rpc.EncodeStub(channel).Stats(pb.StatsRequest(), timeout=10)
+    return stats.counters["encoder_items_encoded_total"]
