@@ -2,7 +2,9 @@
 
 With an index, the live node records *are* the cluster: every lookup returns them (``update``),
 and a background refresh (``refresh_s``) also keeps them current when requests are rare and
-prunes lapsed records. Through an index outage the last-known set is kept. Without an index, a
+prunes lapsed records. Through an index outage the last-known set is kept; so is a role's
+last-known set for ``keep_s`` when an index that answers lists none of its nodes (a restarted,
+empty index, before the nodes have registered again). Without an index, a
 static address list per role stands in.
 
 A node that failed a call is quarantined for ``quarantine_s`` (about the heartbeat TTL, after
@@ -34,6 +36,7 @@ class Membership:
         *,
         refresh_s: float = 1.0,
         quarantine_s: float = 5.0,
+        keep_s: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if index is None and not static:
@@ -41,6 +44,8 @@ class Membership:
         self.index = index
         self.refresh_s = refresh_s
         self.quarantine_s = quarantine_s
+        self.keep_s = keep_s
+        self._role_to_last_seen: dict[str, float] = {}
         self._clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeState] = {}
@@ -76,8 +81,17 @@ class Membership:
     # -- updating -----------------------------------------------------------------------------
     def update(self, live: Mapping[str, NodeState]) -> None:
         """The index's current live nodes (from a lookup or a refresh)."""
+        now = self._clock()
+        listed_roles = {s.info.role for s in live.values()}
         with self._lock:
-            self._nodes = dict(live)
+            kept = {
+                node_id: state
+                for node_id, state in self._nodes.items()
+                if state.info.role not in listed_roles and now - self._role_to_last_seen.get(state.info.role, now) < self.keep_s
+            }
+            for role in listed_roles:
+                self._role_to_last_seen[role] = now
+            self._nodes = {**kept, **live}
 
     def num_in_flight(self, address: str) -> int:
         return self._address_to_num_in_flight.get(address, 0)

@@ -68,3 +68,18 @@ def test_quarantined_nodes_are_used_when_nothing_else_is_left():
 def test_static_lists_stand_in_without_an_index():
     membership = Membership(None, {"preprocess": ("a:1",), "encoder": ("e:1", "e:2")})
     assert addresses(membership, "encoder") == ["e:1", "e:2"] and addresses(membership, "preprocess") == ["a:1"]
+
+
+def test_a_role_an_empty_index_no_longer_lists_is_kept_for_a_while():
+    """A restarted, empty index lists nobody until the nodes register again: routing goes on."""
+    clock = FakeClock()
+    index = InProcessIndex(clock=clock)
+    register(index, "encoder", "e:1")
+    register(index, "decode", "d:1")
+    membership = Membership(index, keep_s=15, clock=clock)
+    membership.refresh()
+    membership.update({})  # the index came back empty
+    assert addresses(membership, "encoder") == ["e:1"] and addresses(membership, "decode") == ["d:1"]
+    clock.now += 16
+    membership.update({})
+    assert membership.nodes("encoder") == []

@@ -1,0 +1,166 @@
+"""The gateway pipeline's retry, failover and migration logic, over in-process fake stubs (the
+real thing runs on the stack in tests/services/stack/test_failover.py)."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from protos.gen import pb
+from services.engine.sampling import SamplingParams
+from services.gateway.errors import GatewayError
+from services.gateway.pipeline import Pipeline
+from services.router.membership import Membership
+from services.router.router import Router
+from services.transport.grpc_server import FAILED_NODE_KEY, HTTP_STATUS_KEY
+
+PROMPT = [11, 12, 13]
+NODES = {"preprocess": ("pre:1", "pre:2"), "encoder": ("e:1", "e:2"), "prefill": ("p:1", "p:2"), "decode": ("d:1", "d:2")}
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code: grpc.StatusCode, details: str = "", trailing: tuple = ()) -> None:
+        self._code, self._details, self._trailing = code, details, trailing
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def trailing_metadata(self):
+        return self._trailing
+
+
+UNAVAILABLE = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")
+
+
+class Stream:
+    """A decode stream: yields chunks, then optionally dies."""
+
+    def __init__(self, chunks: list[pb.DecodeChunk], error: grpc.RpcError | None = None) -> None:
+        self.chunks, self.error, self.cancelled = chunks, error, False
+
+    def __iter__(self):
+        yield from self.chunks
+        if self.error is not None:
+            raise self.error
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeNode:
+    """Every role's methods; ``failures`` lists errors to raise, one per call, before succeeding."""
+
+    def __init__(self, address: str, calls: list) -> None:
+        self.address, self.calls = address, calls
+        self.failures: list[grpc.RpcError] = []
+        self.streams: list[Stream] = []
+
+    def _record(self, method: str, request):
+        self.calls.append((method, self.address, request))
+        if self.failures:
+            raise self.failures.pop(0)
+
+    def Preprocess(self, request, timeout=None, metadata=None):
+        self._record("Preprocess", request)
+        return pb.PreprocessResponse(prompt_token_ids=PROMPT)
+
+    def Stats(self, request, timeout=None, metadata=None):
+        return pb.StatsResponse(data_address=f"tcp://{self.address}")
+
+    def Prefill(self, request, timeout=None, metadata=None):
+        self._record("Prefill", request)
+        return pb.PrefillResponse(first_token_id=100 + len(request.prior_output_token_ids))
+
+    def Decode(self, request, timeout=None, metadata=None):
+        self._record("Decode", request)
+        if self.streams:
+            return self.streams.pop(0)
+        first = request.first_token_id
+        tokens = [first, first + 1]
+        return Stream([pb.DecodeChunk(token_ids=[t], text=f"{len(request.prior_output_token_ids) + i}", finished=i == 1) for i, t in enumerate(tokens)])
+
+
+class FakePipeline(Pipeline):
+    def __init__(self, **kwargs) -> None:
+        membership = Membership(None, NODES)
+        super().__init__(Router(membership, policy="round_robin"), **kwargs)
+        self.calls: list = []
+        self.nodes = {a: FakeNode(a, self.calls) for addresses in NODES.values() for a in addresses}
+
+    def stub(self, role: str, address: str):
+        return self.nodes[address]
+
+    def generate(self) -> list:
+        return list(self.run({"prompt": "x"}, SamplingParams(max_tokens=8, temperature=0.0)))
+
+    def called(self, method: str) -> list:
+        return [(address, request) for m, address, request in self.calls if m == method]
+
+
+def test_a_failed_prefill_node_is_retried_on_the_other_and_quarantined():
+    pipeline = FakePipeline()
+    pipeline.nodes["p:1"].failures = [UNAVAILABLE]
+    events = pipeline.generate()
+    assert [e.token_ids for e in events] == [[100], [101]]
+    assert [a for a, _ in pipeline.called("Prefill")] == ["p:1", "p:2"]
+    assert pipeline.membership.nodes("prefill")[0].info.grpc_address == "p:2"  # p:1 sits out
+    assert pipeline.num_retries == 1 and pipeline.num_migrations == 0
+
+
+def test_the_encoder_a_prefill_node_names_as_failed_is_avoided_on_the_retry():
+    pipeline = FakePipeline()
+    failed = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "encoder down", ((FAILED_NODE_KEY, "encoder=e:1"),))
+    pipeline.nodes["p:1"].failures = [failed]
+    pipeline.generate()
+    encoders = [r.encoder_address for _, r in pipeline.called("Prefill")]
+    assert encoders == ["e:1", "e:2"]
+
+
+def test_a_request_error_is_returned_at_once_and_never_retried():
+    pipeline = FakePipeline()
+    pipeline.nodes["p:1"].failures = [FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "too long", ((HTTP_STATUS_KEY, "400"),))]
+    with pytest.raises(GatewayError) as caught:
+        pipeline.generate()
+    assert caught.value.status == 400 and len(pipeline.called("Prefill")) == 1
+
+
+def test_a_failed_preprocess_node_is_replaced():
+    pipeline = FakePipeline()
+    pipeline.nodes["pre:1"].failures = [UNAVAILABLE]
+    pipeline.generate()
+    assert [a for a, _ in pipeline.called("Preprocess")] == ["pre:1", "pre:2"]
+
+
+def test_a_stream_cut_by_a_dead_decode_node_migrates_without_repeating_a_token():
+    pipeline = FakePipeline()
+    cut = Stream([pb.DecodeChunk(token_ids=[100], text="a"), pb.DecodeChunk(token_ids=[7], text="ab")], UNAVAILABLE)
+    pipeline.nodes["d:1"].streams = [cut]
+    events = pipeline.generate()
+    assert [e.token_ids for e in events] == [[100], [7], [102], [103]]
+    (_, first), (_, second) = pipeline.called("Prefill")
+    assert list(first.prior_output_token_ids) == [] and list(second.prior_output_token_ids) == [100, 7]
+    (d1, _), (d2, resumed) = pipeline.called("Decode")
+    assert (d1, d2) == ("d:1", "d:2") and list(resumed.prior_output_token_ids) == [100, 7]
+    assert resumed.first_token_id == 102  # the token after the ones already sent
+    assert cut.cancelled and pipeline.num_migrations == 1
+
+
+def test_when_no_node_of_a_role_is_left_the_request_gets_a_clear_503():
+    pipeline = FakePipeline()
+    pipeline.nodes["d:1"].failures = [UNAVAILABLE]
+    pipeline.nodes["d:2"].failures = [UNAVAILABLE]
+    with pytest.raises(GatewayError) as caught:
+        pipeline.generate()
+    assert caught.value.status == 503 and "no live decode node" in caught.value.message
+
+
+def test_retries_are_bounded():
+    pipeline = FakePipeline(max_failures=1)
+    pipeline.nodes["p:1"].failures = [UNAVAILABLE]
+    pipeline.nodes["p:2"].failures = [UNAVAILABLE]
+    with pytest.raises(GatewayError) as caught:
+        pipeline.generate()
+    assert caught.value.status == 503 and "gave up after 2 node failures" in caught.value.message
