@@ -31,6 +31,7 @@ import grpc
 
 from protos.gen import pb, rpc
 from services.engine.sampling import SamplingParams
+from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
 from services.router.router import NoLiveNodeError, Route, Router
 from services.transport.convert import sampling_to_pb
@@ -86,6 +87,7 @@ class Pipeline:
         self._stubs: dict[tuple[str, str], object] = {}
         self._data_addresses: dict[str, str] = {}
         self._turns = itertools.count()
+        self.watchdog = CallWatchdog(self.membership)
         self.num_retries = 0
         self.num_migrations = 0
 
@@ -217,7 +219,9 @@ class Pipeline:
         stub = self.stub("prefill", route.prefill)
         for attempt in range(2):
             try:
-                return stub.Prefill(request, timeout=self.timeout_s, metadata=outgoing_metadata())
+                call = stub.Prefill.future(request, timeout=self.timeout_s, metadata=outgoing_metadata())
+                with self.watchdog.watching(call, route.prefill):
+                    return call.result()
             except grpc.RpcError as exc:
                 missing = _trailing(exc, MISSING_PIXELS_KEY)
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
@@ -242,8 +246,9 @@ class Pipeline:
         chunks = self._call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, self.timeout_s)
         prompt_tokens = len(prep.prompt_token_ids)
         try:
-            for chunk in chunks:
-                yield TokenEvent(list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, cached_tokens)
+            with self.watchdog.watching(chunks, route.decode):
+                for chunk in chunks:
+                    yield TokenEvent(list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, cached_tokens)
         except grpc.RpcError as exc:
             raise _classify("decode", route.decode, exc) from None
         finally:

@@ -35,6 +35,20 @@ class FakeRpcError(grpc.RpcError):
 UNAVAILABLE = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")
 
 
+class Pending:
+    """A unary call's future: the call runs when its result is asked for."""
+
+    def __init__(self, run) -> None:
+        self.run, self.cancelled = run, False
+
+    def result(self):
+        return self.run()
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
 class Stream:
     """A decode stream: yields chunks, then optionally dies."""
 
@@ -70,9 +84,14 @@ class FakeNode:
     def Stats(self, request, timeout=None, metadata=None):
         return pb.StatsResponse(data_address=f"tcp://{self.address}")
 
-    def Prefill(self, request, timeout=None, metadata=None):
-        self._record("Prefill", request)
-        return pb.PrefillResponse(first_token_id=100 + len(request.prior_output_token_ids))
+    @property
+    def Prefill(self):
+        def call(request, timeout=None, metadata=None):
+            self._record("Prefill", request)
+            return pb.PrefillResponse(first_token_id=100 + len(request.prior_output_token_ids))
+
+        call.future = lambda request, timeout=None, metadata=None: Pending(lambda: call(request))
+        return call
 
     def Decode(self, request, timeout=None, metadata=None):
         self._record("Decode", request)
@@ -164,3 +183,24 @@ def test_retries_are_bounded():
     with pytest.raises(GatewayError) as caught:
         pipeline.generate()
     assert caught.value.status == 503 and "gave up after 2 node failures" in caught.value.message
+
+
+def test_the_watchdog_cancels_calls_to_nodes_that_left_the_cluster():
+    from services.gateway.call_watchdog import CallWatchdog
+    from shared.index.memory_backend import InProcessIndex
+    from shared.index.types import NodeInfo
+
+    index = InProcessIndex()
+    index.register_node(NodeInfo("decode@d:1", "decode", "d:1"), ttl_s=60)
+    epoch = index.register_node(NodeInfo("decode@d:2", "decode", "d:2"), ttl_s=60)
+    membership = Membership(index)
+    membership.refresh()
+    watchdog = CallWatchdog(membership, interval_s=3600)
+    alive, hung = Pending(None), Pending(None)
+    with watchdog.watching(alive, "d:1"), watchdog.watching(hung, "d:2"):
+        watchdog.check()
+        assert not alive.cancelled and not hung.cancelled
+        index.deregister_node("decode@d:2", epoch)  # its heartbeat lapsed, as a hung node's does
+        membership.refresh()
+        watchdog.check()
+        assert hung.cancelled and not alive.cancelled

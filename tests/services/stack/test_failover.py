@@ -180,3 +180,21 @@ def _encoded_by(grpc_address: str) -> float:
     with grpc.insecure_channel(grpc_address) as channel:
         stats = rpc.EncodeStub(channel).Stats(pb.StatsRequest(), timeout=10)
     return stats.counters["encoder_items_encoded_total"]
+
+
+def test_a_draining_gateway_finishes_its_open_streams_and_refuses_new_requests(cluster, oracle):
+    """Runs last in this module: it stops the stack's gateway."""
+    _wait_for_all_nodes(cluster, _num_live_nodes(cluster))
+    cases = _cases(seed=130)[:NUM_EARLY]
+    expected = [_oracle_text(oracle, case) for case in cases]
+    gateway = cluster.state()["roles"]["gateway"]
+    streams = Streams(cluster, cases)
+    streams.wait_flowing(NUM_EARLY)
+    os.kill(gateway["pid"], signal.SIGTERM)
+    texts, errors = streams.join()
+    assert not errors and texts == expected
+    with pytest.raises(httpx.HTTPError):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # refused once the listener is closed, then gone
+            httpx.get(cluster.base_url.removesuffix("/v1") + "/health", timeout=5)
+            time.sleep(0.2)
