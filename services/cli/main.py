@@ -6,17 +6,20 @@ import argparse
 import os
 import sys
 
-from services.cli import generate_cmd, models_cmd, ops_cmd, preprocess_cmd, serve_cmd
+from services.cli import ops_cmd
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, probes_only: bool = False) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tessera", description="Disaggregated vision-language model serving.")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    models_cmd.register(subparsers)
-    preprocess_cmd.register(subparsers)
-    generate_cmd.register(subparsers)
-    serve_cmd.register(subparsers)
     ops_cmd.register(subparsers)
+    if not probes_only:  # these import torch (seconds): container probes must not pay for it
+        from services.cli import generate_cmd, models_cmd, preprocess_cmd, serve_cmd
+
+        models_cmd.register(subparsers)
+        preprocess_cmd.register(subparsers)
+        generate_cmd.register(subparsers)
+        serve_cmd.register(subparsers)
     return parser
 
 
@@ -24,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     # Never reach for a hub: every model is local or built here.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(probes_only=bool(argv) and argv[0] in ops_cmd.COMMANDS).parse_args(argv)
     return int(args.func(args) or 0)
 
 

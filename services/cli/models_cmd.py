@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.models.build import build_builtin
+from shared.models.build import build_builtin, is_complete_build
 from shared.models.registry import builtin_path
 from shared.models.specs import BUILTIN_SPECS
 
@@ -17,11 +17,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build = actions.add_parser("build", help="generate a built-in model checkpoint deterministically, offline")
     build.add_argument("name", choices=sorted(BUILTIN_SPECS))
     build.add_argument("--out", type=Path, default=None, help="output directory (default: $TESSERA_HOME/models/NAME)")
+    build.add_argument("--if-missing", action="store_true", help="do nothing if a complete build is there (init containers: nodes may be reading it)")
     build.set_defaults(func=run_build)
 
 
 def run_build(args: argparse.Namespace) -> int:
     out = args.out if args.out is not None else builtin_path(args.name)
+    if args.if_missing and is_complete_build(out):
+        print(out)
+        return 0
     build_builtin(args.name, out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(out)
     return 0

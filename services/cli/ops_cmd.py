@@ -9,6 +9,8 @@ import signal
 import sys
 import time
 
+COMMANDS = ("health", "drain")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     health = subparsers.add_parser("health", help="exit 0 if the gRPC server at ADDRESS answers SERVING")

@@ -120,7 +120,7 @@ def test_roles_start_after_valkey_is_healthy_and_the_model_is_built():
 
 def test_model_init_builds_the_model_into_the_shared_volume():
     init = services()["model-init"]
-    assert init["command"] == ["tessera", "models", "build", "tiny"]
+    assert init["command"] == ["tessera", "models", "build", "tiny", "--if-missing"]
     assert env("model-init")["TESSERA_HOME"] == HOME
     assert init["volumes"] == [f"tessera-home:{HOME}"]
     assert init["build"]["dockerfile"] == "deploy/Dockerfile" and (ROOT / init["build"]["context"] / init["build"]["dockerfile"]).is_file()

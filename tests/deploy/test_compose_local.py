@@ -76,7 +76,7 @@ def test_harness_maps_services_to_loopback(tmp_path):
             if "TESSERA_SERVE_DATA_ADDRESS" in env:
                 assert env["TESSERA_SERVE_DATA_ADDRESS"] == f"tcp://127.0.0.1:{plan.ports[50071]}"
     init = plan_replica(services["model-init"], 1, service_ports={}, volume_dirs={"tessera-home": home}, allocate_port=allocate)
-    assert init.argv == (sys.executable, "-m", "services.cli.main", "models", "build", "tiny")
+    assert init.argv == (sys.executable, "-m", "services.cli.main", "models", "build", "tiny", "--if-missing")
     assert init.env["TESSERA_HOME"] == str(home) and init.ports == {}
 
 

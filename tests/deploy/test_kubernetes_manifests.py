@@ -154,7 +154,7 @@ def test_every_role_has_a_deployment_and_service(kustomization):
         model = command[5]
         # Each pod builds its model into an emptyDir (or volume) at TESSERA_HOME before the server starts.
         build = pod["initContainers"][0]
-        assert build["command"] == ["tessera", "models", "build", model]
+        assert build["command"] == ["tessera", "models", "build", model, "--if-missing"]
         for container in (build, server):
             assert {"name": config["metadata"]["name"]} in [src.get("configMapRef") for src in container["envFrom"]]
             assert any(m["mountPath"] == "/data/tessera" for m in container["volumeMounts"])
@@ -246,7 +246,7 @@ def test_example_overlay_customizes_the_base():
         for container in _containers(pod):
             assert container["image"] == "ghcr.io/example/tessera:0.1.0"
         assert pod["containers"][0]["command"][5] == "small"
-        assert pod["initContainers"][0]["command"][-1] == "small"
+        assert pod["initContainers"][0]["command"][3] == "small"
     assert objs[("Deployment", "tessera-encoder")]["spec"]["replicas"] == 3
     assert objs[("Deployment", "tessera-decode")]["spec"]["replicas"] == 2
 

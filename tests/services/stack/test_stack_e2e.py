@@ -46,7 +46,8 @@ def test_each_role_is_its_own_process_and_answers_health_checks(stack):
             assert reply.status == health_pb2.HealthCheckResponse.SERVING, role
     health = httpx.get(stack.base_url.removesuffix("/v1") + "/health", timeout=10).json()
     assert health["status"] == "ok"
-    assert {n["role"]: n["pid"] for n in health["nodes"]} == {r: roles[r]["pid"] for r in ("preprocess", "encoder", "prefill", "decode")}
+    # The gateway lists the members it discovered in the index: each node's advertised address.
+    assert {n["role"]: n["address"] for n in health["nodes"]} == {r: roles[r]["grpc_address"] for r in ("preprocess", "encoder", "prefill", "decode")}
 
 
 def test_non_streaming_image_request_equals_the_oracle(stack, oracle):
@@ -226,4 +227,4 @@ def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
     assert [nid.split("@")[0] for nid in result.mm_holders[item.mm_hash]] == ["encoder"]
     assert result.mm_holders[item.mm_hash][next(iter(result.mm_holders[item.mm_hash]))].num_tokens == item.placeholder.length
     assert holders == {"prefill", "decode"}  # both hold every full prompt block
-    assert {state.info.role for state in result.nodes.values()} == {"encoder", "prefill", "decode"}
+    assert {state.info.role for state in result.nodes.values()} == {"preprocess", "encoder", "prefill", "decode"}
