@@ -41,28 +41,3 @@ class AttentionBackend(Protocol):
 
     def attend(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
         """q: [num_new_tokens, num_heads, head_dim] -> output of the same shape."""
-
-
-def available_backends() -> list[str]:
-    names = ["torch"]
-    from kernels.flashinfer_backend import flashinfer_available
-
-    if flashinfer_available():
-        names.append("flashinfer")
-    return names
-
-
-def create_backend(name: str, device: torch.device) -> AttentionBackend:
-    """``auto`` picks flashinfer on CUDA when it imports, else the PyTorch reference."""
-    from kernels.flashinfer_backend import FlashInferBackend, flashinfer_available
-    from kernels.torch_backend import TorchReferenceBackend
-
-    if name == "auto":
-        name = "flashinfer" if device.type == "cuda" and flashinfer_available() else "torch"
-    if name == "torch":
-        return TorchReferenceBackend()
-    if name == "flashinfer":
-        if device.type != "cuda" or not flashinfer_available():
-            raise ValueError("the flashinfer backend needs CUDA and the flashinfer package")
-        return FlashInferBackend(device)
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or flashinfer")

@@ -12,7 +12,8 @@ from services.decode.coalesce import OutputCoalescer
 from services.decode.node import DecodeNode, KVTransferTimeoutError
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
-from services.transport.convert import item_from_pb, sampling_from_pb
+from services.engine.sampling_wire import sampling_from_pb
+from services.transport.convert import item_from_pb
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
 from services.transport.kv_peer import add_kv_peer
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.attention import AttentionBatch, create_backend
+from kernels.attention import AttentionBatch
+from kernels.selector import create_backend
 from services.engine.config import EngineConfig
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.model.checkpoint import load_config, load_weights

@@ -34,7 +34,7 @@ from services.engine.sampling import SamplingParams
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
 from services.router.router import NoLiveNodeError, Route, Router
-from services.transport.convert import sampling_to_pb
+from services.engine.sampling_wire import sampling_to_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, FAILED_NODE_KEY, HTTP_STATUS_KEY, MISSING_PIXELS_KEY
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange

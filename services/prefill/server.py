@@ -16,7 +16,8 @@ from services.engine.remote_request import PromptItem, build_request
 from services.prefill.kv_pull import KVSource
 from services.prefill.node import EmbeddingsUnavailableError, PrefillNode
 from services.transport.kv_peer import add_kv_peer
-from services.transport.convert import item_from_pb, item_to_pb, sampling_from_pb
+from services.engine.sampling_wire import sampling_from_pb
+from services.transport.convert import item_from_pb, item_to_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, MISSING_PIXELS_KEY, Lifecycle, abort_with, new_server, serve_forever
 from shared.tracing import outgoing_metadata
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from shared.block_events import BlockEvicted, BlockStored
 from shared.index.types import IndexEvents
 
 
-def kv_index_events(pool_events, tier: str = "device") -> IndexEvents:
-    from services.engine.kv.block_pool import BlockEvicted, BlockStored
-
+def kv_index_events(pool_events: Iterable[BlockStored | BlockEvicted], tier: str = "device") -> IndexEvents:
     events = IndexEvents()
     for event in pool_events:
         if isinstance(event, BlockStored):

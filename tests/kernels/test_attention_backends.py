@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.attention import AttentionBatch, available_backends, create_backend
+from kernels.attention import AttentionBatch
+from kernels.selector import available_backends, create_backend
 
 
 def _dense_reference(qs, ks, vs, scale):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.block_events import BlockEvicted, BlockStored
 from shared.types import BlockHash
 
 
@@ -26,18 +27,6 @@ class KVBlock:
     block_hash: BlockHash | None = None
     prev: KVBlock | None = field(default=None, repr=False)
     next: KVBlock | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStored:
-    block_hash: BlockHash
-    block_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class BlockEvicted:
-    block_hash: BlockHash
-    block_id: int
 
 
 class FreeBlockQueue:

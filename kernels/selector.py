@@ -1,0 +1,30 @@
+"""The one place that picks an attention backend. attention.py holds the interface the backends
+implement; the backends import it, and only this module imports the backends (no cycle)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention import AttentionBackend
+from kernels.flashinfer_backend import FlashInferBackend, flashinfer_available
+from kernels.torch_backend import TorchReferenceBackend
+
+
+def available_backends() -> list[str]:
+    names = ["torch"]
+    if flashinfer_available():
+        names.append("flashinfer")
+    return names
+
+
+def create_backend(name: str, device: torch.device) -> AttentionBackend:
+    """``auto`` picks flashinfer on CUDA when it imports, else the PyTorch reference."""
+    if name == "auto":
+        name = "flashinfer" if device.type == "cuda" and flashinfer_available() else "torch"
+    if name == "torch":
+        return TorchReferenceBackend()
+    if name == "flashinfer":
+        if device.type != "cuda" or not flashinfer_available():
+            raise ValueError("the flashinfer backend needs CUDA and the flashinfer package")
+        return FlashInferBackend(device)
+    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or flashinfer")
