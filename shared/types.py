@@ -7,7 +7,7 @@ from typing import NewType
 
 # Hex blake3 digest of one multimodal item (see shared.hashing.mm_hash).
 MmHash = NewType("MmHash", str)
-# Hex digest of one full KV block, chained over its parents (engine issue).
+# Hex digest of one full KV block, chained over its parents (see shared.hashing.block_hashes).
 BlockHash = NewType("BlockHash", str)
 
 

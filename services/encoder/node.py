@@ -117,7 +117,6 @@ class EncoderNode:
         self.cache.free_encoder_input(_OWNER, mm_hash)
         self.store[mm_hash] = embeds
         evicted = self.cache.drain_evicted()
-        self.cache.drain_stored()
         for identifier in evicted:
             self.store.pop(identifier, None)
         if self.publisher is not None:

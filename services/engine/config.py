@@ -22,7 +22,7 @@ class EngineConfig:
     # Encoder cache budget in embedding rows, and how many rows the vision tower may produce per step.
     encoder_cache_tokens: int = 16384
     max_encoder_tokens_per_step: int = 16384
-    # Never split one image's placeholder span across steps (seed 000 §22.4.2).
+    # Never split one image's placeholder span across steps (as vLLM's disable_chunked_mm_input).
     disable_chunked_mm_input: bool = False
     enable_prefix_caching: bool = True
     max_model_len: int = 32768

@@ -1,4 +1,4 @@
-"""Encoder cache accounting (seed 000, §22.4): which items' embeddings are resident.
+"""Encoder cache accounting: which items' embeddings are resident.
 
 The budget is counted in embedding rows. An item is referenced by the set of requests that still
 need it; when that set empties, the item moves to the ``freeable`` LRU but stays resident, so a
@@ -23,7 +23,6 @@ class EncoderCacheManager:
         self.freeable: OrderedDict[str, int] = OrderedDict()
         self.num_freeable_slots = 0
         self._evicted: list[str] = []
-        self._stored: list[str] = []
 
     def __contains__(self, identifier: str) -> bool:
         return identifier in self.id_to_requests
@@ -57,7 +56,6 @@ class EncoderCacheManager:
         self.id_to_requests[identifier] = {request_id}
         self.id_to_num_embeds[identifier] = num_embeds
         self.num_free_slots -= num_embeds
-        self._stored.append(identifier)
 
     def free_encoder_input(self, request_id: str, identifier: str) -> None:
         users = self.id_to_requests.get(identifier)
@@ -76,6 +74,3 @@ class EncoderCacheManager:
         evicted, self._evicted = self._evicted, []
         return evicted
 
-    def drain_stored(self) -> list[str]:
-        stored, self._stored = self._stored, []
-        return stored

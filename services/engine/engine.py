@@ -73,9 +73,6 @@ class Engine:
         self.scheduler.add(request)
 
     # -- disaggregation hooks ----------------------------------------------------------------
-    def has_embeddings(self, identifier: str) -> bool:
-        return identifier in self.runner.encoder_outputs
-
     def import_embeddings(self, request_id: str, identifier: str, embeds: torch.Tensor) -> bool:
         """Make an image's embeddings resident for ``request_id`` (computed elsewhere). Returns
         False if the encoder cache has no room right now."""
@@ -203,7 +200,6 @@ class Engine:
     # -- internals ------------------------------------------------------------------------------
     def _sync_encoder_outputs(self) -> None:
         self.runner.drop_encoder_outputs(self.encoder_cache.drain_evicted())
-        self.encoder_cache.drain_stored()
 
     def _check_admissible(self, request: Request) -> None:
         total = request.num_prompt_tokens + request.sampling.max_tokens

@@ -2,7 +2,7 @@
 
 Accepted references:
   data:image/...;base64,...       always (png, jpeg, webp, gif)
-  bare base64 string               always (seed 004's ``{"type": "image", "image": ...}`` form)
+  bare base64 string               always (the ``{"type": "image", "image": ...}`` form)
   http(s)://host/...               only with allow_remote_images and host on the allow-list
   file:///abs/path or /abs/path    only under local_media_dir (after resolving symlinks)
 The encoded-size limit is enforced here, before any decoding.

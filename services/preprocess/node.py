@@ -1,4 +1,4 @@
-"""Preprocess node: the preprocessing library plus the sender side of seed 002's pixel cache.
+"""Preprocess node: the preprocessing library plus the sender side of the pixel cache mirror.
 
 For each encoder it feeds, the node mirrors which mm_hashes that encoder already holds (an LRU
 of hashes it has sent). Pixels are pushed to the encoder's data address only on a mirror miss;

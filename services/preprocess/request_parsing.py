@@ -6,7 +6,7 @@ Three prompt shapes are accepted (exactly one per request):
   {"prompt_token_ids": [ints], "images": [...]}   already tokenized, one placeholder per image
 Image content parts in messages:
   {"type": "image_url", "image_url": {"url": "data:..."}}  (or "image_url": "data:...")
-  {"type": "image", "image": "<base64>"}                     (seed 004's form)
+  {"type": "image", "image": "<base64>"}                     (a bare base64 image part)
 Either may carry "uuid": a client-supplied stable id used for mm_hash instead of the pixels.
 """
 

@@ -1,4 +1,4 @@
-"""Block hashes: chained, full blocks only, and keyed by images, salt and LoRA (seed 000)."""
+"""Block hashes: chained, full blocks only, and keyed by images, salt and LoRA."""
 
 from __future__ import annotations
 

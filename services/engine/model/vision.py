@@ -1,4 +1,5 @@
-"""The vision tower and merger, run through transformers' own module (DESIGN: "run as is").
+"""The vision tower and merger, run through transformers' own module as is (not reimplemented:
+its numerics are the oracle's).
 
 encode(pixel_values, grid_thw) returns one (num_tokens, text_hidden) tensor per image, in order.
 """

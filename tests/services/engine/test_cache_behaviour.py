@@ -1,4 +1,4 @@
-"""Prefix KV and encoder caches: a hit may change speed, never output (seed 000)."""
+"""Prefix KV and encoder caches: a hit may change speed, never output."""
 
 from __future__ import annotations
 
