@@ -52,7 +52,9 @@ def _start_stack(model: str, port: int) -> subprocess.Popen:
 
     process = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--port", str(port), "--generate-port", str(free_port())],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     import httpx
 
@@ -101,7 +103,11 @@ def main() -> None:
             stack.send_signal(signal.SIGINT)
             stack.wait(timeout=60)
 
-    rows = {"endpoint": endpoint, "http_cold_median_s": statistics.median(http_cold), "http_cached_median_s": statistics.median(http_cached)}
+    rows = {
+        "endpoint": endpoint,
+        "http_cold_median_s": statistics.median(http_cold),
+        "http_cached_median_s": statistics.median(http_cached),
+    }
     if not args.skip_engine:
         from services.engine.llm import LLM
 
@@ -120,10 +126,23 @@ def main() -> None:
     for kind in ("cold", "cached"):
         engine = rows.get(f"engine_{kind}_median_s")
         ratio = rows.get(f"{kind}_ratio")
-        print(f"{kind:<10} {rows[f'http_{kind}_median_s']:>10.3f} {engine if engine is not None else float('nan'):>11.3f} {ratio if ratio is not None else float('nan'):>7.2f}")
+        print(
+            f"{kind:<10} {rows[f'http_{kind}_median_s']:>10.3f} {engine if engine is not None else float('nan'):>11.3f} "
+            f"{ratio if ratio is not None else float('nan'):>7.2f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "e2e", "command": " ".join(["python", "benchmarks/e2e_bench.py", *sys.argv[1:]]),
-                                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "results": rows}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "e2e",
+                "command": " ".join(["python", "benchmarks/e2e_bench.py", *sys.argv[1:]]),
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                "results": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 

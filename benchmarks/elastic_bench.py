@@ -50,9 +50,32 @@ class Stack:
         self.port = free_port()
         self.log = open(workdir / "elastic-stack.log", "w")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--port", str(self.port), "--generate-port", str(free_port()),
-             "--state-file", str(self.state_file), "--preprocess", "2", "--encoders", "2", "--prefill", "2", "--decode", "2", "--no-restart"],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "services.cli.main",
+                "serve",
+                "--model",
+                model,
+                "--port",
+                str(self.port),
+                "--generate-port",
+                str(free_port()),
+                "--state-file",
+                str(self.state_file),
+                "--preprocess",
+                "2",
+                "--encoders",
+                "2",
+                "--prefill",
+                "2",
+                "--decode",
+                "2",
+                "--no-restart",
+            ],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
         )
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 600
@@ -104,7 +127,7 @@ def _stream(client: OpenAI, model: str, case, max_tokens: int, flowing: threadin
                 flowing.release()
                 first = False
         results.append(True)
-    except Exception:  # noqa: BLE001 - counted as a failed request
+    except Exception:
         flowing.release()
         results.append(False)
 
@@ -161,9 +184,25 @@ def measure_join(stack: Stack, model: str, num_streams: int, max_tokens: int, wo
     log = open(workdir / "elastic-join.log", "w")
     spawned = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "--role", "encoder", "--model", model, "--index-url", stack.state()["valkey"]["url"],
-         "--grpc-address", grpc_address, "--data-address", f"tcp://127.0.0.1:{free_port()}"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "serve",
+            "--role",
+            "encoder",
+            "--model",
+            model,
+            "--index-url",
+            stack.state()["valkey"]["url"],
+            "--grpc-address",
+            grpc_address,
+            "--data-address",
+            f"tcp://127.0.0.1:{free_port()}",
+        ],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_serving(grpc_address, 300, process)
@@ -189,8 +228,12 @@ def measure_join(stack: Stack, model: str, num_streams: int, max_tokens: int, wo
         _load(stack, model, _cases(900, num_streams), max_tokens)
         stop.set()
         watcher.join()
-        return {"spawn_to_serving_s": serving, "spawn_to_listed_s": listed, "listed_to_first_work_s": first_work[0] + spawned - listed_at if first_work else None,
-                "spawn_to_first_work_s": first_work[0] if first_work else None}
+        return {
+            "spawn_to_serving_s": serving,
+            "spawn_to_listed_s": listed,
+            "listed_to_first_work_s": first_work[0] + spawned - listed_at if first_work else None,
+            "spawn_to_first_work_s": first_work[0] if first_work else None,
+        }
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -214,8 +257,10 @@ def main() -> int:
         kills = [measure_kill(stack, args.model, role, args.streams, args.max_tokens, seed=100 * (i + 1)) for i, role in enumerate(ROLES)]
     finally:
         stack.stop()
-    print(f"join (encoder): serving {join['spawn_to_serving_s']:.2f} s after spawn, listed {join['spawn_to_listed_s']:.2f} s, "
-          f"first encode {join['spawn_to_first_work_s'] or float('nan'):.2f} s")
+    print(
+        f"join (encoder): serving {join['spawn_to_serving_s']:.2f} s after spawn, listed {join['spawn_to_listed_s']:.2f} s, "
+        f"first encode {join['spawn_to_first_work_s'] or float('nan'):.2f} s"
+    )
     print(f"{'killed':<11}{'requests':>9}{'failed':>8}{'retried':>9}{'migrated':>10}{'unlisted after':>16}")
     for k in kills:
         unlisted = f"{k['kill_to_unlisted_s']:.2f} s" if k["kill_to_unlisted_s"] is not None else "-"
@@ -224,8 +269,12 @@ def main() -> int:
     result = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "model": args.model, "streams_per_kill": args.streams, "max_tokens": args.max_tokens,
-        "join": join, "kills": kills, "failed_per_kill_median": statistics.median(failed),
+        "model": args.model,
+        "streams_per_kill": args.streams,
+        "max_tokens": args.max_tokens,
+        "join": join,
+        "kills": kills,
+        "failed_per_kill_median": statistics.median(failed),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

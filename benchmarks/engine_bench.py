@@ -24,13 +24,13 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from services.engine.config import EngineConfig  # noqa: E402
-from services.engine.llm import LLM  # noqa: E402
-from services.engine.sampling import SamplingParams  # noqa: E402
-from tests.factories import chat_case, encode_image, make_image  # noqa: E402
-from tests.oracle import ReferenceOracle  # noqa: E402
+from services.engine.config import EngineConfig
+from services.engine.llm import LLM
+from services.engine.sampling import SamplingParams
+from tests.factories import chat_case, encode_image, make_image
+from tests.oracle import ReferenceOracle
 
 
 def _cases(seed: int, n: int, size: tuple[int, int]):

@@ -21,14 +21,16 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.preprocess import Preprocessor  # noqa: E402
-from shared.hashing import mm_hash_of_pixels  # noqa: E402
-from shared.models.registry import resolve_model  # noqa: E402
-from tests.factories import image_data_url, make_image  # noqa: E402
+from services.preprocess import Preprocessor
+from shared.hashing import mm_hash_of_pixels
+from shared.models.registry import resolve_model
+from tests.factories import image_data_url, make_image
 
 
 def _request(url: str) -> dict:
-    return {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe."}]}]}
+    return {
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "Describe."}]}]
+    }
 
 
 def _time(fn) -> float:
@@ -61,10 +63,16 @@ def bench_hash(num_bytes: int, repeats: int) -> dict:
     payload = os.urandom(num_bytes)
     kwargs = {"merge_size": 2}
     times = [
-        _time(lambda: mm_hash_of_pixels(model_id="m", modality="image", mode="RGB", size=(1, 1), pixel_bytes=payload, processor_kwargs=kwargs))
+        _time(
+            lambda: mm_hash_of_pixels(model_id="m", modality="image", mode="RGB", size=(1, 1), pixel_bytes=payload, processor_kwargs=kwargs)
+        )
         for _ in range(repeats)
     ]
-    return {"payload_mb": num_bytes / 1e6, "median_ms": statistics.median(times) * 1e3, "gb_per_s": num_bytes / statistics.median(times) / 1e9}
+    return {
+        "payload_mb": num_bytes / 1e6,
+        "median_ms": statistics.median(times) * 1e3,
+        "gb_per_s": num_bytes / statistics.median(times) / 1e9,
+    }
 
 
 def main() -> None:
@@ -82,7 +90,10 @@ def main() -> None:
 
     print(f"{'size':>10} {'tokens':>7} {'cold ms':>9} {'hit ms':>8} {'hit/cold':>9}")
     for row in rows:
-        print(f"{row['size']:>10} {row['image_tokens']:>7} {row['cold_ms_median']:>9.1f} {row['hit_ms_median']:>8.1f} {row['hit_over_cold']:>9.2f}")
+        print(
+            f"{row['size']:>10} {row['image_tokens']:>7} {row['cold_ms_median']:>9.1f} "
+            f"{row['hit_ms_median']:>8.1f} {row['hit_over_cold']:>9.2f}"
+        )
     print(f"mm_hash (blake3, {hashing['payload_mb']:.0f} MB payload): {hashing['gb_per_s']:.2f} GB/s, median {hashing['median_ms']:.1f} ms")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -41,9 +41,19 @@ def run(index_url: str, prompt_tokens: int, decisions: int, block_size: int) -> 
     image = (MmHash("f" * 64), PlaceholderRange(100, 1024))
     hashes = block_hashes(tokens, block_size, [MmSpan(image[0], image[1])])
     # One prefill node holds the whole prefix, the other half of it; one encoder holds the image.
-    index.publish(f"prefill@{nodes['prefill'][0]}", epochs[f"prefill@{nodes['prefill'][0]}"], IndexEvents(kv_stored={h: "device" for h in hashes}))
-    index.publish(f"prefill@{nodes['prefill'][1]}", epochs[f"prefill@{nodes['prefill'][1]}"], IndexEvents(kv_stored={h: "device" for h in hashes[: len(hashes) // 2]}))
-    index.publish(f"encoder@{nodes['encoder'][1]}", epochs[f"encoder@{nodes['encoder'][1]}"], IndexEvents(mm_stored={image[0]: MmEntry(1024, (1, 64, 64), 1024 * 768 * 4)}))
+    index.publish(
+        f"prefill@{nodes['prefill'][0]}", epochs[f"prefill@{nodes['prefill'][0]}"], IndexEvents(kv_stored={h: "device" for h in hashes})
+    )
+    index.publish(
+        f"prefill@{nodes['prefill'][1]}",
+        epochs[f"prefill@{nodes['prefill'][1]}"],
+        IndexEvents(kv_stored={h: "device" for h in hashes[: len(hashes) // 2]}),
+    )
+    index.publish(
+        f"encoder@{nodes['encoder'][1]}",
+        epochs[f"encoder@{nodes['encoder'][1]}"],
+        IndexEvents(mm_stored={image[0]: MmEntry(1024, (1, 64, 64), 1024 * 768 * 4)}),
+    )
     router = Router(Membership(index), index=index, block_size=block_size)
     route = router.route(tokens, [image])
     assert route.prefill == nodes["prefill"][0] and route.encoder == nodes["encoder"][1], route
@@ -86,8 +96,18 @@ def main() -> None:
     given = result["hashes_given"]
     print(f"{'(hashes given)':>14} {result['blocks']:>7} {given['p50_ms']:>8.3f} {given['p99_ms']:>8.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"benchmark": "router", "command": " ".join(["python", "benchmarks/router_bench.py", *sys.argv[1:]]),
-                                    "machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}, "results": result}, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "router",
+                "command": " ".join(["python", "benchmarks/router_bench.py", *sys.argv[1:]]),
+                "machine": {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
+                "results": result,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 

@@ -11,7 +11,8 @@ Client side: TTFT (first streamed content chunk) p50/p99, latency p50, throughpu
 deltas of the gateway's /metrics over the run (counters summed over roles): encoder runs per
 distinct image, prefill tokens computed per prompt token, prefix-cached tokens, KV blocks pulled
 from peers. round_robin is the classic baseline without the index (--baseline-index off, the
-default: `--cache-lookups false`, the index then serves membership only). Also the router decision time for a 4096-token prompt against an embedded
+default: `--cache-lookups false`, the index then serves membership only). Also the router decision
+time for a 4096-token prompt against an embedded
 Valkey (benchmarks/router_bench.py). With --endpoint only the client-side numbers are reported.
 Prints a table and writes JSON (default benchmarks/results/routing.json).
 """
@@ -46,8 +47,16 @@ from tests.factories import chat_case, encode_image, make_image  # noqa: E402
 from tests.redis_servers import running_server, valkey_binary  # noqa: E402
 
 POLICIES = ("cache_aware", "round_robin")
-QUESTIONS = ["What is this?", "Describe the colours.", "Count the shapes.", "What style is it?",
-             "Is it a photograph?", "What is in the centre?", "Name one object.", "What mood does it have?"]
+QUESTIONS = [
+    "What is this?",
+    "Describe the colours.",
+    "Count the shapes.",
+    "What style is it?",
+    "Is it a photograph?",
+    "What is in the centre?",
+    "Name one object.",
+    "What mood does it have?",
+]
 COUNTERS = {  # result key -> gateway /metrics counter
     "encoder_runs": "tessera_encoder_items_encoded_total",
     "prefill_tokens_computed": "tessera_prefill_tokens_computed_total",
@@ -94,8 +103,13 @@ def _one_request(client: OpenAI, model: str, messages: list[dict], max_tokens: i
     started = time.perf_counter()
     try:
         stream = client.chat.completions.create(
-            model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            model=model,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
         )
         for chunk in stream:  # bounded: max_tokens content chunks plus the usage chunk
             if sample.ttft_s is None and chunk.choices and chunk.choices[0].delta.content:
@@ -103,14 +117,16 @@ def _one_request(client: OpenAI, model: str, messages: list[dict], max_tokens: i
             if chunk.usage is not None:
                 sample.prompt_tokens = chunk.usage.prompt_tokens
                 sample.completion_tokens = chunk.usage.completion_tokens
-    except Exception as error:  # noqa: BLE001 - reported per request, the run goes on
+    except Exception as error:
         sample.error = f"{type(error).__name__}: {error}"
         return sample
     sample.latency_s = time.perf_counter() - started
     return sample
 
 
-def run_workload(client: OpenAI, model: str, requests: list[list[dict]], concurrency: int, max_tokens: int, deadline_s: float) -> tuple[list[Sample], float]:
+def run_workload(
+    client: OpenAI, model: str, requests: list[list[dict]], concurrency: int, max_tokens: int, deadline_s: float
+) -> tuple[list[Sample], float]:
     """Send ``requests`` in order from ``concurrency`` threads; (samples, wall seconds)."""
     executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="client")
     started = time.perf_counter()
@@ -134,11 +150,16 @@ def client_summary(samples: list[Sample], wall_s: float) -> dict:
     ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
     errors = [s.error for s in samples if s.error is not None]
     return {
-        "requests": len(samples), "errors": len(errors), "first_error": errors[0] if errors else None,
-        "ttft_p50_ms": _ms(_percentile(ttfts, 0.50)), "ttft_p99_ms": _ms(_percentile(ttfts, 0.99)),
+        "requests": len(samples),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "ttft_p50_ms": _ms(_percentile(ttfts, 0.50)),
+        "ttft_p99_ms": _ms(_percentile(ttfts, 0.99)),
         "latency_p50_ms": _ms(_percentile([s.latency_s for s in ok], 0.50)),
-        "wall_s": wall_s, "requests_per_s": len(ok) / wall_s,
-        "prompt_tokens": sum(s.prompt_tokens for s in ok), "output_tokens": sum(s.completion_tokens for s in ok),
+        "wall_s": wall_s,
+        "requests_per_s": len(ok) / wall_s,
+        "prompt_tokens": sum(s.prompt_tokens for s in ok),
+        "output_tokens": sum(s.completion_tokens for s in ok),
         "output_tokens_per_s": sum(s.completion_tokens for s in ok) / wall_s,
     }
 
@@ -181,8 +202,27 @@ def server_summary(before: dict[str, float], after: dict[str, float], num_images
 def start_stack(model: str, policy: str, use_index: bool, log_path: Path, timeout_s: float) -> tuple[subprocess.Popen, str]:
     """``tessera serve`` 2/2/2 with ``policy``; (launcher process, /v1 URL) once /health is 200."""
     port = free_port()
-    command = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--port", str(port), "--generate-port", str(free_port()),
-               "--encoders", "2", "--prefill", "2", "--decode", "2", "--routing-policy", policy, *([] if use_index else ["--cache-lookups", "false"])]
+    command = [
+        sys.executable,
+        "-m",
+        "services.cli.main",
+        "serve",
+        "--model",
+        model,
+        "--port",
+        str(port),
+        "--generate-port",
+        str(free_port()),
+        "--encoders",
+        "2",
+        "--prefill",
+        "2",
+        "--decode",
+        "2",
+        "--routing-policy",
+        policy,
+        *([] if use_index else ["--cache-lookups", "false"]),
+    ]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     try:
@@ -256,18 +296,29 @@ def router_decision(decisions: int, prompt_tokens: int = 4096) -> dict:
     # the index lookup plus scoring ("hashes_given"); the other figure includes hashing 4k tokens.
     given = result["hashes_given"]
     return {
-        "prompt_tokens": prompt_tokens, "decisions": decisions, "p50_ms": given["p50_ms"], "p99_ms": given["p99_ms"],
-        "with_hashing_p50_ms": result["p50_ms"], "with_hashing_p99_ms": result["p99_ms"],
+        "prompt_tokens": prompt_tokens,
+        "decisions": decisions,
+        "p50_ms": given["p50_ms"],
+        "p99_ms": given["p99_ms"],
+        "with_hashing_p50_ms": result["p50_ms"],
+        "with_hashing_p99_ms": result["p99_ms"],
     }
 
 
 # -- report -----------------------------------------------------------------------------------
 COLUMNS = [  # header, result key, width, format spec
-    ("policy", "policy", 12, ""), ("index", "index", 5, ""), ("ttft p50 ms", "ttft_p50_ms", 11, ".1f"),
-    ("ttft p99 ms", "ttft_p99_ms", 11, ".1f"), ("lat p50 ms", "latency_p50_ms", 10, ".1f"),
-    ("req/s", "requests_per_s", 6, ".2f"), ("tok/s", "output_tokens_per_s", 7, ".1f"),
-    ("enc/img", "encoder_runs_per_image", 7, ".2f"), ("prefill/prompt", "prefill_computed_per_prompt_token", 14, ".3f"),
-    ("cached tok", "prefix_cached_tokens", 10, ".0f"), ("kv pulled", "kv_blocks_pulled", 9, ".0f"), ("errors", "errors", 6, ""),
+    ("policy", "policy", 12, ""),
+    ("index", "index", 5, ""),
+    ("ttft p50 ms", "ttft_p50_ms", 11, ".1f"),
+    ("ttft p99 ms", "ttft_p99_ms", 11, ".1f"),
+    ("lat p50 ms", "latency_p50_ms", 10, ".1f"),
+    ("req/s", "requests_per_s", 6, ".2f"),
+    ("tok/s", "output_tokens_per_s", 7, ".1f"),
+    ("enc/img", "encoder_runs_per_image", 7, ".2f"),
+    ("prefill/prompt", "prefill_computed_per_prompt_token", 14, ".3f"),
+    ("cached tok", "prefix_cached_tokens", 10, ".0f"),
+    ("kv pulled", "kv_blocks_pulled", 9, ".0f"),
+    ("errors", "errors", 6, ""),
 ]
 
 
@@ -285,9 +336,11 @@ def print_table(rows: list[dict], summary: dict) -> None:
         print(f"TTFT p50 round_robin / cache_aware: {summary['ttft_p50_ratio_round_robin_over_cache_aware']:.2f}")
     router = summary.get("router_decision")
     if router:
-        print(f"router decision ({router['prompt_tokens']}-token prompt, embedded Valkey, block hashes from preprocess): "
-              f"p50 {router['p50_ms']:.3f} ms, p99 {router['p99_ms']:.3f} ms "
-              f"(hashing in the router too: p50 {router['with_hashing_p50_ms']:.3f} ms, p99 {router['with_hashing_p99_ms']:.3f} ms)")
+        print(
+            f"router decision ({router['prompt_tokens']}-token prompt, embedded Valkey, block hashes from preprocess): "
+            f"p50 {router['p50_ms']:.3f} ms, p99 {router['p99_ms']:.3f} ms "
+            f"(hashing in the router too: p50 {router['with_hashing_p50_ms']:.3f} ms, p99 {router['with_hashing_p99_ms']:.3f} ms)"
+        )
 
 
 def _ratio(rows: list[dict]) -> float | None:
@@ -303,7 +356,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--endpoint", default=None, help="benchmark this OpenAI-compatible endpoint instead of starting tessera")
     parser.add_argument("--served-model", default=None, help="model name to send with --endpoint (default: --model)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated routing policies, each on a fresh stack")
-    parser.add_argument("--baseline-index", choices=("on", "off"), default="off", help="run round_robin with the Valkey index (default off: --cache-lookups false)")
+    parser.add_argument(
+        "--baseline-index",
+        choices=("on", "off"),
+        default="off",
+        help="run round_robin with the Valkey index (default off: --cache-lookups false)",
+    )
     parser.add_argument("--images", type=int, default=12, help="distinct images")
     parser.add_argument("--questions", type=int, default=4, help="questions per image")
     parser.add_argument("--concurrency", type=int, default=4, help="concurrent client threads")
@@ -327,22 +385,50 @@ def parse_args() -> argparse.Namespace:
 
 
 def write_json(args, served: str, rows: list[dict], summary: dict, load_at_start: float) -> None:
-    workload_info = {"images": args.images, "questions": args.questions, "requests": args.images * args.questions, "concurrency": args.concurrency,
-                     "max_tokens": args.max_tokens, "image_size": args.image_size, "seed": args.seed, "warmup": args.warmup}
+    workload_info = {
+        "images": args.images,
+        "questions": args.questions,
+        "requests": args.images * args.questions,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "image_size": args.image_size,
+        "seed": args.seed,
+        "warmup": args.warmup,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "benchmark": "routing", "command": " ".join(["python", "benchmarks/routing_bench.py", *sys.argv[1:]]),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_1m_start": load_at_start, "load_avg_1m_end": os.getloadavg()[0]},
-        "model": served, "endpoint": args.endpoint, "baseline_index": args.baseline_index, "workload": workload_info, "results": rows, **summary,
-    }, indent=2) + "\n")
+    args.out.write_text(
+        json.dumps(
+            {
+                "benchmark": "routing",
+                "command": " ".join(["python", "benchmarks/routing_bench.py", *sys.argv[1:]]),
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "platform": platform.platform(),
+                    "load_avg_1m_start": load_at_start,
+                    "load_avg_1m_end": os.getloadavg()[0],
+                },
+                "model": served,
+                "endpoint": args.endpoint,
+                "baseline_index": args.baseline_index,
+                "workload": workload_info,
+                "results": rows,
+                **summary,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {args.out}")
 
 
 def warn_failures(rows: list[dict]) -> bool:
     failed = [row for row in rows if row["errors"]]
     for row in failed:
-        print(f"WARNING {row['policy']}: {row['errors']} of {row['requests']} requests failed (first: {row['first_error']}); "
-              "their TTFT/latency are left out and the wall time includes them", file=sys.stderr)
+        print(
+            f"WARNING {row['policy']}: {row['errors']} of {row['requests']} requests failed (first: {row['first_error']}); "
+            "their TTFT/latency are left out and the wall time includes them",
+            file=sys.stderr,
+        )
     return bool(failed)
 
 
@@ -362,10 +448,19 @@ def main() -> None:
         rows = [run_policy(policy, requests, args, log_dir) for policy in args.policies]
     else:
         served = args.served_model or args.model
-        rows = [{"policy": "endpoint", "index": None, "endpoint": args.endpoint, **measure(args.endpoint, served, requests, args, with_counters=False)}]
+        rows = [
+            {
+                "policy": "endpoint",
+                "index": None,
+                "endpoint": args.endpoint,
+                **measure(args.endpoint, served, requests, args, with_counters=False),
+            }
+        ]
     summary = {"ttft_p50_ratio_round_robin_over_cache_aware": _ratio(rows), "router_decision": router}
-    print(f"model={served} images={args.images} questions={args.questions} concurrency={args.concurrency} "
-          f"max_tokens={args.max_tokens} image={args.image_size} baseline_index={args.baseline_index}")
+    print(
+        f"model={served} images={args.images} questions={args.questions} concurrency={args.concurrency} "
+        f"max_tokens={args.max_tokens} image={args.image_size} baseline_index={args.baseline_index}"
+    )
     print_table(rows, summary)
     write_json(args, served, rows, summary, load_at_start)
     if warn_failures(rows):

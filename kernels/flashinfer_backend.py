@@ -20,7 +20,7 @@ def flashinfer_available() -> bool:
         return False
     try:
         import flashinfer  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means the backend is unavailable
+    except Exception:
         return False
     return True
 

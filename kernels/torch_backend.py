@@ -40,7 +40,11 @@ class TorchReferenceBackend:
                 positions = torch.arange(ctx - num_new, ctx, device=q.device)
                 mask = torch.arange(ctx, device=q.device)[None, :] <= positions[:, None]
             attn = F.scaled_dot_product_attention(
-                query, keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale,
+                query,
+                keys.transpose(0, 1),
+                values.transpose(0, 1),
+                attn_mask=mask,
+                scale=scale,
                 enable_gqa=self._num_groups > 1,
             )
             out[start:end] = attn.transpose(0, 1)

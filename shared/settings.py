@@ -29,7 +29,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, title: s
             group.add_argument(flag, default=None, help="comma-separated" if _base_type(f.type).startswith("tuple") else None)
 
 
-def dataclass_from_sources(cls: type[T], env_prefix: str, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None, **overrides) -> T:
+def dataclass_from_sources(
+    cls: type[T], env_prefix: str, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None, **overrides
+) -> T:
     env = os.environ if env is None else env
     values: dict[str, object] = {}
     for f in fields(cls):

@@ -12,9 +12,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 if "TESSERA_HOME" not in os.environ:
     os.environ["TESSERA_HOME"] = tempfile.mkdtemp(prefix="tessera-test-home-")
 
-import pytest  # noqa: E402
+import pytest
 
-from shared.models.registry import ModelRef, resolve_model  # noqa: E402
+from shared.models.registry import ModelRef, resolve_model
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ class OracleOutput:
     step_logits: list[torch.Tensor]  # raw logits at each generated step, (vocab,)
 
     def logprobs(self) -> list[float]:
-        return [torch.log_softmax(l, -1)[t].item() for l, t in zip(self.step_logits, self.token_ids)]
+        return [torch.log_softmax(logits, -1)[t].item() for logits, t in zip(self.step_logits, self.token_ids)]
 
     def top2_margin(self, step: int) -> float:
         top = torch.topk(self.step_logits[step], 2).values

@@ -53,8 +53,12 @@ def test_no_upward_import(package):
 
 
 def test_only_the_selector_imports_attention_backends():
-    found = [v for p in sorted((ROOT / "kernels").glob("*.py")) if p.name != "selector.py"
-             for v in (f"{p.name}:{line} {m}" for line, m in imports(p) if m in KERNEL_BACKENDS)]
+    found = [
+        v
+        for p in sorted((ROOT / "kernels").glob("*.py"))
+        if p.name != "selector.py"
+        for v in (f"{p.name}:{line} {m}" for line, m in imports(p) if m in KERNEL_BACKENDS)
+    ]
     assert found == []
 
 

@@ -17,7 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build = actions.add_parser("build", help="generate a built-in model checkpoint deterministically, offline")
     build.add_argument("name", choices=sorted(BUILTIN_SPECS))
     build.add_argument("--out", type=Path, default=None, help="output directory (default: $TESSERA_HOME/models/NAME)")
-    build.add_argument("--if-missing", action="store_true", help="do nothing if a complete build is there (init containers: nodes may be reading it)")
+    build.add_argument(
+        "--if-missing", action="store_true", help="do nothing if a complete build is there (init containers: nodes may be reading it)"
+    )
     build.set_defaults(func=run_build)
 
 

@@ -11,7 +11,21 @@ from services.preprocess.config import PreprocessConfig
 from services.stack.roles import ROLES, RoleConfig
 from shared.settings import dataclass_from_sources
 
-_STACK_FLAGS = {"--port", "--host", "--generate-port", "--no-restart", "--state-file", "--model", "--role", "--preprocess", "--encoders", "--prefill", "--decode", "--routing-policy", "--index-url"}
+_STACK_FLAGS = {
+    "--port",
+    "--host",
+    "--generate-port",
+    "--no-restart",
+    "--state-file",
+    "--model",
+    "--role",
+    "--preprocess",
+    "--encoders",
+    "--prefill",
+    "--decode",
+    "--routing-policy",
+    "--index-url",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,7 +57,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_stack(args)
     from services.stack.roles import run_role
 
-    flags = argparse.Namespace(role=args.role, model=args.model, **{f.name: getattr(args, f"role_{f.name}", None) for f in fields(RoleConfig) if f.name not in ("role", "model")})
+    flags = argparse.Namespace(
+        role=args.role,
+        model=args.model,
+        **{f.name: getattr(args, f"role_{f.name}", None) for f in fields(RoleConfig) if f.name not in ("role", "model")},
+    )
     role_config = dataclass_from_sources(RoleConfig, "TESSERA_SERVE_", flags)
     run_role(role_config, EngineConfig.from_sources(args), PreprocessConfig.from_sources(args))
     return 0
@@ -85,7 +103,7 @@ def _passthrough(argv: list[str]) -> list[str]:
     """Engine and preprocessing flags given to the stack, forwarded to every role."""
     args = argv[argv.index("serve") + 1 :] if "serve" in argv else []
     out, skip = [], False
-    for i, arg in enumerate(args):
+    for arg in args:
         if skip:
             skip = False
             continue

@@ -76,4 +76,3 @@ class DecodeNode(EngineNode):
             "decode_kv_blocks_free": float(self.engine.kv.pool.num_free_blocks),
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
         }
-

@@ -25,7 +25,12 @@ class DecodeServicer(rpc.DecodeServicer):
     async def Decode(self, request: pb.DecodeRequest, context):
         items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
         engine_request = build_request(
-            request.request_id, list(request.prompt_token_ids), items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size
+            request.request_id,
+            list(request.prompt_token_ids),
+            items,
+            sampling_from_pb(request.sampling),
+            request.cache_salt or None,
+            self.node.merge_size,
         )
         engine_request.num_cached_tokens = request.num_cached_tokens
         engine_request.output_token_ids = list(request.prior_output_token_ids)  # a migrated request
@@ -45,7 +50,9 @@ class DecodeServicer(rpc.DecodeServicer):
                 if isinstance(output, BaseException):
                     await abort_with(context, grpc.StatusCode.INTERNAL, f"decode failed: {output}", 500)
                 finished = output.finished
-                yield pb.DecodeChunk(token_ids=output.new_token_ids, text=output.text, finished=finished, finish_reason=output.finish_reason or "")
+                yield pb.DecodeChunk(
+                    token_ids=output.new_token_ids, text=output.text, finished=finished, finish_reason=output.finish_reason or ""
+                )
         finally:
             if not finished:
                 self.node.abort(request.request_id)  # client went away: free its KV pages

@@ -30,7 +30,15 @@ class EngineConfig:
     device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "kv_cache_bytes", "max_num_seqs", "max_num_batched_tokens", "encoder_cache_tokens", "max_encoder_tokens_per_step", "max_model_len"):
+        for name in (
+            "block_size",
+            "kv_cache_bytes",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "encoder_cache_tokens",
+            "max_encoder_tokens_per_step",
+            "max_model_len",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:

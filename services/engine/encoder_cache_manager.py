@@ -73,4 +73,3 @@ class EncoderCacheManager:
     def drain_evicted(self) -> list[str]:
         evicted, self._evicted = self._evicted, []
         return evicted
-

@@ -48,9 +48,7 @@ class Engine:
         self.finish_listeners: list[Callable[[Request, list[int]], None]] = []
 
     # -- requests ---------------------------------------------------------------------------
-    def add_request(
-        self, request_id: str, prompt: PreprocessedRequest, sampling: SamplingParams, *, cache_salt: str | None = None
-    ) -> None:
+    def add_request(self, request_id: str, prompt: PreprocessedRequest, sampling: SamplingParams, *, cache_salt: str | None = None) -> None:
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt.prompt_token_ids),
@@ -58,8 +56,7 @@ class Engine:
             mrope_positions=prompt.mrope_positions,
             mrope_delta=prompt.mrope_delta,
             mm_features=[
-                MmFeature(item.mm_hash, item.placeholder, item.image.grid_thw, item.image.pixel_values)
-                for item in prompt.mm_items
+                MmFeature(item.mm_hash, item.placeholder, item.image.grid_thw, item.image.pixel_values) for item in prompt.mm_items
             ],
             cache_salt=cache_salt,
         )
@@ -85,7 +82,9 @@ class Engine:
         self._sync_encoder_outputs()
         return True
 
-    def import_prefilled(self, request: Request, first_token: int, kv_pages: list[tuple[torch.Tensor, torch.Tensor]]) -> RequestOutput | None:
+    def import_prefilled(
+        self, request: Request, first_token: int, kv_pages: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> RequestOutput | None:
         """Adopt a request whose prompt KV was computed elsewhere, continuing from its first
         token. Every block it may ever need is reserved now, so it can never be preempted (a
         decode node could not recompute a prompt whose images it does not hold). Returns the
@@ -169,7 +168,11 @@ class Engine:
             return []
         self.num_steps += 1
         result = self.runner.execute(plan, self.kv)
-        sampled = self.sampler.sample(result.logits, [r.request_id for r in result.requests], [r.sampling for r in result.requests]) if result.requests else []
+        sampled = (
+            self.sampler.sample(result.logits, [r.request_id for r in result.requests], [r.sampling for r in result.requests])
+            if result.requests
+            else []
+        )
         token_for = dict(zip((r.request_id for r in result.requests), sampled))
         outputs = []
         for item in plan.scheduled:

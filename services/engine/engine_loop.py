@@ -62,7 +62,7 @@ class EngineLoop:
     def _run(self, make_engine: Callable[[], Engine], built: Future) -> None:
         try:
             self.engine = make_engine()
-        except BaseException as exc:  # noqa: BLE001 - handed to the constructor's caller
+        except BaseException as exc:
             built.set_exception(exc)
             return
         built.set_result(self.engine)
@@ -96,7 +96,7 @@ class EngineLoop:
     def _run_step(self) -> None:
         try:
             outputs = self.engine.step()
-        except BaseException as exc:  # noqa: BLE001 - fail every waiter, keep serving
+        except BaseException as exc:
             for request_id in list(self.engine.requests):
                 self.engine.abort(request_id)
                 self._deliver(request_id, exc)
@@ -106,7 +106,7 @@ class EngineLoop:
         if self._after_step is not None:
             try:
                 self._after_step(self.engine)
-            except Exception:  # noqa: BLE001 - bookkeeping must not stop serving
+            except Exception:
                 log.exception("after-step hook failed")
 
     def _run_call(self, fn, future: Future) -> None:
@@ -114,7 +114,7 @@ class EngineLoop:
             return
         try:
             future.set_result(fn(self.engine))
-        except BaseException as exc:  # noqa: BLE001 - delivered to the caller
+        except BaseException as exc:
             future.set_exception(exc)
 
     def _deliver(self, request_id: str, item) -> None:
@@ -125,5 +125,5 @@ class EngineLoop:
             self._subscribers.pop(request_id, None)
         try:
             callback(item)
-        except Exception:  # noqa: BLE001 - a broken subscriber must not stop the engine
+        except Exception:
             log.exception("output callback for %s failed", request_id)

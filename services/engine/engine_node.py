@@ -17,7 +17,13 @@ from shared.types import BlockHash
 
 class EngineNode:
     def __init__(
-        self, model: ModelRef, config: EngineConfig, *, data_bind: str, publisher: IndexPublisher | None = None, liveness: Liveness | None = None
+        self,
+        model: ModelRef,
+        config: EngineConfig,
+        *,
+        data_bind: str,
+        publisher: IndexPublisher | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.publisher = publisher
         self.loop = EngineLoop(lambda: Engine(model, config, load_vision=False), after_step=self._publish_kv, liveness=liveness)

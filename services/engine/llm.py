@@ -1,8 +1,8 @@
 """A small Python API over preprocessing and the engine.
 
-    llm = LLM("tiny")
-    [result] = llm.generate([{"messages": [...]}], SamplingParams(max_tokens=32))
-    result.text, result.token_ids, result.usage
+llm = LLM("tiny")
+[result] = llm.generate([{"messages": [...]}], SamplingParams(max_tokens=32))
+result.text, result.token_ids, result.usage
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ class GenerationResult:
 
 
 class LLM:
-    def __init__(self, model: str = "tiny", engine_config: EngineConfig | None = None, preprocess_config: PreprocessConfig | None = None) -> None:
+    def __init__(
+        self, model: str = "tiny", engine_config: EngineConfig | None = None, preprocess_config: PreprocessConfig | None = None
+    ) -> None:
         self.model = resolve_model(model)
         self.preprocessor = Preprocessor(self.model, preprocess_config)
         self.engine = Engine(self.model, engine_config, tokenizer=self.preprocessor.tokenizer)

@@ -18,7 +18,9 @@ class PromptItem:
     grid_thw: tuple[int, int, int]
 
 
-def build_request(request_id: str, token_ids: list[int], items: list[PromptItem], sampling: SamplingParams, cache_salt: str | None, merge_size: int) -> Request:
+def build_request(
+    request_id: str, token_ids: list[int], items: list[PromptItem], sampling: SamplingParams, cache_salt: str | None, merge_size: int
+) -> Request:
     positions, delta = mrope_positions(len(token_ids), [i.placeholder for i in items], [i.grid_thw for i in items], merge_size)
     return Request(
         request_id=request_id,
@@ -29,5 +31,3 @@ def build_request(request_id: str, token_ids: list[int], items: list[PromptItem]
         mm_features=[MmFeature(i.mm_hash, i.placeholder, i.grid_thw, None) for i in items],
         cache_salt=cache_salt,
     )
-
-

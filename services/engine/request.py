@@ -71,9 +71,7 @@ class Request:
         """Extend block_hashes to cover every full block of the current tokens."""
         if len(self.block_hashes) < self.num_tokens // block_size:
             spans = [MmSpan(f.identifier, f.placeholder) for f in self.mm_features]
-            self.block_hashes = extend_block_hashes(
-                self.block_hashes, self.token_ids(), block_size, spans, cache_salt=self.cache_salt
-            )
+            self.block_hashes = extend_block_hashes(self.block_hashes, self.token_ids(), block_size, spans, cache_salt=self.cache_salt)
         return self.block_hashes
 
     def positions(self, start: int, end: int) -> torch.Tensor:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 
 class GatewayError(Exception):
-    def __init__(self, status: int, message: str, *, error_type: str | None = None, code: str | None = None, param: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, *, error_type: str | None = None, code: str | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
-        self.error_type = error_type or ("invalid_request_error" if status < 500 else "service_unavailable" if status == 503 else "internal_error")
+        self.error_type = error_type or (
+            "invalid_request_error" if status < 500 else "service_unavailable" if status == 503 else "internal_error"
+        )
         self.code = code
         self.param = param
 

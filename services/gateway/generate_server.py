@@ -14,7 +14,13 @@ from services.gateway.openai_api import parse_chat_request
 from services.gateway.pipeline import Pipeline
 from services.transport.grpc_server import CHANNEL_OPTIONS, HTTP_STATUS_KEY
 
-_STATUS_TO_CODE = {400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
+_STATUS_TO_CODE = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
 
 
 class GenerateServicer(rpc.GenerateServicer):
@@ -32,8 +38,18 @@ class GenerateServicer(rpc.GenerateServicer):
                 completion_tokens += len(event.token_ids)
                 delta = event.text[len(sent) :]
                 sent = event.text
-                usage = pb.Usage(prompt_tokens=event.prompt_tokens, completion_tokens=completion_tokens, cached_tokens=event.cached_tokens) if event.finished else None
-                yield pb.GenerateChunk(text_delta=delta, token_ids=event.token_ids, finished=event.finished, finish_reason=event.finish_reason or "", usage=usage)
+                usage = (
+                    pb.Usage(prompt_tokens=event.prompt_tokens, completion_tokens=completion_tokens, cached_tokens=event.cached_tokens)
+                    if event.finished
+                    else None
+                )
+                yield pb.GenerateChunk(
+                    text_delta=delta,
+                    token_ids=event.token_ids,
+                    finished=event.finished,
+                    finish_reason=event.finish_reason or "",
+                    usage=usage,
+                )
         except json.JSONDecodeError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_json is not valid JSON: {exc}")
         except GatewayError as exc:

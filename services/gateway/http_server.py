@@ -10,7 +10,6 @@ import json
 import threading
 import time
 import uuid
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from services.gateway.errors import GatewayError
@@ -46,28 +45,39 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     app: GatewayApp  # set on the subclass built by make_server
 
-    def log_message(self, format, *args) -> None:  # noqa: A002 - quiet access log
+    def log_message(self, format, *args) -> None:
         pass
 
     # -- routing --------------------------------------------------------------------------
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path == "/health":
             membership = self.app.pipeline.membership
             missing = [role for role in ROUTED_ROLES if not membership.nodes(role)]
-            nodes = [{"role": s.info.role, "address": s.info.grpc_address, "node_id": s.info.node_id} for s in membership.snapshot().values()]
+            nodes = [
+                {"role": s.info.role, "address": s.info.grpc_address, "node_id": s.info.node_id} for s in membership.snapshot().values()
+            ]
             status = "draining" if self.app.draining else ("ok" if not missing else f"no live {', '.join(missing)} node")
             self._json(200 if status == "ok" else 503, {"status": status, "nodes": nodes})
         elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": self.app.served_model, "object": "model", "created": self.app.started, "owned_by": "tessera"}]})
+            self._json(
+                200,
+                {
+                    "object": "list",
+                    "data": [{"id": self.app.served_model, "object": "model", "created": self.app.started, "owned_by": "tessera"}],
+                },
+            )
         elif self.path == "/metrics":
             pipeline = self.app.pipeline
             counters = {f"{role}@{address}": dict(s.counters) for role, address, s in pipeline.stats()}
-            counters["gateway@self"] = {"gateway_node_failures_total": float(pipeline.num_retries), "gateway_migrations_total": float(pipeline.num_migrations)}
+            counters["gateway@self"] = {
+                "gateway_node_failures_total": float(pipeline.num_retries),
+                "gateway_migrations_total": float(pipeline.num_migrations),
+            }
             self._send(200, self.app.metrics.render(counters).encode(), "text/plain; version=0.0.4")
         else:
             self._error(GatewayError(404, f"no route for GET {self.path}"))
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if self.path != "/v1/chat/completions":
             self._error(GatewayError(404, f"no route for POST {self.path}"))
             return
@@ -123,10 +133,21 @@ class Handler(BaseHTTPRequestHandler):
                 delta = event.text[len(sent_text) :] if event.text.startswith(sent_text) else event.text
                 sent_text = event.text
                 if delta or event.finished:
-                    self._event(chunk_json(rid, model, delta={"content": delta} if delta else {}, finish_reason=event.finish_reason if event.finished else None))
+                    self._event(
+                        chunk_json(
+                            rid,
+                            model,
+                            delta={"content": delta} if delta else {},
+                            finish_reason=event.finish_reason if event.finished else None,
+                        )
+                    )
                 last = event
             if chat.include_usage and last is not None:
-                self._event(chunk_json(rid, model, delta={}, usage=usage_json(last.prompt_tokens, completion_tokens, last.cached_tokens), choices=False))
+                self._event(
+                    chunk_json(
+                        rid, model, delta={}, usage=usage_json(last.prompt_tokens, completion_tokens, last.cached_tokens), choices=False
+                    )
+                )
             self._chunk(b"data: [DONE]\n\n")
         except GatewayError as exc:
             self._event(exc.to_json())

@@ -9,8 +9,22 @@ from services.engine.sampling import SamplingParams
 from services.gateway.errors import GatewayError
 
 SUPPORTED_FIELDS = {
-    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-    "stream", "stream_options", "n", "user", "cache_salt", "top_k", "ignore_eos", "frequency_penalty",
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "user",
+    "cache_salt",
+    "top_k",
+    "ignore_eos",
+    "frequency_penalty",
     "presence_penalty",
 }
 
@@ -32,7 +46,13 @@ def parse_chat_request(body: object, *, served_model: str, default_max_tokens: i
         raise GatewayError(400, f"unsupported field(s): {', '.join(unknown)}", param=unknown[0])
     model = body.get("model")
     if model is not None and model != served_model:
-        raise GatewayError(404, f"the model '{model}' does not exist; this server serves '{served_model}'", error_type="invalid_request_error", code="model_not_found", param="model")
+        raise GatewayError(
+            404,
+            f"the model '{model}' does not exist; this server serves '{served_model}'",
+            error_type="invalid_request_error",
+            code="model_not_found",
+            param="model",
+        )
     if "messages" not in body:
         raise GatewayError(400, "'messages' is required", param="messages")
     if body.get("n", 1) != 1:
@@ -107,7 +127,9 @@ def completion_json(request_id: str, model: str, text: str, finish_reason: str, 
     }
 
 
-def chunk_json(request_id: str, model: str, *, delta: dict, finish_reason: str | None = None, usage: dict | None = None, choices: bool = True) -> dict:
+def chunk_json(
+    request_id: str, model: str, *, delta: dict, finish_reason: str | None = None, usage: dict | None = None, choices: bool = True
+) -> dict:
     chunk = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": []}
     if choices:
         chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]

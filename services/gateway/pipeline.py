@@ -31,10 +31,10 @@ import grpc
 
 from protos.gen import pb, rpc
 from services.engine.sampling import SamplingParams
+from services.engine.sampling_wire import sampling_to_pb
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
 from services.router.router import NoLiveNodeError, Route, Router
-from services.engine.sampling_wire import sampling_to_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, FAILED_NODE_KEY, HTTP_STATUS_KEY, MISSING_PIXELS_KEY
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange
@@ -148,7 +148,9 @@ class Pipeline:
                     prefill = self._prefill(f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted)
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
                 with self.membership.in_flight(route.decode):
-                    for event in self._decode(f"{request_id}-{attempt}", prep, sampling, cache_salt, route, prefill, emitted, stream, cached_tokens):
+                    for event in self._decode(
+                        f"{request_id}-{attempt}", prep, sampling, cache_salt, route, prefill, emitted, stream, cached_tokens
+                    ):
                         emitted.extend(event.token_ids)
                         yield event
                         if event.finished:
@@ -201,10 +203,16 @@ class Pipeline:
                 raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
 
     def _push_pixels(self, preprocess_address: str, mm_hashes: list[str], encoder: str, *, force: bool) -> pb.ResendPixelsResponse:
-        request = pb.ResendPixelsRequest(mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force)
-        return self._call("preprocess", preprocess_address, self.stub("preprocess", preprocess_address).ResendPixels, request, self.timeout_s)
+        request = pb.ResendPixelsRequest(
+            mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force
+        )
+        return self._call(
+            "preprocess", preprocess_address, self.stub("preprocess", preprocess_address).ResendPixels, request, self.timeout_s
+        )
 
-    def _prefill(self, request_id, preprocess_address, body, prep, sampling, cache_salt, route: Route, emitted: list[int]) -> pb.PrefillResponse:
+    def _prefill(
+        self, request_id, preprocess_address, body, prep, sampling, cache_salt, route: Route, emitted: list[int]
+    ) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             request_id=request_id,
             prompt_token_ids=prep.prompt_token_ids,
@@ -230,7 +238,9 @@ class Pipeline:
                 self._ensure_pixels(preprocess_address, body, missing.split(","), route.encoder, force=True)
         raise AssertionError("unreachable")
 
-    def _decode(self, request_id, prep, sampling, cache_salt, route: Route, prefill, emitted: list[int], stream: bool, cached_tokens: int) -> Iterator[TokenEvent]:
+    def _decode(
+        self, request_id, prep, sampling, cache_salt, route: Route, prefill, emitted: list[int], stream: bool, cached_tokens: int
+    ) -> Iterator[TokenEvent]:
         decode_request = pb.DecodeRequest(
             request_id=request_id,
             prompt_token_ids=prep.prompt_token_ids,
@@ -248,7 +258,9 @@ class Pipeline:
         try:
             with self.watchdog.watching(chunks, route.decode):
                 for chunk in chunks:
-                    yield TokenEvent(list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, cached_tokens)
+                    yield TokenEvent(
+                        list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, cached_tokens
+                    )
         except grpc.RpcError as exc:
             raise _classify("decode", route.decode, exc) from None
         finally:
@@ -287,7 +299,7 @@ def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:
 def _trailing(exc: grpc.RpcError, key: str) -> str | None:
     try:
         metadata = exc.trailing_metadata() or ()
-    except Exception:  # noqa: BLE001 - some errors carry no call metadata
+    except Exception:
         return None
     for k, v in metadata:
         if k == key:

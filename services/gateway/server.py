@@ -26,7 +26,9 @@ log = logging.getLogger("tessera")
 def build_pipeline(config: RoleConfig, *, namespace: str, block_size: int) -> Pipeline:
     index = create_index(config.index_url, namespace=namespace) if config.index_url else None
     static = {role: tuple(a.strip() for a in getattr(config, f"{role}_address").split(",") if a.strip()) for role in ROUTED_ROLES}
-    membership = Membership(index, static if index is None else None, refresh_s=min(1.0, config.index_ttl_s / 3), quarantine_s=config.index_ttl_s)
+    membership = Membership(
+        index, static if index is None else None, refresh_s=min(1.0, config.index_ttl_s / 3), quarantine_s=config.index_ttl_s
+    )
     membership.start()
     router = Router(membership, policy=config.routing_policy, index=index if config.cache_lookups else None, block_size=block_size)
     return Pipeline(router, timeout_s=config.request_timeout_s, max_failures=config.max_node_failures)
@@ -35,7 +37,9 @@ def build_pipeline(config: RoleConfig, *, namespace: str, block_size: int) -> Pi
 def run_gateway(config: RoleConfig, *, served_model: str, namespace: str, block_size: int) -> None:
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size)
     app = GatewayApp(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens)
-    generate = start_generate_server(GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens), config.generate_address)
+    generate = start_generate_server(
+        GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens), config.generate_address
+    )
     http = make_server(app, config.http_host, config.http_port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

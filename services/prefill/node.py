@@ -191,7 +191,9 @@ class PrefillNode(EngineNode):
         request.sampling = replace(request.sampling, max_tokens=1, stop=(), stop_token_ids=(), ignore_eos=True)
         done: Future = Future()
         self._decode_targets[request.request_id] = decode_address
-        self.loop.subscribe(request.request_id, lambda out: done.set_exception(out) if isinstance(out, BaseException) else done.set_result(out))
+        self.loop.subscribe(
+            request.request_id, lambda out: done.set_exception(out) if isinstance(out, BaseException) else done.set_result(out)
+        )
         started = time.perf_counter()
         try:
             self.loop.call(lambda engine: engine.add(request)).result()

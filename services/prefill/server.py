@@ -13,12 +13,12 @@ import grpc
 from protos.gen import pb, rpc
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
+from services.engine.sampling_wire import sampling_from_pb
 from services.prefill.kv_pull import KVSource
 from services.prefill.node import EmbeddingsUnavailableError, PrefillNode
-from services.transport.kv_peer import add_kv_peer
-from services.engine.sampling_wire import sampling_from_pb
 from services.transport.convert import item_from_pb, item_to_pb
 from services.transport.grpc_server import CHANNEL_OPTIONS, MISSING_PIXELS_KEY, Lifecycle, abort_with, new_server, serve_forever
+from services.transport.kv_peer import add_kv_peer
 from shared.tracing import outgoing_metadata
 
 
@@ -66,7 +66,10 @@ class PrefillServicer(rpc.PrefillServicer):
             try:
                 if mine:
                     reply = await self._encoder(encoder_address).Encode(
-                        pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in mine], target_data_address=self.node.data_address),
+                        pb.EncodeRequest(
+                            items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in mine],
+                            target_data_address=self.node.data_address,
+                        ),
                         timeout=120,
                         metadata=outgoing_metadata(),
                     )
@@ -89,17 +92,27 @@ class PrefillServicer(rpc.PrefillServicer):
         try:
             if lacking:
                 if not encoder:
-                    await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, "images need embeddings but no encoder_address was given", 400)
+                    await abort_with(
+                        context, grpc.StatusCode.INVALID_ARGUMENT, "images need embeddings but no encoder_address was given", 400
+                    )
                 await self._fetch_embeddings(rid, lacking, encoder, context)
             # A migrated request's answer so far is computed like prompt text (same positions).
             token_ids = [*request.prompt_token_ids, *request.prior_output_token_ids]
-            engine_request = build_request(rid, token_ids, items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size)
+            engine_request = build_request(
+                rid, token_ids, items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size
+            )
             sources = [KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources]
             num_pulled = await self._pull_kv(engine_request, sources) if sources else 0
             result = await asyncio.to_thread(self.node.prefill, engine_request, request.decode_data_address)
         except grpc.aio.AioRpcError as exc:
             self.node.release(rid, items)
-            await abort_with(context, grpc.StatusCode.UNAVAILABLE, f"encoder {encoder} unavailable: {exc.details()}", None, failed_node=("encoder", encoder))
+            await abort_with(
+                context,
+                grpc.StatusCode.UNAVAILABLE,
+                f"encoder {encoder} unavailable: {exc.details()}",
+                None,
+                failed_node=("encoder", encoder),
+            )
         except EmbeddingsUnavailableError as exc:
             self.node.release(rid, items)
             await abort_with(context, grpc.StatusCode.UNAVAILABLE, f"{exc} from encoder {encoder}", None, failed_node=("encoder", encoder))
@@ -110,7 +123,10 @@ class PrefillServicer(rpc.PrefillServicer):
             self.node.release(rid, items)
             raise
         return pb.PrefillResponse(
-            first_token_id=result.first_token_id, num_cached_tokens=result.num_cached_tokens, mrope_delta=result.mrope_delta, num_pulled_tokens=num_pulled
+            first_token_id=result.first_token_id,
+            num_cached_tokens=result.num_cached_tokens,
+            mrope_delta=result.mrope_delta,
+            num_pulled_tokens=num_pulled,
         )
 
     async def Stats(self, request, context) -> pb.StatsResponse:

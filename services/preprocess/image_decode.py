@@ -33,9 +33,7 @@ def _unidentified(data: bytes) -> Exception:
     if fmt is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         fmt = "WEBP"
     if fmt is None:
-        return InvalidImageDataError(
-            f"data is not a supported image (expected one of {', '.join(SUPPORTED_FORMATS).lower()})"
-        )
+        return InvalidImageDataError(f"data is not a supported image (expected one of {', '.join(SUPPORTED_FORMATS).lower()})")
     if fmt == "PNG" and len(data) >= 24 and data[12:16] == b"IHDR":
         width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
         if width == 0 or height == 0:
@@ -61,13 +59,9 @@ def decode_image(data: bytes, config: PreprocessConfig) -> Image.Image:
     if width <= 0 or height <= 0:
         raise InvalidImageDimensionsError(f"image has zero size ({width}x{height})")
     if width * height > config.max_image_pixels:
-        raise ImageTooLargeError(
-            f"image is {width}x{height} = {width * height} pixels, over the limit of {config.max_image_pixels}"
-        )
+        raise ImageTooLargeError(f"image is {width}x{height} = {width * height} pixels, over the limit of {config.max_image_pixels}")
     if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
-        raise InvalidImageDimensionsError(
-            f"image aspect ratio {max(width, height) / min(width, height):.1f} exceeds {MAX_ASPECT_RATIO}"
-        )
+        raise InvalidImageDimensionsError(f"image aspect ratio {max(width, height) / min(width, height):.1f} exceeds {MAX_ASPECT_RATIO}")
     try:
         image.seek(0)
         image.load()

@@ -46,9 +46,7 @@ def load_image_bytes(reference: str, config: PreprocessConfig) -> bytes:
 
 def _check_size(num_bytes: int, config: PreprocessConfig) -> None:
     if num_bytes > config.max_image_bytes:
-        raise ImageTooLargeError(
-            f"encoded image is {num_bytes} bytes, over the limit of {config.max_image_bytes} bytes"
-        )
+        raise ImageTooLargeError(f"encoded image is {num_bytes} bytes, over the limit of {config.max_image_bytes} bytes")
 
 
 def _from_base64(payload: str, config: PreprocessConfig, *, what: str) -> bytes:
@@ -90,14 +88,12 @@ def _host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
 
 def _from_remote(url: str, config: PreprocessConfig) -> bytes:
     if not config.allow_remote_images:
-        raise ImageSourceNotAllowedError(
-            "remote image URLs are disabled; send the image as a data URL or enable allow_remote_images"
-        )
+        raise ImageSourceNotAllowedError("remote image URLs are disabled; send the image as a data URL or enable allow_remote_images")
     host = urllib.parse.urlsplit(url).hostname or ""
     if not _host_allowed(host, config.allowed_image_domains):
         raise ImageSourceNotAllowedError(f"image host {host!r} is not on the allowed domain list")
     try:
-        with urllib.request.urlopen(url, timeout=config.remote_fetch_timeout_s) as response:  # noqa: S310
+        with urllib.request.urlopen(url, timeout=config.remote_fetch_timeout_s) as response:
             data = response.read(config.max_image_bytes + 1)
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
         raise ImageFetchError(f"could not fetch image from {host!r}: {exc}") from None

@@ -35,7 +35,13 @@ class PixelTransfer:
 
 class PreprocessNode:
     def __init__(
-        self, model: ModelRef, config: PreprocessConfig, *, mirror_entries: int = 4096, index: CacheIndex | None = None, liveness: Liveness | None = None
+        self,
+        model: ModelRef,
+        config: PreprocessConfig,
+        *,
+        mirror_entries: int = 4096,
+        index: CacheIndex | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.preprocessor = Preprocessor(model, config)
         self.indexed_grids: IndexedGrids | None = grids_from_index(index) if index is not None else None

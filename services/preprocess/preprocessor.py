@@ -35,7 +35,6 @@ from shared.hashing import mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.models.registry import ModelRef
 from shared.types import MmHash, PlaceholderRange
 
-
 # The images (by mm_hash) that some live encoder holds -> their patch grids (t, h, w).
 IndexedGrids = Callable[[list[MmHash]], Mapping[MmHash, tuple[int, int, int]]]
 
@@ -101,7 +100,10 @@ class Preprocessor:
         cached = [self.processor_cache.get(mm_hash) for mm_hash, _ in identified]
         misses = [mm_hash for (mm_hash, _), hit in zip(identified, cached) if hit is None]
         grids = indexed_grids(misses) if indexed_grids is not None and misses else {}
-        hashed = [self._materialize(image, mm_hash, pil, hit, grids.get(mm_hash)) for image, (mm_hash, pil), hit in zip(parsed.images, identified, cached)]
+        hashed = [
+            self._materialize(image, mm_hash, pil, hit, grids.get(mm_hash))
+            for image, (mm_hash, pil), hit in zip(parsed.images, identified, cached)
+        ]
         expanded, ranges = expand_placeholders(token_ids, self.image_token_id, [h[1].num_tokens for h in hashed])
         if len(expanded) > self.config.max_prompt_tokens:
             raise PromptTooLongError(
@@ -111,9 +113,7 @@ class Preprocessor:
             MmItem(mm_hash=mm_hash, placeholder=placeholder, image=image, processor_cache_hit=hit)
             for (mm_hash, image, hit), placeholder in zip(hashed, ranges)
         ]
-        positions, delta = mrope_positions(
-            len(expanded), ranges, [item.image.grid_thw for item in items], self.image_processor.merge_size
-        )
+        positions, delta = mrope_positions(len(expanded), ranges, [item.image.grid_thw for item in items], self.image_processor.merge_size)
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
 
     def render_prompt(self, messages: Sequence[dict]) -> str:
@@ -136,7 +136,9 @@ class Preprocessor:
         """
         if image_input.uuid is not None:
             # A stable id names the content: neither the bytes nor the pixels are touched.
-            return mm_hash_of_stable_id(model_id=self.model.model_id, modality="image", stable_id=image_input.uuid, processor_kwargs=self._hash_kwargs), None
+            return mm_hash_of_stable_id(
+                model_id=self.model.model_id, modality="image", stable_id=image_input.uuid, processor_kwargs=self._hash_kwargs
+            ), None
         data = load_image_bytes(image_input.reference, self.config)
         file_key = blake3.blake3(data).digest()
         memo_hash = self._file_to_mm_hash.get(file_key)
@@ -148,7 +150,12 @@ class Preprocessor:
         return mm_hash, pil
 
     def _materialize(
-        self, image_input: ImageInput, mm_hash: MmHash, pil: Image.Image | None, cached: ProcessedImage | None, indexed_grid: tuple[int, int, int] | None
+        self,
+        image_input: ImageInput,
+        mm_hash: MmHash,
+        pil: Image.Image | None,
+        cached: ProcessedImage | None,
+        indexed_grid: tuple[int, int, int] | None,
     ) -> tuple[MmHash, ProcessedImage, bool]:
         """(mm_hash, processed image, processor-cache hit): the cached entry, a pixel-less record
         from the index's grid, or a fresh run of the image processor."""

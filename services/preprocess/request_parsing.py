@@ -115,7 +115,7 @@ def _parse_part(part: object, where: str, role: str) -> tuple[dict, ImageInput |
         if kind == "image_url" and isinstance(raw, Mapping):
             raw = raw.get("url")
         if not isinstance(raw, str) or not raw:
-            raise InvalidRequestError(f"{where}.{kind} must be a non-empty string" + (" or {\"url\": ...}" if kind == "image_url" else ""))
+            raise InvalidRequestError(f"{where}.{kind} must be a non-empty string" + (' or {"url": ...}' if kind == "image_url" else ""))
         return {"type": "image"}, ImageInput(reference=raw, uuid=_parse_uuid(part, where))
     raise InvalidRequestError(f"{where}: unsupported content part type {kind!r} (expected 'text', 'image_url' or 'image')")
 

@@ -51,9 +51,15 @@ class PreprocessServicer(rpc.PreprocessServicer):
 
     async def ResendPixels(self, request: pb.ResendPixelsRequest, context) -> pb.ResendPixelsResponse:
         not_found, transfer = await asyncio.to_thread(
-            self.node.resend, list(request.mm_hashes), encoder_id=request.encoder_id, encoder_address=request.encoder_data_address, force=request.force
+            self.node.resend,
+            list(request.mm_hashes),
+            encoder_id=request.encoder_id,
+            encoder_address=request.encoder_data_address,
+            force=request.force,
         )
-        return pb.ResendPixelsResponse(not_found=not_found, pixel_bytes_sent=transfer.num_bytes_sent, pixel_bytes_skipped=transfer.num_bytes_skipped)
+        return pb.ResendPixelsResponse(
+            not_found=not_found, pixel_bytes_sent=transfer.num_bytes_sent, pixel_bytes_skipped=transfer.num_bytes_skipped
+        )
 
     async def Stats(self, request, context) -> pb.StatsResponse:
         return pb.StatsResponse(role="preprocess", pid=os.getpid(), counters=self.node.counters())

@@ -16,8 +16,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from services.router.scoring import POLICIES, Candidate, choose, image_tokens_per_node, prefix_tokens_per_node
 from services.router.membership import Membership
+from services.router.scoring import POLICIES, Candidate, choose, image_tokens_per_node, prefix_tokens_per_node
 from shared.hashing import MmSpan
 from shared.hashing import block_hashes as compute_block_hashes
 from shared.index.backend import CacheIndex
@@ -81,8 +81,12 @@ class Router:
             self.membership.update(lookup.nodes)
         tie_key = images[0][0] if images else ""
         image_tokens = {h: r.length for h, r in images}
-        mm_holders = {h: {self._address(n, lookup): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
-        encoder = choose(self.policy, self._candidates("encoder", exclude), image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key)
+        mm_holders = (
+            {h: {self._address(n, lookup): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
+        )
+        encoder = choose(
+            self.policy, self._candidates("encoder", exclude), image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key
+        )
         prefix_tokens = self._prefix_tokens_by_node(lookup)
         prefill = choose(self.policy, self._candidates("prefill", exclude), prefix_tokens, turn=turn, tie_key=tie_key)
         decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy

@@ -47,7 +47,9 @@ def score(candidate: Candidate, cached_tokens: int) -> float:
     return cached_tokens - LOAD_WEIGHT * candidate.load - KV_WEIGHT * candidate.kv_usage
 
 
-def choose(policy: str, candidates: Sequence[Candidate], node_to_cached_tokens: Mapping[str, int], *, turn: int = 0, tie_key: str = "") -> str:
+def choose(
+    policy: str, candidates: Sequence[Candidate], node_to_cached_tokens: Mapping[str, int], *, turn: int = 0, tie_key: str = ""
+) -> str:
     """The chosen node id. ``turn`` is the caller's request counter, used by round_robin."""
     if not candidates:
         raise ValueError("no candidate nodes")

@@ -125,7 +125,12 @@ class Stack:
         else:
             self._start_valkey()
         host, model = self.config.host, self.config.model
-        counts = {"preprocess": self.config.num_preprocess, "encoder": self.config.num_encoders, "decode": self.config.num_decode, "prefill": self.config.num_prefill}
+        counts = {
+            "preprocess": self.config.num_preprocess,
+            "encoder": self.config.num_encoders,
+            "decode": self.config.num_decode,
+            "prefill": self.config.num_prefill,
+        }
         if min(counts.values()) < 1:
             raise ValueError("every role needs at least one node")
         base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--index-url", self.valkey_url]
@@ -144,8 +149,20 @@ class Stack:
         generate_address = f"{host}:{self.config.generate_port}"
         gateway = RoleProcess(
             "gateway",
-            [*base, "--role", "gateway", "--http-host", host, "--http-port", str(self.config.http_port), "--generate-address", generate_address,
-             "--routing-policy", self.config.routing_policy, *self.config.passthrough],
+            [
+                *base,
+                "--role",
+                "gateway",
+                "--http-host",
+                host,
+                "--http-port",
+                str(self.config.http_port),
+                "--generate-address",
+                generate_address,
+                "--routing-policy",
+                self.config.routing_policy,
+                *self.config.passthrough,
+            ],
             generate_address,
         )
         self.roles.append(gateway)
@@ -176,7 +193,7 @@ class Stack:
                 if role.process is not None and role.process.poll() is not None and not self._stopping:
                     print(f"{role.role} (pid {role.process.pid}) exited with {role.process.returncode}", file=sys.stderr, flush=True)
                     if self.config.restart_roles:
-                        time.sleep(min(5.0, 0.5 * 2**min(role.num_restarts, 3)))
+                        time.sleep(min(5.0, 0.5 * 2 ** min(role.num_restarts, 3)))
                         role.num_restarts += 1
                         self._spawn(role)
                         self._write_state()
@@ -212,7 +229,9 @@ class Stack:
         from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 
         self.valkey_port = self.valkey_port or free_port()  # a restart reuses the port the nodes know
-        self.valkey, self.valkey_url = start_redis_server(embedded_valkey_binary(), self.valkey_port, preexec_fn=_detach_but_die_with_parent)
+        self.valkey, self.valkey_url = start_redis_server(
+            embedded_valkey_binary(), self.valkey_port, preexec_fn=_detach_but_die_with_parent
+        )
 
     def _check_valkey(self) -> None:
         """Restart a dead embedded Valkey on its port (after the roles' backoff), without blocking
@@ -241,7 +260,10 @@ class Stack:
         state = {
             "valkey": {"url": self.valkey_url, "pid": self.valkey.pid if self.valkey else None, "restarts": self.valkey_restarts},
             "http": f"http://{self.config.host}:{self.config.http_port}",
-            "roles": {r.role: {"pid": r.process.pid if r.process else None, "grpc_address": r.grpc_address, "restarts": r.num_restarts} for r in self.roles},
+            "roles": {
+                r.role: {"pid": r.process.pid if r.process else None, "grpc_address": r.grpc_address, "restarts": r.num_restarts}
+                for r in self.roles
+            },
         }
         tmp = Path(str(self.config.state_file) + ".tmp")
         tmp.write_text(json.dumps(state, indent=2))

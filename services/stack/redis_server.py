@@ -15,7 +15,9 @@ def embedded_valkey_binary() -> str:
     return str(get_binary_path())
 
 
-def start_redis_server(binary: str, port: int, *, preexec_fn: Callable[[], None] | None = None, timeout_s: float = 10.0) -> tuple[subprocess.Popen, str]:
+def start_redis_server(
+    binary: str, port: int, *, preexec_fn: Callable[[], None] | None = None, timeout_s: float = 10.0
+) -> tuple[subprocess.Popen, str]:
     """(process, url) once the server answers PING; no persistence, bound to 127.0.0.1."""
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],

@@ -71,8 +71,10 @@ class RoleConfig:
             raise ValueError("kv_pull_overhead_ms, drain_timeout_s and max_node_failures must be >= 0")
         static = (self.preprocess_address, self.encoder_address, self.prefill_address, self.decode_address)
         if self.role == "gateway" and not self.index_url and not all(static):
-            raise ValueError("the gateway needs --index-url (nodes are discovered there), or all of --preprocess-address, "
-                             "--encoder-address, --prefill-address and --decode-address (comma-separated lists)")
+            raise ValueError(
+                "the gateway needs --index-url (nodes are discovered there), or all of --preprocess-address, "
+                "--encoder-address, --prefill-address and --decode-address (comma-separated lists)"
+            )
         if self.role != "gateway" and self.index_url and split_host_port(self.grpc_address)[1] == 0:
             raise ValueError("with --index-url a node must bind an explicit --grpc-address port: the index advertises it")
         if self.routing_policy not in POLICIES:
@@ -103,7 +105,13 @@ def _run_encoder(config: RoleConfig, model: ModelRef, engine_config: EngineConfi
     from services.encoder.server import serve
 
     liveness = Liveness(stall_s=config.liveness_stall_s)
-    node = EncoderNode(model, data_bind=config.data_address, cache_tokens=engine_config.encoder_cache_tokens, device=engine_config.device, liveness=liveness)
+    node = EncoderNode(
+        model,
+        data_bind=config.data_address,
+        cache_tokens=engine_config.encoder_cache_tokens,
+        device=engine_config.device,
+        liveness=liveness,
+    )
     node.publisher = _publisher(config, model, node.data_address, node.load, liveness)
     asyncio.run(serve(node, config.grpc_address, _lifecycle(config, node.publisher, liveness, node.close, node.load, node.counters)))
 
@@ -159,7 +167,9 @@ def _publisher(config: RoleConfig, model: ModelRef, data_address: str, load_fn, 
         return None
     grpc_address = advertise(config.grpc_address, config.advertise_host)
     data = advertise(data_address, config.advertise_host) if data_address else ""
-    info = NodeInfo(node_id=config.node_id or f"{config.role}@{grpc_address}", role=config.role, grpc_address=grpc_address, data_address=data)
+    info = NodeInfo(
+        node_id=config.node_id or f"{config.role}@{grpc_address}", role=config.role, grpc_address=grpc_address, data_address=data
+    )
     index = create_index(config.index_url, namespace=model.model_id)
     return IndexPublisher(index, info, ttl_s=config.index_ttl_s, load_fn=load_fn, alive_fn=liveness.is_alive)
 

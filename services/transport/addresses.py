@@ -14,7 +14,7 @@ _WILDCARDS = ("", "0.0.0.0", "::", "[::]", "*")
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """"host:port" or "tcp://host:port" -> (host, port)."""
+    """ "host:port" or "tcp://host:port" -> (host, port)."""
     host, sep, port = address.removeprefix("tcp://").rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"address {address!r} must be host:port")

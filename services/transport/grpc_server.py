@@ -127,7 +127,12 @@ def new_server() -> grpc.aio.Server:
 
 
 async def abort_with(
-    context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str, http_status: int | None, *, failed_node: tuple[str, str] | None = None
+    context: grpc.aio.ServicerContext,
+    code: grpc.StatusCode,
+    message: str,
+    http_status: int | None,
+    *,
+    failed_node: tuple[str, str] | None = None,
 ) -> None:
     """Fail the call; ``http_status`` None marks a node failure the gateway may retry elsewhere,
     ``failed_node`` (role, address) names the node that failed."""

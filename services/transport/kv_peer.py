@@ -4,7 +4,6 @@ puller's data address. Thin: converts at the edge and calls the node's export_kv
 from __future__ import annotations
 
 import asyncio
-
 from typing import Protocol
 
 from protos.gen import pb, rpc

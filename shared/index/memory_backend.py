@@ -76,9 +76,7 @@ class InProcessIndex:
             def live(node_id: str, epoch: int) -> bool:
                 return node_id in nodes and nodes[node_id].epoch == epoch
 
-            mm_holders = {
-                h: {nid: entry for nid, (epoch, entry) in self._mm.get(h, {}).items() if live(nid, epoch)} for h in mm_hashes
-            }
+            mm_holders = {h: {nid: entry for nid, (epoch, entry) in self._mm.get(h, {}).items() if live(nid, epoch)} for h in mm_hashes}
             node_to_num_prefix_blocks: dict[str, int] = {}
             matching: set[str] | None = None  # live nodes holding every block so far
             for num_blocks, block_hash in enumerate(block_hashes, start=1):

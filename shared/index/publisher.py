@@ -4,9 +4,10 @@ The node calls ``record`` from its own thread (cheap: a lock and a queue append)
 serves (``start``), a background thread registers it, heartbeats every ttl/3 with the node's load,
 and publishes queued events in batches. A heartbeat is sent only while ``alive_fn`` says the
 node's compute loops make progress (shared/liveness.py), so a hung node leaves the rotation
-within its TTL. ``deregister`` (a drain) withdraws the node and its entries at once. The publisher also keeps the node's current holdings, so that after the index
-was unreachable (or the node re-registered under a new epoch) it republishes the full snapshot:
-the index catches up by itself, and a node never depends on the index to serve.
+within its TTL. ``deregister`` (a drain) withdraws the node and its entries at once. The
+publisher also keeps the node's current holdings, so that after the index was unreachable (or
+the node re-registered under a new epoch) it republishes the full snapshot: the index catches up
+by itself, and a node never depends on the index to serve.
 """
 
 from __future__ import annotations

@@ -59,9 +59,7 @@ def resolve_model(reference: str, *, model_id: str | None = None, progress: Prog
     else:
         path = Path(reference).expanduser().resolve()
         if not path.is_dir():
-            raise ModelNotFoundError(
-                f"model {reference!r} is neither a built-in ({', '.join(BUILTIN_SPECS)}) nor a checkpoint directory"
-            )
+            raise ModelNotFoundError(f"model {reference!r} is neither a built-in ({', '.join(BUILTIN_SPECS)}) nor a checkpoint directory")
         default_id = path.name
     config_file = path / "config.json"
     try:

@@ -82,9 +82,7 @@ def build_qwen2_tokenizer():
     )
     # Like tiktoken: a pre-token that is itself in the vocabulary is emitted whole.
     tokenizer.backend_tokenizer.model.ignore_merges = True
-    tokenizer.add_special_tokens(
-        {"additional_special_tokens": [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]}
-    )
+    tokenizer.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]})
     for token_id, token in enumerate(SPECIAL_TOKENS, start=NUM_BPE_TOKENS):
         actual = tokenizer.convert_tokens_to_ids(token)
         if actual != token_id:

@@ -274,14 +274,20 @@ def local_argv(argv: Iterable[str]) -> tuple[str, ...]:
         return (sys.executable, *argv[1:])
     if argv[:2] == ["/bin/sh", "-c"] and len(argv) == 3:
         script = argv[2]
-        for name, local in (("tessera", f"{shlex.quote(sys.executable)} -m services.cli.main"), ("python3", shlex.quote(sys.executable)), ("python", shlex.quote(sys.executable))):
+        for name, local in (
+            ("tessera", f"{shlex.quote(sys.executable)} -m services.cli.main"),
+            ("python3", shlex.quote(sys.executable)),
+            ("python", shlex.quote(sys.executable)),
+        ):
             script = re.sub(rf"(^|[;&|(]\s*){name}(?=\s)", lambda m, local=local: m.group(1) + local, script)
         return ("/bin/sh", "-c", script)
     return tuple(argv)
 
 
 class _Mapper:
-    def __init__(self, service: Service, ports: Mapping[int, int], service_ports: Mapping[str, Mapping[int, int]], volume_dirs: Mapping[str, Path]) -> None:
+    def __init__(
+        self, service: Service, ports: Mapping[int, int], service_ports: Mapping[str, Mapping[int, int]], volume_dirs: Mapping[str, Path]
+    ) -> None:
         self.service, self.ports, self.service_ports = service, ports, service_ports
         self.mounts = {target: Path(volume_dirs[source]) for target, source in service.volumes.items()}
 
@@ -305,7 +311,7 @@ class _Mapper:
             return str(self.ports[int(text)])
         for target, local in self.mounts.items():
             if text == target or text.startswith(target + "/"):
-                return str(local) + text[len(target):]
+                return str(local) + text[len(target) :]
         return _ADDRESS.sub(self._address, text)
 
 
@@ -365,8 +371,16 @@ class ComposeDeployment:
     that already holds the built model); the others are created under ``workdir/volumes``.
     """
 
-    def __init__(self, compose_path: Path = COMPOSE_FILE, workdir: Path | None = None, *, volumes: Mapping[str, Path] | None = None,
-                 profiles: Iterable[str] = (), startup_timeout_s: float = 300.0, one_shot_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        compose_path: Path = COMPOSE_FILE,
+        workdir: Path | None = None,
+        *,
+        volumes: Mapping[str, Path] | None = None,
+        profiles: Iterable[str] = (),
+        startup_timeout_s: float = 300.0,
+        one_shot_timeout_s: float = 600.0,
+    ) -> None:
         if workdir is None:
             raise ValueError("workdir is required")
         self.compose_path = Path(compose_path).resolve()
@@ -509,7 +523,9 @@ class ComposeDeployment:
             for name in list(pending):
                 dead = [r for r in self._running[name] if not r.alive]
                 if dead:
-                    raise RuntimeError(f"{dead[0].log_path.stem} exited with {dead[0].process.returncode} before it was healthy\n{self.logs(name)}")
+                    raise RuntimeError(
+                        f"{dead[0].log_path.stem} exited with {dead[0].process.returncode} before it was healthy\n{self.logs(name)}"
+                    )
                 if self.healthy(name):
                     pending.remove(name)
             if pending and time.monotonic() > deadline:
@@ -552,11 +568,20 @@ class ComposeDeployment:
     def _run_once(self, service: Service) -> None:
         number = self._next_number[service.name]
         self._next_number[service.name] += 1
-        plan = plan_replica(service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port)
+        plan = plan_replica(
+            service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port
+        )
         log_path = self.workdir / "logs" / f"{self.project}-{service.name}-{number}.log"
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(plan.argv, env=self._process_env(plan), cwd=self.project_dir, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, preexec_fn=_own_session_and_die_with_parent)
+            process = subprocess.Popen(
+                plan.argv,
+                env=self._process_env(plan),
+                cwd=self.project_dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_own_session_and_die_with_parent,
+            )
             try:
                 code = process.wait(timeout=self.one_shot_timeout_s)
             except subprocess.TimeoutExpired:
@@ -578,14 +603,25 @@ class ComposeDeployment:
             if len(service.container_ports) > 1:
                 raise ValueError(f"{service.name}: a Redis image serves one port")
             port = self._allocate_port()
-            plan = ReplicaPlan(service.name, number, ("valkey-server", "--port", str(port)), {}, {(service.container_ports or (6379,))[0]: port}, None)
+            plan = ReplicaPlan(
+                service.name, number, ("valkey-server", "--port", str(port)), {}, {(service.container_ports or (6379,))[0]: port}, None
+            )
             process, _url = start_redis_server(embedded_valkey_binary(), port, preexec_fn=_own_session_and_die_with_parent)
             run = _Running(plan, process, log_path)
         elif service.build:
-            plan = plan_replica(service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port)
+            plan = plan_replica(
+                service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port
+            )
             log = open(log_path, "wb")
-            process = subprocess.Popen(plan.argv, env=self._process_env(plan), cwd=self.project_dir, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, preexec_fn=_own_session_and_die_with_parent)
+            process = subprocess.Popen(
+                plan.argv,
+                env=self._process_env(plan),
+                cwd=self.project_dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_own_session_and_die_with_parent,
+            )
             run = _Running(plan, process, log_path, log)
         else:
             raise NotImplementedError(f"{service.name}: image {service.image!r} is neither built here nor a Redis-compatible server")
@@ -619,8 +655,14 @@ class ComposeDeployment:
             offset = len(check) - len(service.healthcheck.test)  # `tessera` became several words
             return _grpc_serving(check[offset + 2], service.healthcheck.timeout_s)
         try:
-            result = subprocess.run(check, env=self._process_env(run.plan), cwd=self.project_dir, capture_output=True,
-                                    timeout=service.healthcheck.timeout_s, stdin=subprocess.DEVNULL)
+            result = subprocess.run(
+                check,
+                env=self._process_env(run.plan),
+                cwd=self.project_dir,
+                capture_output=True,
+                timeout=service.healthcheck.timeout_s,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
             return False
         return result.returncode == 0

@@ -55,7 +55,9 @@ def role_settings() -> set[str]:
 
 
 def _check_jsonschema(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", SCHEMA, str(path)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", SCHEMA, str(path)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_compose_file_matches_the_compose_specification_schema():

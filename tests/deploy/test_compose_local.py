@@ -42,7 +42,9 @@ def test_harness_maps_services_to_loopback(tmp_path):
     valkey_port = 23999
     home = tmp_path / "home"
     plans = [
-        plan_replica(services[role], n, service_ports={"valkey": {6379: valkey_port}}, volume_dirs={"tessera-home": home}, allocate_port=allocate)
+        plan_replica(
+            services[role], n, service_ports={"valkey": {6379: valkey_port}}, volume_dirs={"tessera-home": home}, allocate_port=allocate
+        )
         for role, count in SCALE.items()
         for n in range(1, count + 1)
     ]
@@ -90,12 +92,20 @@ def test_harness_reads_stop_and_health_timing_from_the_file():
 
 def test_undeclared_ports_are_refused(tmp_path):
     """An address on a port the service does not declare cannot be mapped: fail loudly."""
-    text = COMPOSE_FILE.read_text().replace("TESSERA_SERVE_METRICS_PORT: \"9090\"", "TESSERA_SERVE_METRICS_PORT: \"9090\"\n  TESSERA_SERVE_NODE_ID: 0.0.0.0:1234", 1)
+    text = COMPOSE_FILE.read_text().replace(
+        'TESSERA_SERVE_METRICS_PORT: "9090"', 'TESSERA_SERVE_METRICS_PORT: "9090"\n  TESSERA_SERVE_NODE_ID: 0.0.0.0:1234', 1
+    )
     broken = tmp_path / "docker-compose.yml"
     broken.write_text(text)
     services = load_compose(broken)
     with pytest.raises(ValueError, match="1234"):
-        plan_replica(services["encoder"], 1, service_ports={"valkey": {6379: 1}}, volume_dirs={"tessera-home": tmp_path}, allocate_port=iter(range(30000, 30100)).__next__)
+        plan_replica(
+            services["encoder"],
+            1,
+            service_ports={"valkey": {6379: 1}},
+            volume_dirs={"tessera-home": tmp_path},
+            allocate_port=iter(range(30000, 30100)).__next__,
+        )
 
 
 @pytest.mark.slow

@@ -56,7 +56,12 @@ class Load:
                 return
             try:
                 chunks = self.client.chat.completions.create(
-                    model="tiny", messages=self.cases[i].body["messages"], stream=True, temperature=0, max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True}
+                    model="tiny",
+                    messages=self.cases[i].body["messages"],
+                    stream=True,
+                    temperature=0,
+                    max_tokens=MAX_TOKENS,
+                    extra_body={"ignore_eos": True},
                 )
                 text = ""
                 for chunk in chunks:
@@ -64,7 +69,7 @@ class Load:
                         self.started.set()
                         text += chunk.choices[0].delta.content
                 self.texts[i] = text
-            except BaseException as exc:  # noqa: BLE001 - reported by the test
+            except BaseException as exc:
                 self.errors.append(exc)
 
     def join(self) -> list[str | None]:
@@ -123,7 +128,9 @@ def test_encoders_scale_from_one_to_three_and_back_under_load_without_losing_a_r
         assert not load.errors, (load.errors, deployment.logs("gateway"))
         assert texts == expected_in[4:]
         assert deployment.replicas("encoder") == [first]
-        assert _eventually(lambda: _num_listed(url, "encoder") == 1, timeout_s=2.0), httpx.get(url + "/health").text  # deregistered on drain
+        assert _eventually(lambda: _num_listed(url, "encoder") == 1, timeout_s=2.0), httpx.get(
+            url + "/health"
+        ).text  # deregistered on drain
 
 
 @pytest.fixture(autouse=True)

@@ -118,7 +118,9 @@ def test_rendered_manifests_pass_kubernetes_validate_strict(kustomization, tmp_p
     version_args = [arg for version in K8S_VERSIONS for arg in ("-k", version)]
     result = subprocess.run(
         [sys.executable, "-m", "kubernetes_validate", "--strict", *version_args, str(manifest)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     output = result.stdout + result.stderr
     problems = "\n".join(line for line in output.splitlines() if not line.startswith("INFO ")) or output

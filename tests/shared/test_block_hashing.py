@@ -115,10 +115,7 @@ def test_fast_block_hashes_equal_the_canonical_definition():
         block_size = rng.choice([1, 2, 4, 16])
         tokens = [rng.randrange(0, 200_000) for _ in range(rng.randrange(0, 70))]
         # Overlapping, adjacent, empty and out-of-prompt spans, in no particular order.
-        spans = [
-            _span(f"img{rng.randrange(5)}", rng.randrange(-3, 75), rng.randrange(0, 30))
-            for _ in range(rng.randrange(0, 4))
-        ]
+        spans = [_span(f"img{rng.randrange(5)}", rng.randrange(-3, 75), rng.randrange(0, 30)) for _ in range(rng.randrange(0, 4))]
         salt = rng.choice([None, "", "tenant-é"])
         lora = rng.choice([None, "adapter"])
         expected = _canonical_block_hashes(tokens, block_size, spans, salt, lora)

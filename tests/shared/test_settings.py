@@ -30,7 +30,9 @@ def test_bools_tuples_and_strings_parse():
     args = _args(PreprocessConfig.add_cli_arguments, ["--allow-remote-images", "--allowed-image-domains", "A.com, b.org"])
     config = PreprocessConfig.from_sources(args, {})
     assert config.allow_remote_images and config.allowed_image_domains == ("a.com", "b.org")
-    engine = EngineConfig.from_sources(None, {"TESSERA_ENGINE_DISABLE_CHUNKED_MM_INPUT": "yes", "TESSERA_ENGINE_ATTENTION_BACKEND": "torch"})
+    engine = EngineConfig.from_sources(
+        None, {"TESSERA_ENGINE_DISABLE_CHUNKED_MM_INPUT": "yes", "TESSERA_ENGINE_ATTENTION_BACKEND": "torch"}
+    )
     assert engine.disable_chunked_mm_input and engine.attention_backend == "torch"
 
 

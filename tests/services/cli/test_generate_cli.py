@@ -13,7 +13,21 @@ def test_generate_prints_text_and_json_equal_to_the_oracle(tmp_path, repo_root, 
 
     image = make_image(112, 84, seed=9)
     image.save(tmp_path / "img.png")
-    args = [sys.executable, "-m", "services.cli.main", "generate", "--model", "tiny", "--image", str(tmp_path / "img.png"), "--prompt", "What is this?", "--max-tokens", "8", "--ignore-eos"]
+    args = [
+        sys.executable,
+        "-m",
+        "services.cli.main",
+        "generate",
+        "--model",
+        "tiny",
+        "--image",
+        str(tmp_path / "img.png"),
+        "--prompt",
+        "What is this?",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+    ]
     proc = subprocess.run(args + ["--json"], capture_output=True, text=True, cwd=repo_root, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -11,13 +11,21 @@ from tests.factories import image_data_url, make_image
 
 
 def _run(args, cwd):
-    return subprocess.run([sys.executable, "-m", "services.cli.main", *args], capture_output=True, text=True, cwd=cwd, env=os.environ.copy())
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli.main", *args], capture_output=True, text=True, cwd=cwd, env=os.environ.copy()
+    )
 
 
 def test_preprocess_prints_tokens_ranges_and_hashes(tmp_path, repo_root, tiny_model):
     request = {
         "messages": [
-            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(make_image(112, 84, seed=1))}}, {"type": "text", "text": "What is this?"}]}
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": image_data_url(make_image(112, 84, seed=1))}},
+                    {"type": "text", "text": "What is this?"},
+                ],
+            }
         ]
     }
     path = tmp_path / "req.json"

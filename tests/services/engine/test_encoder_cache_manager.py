@@ -46,12 +46,14 @@ def test_random_workload_keeps_budget_and_evicts_whole_items_in_lru_order():
     cache = EncoderCacheManager(cache_size=50)
     sizes = {f"img{i}": rng.randrange(1, 20) for i in range(30)}
     users: dict[str, set[str]] = {}
-    for step in range(2000):
+    for _ in range(2000):
         name = rng.choice(list(sizes))
         request = f"req{rng.randrange(8)}"
         freeable_before = list(cache.freeable)
         if rng.random() < 0.5:
-            if cache.check_and_update_cache(request, name) or (cache.can_allocate(sizes[name]) and not cache.allocate(request, name, sizes[name])):
+            if cache.check_and_update_cache(request, name) or (
+                cache.can_allocate(sizes[name]) and not cache.allocate(request, name, sizes[name])
+            ):
                 users.setdefault(name, set()).add(request)
         else:
             cache.free_encoder_input(request, name)

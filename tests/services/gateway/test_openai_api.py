@@ -15,7 +15,16 @@ def parse(**body):
 
 
 def test_defaults_and_field_mapping():
-    chat = parse(model="tiny", temperature=0, top_p=0.5, seed=3, stop="END", max_completion_tokens=7, stream=True, stream_options={"include_usage": True})
+    chat = parse(
+        model="tiny",
+        temperature=0,
+        top_p=0.5,
+        seed=3,
+        stop="END",
+        max_completion_tokens=7,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     assert chat.sampling.max_tokens == 7 and chat.sampling.temperature == 0 and chat.sampling.top_p == 0.5
     assert chat.sampling.seed == 3 and chat.sampling.stop == ("END",)
     assert chat.stream and chat.include_usage

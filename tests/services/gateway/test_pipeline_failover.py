@@ -99,7 +99,12 @@ class FakeNode:
             return self.streams.pop(0)
         first = request.first_token_id
         tokens = [first, first + 1]
-        return Stream([pb.DecodeChunk(token_ids=[t], text=f"{len(request.prior_output_token_ids) + i}", finished=i == 1) for i, t in enumerate(tokens)])
+        return Stream(
+            [
+                pb.DecodeChunk(token_ids=[t], text=f"{len(request.prior_output_token_ids) + i}", finished=i == 1)
+                for i, t in enumerate(tokens)
+            ]
+        )
 
 
 class FakePipeline(Pipeline):

@@ -42,12 +42,22 @@ BAD_CASES = [
     ("messages_not_list", {"messages": "hi"}, E.InvalidRequestError, "must be a list"),
     ("empty_messages", {"messages": []}, E.InvalidRequestError, "must not be empty"),
     ("bad_role", {"messages": [{"role": "robot", "content": "hi"}]}, E.InvalidRequestError, "role"),
-    ("unknown_part_type", _user({"type": "audio_url", "audio_url": {"url": "x"}}), E.InvalidRequestError, "unsupported content part type 'audio_url'"),
+    (
+        "unknown_part_type",
+        _user({"type": "audio_url", "audio_url": {"url": "x"}}),
+        E.InvalidRequestError,
+        "unsupported content part type 'audio_url'",
+    ),
     ("text_part_not_string", _user({"type": "text", "text": 5}), E.InvalidRequestError, "text must be a string"),
     ("invalid_base64", _user(_img("data:image/png;base64,@@@not-base64@@@")), E.InvalidImageDataError, "not valid base64"),
     ("bad_base64_padding", _user({"type": "image", "image": "abc"}), E.InvalidImageDataError, "not valid base64"),
     ("non_image_bytes", _user(_img(data_url(b"hello, I am plain text, not a picture"))), E.InvalidImageDataError, "not a supported image"),
-    ("non_image_mime", _user(_img("data:text/plain;base64," + base64.b64encode(GOOD_PNG).decode())), E.InvalidImageDataError, "expected image/*"),
+    (
+        "non_image_mime",
+        _user(_img("data:text/plain;base64," + base64.b64encode(GOOD_PNG).decode())),
+        E.InvalidImageDataError,
+        "expected image/*",
+    ),
     ("truncated_png", _user(_img(data_url(GOOD_PNG[: len(GOOD_PNG) // 2]))), E.InvalidImageDataError, "corrupt or truncated"),
     ("zero_by_zero", _user(_img(data_url(_png_header_only(0, 0)))), E.InvalidImageDimensionsError, "zero size (0x0)"),
     ("corrupt_png_header", _user(_img(data_url(GOOD_PNG[:8] + b"garbage" * 20))), E.InvalidImageDataError, "could not be parsed"),
@@ -57,22 +67,40 @@ BAD_CASES = [
     ("too_many_images", _user(*[_img(image_data_url(make_image(32, 32))) for _ in range(5)]), E.TooManyImagesError, "at most 4"),
     ("http_url_disabled", _user(_img("http://example.com/cat.png")), E.ImageSourceNotAllowedError, "remote image URLs are disabled"),
     ("local_path_disabled", _user(_img("/etc/passwd")), E.ImageSourceNotAllowedError, "local image paths are disabled"),
-    ("image_in_assistant_turn", {"messages": [{"role": "assistant", "content": [_img(image_data_url(make_image(32, 32)))]}]}, E.InvalidRequestError, "only allowed in user messages"),
-    ("placeholder_count_mismatch", {"prompt": "<|vision_start|><|image_pad|><|vision_end|> two? <|image_pad|>", "images": [image_data_url(make_image(32, 32))]}, E.PlaceholderMismatchError, "2 image placeholder(s) but 1 image(s)"),
-    ("images_without_placeholder", {"prompt_token_ids": [1, 2, 3], "images": [image_data_url(make_image(32, 32))]}, E.PlaceholderMismatchError, "0 image placeholder(s)"),
+    (
+        "image_in_assistant_turn",
+        {"messages": [{"role": "assistant", "content": [_img(image_data_url(make_image(32, 32)))]}]},
+        E.InvalidRequestError,
+        "only allowed in user messages",
+    ),
+    (
+        "placeholder_count_mismatch",
+        {"prompt": "<|vision_start|><|image_pad|><|vision_end|> two? <|image_pad|>", "images": [image_data_url(make_image(32, 32))]},
+        E.PlaceholderMismatchError,
+        "2 image placeholder(s) but 1 image(s)",
+    ),
+    (
+        "images_without_placeholder",
+        {"prompt_token_ids": [1, 2, 3], "images": [image_data_url(make_image(32, 32))]},
+        E.PlaceholderMismatchError,
+        "0 image placeholder(s)",
+    ),
     ("token_id_out_of_vocab", {"prompt_token_ids": [1, 10**9]}, E.InvalidRequestError, "outside the vocabulary"),
     ("token_ids_not_ints", {"prompt_token_ids": ["a"]}, E.InvalidRequestError, "non-negative integers"),
     ("prompt_too_long", {"prompt": "word " * 600}, E.PromptTooLongError, "limit is 512"),
     ("oversized_encoded_image", _user(_img(data_url(b"\0" * (3 * 1024 * 1024)))), E.ImageTooLargeError, "bytes, over the limit"),
-    ("bad_uuid", _user({"type": "image_url", "image_url": {"url": image_data_url(make_image(32, 32))}, "uuid": ""}), E.InvalidRequestError, "uuid"),
+    (
+        "bad_uuid",
+        _user({"type": "image_url", "image_url": {"url": image_data_url(make_image(32, 32))}, "uuid": ""}),
+        E.InvalidRequestError,
+        "uuid",
+    ),
 ]
 
 
 @pytest.fixture(scope="module")
 def strict_preprocessor(tiny_model):
-    config = PreprocessConfig(
-        max_image_bytes=2 * 1024 * 1024, max_image_pixels=4_000_000, max_images_per_request=4, max_prompt_tokens=512
-    )
+    config = PreprocessConfig(max_image_bytes=2 * 1024 * 1024, max_image_pixels=4_000_000, max_images_per_request=4, max_prompt_tokens=512)
     return Preprocessor(tiny_model, config)
 
 

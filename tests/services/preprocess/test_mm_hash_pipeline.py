@@ -78,7 +78,8 @@ from services.preprocess import Preprocessor
 from shared.models.registry import resolve_model
 from tests.factories import image_data_url, make_image
 p = Preprocessor(resolve_model("tiny"))
-req = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_data_url(make_image(120, 90, seed=7))}}]}]}
+IMAGE_PART = {"type": "image_url", "image_url": {"url": image_data_url(make_image(120, 90, seed=7))}}
+req = {"messages": [{"role": "user", "content": [IMAGE_PART]}]}
 print(p.preprocess(req).mm_items[0].mm_hash)
 """
 

@@ -48,7 +48,9 @@ class RunningStack:
         return self.state_file.with_suffix(".log").read_text()[-num_chars:]
 
 
-def launch_stack(directory: Path, repo_root: Path, *extra: str, env: dict[str, str] | None = None, timeout_s: float = 240.0) -> RunningStack:
+def launch_stack(
+    directory: Path, repo_root: Path, *extra: str, env: dict[str, str] | None = None, timeout_s: float = 240.0
+) -> RunningStack:
     """``tessera serve --model tiny <extra>`` in ``directory`` (state file, log, traces), once its
     gateway answers /health."""
     state_file = directory / "state.json"
@@ -56,8 +58,25 @@ def launch_stack(directory: Path, repo_root: Path, *extra: str, env: dict[str, s
     http_port, generate_port = free_port(), free_port()
     log = open(state_file.with_suffix(".log"), "w")
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "--model", "tiny", "--port", str(http_port), "--generate-port", str(generate_port), "--state-file", str(state_file), *extra],
-        cwd=repo_root, stdout=log, stderr=subprocess.STDOUT, env={**(os.environ if env is None else env), "TESSERA_TRACE_EXPORTER": f"jsonl:{trace_dir}"},
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "serve",
+            "--model",
+            "tiny",
+            "--port",
+            str(http_port),
+            "--generate-port",
+            str(generate_port),
+            "--state-file",
+            str(state_file),
+            *extra,
+        ],
+        cwd=repo_root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**(os.environ if env is None else env), "TESSERA_TRACE_EXPORTER": f"jsonl:{trace_dir}"},
     )
     running = RunningStack(process, f"http://127.0.0.1:{http_port}/v1", f"127.0.0.1:{generate_port}", state_file, trace_dir, log)
     deadline = time.monotonic() + timeout_s

@@ -52,7 +52,9 @@ def _held_prefix_blocks(index, hashes, deadline_s: float = 10.0) -> int:
 
 @pytest.fixture(scope="module")
 def reuse_stack(tmp_path_factory, repo_root, tiny_model):
-    running = launch_stack(tmp_path_factory.mktemp("reuse"), repo_root, "--encoders", "1", "--prefill", "2", "--decode", "1", "--routing-policy", "round_robin")
+    running = launch_stack(
+        tmp_path_factory.mktemp("reuse"), repo_root, "--encoders", "1", "--prefill", "2", "--decode", "1", "--routing-policy", "round_robin"
+    )
     index = create_index(running.state()["valkey"]["url"], namespace=tiny_model.model_id)
     yield running, index
     index.close()
@@ -107,7 +109,14 @@ def test_restarted_preprocess_skips_processing_pixels_an_encoder_holds(reuse_sta
     url = running.base_url.removesuffix("/v1")
     client = OpenAI(base_url=running.base_url, api_key="unused", max_retries=0, timeout=120)
     case = chat_case(encode_image(make_image(196, 140, seed=901)), "What colour is the largest shape?")
-    ask = lambda: client.chat.completions.create(model="tiny", messages=case.body["messages"], temperature=0, max_tokens=12).choices[0].message.content  # noqa: E731
+
+    def ask() -> str:
+        return (
+            client.chat.completions.create(model="tiny", messages=case.body["messages"], temperature=0, max_tokens=12)
+            .choices[0]
+            .message.content
+        )
+
     assert ask() == _oracle_text(oracle, case.oracle_messages, case.images)
 
     # A fresh preprocess process: its processor cache and sender mirror are empty.

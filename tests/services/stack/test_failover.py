@@ -34,14 +34,27 @@ GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tiny_model, repo_root):
     running = launch_stack(
-        tmp_path_factory.mktemp("failover"), repo_root, "--preprocess", "2", "--encoders", "2", "--prefill", "2", "--decode", "2", "--no-restart"
+        tmp_path_factory.mktemp("failover"),
+        repo_root,
+        "--preprocess",
+        "2",
+        "--encoders",
+        "2",
+        "--prefill",
+        "2",
+        "--decode",
+        "2",
+        "--no-restart",
     )
     yield running
     stop_stack(running)
 
 
 def _cases(seed: int) -> list:
-    return [chat_case(encode_image(make_image(56 + 14 * (i % 3), 56, seed=seed + i)), f"Question {i}: what is here?") for i in range(NUM_REQUESTS)]
+    return [
+        chat_case(encode_image(make_image(56 + 14 * (i % 3), 56, seed=seed + i)), f"Question {i}: what is here?")
+        for i in range(NUM_REQUESTS)
+    ]
 
 
 def _oracle_text(oracle, case) -> str:
@@ -88,7 +101,7 @@ class Streams:
                         first = False
                     text += chunk.choices[0].delta.content
             self.texts[i] = text
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
+        except BaseException as exc:
             self.errors.append(exc)
             self._flowing.release()
 
@@ -145,9 +158,25 @@ def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_requ
     grpc_address = f"127.0.0.1:{free_port()}"
     log = open(tmp_path / "encoder-extra.log", "w")
     extra = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "--role", "encoder", "--model", "tiny", "--index-url", index_url,
-         "--grpc-address", grpc_address, "--data-address", f"tcp://127.0.0.1:{free_port()}"],
-        cwd=repo_root, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "serve",
+            "--role",
+            "encoder",
+            "--model",
+            "tiny",
+            "--index-url",
+            index_url,
+            "--grpc-address",
+            grpc_address,
+            "--data-address",
+            f"tcp://127.0.0.1:{free_port()}",
+        ],
+        cwd=repo_root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_serving(grpc_address, 120, extra)
@@ -183,9 +212,25 @@ def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(clu
     grpc_address = f"127.0.0.1:{free_port()}"
     log = open(tmp_path / "decode-extra.log", "w")
     extra = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "--role", "decode", "--model", "tiny", "--index-url", cluster.state()["valkey"]["url"],
-         "--grpc-address", grpc_address, "--data-address", f"tcp://127.0.0.1:{free_port()}"],
-        cwd=repo_root, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "serve",
+            "--role",
+            "decode",
+            "--model",
+            "tiny",
+            "--index-url",
+            cluster.state()["valkey"]["url"],
+            "--grpc-address",
+            grpc_address,
+            "--data-address",
+            f"tcp://127.0.0.1:{free_port()}",
+        ],
+        cwd=repo_root,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_serving(grpc_address, 120, extra)

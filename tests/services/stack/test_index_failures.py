@@ -108,7 +108,9 @@ def _ask(stack: RunningStack, case, *, stream: bool = False, during=None) -> tup
         reply = client.chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
         assert reply.usage.completion_tokens == MAX_TOKENS
         return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
-    chunks = client.chat.completions.create(model="tiny", messages=case.body["messages"], stream=True, stream_options={"include_usage": True}, **GREEDY)
+    chunks = client.chat.completions.create(
+        model="tiny", messages=case.body["messages"], stream=True, stream_options={"include_usage": True}, **GREEDY
+    )
     text, usage, called = "", None, during is None
     for chunk in chunks:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -128,7 +130,9 @@ def preprocessor(tiny_model) -> Preprocessor:
     return Preprocessor(tiny_model)
 
 
-def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_catches_up(tmp_path, repo_root, tiny_model, oracle, preprocessor):
+def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_catches_up(
+    tmp_path, repo_root, tiny_model, oracle, preprocessor
+):
     images = {name: _png(seed) for name, seed in (("A", 301), ("B", 302), ("C", 303), ("D", 304), ("E", 305))}
     # (image, question, encoder runs expected, expect a prefix-cache hit). Requests 0-2 run with
     # the index up; the index is killed while request 3 streams; 4-8 run with it down.
@@ -167,7 +171,13 @@ def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_c
             label = f"request {i} ({name}: {question!r})"
             if i == kill_at:  # what was published before the outage is in the index
                 assert _wait_until(lambda: _holders(index, [mm["A"], mm["B"]]) == {mm["A"]: {encoder_id}, mm["B"]: {encoder_id}}, 10)
-                assert _wait_until(lambda: index.lookup([], blocks_a).node_to_num_prefix_blocks == dict.fromkeys((node_ids["prefill"], node_ids["decode"]), len(blocks_a)), 10)
+                assert _wait_until(
+                    lambda: (
+                        index.lookup([], blocks_a).node_to_num_prefix_blocks
+                        == dict.fromkeys((node_ids["prefill"], node_ids["decode"]), len(blocks_a))
+                    ),
+                    10,
+                )
             before = stack.metrics()
             text, cached = _ask(stack, case, stream=i == kill_at, during=kill_the_index if i == kill_at else None)
             after = stack.metrics()
@@ -203,7 +213,11 @@ def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_c
         text, cached = _ask(stack, cases[0])
         after = stack.metrics()
         assert text == expected[0] and cached > 0
-        assert after[ENCODED] == before[ENCODED] and after[PIXELS_SENT] == before[PIXELS_SENT] and after[PIXELS_SKIPPED] == before[PIXELS_SKIPPED]
+        assert (
+            after[ENCODED] == before[ENCODED]
+            and after[PIXELS_SENT] == before[PIXELS_SENT]
+            and after[PIXELS_SKIPPED] == before[PIXELS_SKIPPED]
+        )
 
         # Publishing goes on as usual: a new image is served and published under the new epoch.
         case = chat_case(images["E"], "And this one?")
@@ -300,4 +314,6 @@ def test_launcher_restarts_a_dead_index_server_and_the_index_catches_up(two_enco
     assert stack.state()["valkey"]["url"] == url and stack.state()["valkey"]["pid"] != valkey["pid"]
     assert _wait_until(lambda: _holders(index, [mm_hash])[mm_hash] == holders, 15, 0.2), "the index did not catch up"
     members = ["decode", "encoder", "encoder", "prefill", "preprocess"]  # every node is a member again
-    assert _wait_until(lambda: sorted(s.info.role for s in index.lookup([], []).nodes.values()) == members, 10), "every node registers again"
+    assert _wait_until(lambda: sorted(s.info.role for s in index.lookup([], []).nodes.values()) == members, 10), (
+        "every node registers again"
+    )

@@ -47,7 +47,9 @@ def test_each_role_is_its_own_process_and_answers_health_checks(stack):
     health = httpx.get(stack.base_url.removesuffix("/v1") + "/health", timeout=10).json()
     assert health["status"] == "ok"
     # The gateway lists the members it discovered in the index: each node's advertised address.
-    assert {n["role"]: n["address"] for n in health["nodes"]} == {r: roles[r]["grpc_address"] for r in ("preprocess", "encoder", "prefill", "decode")}
+    assert {n["role"]: n["address"] for n in health["nodes"]} == {
+        r: roles[r]["grpc_address"] for r in ("preprocess", "encoder", "prefill", "decode")
+    }
 
 
 def test_non_streaming_image_request_equals_the_oracle(stack, oracle):
@@ -61,7 +63,11 @@ def test_non_streaming_image_request_equals_the_oracle(stack, oracle):
 
 def test_streaming_with_usage_equals_the_oracle(stack, oracle):
     case = chat_case("Describe", _png(84, 84, 2), "in one line.")
-    chunks = list(_client(stack).chat.completions.create(model="tiny", messages=case.body["messages"], stream=True, stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        _client(stack).chat.completions.create(
+            model="tiny", messages=case.body["messages"], stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     expected, prompt_len = _oracle_text(oracle, case)
     assert text == expected
@@ -76,7 +82,10 @@ def test_multi_image_multi_turn_equals_the_oracle(stack, oracle):
         {"role": "assistant", "content": "Two pictures."},
         {"role": "user", "content": [{"type": "text", "text": "Which is brighter?"}]},
     ]
-    first.oracle_messages += [{"role": "assistant", "content": "Two pictures."}, {"role": "user", "content": [{"type": "text", "text": "Which is brighter?"}]}]
+    first.oracle_messages += [
+        {"role": "assistant", "content": "Two pictures."},
+        {"role": "user", "content": [{"type": "text", "text": "Which is brighter?"}]},
+    ]
     reply = _client(stack).chat.completions.create(model="tiny", messages=messages, **GREEDY)
     text, prompt_len = _oracle_text(oracle, first)
     assert reply.choices[0].message.content == text and reply.usage.prompt_tokens == prompt_len
@@ -142,7 +151,12 @@ def test_bad_input_gets_a_clear_4xx_and_the_service_keeps_running(stack):
 def test_cancelled_stream_frees_its_kv_pages(stack):
     free_before = stack.metrics()["tessera_decode_kv_blocks_free"]
     stream = _client(stack).chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "Tell me a very long story."}], stream=True, temperature=0, max_tokens=2000, extra_body={"ignore_eos": True}
+        model="tiny",
+        messages=[{"role": "user", "content": "Tell me a very long story."}],
+        stream=True,
+        temperature=0,
+        max_tokens=2000,
+        extra_body={"ignore_eos": True},
     )
     for i, _ in enumerate(stream):
         if i == 3:
@@ -201,7 +215,12 @@ def test_one_trace_spans_every_role(stack):
     services = {s["service"] for s in spans if s["trace_id"] == trace_id}
     assert services == {"tessera-gateway", "tessera-preprocess", "tessera-encoder", "tessera-prefill", "tessera-decode"}
     names = {s["name"] for s in spans if s["trace_id"] == trace_id}
-    assert {"/tessera.v1.Preprocess/Preprocess", "/tessera.v1.Encode/Encode", "/tessera.v1.Prefill/Prefill", "/tessera.v1.Decode/Decode"} <= names
+    assert {
+        "/tessera.v1.Preprocess/Preprocess",
+        "/tessera.v1.Encode/Encode",
+        "/tessera.v1.Prefill/Prefill",
+        "/tessera.v1.Decode/Decode",
+    } <= names
 
 
 def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):

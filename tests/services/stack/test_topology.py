@@ -36,9 +36,27 @@ def _workload():
 def _start(repo_root, *extra) -> tuple[subprocess.Popen, str]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "--port", str(port), "--generate-port", str(free_port()),
-         "--encoders", "2", "--prefill", "2", "--decode", "2", *extra],
-        cwd=repo_root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy(),
+        [
+            sys.executable,
+            "-m",
+            "services.cli.main",
+            "serve",
+            "--port",
+            str(port),
+            "--generate-port",
+            str(free_port()),
+            "--encoders",
+            "2",
+            "--prefill",
+            "2",
+            "--decode",
+            "2",
+            *extra,
+        ],
+        cwd=repo_root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ.copy(),
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -72,7 +90,11 @@ def _encoder_runs(url: str) -> float:
 def _run(url: str, cases) -> list[str]:
     client = OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     return [
-        client.chat.completions.create(model="tiny", messages=c.body["messages"], temperature=0, max_tokens=8, extra_body={"ignore_eos": True}).choices[0].message.content
+        client.chat.completions.create(
+            model="tiny", messages=c.body["messages"], temperature=0, max_tokens=8, extra_body={"ignore_eos": True}
+        )
+        .choices[0]
+        .message.content
         for c in cases
     ]
 

@@ -26,7 +26,10 @@ def test_build_is_byte_identical_across_processes(tmp_path, tiny_model):
         out = tmp_path / name
         proc = subprocess.run(
             [sys.executable, "-m", "services.cli.main", "models", "build", "tiny", "--out", str(out)],
-            capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": name == "A" and "1" or "2"}, check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": name == "A" and "1" or "2"},
+            check=True,
         )
         assert "4/4" in proc.stderr  # progress is shown
         outs.append(out)
@@ -84,7 +87,14 @@ GENERATION_MATRIX = [
     chat_case(_png(224, 168, 3), "Describe it."),
     chat_case("Compare", _png(56, 56, 4), "with", _png(84, 56, 5)),
     chat_case(_png(112, 112, 1), "Count the objects."),
-    chat_case(_png(140, 140, 6, ), "caption"),
+    chat_case(
+        _png(
+            140,
+            140,
+            6,
+        ),
+        "caption",
+    ),
 ]
 
 
