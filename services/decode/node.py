@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_node import EngineNode
@@ -38,11 +39,9 @@ class DecodeNode(EngineNode):
     def start(self, request: Request, first_token: int, on_output: Callable[[RequestOutput | BaseException], None]) -> None:
         """Wait for the prompt's KV pages, adopt the request, and stream outputs to ``on_output``
         (called on the engine thread; the last call has ``finished`` set, or is an exception)."""
-        message = self.inbox.wait(request.request_id, self.kv_wait_s)
-        if message is None:
+        pages = self.receive_pages(request.request_id, self.kv_wait_s)
+        if pages is None:
             raise KVTransferTimeoutError(f"KV pages for {request.request_id} did not arrive within {self.kv_wait_s}s")
-        layers = self.engine.runner.checkpoint.text.num_layers
-        pages = [(message.tensors[f"k{i}"], message.tensors[f"v{i}"]) for i in range(layers)]
 
         def counting(output):
             if not isinstance(output, BaseException):
@@ -52,7 +51,7 @@ class DecodeNode(EngineNode):
         def adopt(engine: Engine) -> None:
             self.loop.subscribe(request.request_id, counting)
             try:
-                final = engine.import_prefilled(request, first_token, pages)
+                final = connector.import_prefilled(engine, request, first_token, pages)
             except BaseException:
                 self.loop.unsubscribe(request.request_id)
                 raise

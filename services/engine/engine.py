@@ -1,6 +1,7 @@
 """The single-process engine: ``step() = schedule -> run -> postprocess``.
 
-Admission checks make "a request that does not fit waits, never crashes" hold: anything that
+Importing and exporting embeddings and KV pages computed on other nodes lives beside it, in
+connector.py. Admission checks make "a request that does not fit waits, never crashes" hold: anything that
 could never be scheduled (more KV blocks than the pool, an image larger than the encoder cache
 or the per-step encoder budget) is rejected up front with a clear error instead of waiting
 forever.
@@ -9,8 +10,6 @@ forever.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-
-import torch
 
 from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
@@ -22,7 +21,6 @@ from services.engine.sampling import Sampler, SamplingParams
 from services.engine.scheduler import Scheduler
 from services.preprocess import PreprocessedRequest
 from shared.models.registry import ModelRef
-from shared.types import BlockHash
 
 
 class RequestRejectedError(ValueError):
@@ -65,98 +63,16 @@ class Engine:
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
-        self._check_admissible(request)
+        self.check_admissible(request)
         self.requests[request.request_id] = request
         self.scheduler.add(request)
-
-    # -- disaggregation hooks ----------------------------------------------------------------
-    def import_embeddings(self, request_id: str, identifier: str, embeds: torch.Tensor) -> bool:
-        """Make an image's embeddings resident for ``request_id`` (computed elsewhere). Returns
-        False if the encoder cache has no room right now."""
-        if self.encoder_cache.check_and_update_cache(request_id, identifier):
-            return True
-        if not self.encoder_cache.can_allocate(embeds.shape[0]):
-            return False
-        self.encoder_cache.allocate(request_id, identifier, embeds.shape[0])
-        self.runner.encoder_outputs[identifier] = embeds.to(self.runner.device, self.runner.dtype)
-        self._sync_encoder_outputs()
-        return True
-
-    def import_prefilled(
-        self, request: Request, first_token: int, kv_pages: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> RequestOutput | None:
-        """Adopt a request whose prompt KV was computed elsewhere, continuing from its first
-        token. Every block it may ever need is reserved now, so it can never be preempted (a
-        decode node could not recompute a prompt whose images it does not hold). Returns the
-        final output if the first token already finishes the request.
-
-        A migrated request arrives with ``output_token_ids`` already holding the answer sent so
-        far: ``kv_pages`` then cover the prompt and those tokens, and ``first_token`` follows them.
-        """
-        self._check_admissible(request)
-        num_known_tokens = request.num_tokens  # all of them have KV in kv_pages
-        status = self.outputs.append_token(request, first_token)
-        if status is not None:
-            request.status = status
-            return self.outputs.snapshot(request, [first_token])
-        worst_case = request.num_prompt_tokens + request.sampling.max_tokens
-        if not self.kv.allocate(request, worst_case):
-            raise RequestRejectedError("decode node has no free KV pages for this request; retry later")
-        table = self.kv.block_table(request)
-        num_prompt_blocks = kv_pages[0][0].shape[0]
-        ids = torch.tensor(table[:num_prompt_blocks], dtype=torch.long, device=self.runner.device)
-        for (k_cache, v_cache), (k_pages, v_pages) in zip(self.runner.kv_caches, kv_pages):
-            k_cache.index_copy_(0, ids, k_pages.to(k_cache.device, k_cache.dtype))
-            v_cache.index_copy_(0, ids, v_pages.to(v_cache.device, v_cache.dtype))
-        request.num_computed_tokens = num_known_tokens
-        self.kv.cache_computed_blocks(request)
-        request.status = RequestStatus.RUNNING
-        self.requests[request.request_id] = request
-        self.scheduler.running.append(request)
-        return None
-
-    def kv_pages(self, block_ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        ids = torch.tensor(block_ids, dtype=torch.long, device=self.runner.device)
-        return [(k.index_select(0, ids), v.index_select(0, ids)) for k, v in self.runner.kv_caches]
-
-    def num_cached_blocks(self, hashes: list[BlockHash]) -> int:
-        """How many leading blocks of ``hashes`` this engine's prefix cache holds."""
-        count = 0
-        for block_hash in hashes:
-            if self.kv.pool.lookup(block_hash) is None:
-                break
-            count += 1
-        return count
-
-    def export_kv_prefix(self, hashes: list[BlockHash]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Copies of the pages of the leading blocks of ``hashes`` held here (every layer's K and
-        V, shaped (num_blocks, block_size, kv_heads, head_dim)); empty lists if none is held."""
-        num = self.num_cached_blocks(hashes)
-        return self.kv_pages([self.kv.pool.lookup(h).block_id for h in hashes[:num]])
-
-    def import_kv_blocks(self, hashes: list[BlockHash], pages: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        """File pages computed elsewhere under their block hashes as cached prefix blocks, so the
-        next prefix lookup finds them. Blocks already held are skipped; stops when the pool has
-        no free block. Returns the number of blocks imported."""
-        num_imported = 0
-        for index, block_hash in enumerate(hashes):
-            if self.kv.pool.lookup(block_hash) is not None:
-                continue
-            block = self.kv.pool.import_block(block_hash)
-            if block is None:
-                break
-            for (k_cache, v_cache), (k_pages, v_pages) in zip(self.runner.kv_caches, pages):
-                k_cache[block.block_id].copy_(k_pages[index])
-                v_cache[block.block_id].copy_(v_pages[index])
-            num_imported += 1
-        return num_imported
 
     def abort(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
         if request is not None:
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
             self.sampler.forget(request_id)
-            self._sync_encoder_outputs()
+            self.sync_encoder_outputs()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -193,18 +109,19 @@ class Engine:
                     self.sampler.forget(request.request_id)
             if new_tokens:
                 outputs.append(self.outputs.snapshot(request, new_tokens))
-        self._sync_encoder_outputs()
+        self.sync_encoder_outputs()
         return outputs
 
     def run_to_completion(self) -> Iterator[RequestOutput]:
         while self.has_unfinished():
             yield from self.step()
 
-    # -- internals ------------------------------------------------------------------------------
-    def _sync_encoder_outputs(self) -> None:
+    # -- shared with connector.py ---------------------------------------------------------------
+    def sync_encoder_outputs(self) -> None:
+        """Drop the embeddings of items the encoder cache evicted."""
         self.runner.drop_encoder_outputs(self.encoder_cache.drain_evicted())
 
-    def _check_admissible(self, request: Request) -> None:
+    def check_admissible(self, request: Request) -> None:
         total = request.num_prompt_tokens + request.sampling.max_tokens
         if total > self.config.max_model_len:
             raise RequestRejectedError(

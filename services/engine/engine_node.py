@@ -4,6 +4,9 @@ exporting cached prefix pages to a peer that pulls them."""
 
 from __future__ import annotations
 
+import logging
+
+from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
@@ -13,6 +16,8 @@ from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 from shared.types import BlockHash
+
+log = logging.getLogger("tessera.kv")
 
 
 class EngineNode:
@@ -46,17 +51,29 @@ class EngineNode:
         """Push the pages of the leading blocks of ``hashes`` held here to ``target``'s inbox
         under ``transfer_id``; returns how many blocks were sent (0: nothing is sent). The
         pages are copied on the engine thread, so a later eviction cannot tear them."""
-        pages = self.loop.call(lambda engine: engine.export_kv_prefix(hashes)).result()
-        num_blocks = pages[0][0].shape[0] if pages else 0
+        pages = self.loop.call(lambda engine: connector.export_prefix(engine, hashes)).result()
+        num_blocks = kv_pages.num_blocks(pages)
         if num_blocks == 0:
             return 0
-        tensors = {}
-        for layer, (k, v) in enumerate(pages):
-            tensors[f"k{layer}"] = k
-            tensors[f"v{layer}"] = v
-        self.sender.send(target, transfer_id, tensors, {"num_blocks": num_blocks})
+        self.send_pages(target, transfer_id, pages)
         self.num_kv_blocks_exported += num_blocks
         return num_blocks
+
+    def send_pages(self, target: str, key: str, pages: kv_pages.KVPages) -> None:
+        tensors, meta = kv_pages.pack(pages)
+        self.sender.send(target, key, tensors, meta)
+
+    def receive_pages(self, key: str, timeout_s: float) -> kv_pages.KVPages | None:
+        """The pages sent under ``key``, or None if they do not arrive in time (or arrive in a
+        format this node cannot read, which is logged and treated the same way)."""
+        message = self.inbox.wait(key, timeout_s)
+        if message is None:
+            return None
+        try:
+            return kv_pages.unpack(message.tensors, message.meta, self.engine.runner.checkpoint.text.num_layers)
+        except kv_pages.PageFormatError as exc:
+            log.error("dropped KV pages %s: %s", key, exc)
+            return None
 
     def _publish_kv(self, engine: Engine) -> None:
         events = engine.kv.pool.drain_events()

@@ -20,8 +20,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
-import torch
-
+from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_node import EngineNode
@@ -142,7 +141,7 @@ class PrefillNode(EngineNode):
             embeds = message.tensors["embeds"]
             if embeds.shape[0] != item.placeholder.length:
                 raise ValueError(f"embeddings for {item.mm_hash} have {embeds.shape[0]} rows, expected {item.placeholder.length}")
-            if not self.loop.call(lambda engine, i=item, e=embeds: engine.import_embeddings(request_id, i.mm_hash, e)).result():
+            if not self.loop.call(lambda engine, i=item, e=embeds: connector.import_embeddings(engine, request_id, i.mm_hash, e)).result():
                 raise RuntimeError("prefill node's embedding cache is full; retry later")
             self.num_embeddings_pulled += 1
         if missing:
@@ -159,7 +158,7 @@ class PrefillNode(EngineNode):
         if not sources:
             return None
         source = max(sources, key=lambda s: s.num_tokens)  # a shorter prefix could only save less
-        num_local = self.loop.call(lambda engine: engine.num_cached_blocks(hashes)).result()
+        num_local = self.loop.call(lambda engine: connector.num_cached_blocks(engine, hashes)).result()
         wanted = blocks_to_pull(num_local, source, request.num_prompt_tokens, block_size)
         if not self.pull_cost.should_pull(len(wanted) * block_size, self.prefill_s_per_token, block_size):
             return None
@@ -173,14 +172,12 @@ class PrefillNode(EngineNode):
         number imported (0 on timeout: the prompt is then recomputed)."""
         if num_blocks == 0:
             return 0  # the source no longer held them: nothing was sent
-        message = self.inbox.wait(plan.transfer_id, self.kv_pull_timeout_s)
-        if message is None:
+        pages = self.receive_pages(plan.transfer_id, self.kv_pull_timeout_s)
+        if pages is None:
             self.record_pull_failure()
             return 0
-        layers = self.engine.runner.checkpoint.text.num_layers
-        pages = [(message.tensors[f"k{i}"], message.tensors[f"v{i}"]) for i in range(layers)]
         hashes = plan.hashes[:num_blocks]
-        imported = self.loop.call(lambda engine: engine.import_kv_blocks(hashes, pages)).result()
+        imported = self.loop.call(lambda engine: connector.import_blocks(engine, hashes, pages)).result()
         self.num_kv_blocks_pulled += imported
         return imported
 
@@ -215,12 +212,7 @@ class PrefillNode(EngineNode):
         if target is None:
             return
         num_blocks = -(-request.num_prompt_tokens // self.engine.config.block_size)
-        pages = self.engine.kv_pages(block_ids[:num_blocks])
-        tensors: dict[str, torch.Tensor] = {}
-        for layer, (k, v) in enumerate(pages):
-            tensors[f"k{layer}"] = k
-            tensors[f"v{layer}"] = v
-        self.sender.send(target, request.request_id, tensors, {"num_prompt_tokens": request.num_prompt_tokens})
+        self.send_pages(target, request.request_id, connector.read_pages(self.engine, block_ids[:num_blocks]))
 
     def counters(self) -> dict[str, float]:
         return {

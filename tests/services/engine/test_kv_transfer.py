@@ -3,6 +3,7 @@ prefix hit and its output equals the oracle (a remote-KV cache path)."""
 
 from __future__ import annotations
 
+from services.engine import connector
 from shared.hashing import MmSpan, block_hashes
 from tests.factories import chat_case, encode_image, make_image
 from tests.oracle import assert_tokens_match
@@ -22,12 +23,12 @@ def test_imported_prefix_is_a_cache_hit_with_identical_output(make_llm, oracle):
     case = chat_case(encode_image(make_image(112, 84, seed=41)), "What is shown here?")
     [expected] = source.generate([case.body], GREEDY_16)
     prep, hashes = _hashes(source, case.body)
-    assert source.engine.num_cached_blocks(hashes) == len(hashes)
-    pages = source.engine.export_kv_prefix(hashes)
+    assert connector.num_cached_blocks(source.engine, hashes) == len(hashes)
+    pages = connector.export_prefix(source.engine, hashes)
     assert pages[0][0].shape[0] == len(hashes)
 
-    assert puller.engine.import_kv_blocks(hashes, pages) == len(hashes)
-    assert puller.engine.import_kv_blocks(hashes, pages) == 0  # already held: nothing rewritten
+    assert connector.import_blocks(puller.engine, hashes, pages) == len(hashes)
+    assert connector.import_blocks(puller.engine, hashes, pages) == 0  # already held: nothing rewritten
     [result] = puller.generate([case.body], GREEDY_16)
     assert result.usage.cached_tokens == (len(prep.prompt_token_ids) - 1) // BLOCK * BLOCK
     assert result.token_ids == expected.token_ids
@@ -40,9 +41,9 @@ def test_export_stops_at_first_missing_block(make_llm):
     llm.generate([case.body], GREEDY_16)
     _, hashes = _hashes(llm, case.body)
     broken = [*hashes[:2], "0" * 64, *hashes[3:]]
-    assert llm.engine.num_cached_blocks(broken) == 2
-    assert llm.engine.export_kv_prefix(broken)[0][0].shape[0] == 2
-    assert llm.engine.export_kv_prefix(["0" * 64])[0][0].shape[0] == 0
+    assert connector.num_cached_blocks(llm.engine, broken) == 2
+    assert connector.export_prefix(llm.engine, broken)[0][0].shape[0] == 2
+    assert connector.export_prefix(llm.engine, ["0" * 64])[0][0].shape[0] == 0
 
 
 def test_partial_import_of_a_prefix_still_matches_oracle(make_llm, oracle):
@@ -51,8 +52,8 @@ def test_partial_import_of_a_prefix_still_matches_oracle(make_llm, oracle):
     case = chat_case(encode_image(make_image(224, 224, seed=43)), "Which colours appear?")
     source.generate([case.body], GREEDY_16)
     _, hashes = _hashes(source, case.body)
-    pages = source.engine.export_kv_prefix(hashes[:3])
-    assert puller.engine.import_kv_blocks(hashes[:3], pages) == 3
+    pages = connector.export_prefix(source.engine, hashes[:3])
+    assert connector.import_blocks(puller.engine, hashes[:3], pages) == 3
     [result] = puller.generate([case.body], GREEDY_16)
     assert result.usage.cached_tokens == 3 * BLOCK
     assert_tokens_match(result.token_ids, oracle_tokens(oracle, case))

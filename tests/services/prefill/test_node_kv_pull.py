@@ -8,6 +8,7 @@ import functools
 
 import pytest
 
+from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.remote_request import PromptItem, build_request
 from services.engine.sampling import SamplingParams
@@ -47,7 +48,7 @@ def _request(tiny_model, node: PrefillNode, request_id: str, seed: int):
 def _prefill(node: PrefillNode, request, prep, sink: TensorInbox):
     for item in prep.mm_items:  # embeddings as an encoder would push them
         embeds = _embeddings(node, item)
-        node.loop.call(lambda engine, i=item, e=embeds: engine.import_embeddings(request.request_id, i.mm_hash, e)).result()
+        node.loop.call(lambda engine, i=item, e=embeds: connector.import_embeddings(engine, request.request_id, i.mm_hash, e)).result()
     return node.prefill(request, sink.address)
 
 
