@@ -12,7 +12,7 @@ from protos.gen import pb, rpc
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import parse_chat_request
 from services.gateway.pipeline import Pipeline
-from services.transport.grpc_server import CHANNEL_OPTIONS, HTTP_STATUS_KEY
+from services.transport.grpc_server import HTTP_STATUS_KEY, SERVER_OPTIONS
 
 _STATUS_TO_CODE = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -61,7 +61,7 @@ def start_generate_server(servicer: GenerateServicer, address: str, *, max_worke
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=CHANNEL_OPTIONS)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
     rpc.add_GenerateServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -127,7 +127,11 @@ def _num_live_nodes(stack: RunningStack) -> int:
     return count
 
 
-@pytest.mark.parametrize("role", ["decode", "prefill", "encoder", "preprocess"])
+# Encoder and preprocess kills take the same failover path as prefill's (NodeFailure -> retry on
+# another node); they run with the slow tests to keep the default suite short.
+@pytest.mark.parametrize(
+    "role", ["decode", "prefill", pytest.param("encoder", marks=pytest.mark.slow), pytest.param("preprocess", marks=pytest.mark.slow)]
+)
 def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle(cluster, oracle, role):
     """The stack runs with --no-restart, so the dead node stays dead: requests routed after the
     kill still find it listed in the index (until its TTL lapses) and must fail over."""

@@ -118,6 +118,7 @@ def _round_robin_encodes(cases) -> int:
     return len(placements)
 
 
+@pytest.mark.slow
 def test_round_robin_without_cache_lookups_encodes_each_image_on_each_encoder_it_lands_on(repo_root, tiny_model, record_property):
     cases = _workload()
     process, url = _start(repo_root, "--routing-policy", "round_robin", "--cache-lookups", "false")
