@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
 from pathlib import Path
 
 from services.engine.config import EngineConfig
 from services.preprocess.config import PreprocessConfig
-from services.stack.roles import ROLES, RoleConfig
-from shared.settings import dataclass_from_sources
+from services.stack.roles import ROLES, setting_names
 
 _STACK_FLAGS = {
     "--port",
@@ -43,10 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument("--prefill", type=int, default=1, help="number of prefill nodes")
     stack.add_argument("--decode", type=int, default=1, help="number of decode nodes")
     role = cmd.add_argument_group("one role (--role)")
-    for f in fields(RoleConfig):
-        if f.name in ("role", "model"):
-            continue
-        role.add_argument("--" + f.name.replace("_", "-"), dest=f"role_{f.name}", default=None)
+    for name in setting_names():
+        if name != "model":
+            role.add_argument("--" + name.replace("_", "-"), dest=f"role_{name}", default=None)
     EngineConfig.add_cli_arguments(cmd)
     PreprocessConfig.add_cli_arguments(cmd)
     cmd.set_defaults(func=run)
@@ -55,15 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.role is None:
         return _run_stack(args)
-    from services.stack.roles import run_role
+    from services.stack.roles import role_settings, run_role
 
     flags = argparse.Namespace(
-        role=args.role,
-        model=args.model,
-        **{f.name: getattr(args, f"role_{f.name}", None) for f in fields(RoleConfig) if f.name not in ("role", "model")},
+        model=args.model, **{name: getattr(args, f"role_{name}", None) for name in setting_names() if name != "model"}
     )
-    role_config = dataclass_from_sources(RoleConfig, "TESSERA_SERVE_", flags)
-    run_role(role_config, EngineConfig.from_sources(args), PreprocessConfig.from_sources(args))
+    run_role(args.role, role_settings(args.role, flags), EngineConfig.from_sources(args), PreprocessConfig.from_sources(args))
     return 0
 
 

@@ -11,19 +11,62 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import dataclass
 
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.http_server import GatewayApp, make_server
 from services.gateway.pipeline import Pipeline
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
-from services.stack.roles import RoleConfig
+from services.router.scoring import POLICIES
 from shared.index.backend import create_index
+from shared.models.registry import ModelRef
 
 log = logging.getLogger("tessera")
 
 
-def build_pipeline(config: RoleConfig, *, namespace: str, block_size: int) -> Pipeline:
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Flags of ``tessera serve --role gateway``, each also ``TESSERA_SERVE_<NAME>``."""
+
+    model: str = "tiny"
+    http_host: str = "127.0.0.1"
+    http_port: int = 8000
+    generate_address: str = "127.0.0.1:50051"
+    # Where nodes are discovered (their records are the cluster), and the cache lookups' index.
+    index_url: str = ""
+    index_ttl_s: float = 5.0
+    # Static node lists (comma-separated), for setups without an index.
+    preprocess_address: str = ""
+    encoder_address: str = ""
+    prefill_address: str = ""
+    decode_address: str = ""
+    default_max_tokens: int = 256
+    routing_policy: str = "cache_aware"
+    cache_lookups: bool = True  # off: the index serves membership only (a no-reuse baseline)
+    request_timeout_s: float = 300.0
+    max_node_failures: int = 4  # per request, before it fails with 503
+    drain_timeout_s: float = 30.0  # on SIGTERM: time open streams get to finish
+
+    def __post_init__(self) -> None:
+        static = (self.preprocess_address, self.encoder_address, self.prefill_address, self.decode_address)
+        if not self.index_url and not all(static):
+            raise ValueError(
+                "the gateway needs --index-url (nodes are discovered there), or all of --preprocess-address, "
+                "--encoder-address, --prefill-address and --decode-address (comma-separated lists)"
+            )
+        if self.routing_policy not in POLICIES:
+            raise ValueError(f"routing_policy must be one of {', '.join(POLICIES)}, got {self.routing_policy!r}")
+        if self.index_ttl_s <= 0 or self.max_node_failures < 0 or self.drain_timeout_s < 0:
+            raise ValueError("index_ttl_s must be positive, max_node_failures and drain_timeout_s >= 0")
+
+
+def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) -> None:
+    served_model = settings.model if settings.model in ("tiny", "small") else model.model_id
+    run_gateway(settings, served_model=served_model, namespace=model.model_id, block_size=engine_config.block_size)
+
+
+def build_pipeline(config: Settings, *, namespace: str, block_size: int) -> Pipeline:
     index = create_index(config.index_url, namespace=namespace) if config.index_url else None
     static = {role: tuple(a.strip() for a in getattr(config, f"{role}_address").split(",") if a.strip()) for role in ROUTED_ROLES}
     membership = Membership(
@@ -34,7 +77,7 @@ def build_pipeline(config: RoleConfig, *, namespace: str, block_size: int) -> Pi
     return Pipeline(router, timeout_s=config.request_timeout_s, max_failures=config.max_node_failures)
 
 
-def run_gateway(config: RoleConfig, *, served_model: str, namespace: str, block_size: int) -> None:
+def run_gateway(config: Settings, *, served_model: str, namespace: str, block_size: int) -> None:
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size)
     app = GatewayApp(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens)
     generate = start_generate_server(

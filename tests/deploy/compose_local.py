@@ -30,41 +30,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from tests.deploy.compose_spec import (  # the pure names are re-exported: tests import them from here too
+from tests.deploy.compose_spec import (
     COMPOSE_FILE,
     LOOPBACK,
-    REPO_ROOT,
-    Healthcheck,
     ReplicaPlan,
     Service,
     is_redis_image,
     load_compose,
-    local_argv,
     one_shot_services,
-    parse_duration,
     plan_replica,
     project_name,
+    redis_plan,
     start_layers,
 )
-
-__all__ = [
-    "COMPOSE_FILE",
-    "LOOPBACK",
-    "REPO_ROOT",
-    "ComposeDeployment",
-    "Healthcheck",
-    "Replica",
-    "ReplicaPlan",
-    "Service",
-    "is_redis_image",
-    "load_compose",
-    "local_argv",
-    "one_shot_services",
-    "parse_duration",
-    "plan_replica",
-    "project_name",
-    "start_layers",
-]
+from tests.deploy.compose_spec import REPO_ROOT as REPO_ROOT  # the pure names stay importable from here
+from tests.deploy.compose_spec import Healthcheck as Healthcheck
+from tests.deploy.compose_spec import local_argv as local_argv
+from tests.deploy.compose_spec import parse_duration as parse_duration
 
 
 # -- processes ----------------------------------------------------------------------------------
@@ -171,16 +153,13 @@ class ComposeDeployment:
         if replicas < 0:
             raise ValueError("replicas must be >= 0")
         running = self._live(service)
-        codes: list[int] = []
-        if replicas > len(running):
-            for _ in range(replicas - len(running)):
-                self._start_replica(self.services[service])
-            if wait:
-                self.wait_healthy([service], timeout_s=self.startup_timeout_s if timeout_s is None else timeout_s)
-        elif replicas < len(running):
-            victims = sorted(running, key=lambda r: r.plan.number)[replicas:]
-            codes = self._stop(victims, grace_s=timeout_s)
-        return codes
+        if replicas < len(running):
+            return self._stop(sorted(running, key=lambda r: r.plan.number)[replicas:], grace_s=timeout_s)
+        for _ in range(replicas - len(running)):
+            self._start_replica(self.services[service])
+        if wait and replicas > len(running):
+            self.wait_healthy([service], timeout_s=self.startup_timeout_s if timeout_s is None else timeout_s)
+        return []
 
     def kill(self, service: str, index: int = 0, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` to replica ``index`` (0-based, in ``replicas(service)`` order); its pid.
@@ -208,7 +187,7 @@ class ComposeDeployment:
     # -- inspection -----------------------------------------------------------------------
     def replicas(self, service: str) -> list[Replica]:
         """The running replicas of ``service``, oldest first: (pid, loopback gRPC address)."""
-        return [Replica(r.process.pid, self._grpc_address(r.plan)) for r in sorted(self._live(service), key=lambda r: r.plan.number)]
+        return [Replica(r.process.pid, r.plan.grpc_address()) for r in sorted(self._live(service), key=lambda r: r.plan.number)]
 
     def plan(self, service: str, index: int = 0) -> ReplicaPlan:
         return sorted(self._live(service), key=lambda r: r.plan.number)[index].plan
@@ -278,12 +257,6 @@ class ComposeDeployment:
                 return port
         raise RuntimeError("no free port")
 
-    def _grpc_address(self, plan: ReplicaPlan) -> str:
-        for key in ("TESSERA_SERVE_GRPC_ADDRESS", "TESSERA_SERVE_GENERATE_ADDRESS"):
-            if key in plan.env:
-                return plan.env[key].removeprefix("tcp://")
-        return plan.address(next(iter(plan.ports))) if plan.ports else ""  # e.g. valkey
-
     def _await_dependencies(self, service: Service, deadline: float) -> None:
         for dep, condition in service.depends_on.items():
             if condition == "service_completed_successfully":
@@ -297,20 +270,10 @@ class ComposeDeployment:
     def _run_once(self, service: Service) -> None:
         number = self._next_number[service.name]
         self._next_number[service.name] += 1
-        plan = plan_replica(
-            service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port
-        )
+        plan = self._plan(service, number)
         log_path = self.workdir / "logs" / f"{self.project}-{service.name}-{number}.log"
         with open(log_path, "wb") as log:
-            process = subprocess.Popen(
-                plan.argv,
-                env=self._process_env(plan),
-                cwd=self.project_dir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_own_session_and_die_with_parent,
-            )
+            process = self._spawn(plan, log)
             try:
                 code = process.wait(timeout=self.one_shot_timeout_s)
             except subprocess.TimeoutExpired:
@@ -324,38 +287,39 @@ class ComposeDeployment:
     def _start_replica(self, service: Service) -> _Running:
         number = self._next_number[service.name]
         self._next_number[service.name] += 1
-        name = f"{self.project}-{service.name}-{number}"
-        log_path = self.workdir / "logs" / f"{name}.log"
+        log_path = self.workdir / "logs" / f"{self.project}-{service.name}-{number}.log"
         if is_redis_image(service.image) and not service.build:
             from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 
-            if len(service.container_ports) > 1:
-                raise ValueError(f"{service.name}: a Redis image serves one port")
-            port = self._allocate_port()
-            plan = ReplicaPlan(
-                service.name, number, ("valkey-server", "--port", str(port)), {}, {(service.container_ports or (6379,))[0]: port}, None
-            )
+            plan = redis_plan(service, number, self._allocate_port)
+            port = next(iter(plan.ports.values()))
             process, _url = start_redis_server(embedded_valkey_binary(), port, preexec_fn=_own_session_and_die_with_parent)
             run = _Running(plan, process, log_path)
         elif service.build:
-            plan = plan_replica(
-                service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port
-            )
+            plan = self._plan(service, number)
             log = open(log_path, "wb")
-            process = subprocess.Popen(
-                plan.argv,
-                env=self._process_env(plan),
-                cwd=self.project_dir,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                preexec_fn=_own_session_and_die_with_parent,
-            )
-            run = _Running(plan, process, log_path, log)
+            run = _Running(plan, self._spawn(plan, log), log_path, log)
         else:
             raise NotImplementedError(f"{service.name}: image {service.image!r} is neither built here nor a Redis-compatible server")
         self._running[service.name].append(run)
         return run
+
+    def _plan(self, service: Service, number: int) -> ReplicaPlan:
+        return plan_replica(
+            service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port
+        )
+
+    def _spawn(self, plan: ReplicaPlan, log: IO[bytes]) -> subprocess.Popen:
+        """Start ``plan`` in its own session (dying with this process) in the project directory."""
+        return subprocess.Popen(
+            plan.argv,
+            env=self._process_env(plan),
+            cwd=self.project_dir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_own_session_and_die_with_parent,
+        )
 
     @staticmethod
     def _process_env(plan: ReplicaPlan) -> dict[str, str]:

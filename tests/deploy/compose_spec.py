@@ -249,6 +249,13 @@ class ReplicaPlan:
     def address(self, container_port: int) -> str:
         return f"{LOOPBACK}:{self.ports[container_port]}"
 
+    def grpc_address(self) -> str:
+        """The node's gRPC server (the gateway: its Generate server); for valkey, its one port."""
+        for key in ("TESSERA_SERVE_GRPC_ADDRESS", "TESSERA_SERVE_GENERATE_ADDRESS"):
+            if key in self.env:
+                return self.env[key].removeprefix("tcp://")
+        return self.address(next(iter(self.ports))) if self.ports else ""  # e.g. valkey
+
 
 def local_argv(argv: Iterable[str]) -> tuple[str, ...]:
     """The container's argv as a local one: ``tessera`` -> this interpreter's services.cli.main."""
@@ -321,3 +328,12 @@ def plan_replica(
     argv = local_argv(mapper.value(a) for a in service.command)
     health = local_argv(mapper.value(a) for a in service.healthcheck.test) if service.healthcheck else None
     return ReplicaPlan(service.name, number, argv, env, ports, health)
+
+
+def redis_plan(service: Service, number: int, allocate_port: Callable[[], int]) -> ReplicaPlan:
+    """A Redis-compatible image (valkey) stands in as a local Valkey on one free loopback port."""
+    if len(service.container_ports) > 1:
+        raise ValueError(f"{service.name}: a Redis image serves one port")
+    port = allocate_port()
+    ports = {(service.container_ports or (6379,))[0]: port}
+    return ReplicaPlan(service.name, number, ("valkey-server", "--port", str(port)), {}, ports, None)

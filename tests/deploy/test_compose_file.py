@@ -47,11 +47,21 @@ def env(name: str) -> dict[str, str]:
 
 @cache
 def role_settings() -> set[str]:
-    """TESSERA_SERVE_* names `tessera serve --role` reads: the fields of RoleConfig (parsed, not
-    imported, so this test stays fast)."""
-    tree = ast.parse((ROOT / "services" / "stack" / "roles.py").read_text())
-    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "RoleConfig")
-    return {"TESSERA_SERVE_" + s.target.id.upper() for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    """TESSERA_SERVE_* names `tessera serve --role` reads: the fields of the roles' Settings classes
+    (parsed, not imported, so this test stays fast)."""
+    sources = {
+        ROOT / "services" / "transport" / "node_runtime.py": "NodeSettings",
+        ROOT / "services" / "prefill" / "main.py": "Settings",
+        ROOT / "services" / "gateway" / "server.py": "Settings",
+    }
+    names = set()
+    for path, class_name in sources.items():
+        tree = ast.parse(path.read_text())
+        cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == class_name)
+        names |= {
+            "TESSERA_SERVE_" + s.target.id.upper() for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+        }
+    return names
 
 
 def _check_jsonschema(path: Path) -> subprocess.CompletedProcess:

@@ -15,7 +15,8 @@ import pytest
 from openai import OpenAI
 
 from protos.gen import pb, rpc
-from tests.deploy.compose_local import COMPOSE_FILE, ComposeDeployment
+from tests.deploy.compose_local import ComposeDeployment
+from tests.deploy.compose_spec import COMPOSE_FILE
 from tests.factories import chat_case, encode_image, make_image
 
 MAX_TOKENS = 16

@@ -28,7 +28,7 @@ from openai import OpenAI
 from services.engine.config import EngineConfig
 from services.preprocess import Preprocessor
 from services.stack.redis_server import embedded_valkey_binary, start_redis_server
-from services.stack.roles import RoleConfig
+from services.transport.node_runtime import NodeSettings
 from shared.hashing import MmSpan, block_hashes
 from shared.index.backend import create_index
 from tests.factories import chat_case, encode_image, make_image
@@ -36,8 +36,8 @@ from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
 
 MAX_TOKENS = 8
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
-# The heartbeat TTL every node of a stack registers with (`--index-ttl-s`, default of RoleConfig).
-TTL_S = float(next(f.default for f in fields(RoleConfig) if f.name == "index_ttl_s"))
+# The heartbeat TTL every node of a stack registers with (`--index-ttl-s`, default of NodeSettings).
+TTL_S = float(next(f.default for f in fields(NodeSettings) if f.name == "index_ttl_s"))
 ENCODED = "tessera_encoder_items_encoded_total"
 PIXELS_SENT = "tessera_pixel_bytes_sent_total"
 PIXELS_SKIPPED = "tessera_pixel_bytes_skipped_total"

@@ -1,0 +1,35 @@
+"""``tessera serve --role encoder``."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from services.engine.config import EngineConfig
+from services.transport.node_runtime import NodeSettings, node_lifecycle, node_publisher
+from shared.liveness import Liveness
+from shared.models.registry import ModelRef
+
+
+@dataclass(frozen=True, slots=True)
+class Settings(NodeSettings):
+    pass
+
+
+def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, preprocess_config) -> None:
+    from services.encoder.node import EncoderNode
+    from services.encoder.server import serve
+
+    liveness = Liveness(stall_s=settings.liveness_stall_s)
+    node = EncoderNode(
+        model,
+        data_bind=settings.data_address,
+        cache_tokens=engine_config.encoder_cache_tokens,
+        device=engine_config.device,
+        liveness=liveness,
+    )
+    node.publisher = node_publisher("encoder", settings, model.model_id, node.data_address, node.load, liveness)
+    lifecycle = node_lifecycle(
+        "encoder", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters
+    )
+    asyncio.run(serve(node, settings.grpc_address, lifecycle))

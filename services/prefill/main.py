@@ -1,0 +1,50 @@
+"""``tessera serve --role prefill``."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from services.engine.config import EngineConfig
+from services.transport.node_runtime import NodeSettings, node_lifecycle, node_publisher
+from shared.liveness import Liveness
+from shared.models.registry import ModelRef
+
+
+@dataclass(frozen=True, slots=True)
+class Settings(NodeSettings):
+    # The pull-or-recompute cost model for prefix KV (services/prefill/kv_pull.py).
+    kv_pull_bandwidth_gbps: float = 1.0
+    kv_pull_overhead_ms: float = 5.0
+    kv_pull_timeout_s: float = 10.0
+    prefill_ms_per_token: float = 0.7  # initial estimate; refined from measured prefills
+
+    def __post_init__(self) -> None:
+        NodeSettings.__post_init__(self)
+        for name in ("kv_pull_bandwidth_gbps", "kv_pull_timeout_s", "prefill_ms_per_token"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.kv_pull_overhead_ms < 0:
+            raise ValueError("kv_pull_overhead_ms must be >= 0")
+
+
+def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, preprocess_config) -> None:
+    from services.prefill.node import PrefillNode
+    from services.prefill.server import serve
+
+    liveness = Liveness(stall_s=settings.liveness_stall_s)
+    node = PrefillNode(
+        model,
+        engine_config,
+        data_bind=settings.data_address,
+        liveness=liveness,
+        kv_pull_bandwidth_bytes_per_s=settings.kv_pull_bandwidth_gbps * 1e9,
+        kv_pull_overhead_s=settings.kv_pull_overhead_ms / 1000,
+        kv_pull_timeout_s=settings.kv_pull_timeout_s,
+        prefill_s_per_token=settings.prefill_ms_per_token / 1000,
+    )
+    node.publisher = node_publisher("prefill", settings, model.model_id, node.data_address, node.load, liveness)
+    lifecycle = node_lifecycle(
+        "prefill", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters
+    )
+    asyncio.run(serve(node, settings.grpc_address, lifecycle))

@@ -1,0 +1,85 @@
+"""What every node role shares, whatever it computes: its settings (where it listens, what it
+advertises, the index it joins, how it drains) and the wiring of its membership: an index
+publisher whose heartbeat is gated by the node's liveness, and the server Lifecycle that joins
+the cluster once serving, exposes the node's metrics, and leaves on drain."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.transport.addresses import advertise, split_host_port
+from services.transport.grpc_server import Lifecycle
+from shared.index.backend import create_index
+from shared.index.publisher import IndexPublisher
+from shared.index.types import NodeInfo
+from shared.liveness import DEFAULT_STALL_S, Liveness
+
+LoadFn = Callable[[], tuple[float, float]]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    """Flags of ``tessera serve --role R`` common to every node, each also ``TESSERA_SERVE_<NAME>``."""
+
+    model: str = "tiny"
+    # Where this node listens, and the host other nodes dial (advertised in the index; default:
+    # the bind host, or this host's own address when binding a wildcard such as 0.0.0.0).
+    grpc_address: str = "127.0.0.1:0"
+    data_address: str = "tcp://127.0.0.1:0"
+    advertise_host: str = ""
+    node_id: str = ""  # default "role@advertised-grpc-address": stable across restarts in place
+    # The cache index and cluster membership (redis://host:port/db); empty: no index.
+    index_url: str = ""
+    index_ttl_s: float = 5.0
+    drain_timeout_s: float = 30.0  # on SIGTERM: time calls in flight get to finish
+    liveness_stall_s: float = DEFAULT_STALL_S  # a work item running longer means a hung node
+    metrics_port: int = 0  # this node's Prometheus endpoint (0: off)
+
+    def __post_init__(self) -> None:
+        if self.index_ttl_s <= 0 or self.liveness_stall_s <= 0 or self.drain_timeout_s < 0:
+            raise ValueError("index_ttl_s and liveness_stall_s must be positive, drain_timeout_s >= 0")
+        if self.index_url and split_host_port(self.grpc_address)[1] == 0:
+            raise ValueError("with --index-url a node must bind an explicit --grpc-address port: the index advertises it")
+
+
+def node_publisher(
+    role: str, settings: NodeSettings, namespace: str, data_address: str, load_fn: LoadFn, liveness: Liveness
+) -> IndexPublisher | None:
+    """The node's membership in the index (None without one): registered under its advertised
+    addresses, heartbeating only while ``liveness`` holds."""
+    if not settings.index_url:
+        return None
+    grpc_address = advertise(settings.grpc_address, settings.advertise_host)
+    data = advertise(data_address, settings.advertise_host) if data_address else ""
+    info = NodeInfo(node_id=settings.node_id or f"{role}@{grpc_address}", role=role, grpc_address=grpc_address, data_address=data)
+    index = create_index(settings.index_url, namespace=namespace)
+    return IndexPublisher(index, info, ttl_s=settings.index_ttl_s, load_fn=load_fn, alive_fn=liveness.is_alive)
+
+
+def node_lifecycle(
+    role: str,
+    settings: NodeSettings,
+    publisher: IndexPublisher | None,
+    liveness: Liveness,
+    *,
+    close: Callable[[], None],
+    load_fn: LoadFn,
+    counters_fn: Callable[[], dict[str, float]],
+) -> Lifecycle:
+    def on_start() -> None:
+        if settings.metrics_port:
+            from services.transport.metrics_http import NodeCollector, start_metrics_server
+
+            host, _ = split_host_port(settings.grpc_address)
+            start_metrics_server(host, settings.metrics_port, NodeCollector(role, lambda: load_fn()[0], counters_fn))
+        if publisher is not None:
+            publisher.start()
+
+    return Lifecycle(
+        drain_timeout_s=settings.drain_timeout_s,
+        on_start=on_start,
+        on_drain=publisher.deregister if publisher is not None else None,
+        on_stop=close,
+        liveness=liveness,
+    )
