@@ -37,7 +37,7 @@ import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from protos.gen import pb, rpc  # noqa: E402
-from services.stack.launcher import free_port, wait_serving  # noqa: E402
+from services.stack.launcher import free_port, start_node, wait_serving  # noqa: E402
 from tests.factories import chat_case, encode_image, make_image  # noqa: E402
 
 ROLES = ("decode", "prefill", "encoder", "preprocess")
@@ -180,30 +180,9 @@ def measure_kill(stack: Stack, model: str, role: str, num_streams: int, max_toke
 
 
 def measure_join(stack: Stack, model: str, num_streams: int, max_tokens: int, workdir: Path) -> dict:
-    grpc_address = f"127.0.0.1:{free_port()}"
     log = open(workdir / "elastic-join.log", "w")
     spawned = time.monotonic()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.cli.main",
-            "serve",
-            "--role",
-            "encoder",
-            "--model",
-            model,
-            "--index-url",
-            stack.state()["valkey"]["url"],
-            "--grpc-address",
-            grpc_address,
-            "--data-address",
-            f"tcp://127.0.0.1:{free_port()}",
-        ],
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    process, grpc_address = start_node("encoder", model=model, index_url=stack.state()["valkey"]["url"], log=log)
     try:
         wait_serving(grpc_address, 300, process)
         serving = time.monotonic() - spawned

@@ -24,6 +24,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -76,6 +77,20 @@ def wait_serving(address: str, timeout_s: float, process: subprocess.Popen | Non
                 pass
             time.sleep(0.2)
     raise TimeoutError(f"{address} did not become SERVING within {timeout_s}s")
+
+
+def start_node(
+    role: str, *, model: str, index_url: str, log: IO[str], host: str = "127.0.0.1", extra: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen, str]:
+    """One more node of ``role`` joining a running cluster with nothing but the index URL, as an
+    operator (or an autoscaler) adds one; returns the process and its gRPC address."""
+    grpc_address = f"{host}:{free_port()}"
+    argv = [sys.executable, "-m", "services.cli.main", "serve", "--role", role, "--model", model, "--index-url", index_url]
+    argv += ["--grpc-address", grpc_address, *extra]
+    if role != "preprocess":
+        argv += ["--data-address", f"tcp://{host}:{free_port()}"]
+    cwd = Path(__file__).resolve().parents[2]
+    return subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_detach_but_die_with_parent), grpc_address
 
 
 @dataclass(slots=True)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -21,7 +19,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from services.stack.launcher import free_port, wait_serving
+from services.stack.launcher import start_node, wait_serving
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
 
@@ -155,33 +153,11 @@ def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle
         assert num_migrations > 0
 
 
-def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_request(cluster, oracle, repo_root, tmp_path):
+def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_request(cluster, oracle, tmp_path):
     num_nodes = _num_live_nodes(cluster)
     _wait_for_all_nodes(cluster, num_nodes)
-    index_url = cluster.state()["valkey"]["url"]
-    grpc_address = f"127.0.0.1:{free_port()}"
     log = open(tmp_path / "encoder-extra.log", "w")
-    extra = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.cli.main",
-            "serve",
-            "--role",
-            "encoder",
-            "--model",
-            "tiny",
-            "--index-url",
-            index_url,
-            "--grpc-address",
-            grpc_address,
-            "--data-address",
-            f"tcp://127.0.0.1:{free_port()}",
-        ],
-        cwd=repo_root,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    extra, grpc_address = start_node("encoder", model="tiny", index_url=cluster.state()["valkey"]["url"], log=log)
     try:
         wait_serving(grpc_address, 120, extra)
         _wait_for_all_nodes(cluster, num_nodes + 1)
@@ -207,35 +183,14 @@ def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_requ
         log.close()
 
 
-def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(cluster, oracle, repo_root, tmp_path):
+def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(cluster, oracle, tmp_path):
     """SIGSTOP freezes every thread of a decode node, keepalive answers included (a hung host, or
     one whose network vanished): the gateway's keepalive pings go unanswered, the streams fail
     within seconds instead of at their deadline, and they continue on another decode node."""
     num_nodes = _num_live_nodes(cluster)
     _wait_for_all_nodes(cluster, num_nodes)
-    grpc_address = f"127.0.0.1:{free_port()}"
     log = open(tmp_path / "decode-extra.log", "w")
-    extra = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "services.cli.main",
-            "serve",
-            "--role",
-            "decode",
-            "--model",
-            "tiny",
-            "--index-url",
-            cluster.state()["valkey"]["url"],
-            "--grpc-address",
-            grpc_address,
-            "--data-address",
-            f"tcp://127.0.0.1:{free_port()}",
-        ],
-        cwd=repo_root,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    extra, grpc_address = start_node("decode", model="tiny", index_url=cluster.state()["valkey"]["url"], log=log)
     try:
         wait_serving(grpc_address, 120, extra)
         _wait_for_all_nodes(cluster, num_nodes + 1)
