@@ -30,7 +30,7 @@ _OWNER = "encoder"
 
 @dataclass(frozen=True, slots=True)
 class EncodeItem:
-    mm_hash: str
+    mm_hash: MmHash
     num_embeds: int
     grid_thw: tuple[int, int, int]
 
@@ -110,7 +110,7 @@ class EncoderNode:
             self.sender.send(target_address, mm_hash, {"embeds": embeds}, {"rows": embeds.shape[0]})
         return EncodeResult(missing, len(to_encode), len(items) - len(to_encode) - len(missing))
 
-    def _cache(self, mm_hash: str, embeds: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
+    def _cache(self, mm_hash: MmHash, embeds: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
         if not self.cache.can_allocate(embeds.shape[0]):
             return  # larger than the whole budget: serve it uncached
         self.cache.allocate(_OWNER, mm_hash, embeds.shape[0])

@@ -8,6 +8,7 @@ import os
 from protos.gen import pb, rpc
 from services.encoder.node import EncodeItem, EncoderNode
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
+from shared.types import MmHash
 
 
 class EncodeServicer(rpc.EncodeServicer):
@@ -15,7 +16,7 @@ class EncodeServicer(rpc.EncodeServicer):
         self.node = node
 
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
-        items = [EncodeItem(i.mm_hash, i.length, tuple(i.grid_thw)) for i in request.items]
+        items = [EncodeItem(MmHash(i.mm_hash), i.length, tuple(i.grid_thw)) for i in request.items]
         result = await asyncio.to_thread(self.node.encode, items, request.target_data_address)
         return pb.EncodeResponse(missing_pixels=result.missing_pixels, num_encoded=result.num_encoded, num_cache_hits=result.num_cache_hits)
 

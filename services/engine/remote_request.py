@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from services.engine.request import MmFeature, Request
 from services.engine.sampling import SamplingParams
 from services.preprocess.mrope import mrope_positions
-from shared.types import PlaceholderRange
+from shared.types import MmHash, PlaceholderRange
 
 
 @dataclass(frozen=True, slots=True)
 class PromptItem:
-    mm_hash: str
+    mm_hash: MmHash
     placeholder: PlaceholderRange
     grid_thw: tuple[int, int, int]
 

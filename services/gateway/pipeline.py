@@ -175,7 +175,7 @@ class Pipeline:
             raise NoLiveNodeError("preprocess")
         return nodes[next(self._turns) % len(nodes)].info.grpc_address
 
-    def _route(self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str]) -> tuple[Route, list[str]]:
+    def _route(self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str]) -> tuple[Route, list[MmHash]]:
         """The route, and the request's images its encoder lacks (their pixels must be pushed)."""
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
@@ -192,17 +192,17 @@ class Pipeline:
         )
         return self._call("preprocess", address, self.stub("preprocess", address).Preprocess, request, self.timeout_s)
 
-    def _ensure_pixels(self, preprocess_address: str, body: dict, mm_hashes: list[str], encoder: str, *, force: bool) -> None:
+    def _ensure_pixels(self, preprocess_address: str, body: dict, mm_hashes: list[MmHash], encoder: str, *, force: bool) -> None:
         """Push these images' pixels to ``encoder``. Pixels preprocess does not hold (it skipped
         them because the index said an encoder had them, or evicted them, or another preprocess
         node made them) are made by running preprocessing again without skipping, then pushed."""
-        not_found = list(self._push_pixels(preprocess_address, mm_hashes, encoder, force=force).not_found)
+        not_found = [MmHash(h) for h in self._push_pixels(preprocess_address, mm_hashes, encoder, force=force).not_found]
         if not_found:
             self._preprocess(preprocess_address, body, skip_indexed=False)
             if self._push_pixels(preprocess_address, not_found, encoder, force=force).not_found:
                 raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
 
-    def _push_pixels(self, preprocess_address: str, mm_hashes: list[str], encoder: str, *, force: bool) -> pb.ResendPixelsResponse:
+    def _push_pixels(self, preprocess_address: str, mm_hashes: list[MmHash], encoder: str, *, force: bool) -> pb.ResendPixelsResponse:
         request = pb.ResendPixelsRequest(
             mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force
         )
@@ -235,7 +235,7 @@ class Pipeline:
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
                     raise _classify("prefill", route.prefill, exc) from None
                 # The encoder lost images our mirror thought it had: push them again.
-                self._ensure_pixels(preprocess_address, body, missing.split(","), route.encoder, force=True)
+                self._ensure_pixels(preprocess_address, body, [MmHash(h) for h in missing.split(",")], route.encoder, force=True)
         raise AssertionError("unreachable")
 
     def _decode(

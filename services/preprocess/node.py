@@ -78,7 +78,9 @@ class PreprocessNode:
             self.num_pixel_bytes_skipped += skipped
             return result, PixelTransfer(sent, skipped)
 
-    def resend(self, mm_hashes: list[str], *, encoder_id: str, encoder_address: str, force: bool = True) -> tuple[list[str], PixelTransfer]:
+    def resend(
+        self, mm_hashes: list[MmHash], *, encoder_id: str, encoder_address: str, force: bool = True
+    ) -> tuple[list[MmHash], PixelTransfer]:
         """Push cached pixels to an encoder; without ``force``, skip those the mirror says it
         holds. Returns (hashes no longer cached here, bytes sent and skipped)."""
         with self._working():
@@ -130,7 +132,7 @@ class PreprocessNode:
             mirror = self._encoder_to_mirror[encoder_id] = BoundedMemo(self.mirror_entries)
         return mirror
 
-    def _send_pixels(self, mm_hash: str, image, address: str) -> int:
+    def _send_pixels(self, mm_hash: MmHash, image, address: str) -> int:
         return self.sender.send(address, mm_hash, {"pixel_values": image.pixel_values}, {"grid_thw": list(image.grid_thw)})
 
     def close(self) -> None:

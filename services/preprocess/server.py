@@ -14,6 +14,7 @@ from services.preprocess.node import PreprocessNode
 from services.transport.convert import item_to_pb
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
 from shared.hashing import MmSpan, block_hashes
+from shared.types import MmHash
 
 
 class PreprocessServicer(rpc.PreprocessServicer):
@@ -52,7 +53,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
     async def ResendPixels(self, request: pb.ResendPixelsRequest, context) -> pb.ResendPixelsResponse:
         not_found, transfer = await asyncio.to_thread(
             self.node.resend,
-            list(request.mm_hashes),
+            [MmHash(h) for h in request.mm_hashes],
             encoder_id=request.encoder_id,
             encoder_address=request.encoder_data_address,
             force=request.force,

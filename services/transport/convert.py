@@ -6,7 +6,7 @@ from protos.gen import pb
 from shared.types import MmHash, PlaceholderRange
 
 
-def item_to_pb(mm_hash: str, placeholder: PlaceholderRange, grid_thw: tuple[int, int, int]) -> pb.MmItem:
+def item_to_pb(mm_hash: MmHash, placeholder: PlaceholderRange, grid_thw: tuple[int, int, int]) -> pb.MmItem:
     return pb.MmItem(mm_hash=mm_hash, offset=placeholder.offset, length=placeholder.length, grid_thw=list(grid_thw))
 
 
