@@ -13,9 +13,7 @@ import argparse
 import json
 import os
 import platform
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from openai import OpenAI  # noqa: E402
 
+from benchmarks.serve_stack import start_stack, stop_stack  # noqa: E402
 from tests.factories import chat_case, encode_image, make_image  # noqa: E402
 
 
@@ -47,29 +46,7 @@ def _time_engine(llm, body, max_tokens: int) -> float:
     return time.perf_counter() - started
 
 
-def _start_stack(model: str, port: int) -> subprocess.Popen:
-    from services.stack.launcher import free_port
-
-    process = subprocess.Popen(
-        [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--port", str(port), "--generate-port", str(free_port())],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    import httpx
-
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(1)
-    process.kill()
-    raise RuntimeError("stack did not start")
-
-
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="small")
     parser.add_argument("--endpoint", default=None, help="benchmark this OpenAI-compatible endpoint instead of starting tessera")
@@ -80,47 +57,52 @@ def main() -> None:
     parser.add_argument("--skip-engine", action="store_true", help="do not measure the single-process engine")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "e2e.json")
     args = parser.parse_args()
-    size = tuple(int(v) for v in args.image_size.split("x"))
+    args.size = tuple(int(v) for v in args.image_size.split("x"))
+    return args
 
+
+def measure_http(args) -> dict:
+    """Cold then cached medians over HTTP, against ``--endpoint`` or a `tessera serve` started here."""
     stack = None
     if args.endpoint is None:
-        from services.stack.launcher import free_port
-
-        port = free_port()
-        stack = _start_stack(args.model, port)
-        endpoint, served = f"http://127.0.0.1:{port}/v1", args.model
+        stack, endpoint = start_stack(args.model, [])
+        served = args.model
     else:
         endpoint, served = args.endpoint, args.served_model or args.model
     client = OpenAI(base_url=endpoint, api_key="unused", max_retries=0, timeout=600)
     try:
-        warm = _cases(7000, 1, size)[0]
+        warm = _cases(7000, 1, args.size)[0]
         _time_http(client, served, warm.body["messages"], 2)
-        cases = _cases(100, args.requests, size)
+        cases = _cases(100, args.requests, args.size)
         http_cold = [_time_http(client, served, c.body["messages"], args.max_tokens) for c in cases]
         http_cached = [_time_http(client, served, c.body["messages"], args.max_tokens) for c in cases]
     finally:
         if stack is not None:
-            stack.send_signal(signal.SIGINT)
-            stack.wait(timeout=60)
-
-    rows = {
+            stop_stack(stack)
+    return {
         "endpoint": endpoint,
         "http_cold_median_s": statistics.median(http_cold),
         "http_cached_median_s": statistics.median(http_cached),
     }
-    if not args.skip_engine:
-        from services.engine.llm import LLM
 
-        llm = LLM(args.model)
-        _time_engine(llm, warm.body, 2)
-        engine_cold = [_time_engine(llm, c.body, args.max_tokens) for c in _cases(100, args.requests, size)]
-        engine_cached = [_time_engine(llm, c.body, args.max_tokens) for c in _cases(100, args.requests, size)]
-        rows.update(
-            engine_cold_median_s=statistics.median(engine_cold),
-            engine_cached_median_s=statistics.median(engine_cached),
-            cold_ratio=rows["http_cold_median_s"] / statistics.median(engine_cold),
-            cached_ratio=rows["http_cached_median_s"] / statistics.median(engine_cached),
-        )
+
+def measure_engine(args, rows: dict) -> None:
+    """The same requests on the single-process engine; medians and stack/engine ratios into ``rows``."""
+    from services.engine.llm import LLM
+
+    llm = LLM(args.model)
+    _time_engine(llm, _cases(7000, 1, args.size)[0].body, 2)
+    engine_cold = [_time_engine(llm, c.body, args.max_tokens) for c in _cases(100, args.requests, args.size)]
+    engine_cached = [_time_engine(llm, c.body, args.max_tokens) for c in _cases(100, args.requests, args.size)]
+    rows.update(
+        engine_cold_median_s=statistics.median(engine_cold),
+        engine_cached_median_s=statistics.median(engine_cached),
+        cold_ratio=rows["http_cold_median_s"] / statistics.median(engine_cold),
+        cached_ratio=rows["http_cached_median_s"] / statistics.median(engine_cached),
+    )
+
+
+def print_table(args, rows: dict) -> None:
     print(f"model={args.model} requests={args.requests} max_tokens={args.max_tokens} image={args.image_size}")
     print(f"{'':<10} {'stack (s)':>10} {'engine (s)':>11} {'ratio':>7}")
     for kind in ("cold", "cached"):
@@ -130,6 +112,9 @@ def main() -> None:
             f"{kind:<10} {rows[f'http_{kind}_median_s']:>10.3f} {engine if engine is not None else float('nan'):>11.3f} "
             f"{ratio if ratio is not None else float('nan'):>7.2f}"
         )
+
+
+def write_json(args, rows: dict) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
@@ -144,6 +129,15 @@ def main() -> None:
         + "\n"
     )
     print(f"wrote {args.out}")
+
+
+def main() -> None:
+    args = parse_args()
+    rows = measure_http(args)
+    if not args.skip_engine:
+        measure_engine(args, rows)
+    print_table(args, rows)
+    write_json(args, rows)
 
 
 if __name__ == "__main__":

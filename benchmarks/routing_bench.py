@@ -23,40 +23,26 @@ import argparse
 import json
 import os
 import platform
-import random
 import signal
 import subprocess
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
+from benchmarks.bench_client import client_summary, one_request, run_workload  # noqa: E402
 from benchmarks.router_bench import run as router_decision_times  # noqa: E402
+from benchmarks.serve_stack import scrape_metrics, start_stack, stop_stack  # noqa: E402
+from benchmarks.workload import warmup_messages, workload  # noqa: E402
 from services.router.scoring import POLICIES as KNOWN_POLICIES  # noqa: E402
-from services.stack.launcher import free_port  # noqa: E402
-from tests.factories import chat_case, encode_image, make_image  # noqa: E402
 from tests.redis_servers import running_server, valkey_binary  # noqa: E402
 
 POLICIES = ("cache_aware", "round_robin")
-QUESTIONS = [
-    "What is this?",
-    "Describe the colours.",
-    "Count the shapes.",
-    "What style is it?",
-    "Is it a photograph?",
-    "What is in the centre?",
-    "Name one object.",
-    "What mood does it have?",
-]
 COUNTERS = {  # result key -> gateway /metrics counter
     "encoder_runs": "tessera_encoder_items_encoded_total",
     "prefill_tokens_computed": "tessera_prefill_tokens_computed_total",
@@ -65,129 +51,7 @@ COUNTERS = {  # result key -> gateway /metrics counter
 }
 
 
-@dataclass
-class Sample:
-    ttft_s: float | None = None
-    latency_s: float | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    error: str | None = None
-
-
-# -- workload ---------------------------------------------------------------------------------
-def _question(q: int) -> str:
-    text = QUESTIONS[q % len(QUESTIONS)]
-    return text if q < len(QUESTIONS) else f"{text} ({q // len(QUESTIONS) + 1})"
-
-
-def workload(num_images: int, num_questions: int, size: tuple[int, int], seed: int) -> list[list[dict]]:
-    """Message lists: round r asks question r of every image, images shuffled per round."""
-    images = [encode_image(make_image(*size, seed=100 + i)) for i in range(num_images)]
-    rng = random.Random(seed)
-    order = []
-    for q in range(num_questions):
-        permutation = list(range(num_images))
-        rng.shuffle(permutation)
-        order += [(i, q) for i in permutation]
-    return [chat_case(images[i], _question(q)).body["messages"] for i, q in order]
-
-
-def warmup_messages(count: int, size: tuple[int, int]) -> list[list[dict]]:
-    """Images not in the workload, so the measured run starts with cold caches for its images."""
-    return [chat_case(encode_image(make_image(*size, seed=9000 + i)), "Describe this image.").body["messages"] for i in range(count)]
-
-
-# -- client -----------------------------------------------------------------------------------
-def _one_request(client: OpenAI, model: str, messages: list[dict], max_tokens: int) -> Sample:
-    sample = Sample()
-    started = time.perf_counter()
-    try:
-        stream = client.chat.completions.create(
-            model=model,
-            messages=messages,
-            max_tokens=max_tokens,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True},
-        )
-        for chunk in stream:  # bounded: max_tokens content chunks plus the usage chunk
-            if sample.ttft_s is None and chunk.choices and chunk.choices[0].delta.content:
-                sample.ttft_s = time.perf_counter() - started
-            if chunk.usage is not None:
-                sample.prompt_tokens = chunk.usage.prompt_tokens
-                sample.completion_tokens = chunk.usage.completion_tokens
-    except Exception as error:
-        sample.error = f"{type(error).__name__}: {error}"
-        return sample
-    sample.latency_s = time.perf_counter() - started
-    return sample
-
-
-def run_workload(
-    client: OpenAI, model: str, requests: list[list[dict]], concurrency: int, max_tokens: int, deadline_s: float
-) -> tuple[list[Sample], float]:
-    """Send ``requests`` in order from ``concurrency`` threads; (samples, wall seconds)."""
-    executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="client")
-    started = time.perf_counter()
-    futures = [executor.submit(_one_request, client, model, m, max_tokens) for m in requests]
-    done, not_done = wait(futures, timeout=deadline_s)
-    wall = time.perf_counter() - started
-    executor.shutdown(wait=not not_done, cancel_futures=True)
-    samples = [f.result() if f in done else Sample(error="run deadline passed") for f in futures]
-    return samples, wall
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def client_summary(samples: list[Sample], wall_s: float) -> dict:
-    ok = [s for s in samples if s.error is None]
-    ttfts = [s.ttft_s for s in ok if s.ttft_s is not None]
-    errors = [s.error for s in samples if s.error is not None]
-    return {
-        "requests": len(samples),
-        "errors": len(errors),
-        "first_error": errors[0] if errors else None,
-        "ttft_p50_ms": _ms(_percentile(ttfts, 0.50)),
-        "ttft_p99_ms": _ms(_percentile(ttfts, 0.99)),
-        "latency_p50_ms": _ms(_percentile([s.latency_s for s in ok], 0.50)),
-        "wall_s": wall_s,
-        "requests_per_s": len(ok) / wall_s,
-        "prompt_tokens": sum(s.prompt_tokens for s in ok),
-        "output_tokens": sum(s.completion_tokens for s in ok),
-        "output_tokens_per_s": sum(s.completion_tokens for s in ok) / wall_s,
-    }
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else seconds * 1e3
-
-
 # -- server counters --------------------------------------------------------------------------
-def scrape_metrics(base_url: str) -> dict[str, float]:
-    """The gateway's Prometheus text as {series: value}; {} when there is none."""
-    try:
-        response = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=30)
-    except httpx.HTTPError:
-        return {}
-    if response.status_code != 200:
-        return {}
-    out = {}
-    for line in response.text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                pass
-    return out
-
-
 def server_summary(before: dict[str, float], after: dict[str, float], num_images: int, prompt_tokens: int) -> dict:
     deltas = {key: after[name] - before.get(name, 0.0) for key, name in COUNTERS.items() if name in after}
     result = dict(deltas)
@@ -199,63 +63,10 @@ def server_summary(before: dict[str, float], after: dict[str, float], num_images
 
 
 # -- stack ------------------------------------------------------------------------------------
-def start_stack(model: str, policy: str, use_index: bool, log_path: Path, timeout_s: float) -> tuple[subprocess.Popen, str]:
+def start_policy_stack(model: str, policy: str, use_index: bool, log_path: Path, timeout_s: float) -> tuple[subprocess.Popen, str]:
     """``tessera serve`` 2/2/2 with ``policy``; (launcher process, /v1 URL) once /health is 200."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "services.cli.main",
-        "serve",
-        "--model",
-        model,
-        "--port",
-        str(port),
-        "--generate-port",
-        str(free_port()),
-        "--encoders",
-        "2",
-        "--prefill",
-        "2",
-        "--decode",
-        "2",
-        "--routing-policy",
-        policy,
-        *([] if use_index else ["--cache-lookups", "false"]),
-    ]
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
-    try:
-        _wait_healthy(process, f"http://127.0.0.1:{port}", timeout_s)
-    except BaseException:
-        stop_stack(process)
-        raise
-    return process, f"http://127.0.0.1:{port}/v1"
-
-
-def _wait_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"tessera serve exited early (rc {process.returncode})")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the stack did not become healthy in {timeout_s:.0f}s")
-
-
-def stop_stack(process: subprocess.Popen, timeout_s: float = 60) -> None:
-    """Ctrl-C the launcher (it stops its roles, then its Valkey); kill it if it hangs."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=timeout_s)
+    extra = ["--encoders", "2", "--prefill", "2", "--decode", "2", "--routing-policy", policy]
+    return start_stack(model, [*extra, *([] if use_index else ["--cache-lookups", "false"])], log_path, timeout_s)
 
 
 # -- one measured configuration ---------------------------------------------------------------
@@ -263,7 +74,7 @@ def measure(base_url: str, model: str, requests: list[list[dict]], args, *, with
     client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=args.request_timeout_s)
     try:
         for messages in warmup_messages(args.warmup, args.size):
-            warm = _one_request(client, model, messages, 2)
+            warm = one_request(client, model, messages, 2)
             if warm.error is not None:
                 raise RuntimeError(f"warm-up request failed: {warm.error}")
         before = scrape_metrics(base_url) if with_counters else {}
@@ -281,7 +92,7 @@ def run_policy(policy: str, requests: list[list[dict]], args, log_dir: Path) -> 
     use_index = policy != "round_robin" or args.baseline_index == "on"
     log_path = log_dir / f"{policy}.log"
     print(f"[{policy}] starting 2/2/2 stack (model {args.model}, index {'on' if use_index else 'off'}); log {log_path}", flush=True)
-    process, base_url = start_stack(args.model, policy, use_index, log_path, args.start_timeout_s)
+    process, base_url = start_policy_stack(args.model, policy, use_index, log_path, args.start_timeout_s)
     try:
         result = measure(base_url, args.model, requests, args, with_counters=True)
     finally:

@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 import grpc
 import pytest
@@ -130,100 +130,119 @@ def preprocessor(tiny_model) -> Preprocessor:
     return Preprocessor(tiny_model)
 
 
+# (image, question, encoder runs expected, expect a prefix-cache hit). Requests 0-2 run with the
+# index up; the index is killed while request 3 streams; 4-8 run with it down.
+OUTAGE_PLAN = [
+    ("A", "What is this?", 1, False),
+    ("B", "Describe the colours.", 1, False),
+    ("A", "What is this?", 0, True),
+    ("C", "Count the shapes.", 1, False),  # the index dies mid-request
+    ("A", "What is this?", 0, True),  # exact repeats: encoder cache and prefix cache
+    ("B", "What style is it?", 0, True),  # a repeated image, a new question
+    ("D", "Name it.", 1, False),  # a new image is encoded without the index
+    ("D", "Name it.", 0, True),
+    ("C", "Count the shapes.", 0, True),  # encoded as the index died
+]
+KILL_AT = 3
+
+
+@dataclass
+class Outage:
+    """One stack, its index and what the test expects of them."""
+
+    stack: RunningStack
+    index: object
+    url: str
+    node_ids: dict[str, str]  # role -> node id, for encoder, prefill and decode
+    mm: dict[str, str]  # image name -> mm_hash
+    blocks_a: list  # block hashes of the first request's prompt
+    cases: list
+    expected: list[str]
+
+    def full_prefix(self) -> dict[str, int]:
+        return dict.fromkeys((self.node_ids["prefill"], self.node_ids["decode"]), len(self.blocks_a))
+
+
+def _serve_through_the_outage(outage: Outage, valkey_pid: int) -> None:
+    stack, index, mm, encoder_id = outage.stack, outage.index, outage.mm, outage.node_ids["encoder"]
+
+    def kill_the_index() -> None:
+        os.kill(valkey_pid, signal.SIGKILL)
+        assert _wait_until(lambda: not _index_is_up(outage.url), 10), "the index server did not die"
+
+    for i, (case, (name, question, num_encoded, prefix_hit)) in enumerate(zip(outage.cases, OUTAGE_PLAN)):
+        label = f"request {i} ({name}: {question!r})"
+        if i == KILL_AT:  # what was published before the outage is in the index
+            assert _wait_until(lambda: _holders(index, [mm["A"], mm["B"]]) == {mm["A"]: {encoder_id}, mm["B"]: {encoder_id}}, 10)
+            assert _wait_until(lambda: index.lookup([], outage.blocks_a).node_to_num_prefix_blocks == outage.full_prefix(), 10)
+        before = stack.metrics()
+        text, cached = _ask(stack, case, stream=i == KILL_AT, during=kill_the_index if i == KILL_AT else None)
+        after = stack.metrics()
+        assert text == outage.expected[i], label
+        assert after[ENCODED] - before[ENCODED] == num_encoded, label
+        assert (cached > 0) == prefix_hit, f"{label}: {cached} cached tokens"
+        if num_encoded == 0:  # a repeated image's pixels never travel again, index or not
+            assert after[PIXELS_SENT] == before[PIXELS_SENT], label
+        if i > KILL_AT and num_encoded == 0:
+            # Without the index the router cannot know the encoder holds the image: the
+            # gateway asks preprocess to push it, and preprocess's own mirror skips it.
+            assert after[PIXELS_SKIPPED] > before[PIXELS_SKIPPED], label
+    assert not _index_is_up(outage.url), "the whole outage phase must have run without an index"
+    assert stack.metrics()[ENCODED] == 4  # one vision-tower run per distinct image, outage or not
+
+
+def _restart_the_index_and_catch_up(outage: Outage) -> subprocess.Popen:
+    """An empty index server comes back on the same port: every node registers again (a new
+    epoch) and republishes its snapshot, including what it cached while the index was down."""
+    index, encoder_id = outage.index, outage.node_ids["encoder"]
+    valkey, restarted_url = start_redis_server(embedded_valkey_binary(), int(outage.url.rsplit(":", 1)[1].split("/")[0]))
+    assert restarted_url == outage.url
+    started = time.monotonic()
+    everything = [outage.mm[name] for name in "ABCD"]
+    caught_up = _wait_until(lambda: _holders(index, everything) == {h: {encoder_id} for h in everything}, 15, 0.2)
+    assert caught_up, f"index did not catch up: {_holders(index, everything)}"
+    assert _wait_until(lambda: index.lookup([], outage.blocks_a).node_to_num_prefix_blocks == outage.full_prefix(), 10)
+    # Membership recovers too: every node, preprocess included, is registered again.
+    assert {s.info.role for s in index.lookup([], []).nodes.values()} == {"preprocess", "encoder", "prefill", "decode"}
+    print(f"index caught up {time.monotonic() - started:.1f}s after it came back")
+    return valkey
+
+
+def _route_from_the_index_again(outage: Outage, oracle, new_image: bytes) -> None:
+    """The gateway knows the encoder holds A and asks preprocess to push nothing; A's prefix is
+    cached. Publishing goes on: a new image is served and published under the new epoch."""
+    stack = outage.stack
+    before = stack.metrics()
+    text, cached = _ask(stack, outage.cases[0])
+    after = stack.metrics()
+    assert text == outage.expected[0] and cached > 0
+    assert all(after[name] == before[name] for name in (ENCODED, PIXELS_SENT, PIXELS_SKIPPED))
+    case = chat_case(new_image, "And this one?")
+    assert _ask(stack, case)[0] == _oracle_text(oracle, case)
+    assert stack.metrics()[ENCODED] - after[ENCODED] == 1
+
+
 def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_catches_up(
     tmp_path, repo_root, tiny_model, oracle, preprocessor
 ):
     images = {name: _png(seed) for name, seed in (("A", 301), ("B", 302), ("C", 303), ("D", 304), ("E", 305))}
-    # (image, question, encoder runs expected, expect a prefix-cache hit). Requests 0-2 run with
-    # the index up; the index is killed while request 3 streams; 4-8 run with it down.
-    plan = [
-        ("A", "What is this?", 1, False),
-        ("B", "Describe the colours.", 1, False),
-        ("A", "What is this?", 0, True),
-        ("C", "Count the shapes.", 1, False),  # the index dies mid-request
-        ("A", "What is this?", 0, True),  # exact repeats: encoder cache and prefix cache
-        ("B", "What style is it?", 0, True),  # a repeated image, a new question
-        ("D", "Name it.", 1, False),  # a new image is encoded without the index
-        ("D", "Name it.", 0, True),
-        ("C", "Count the shapes.", 0, True),  # encoded as the index died
-    ]
-    kill_at = 3
-    cases = [chat_case(images[name], question) for name, question, _, _ in plan]
-    expected = [_oracle_text(oracle, case) for case in cases]
+    cases = [chat_case(images[name], question) for name, question, _, _ in OUTAGE_PLAN]
     mm = {name: _mm_hash(preprocessor, chat_case(data, "x")) for name, data in images.items()}
     prep = preprocessor.preprocess(cases[0].body)
     blocks_a = block_hashes(prep.prompt_token_ids, EngineConfig().block_size, [MmSpan(i.mm_hash, i.placeholder) for i in prep.mm_items])
+    expected = [_oracle_text(oracle, case) for case in cases]
     valkey = None
     # --no-restart: the launcher leaves the dead index down, so the outage lasts as long as the test wants.
     stack = launch_stack(tmp_path, repo_root, "--no-restart", env=_stack_env())
     try:
         state = stack.state()
-        url, valkey_pid = state["valkey"]["url"], state["valkey"]["pid"]
-        index = create_index(url, namespace=tiny_model.model_id)
+        url = state["valkey"]["url"]
         node_ids = {role: f"{role}@{state['roles'][role]['grpc_address']}" for role in ("encoder", "prefill", "decode")}
-        encoder_id = node_ids["encoder"]
-
-        def kill_the_index() -> None:
-            os.kill(valkey_pid, signal.SIGKILL)
-            assert _wait_until(lambda: not _index_is_up(url), 10), "the index server did not die"
-
-        for i, (case, (name, question, num_encoded, prefix_hit)) in enumerate(zip(cases, plan)):
-            label = f"request {i} ({name}: {question!r})"
-            if i == kill_at:  # what was published before the outage is in the index
-                assert _wait_until(lambda: _holders(index, [mm["A"], mm["B"]]) == {mm["A"]: {encoder_id}, mm["B"]: {encoder_id}}, 10)
-                assert _wait_until(
-                    lambda: (
-                        index.lookup([], blocks_a).node_to_num_prefix_blocks
-                        == dict.fromkeys((node_ids["prefill"], node_ids["decode"]), len(blocks_a))
-                    ),
-                    10,
-                )
-            before = stack.metrics()
-            text, cached = _ask(stack, case, stream=i == kill_at, during=kill_the_index if i == kill_at else None)
-            after = stack.metrics()
-            assert text == expected[i], label
-            assert after[ENCODED] - before[ENCODED] == num_encoded, label
-            assert (cached > 0) == prefix_hit, f"{label}: {cached} cached tokens"
-            if num_encoded == 0:  # a repeated image's pixels never travel again, index or not
-                assert after[PIXELS_SENT] == before[PIXELS_SENT], label
-            if i > kill_at and num_encoded == 0:
-                # Without the index the router cannot know the encoder holds the image: the
-                # gateway asks preprocess to push it, and preprocess's own mirror skips it.
-                assert after[PIXELS_SKIPPED] > before[PIXELS_SKIPPED], label
-        assert not _index_is_up(url), "the whole outage phase must have run without an index"
-        assert stack.metrics()[ENCODED] == 4  # one vision-tower run per distinct image, outage or not
-
-        # An empty index server comes back on the same port: every node registers again (a new
-        # epoch) and republishes its snapshot, including what it cached while the index was down.
-        valkey, restarted_url = start_redis_server(embedded_valkey_binary(), int(url.rsplit(":", 1)[1].split("/")[0]))
-        assert restarted_url == url
-        started = time.monotonic()
-        everything = [mm[name] for name in "ABCD"]
-        caught_up = _wait_until(lambda: _holders(index, everything) == {h: {encoder_id} for h in everything}, 15, 0.2)
-        assert caught_up, f"index did not catch up: {_holders(index, everything)}"
-        full_prefix = dict.fromkeys((node_ids["prefill"], node_ids["decode"]), len(blocks_a))
-        assert _wait_until(lambda: index.lookup([], blocks_a).node_to_num_prefix_blocks == full_prefix, 10), index.lookup([], blocks_a)
-        # Membership recovers too: every node, preprocess included, is registered again.
-        assert {s.info.role for s in index.lookup([], []).nodes.values()} == {"preprocess", "encoder", "prefill", "decode"}
-        print(f"index caught up {time.monotonic() - started:.1f}s after it came back")
-
-        # The gateway routes from the index again: it knows the encoder holds A and asks preprocess
-        # to push nothing; A's prefix is cached. Outputs still equal the oracle.
-        before = stack.metrics()
-        text, cached = _ask(stack, cases[0])
-        after = stack.metrics()
-        assert text == expected[0] and cached > 0
-        assert (
-            after[ENCODED] == before[ENCODED]
-            and after[PIXELS_SENT] == before[PIXELS_SENT]
-            and after[PIXELS_SKIPPED] == before[PIXELS_SKIPPED]
-        )
-
-        # Publishing goes on as usual: a new image is served and published under the new epoch.
-        case = chat_case(images["E"], "And this one?")
-        assert _ask(stack, case)[0] == _oracle_text(oracle, case)
-        assert stack.metrics()[ENCODED] - after[ENCODED] == 1
-        assert _wait_until(lambda: _holders(index, [mm["E"]]) == {mm["E"]: {encoder_id}}, 10)
+        outage = Outage(stack, create_index(url, namespace=tiny_model.model_id), url, node_ids, mm, blocks_a, cases, expected)
+        _serve_through_the_outage(outage, state["valkey"]["pid"])
+        valkey = _restart_the_index_and_catch_up(outage)
+        _route_from_the_index_again(outage, oracle, images["E"])
+        assert _wait_until(lambda: _holders(outage.index, [mm["E"]]) == {mm["E"]: {node_ids["encoder"]}}, 10)
         assert stack.process.poll() is None and all(r["restarts"] == 0 for r in stack.state()["roles"].values())
     finally:
         stop_stack(stack)
