@@ -36,6 +36,7 @@ import grpc  # noqa: E402
 import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
+from benchmarks.serve_stack import launch, stop_stack  # noqa: E402
 from protos.gen import pb, rpc  # noqa: E402
 from services.stack.launcher import free_port, start_node, wait_serving  # noqa: E402
 from tests.factories import chat_case, encode_image, make_image  # noqa: E402
@@ -49,34 +50,8 @@ class Stack:
         self.state_file = workdir / "elastic-state.json"
         self.port = free_port()
         self.log = open(workdir / "elastic-stack.log", "w")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "services.cli.main",
-                "serve",
-                "--model",
-                model,
-                "--port",
-                str(self.port),
-                "--generate-port",
-                str(free_port()),
-                "--state-file",
-                str(self.state_file),
-                "--preprocess",
-                "2",
-                "--encoders",
-                "2",
-                "--prefill",
-                "2",
-                "--decode",
-                "2",
-                "--no-restart",
-            ],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
+        roles = ["--preprocess", "2", "--encoders", "2", "--prefill", "2", "--decode", "2"]
+        self.process = launch(model, self.port, ["--state-file", str(self.state_file), *roles, "--no-restart"], self.log)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -104,11 +79,7 @@ class Stack:
         return 0.0
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_stack(self.process)
         self.log.close()
 
 

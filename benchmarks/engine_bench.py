@@ -73,7 +73,7 @@ def _hf_run(oracle: ReferenceOracle, case, num_tokens: int) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="small")
     parser.add_argument("--image-size", default="448x448")
@@ -81,9 +81,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "engine.json")
     args = parser.parse_args()
-    size = tuple(int(v) for v in args.image_size.split("x"))
-    torch.set_grad_enabled(False)
+    args.size = tuple(int(v) for v in args.image_size.split("x"))
+    return args
 
+
+def _hf_decode_rate(oracle: ReferenceOracle, size: tuple[int, int], num_tokens: int) -> float:
+    """transformers, one request at a time: decode rate = (N-1) tokens / (time(N) - time(1)), median."""
+    hf_rates = []
+    for case in _cases(500, 3, size):
+        t1 = _hf_run(oracle, case, 1)
+        tn = _hf_run(oracle, case, num_tokens)
+        hf_rates.append((num_tokens - 1) / (tn - t1))
+    return statistics.median(hf_rates)
+
+
+def measure(args) -> dict:
+    """Every figure of the table, tessera against transformers, after one warm-up request each."""
+    size = args.size
     llm = LLM(args.model, EngineConfig())
     oracle = ReferenceOracle(llm.model.path)
     warm = _cases(9000, 1, size)[0]
@@ -99,16 +113,8 @@ def main() -> None:
     _, engine_b1 = _engine_decode(llm, [b1_case[0].body], args.decode_tokens)
     batch8 = _cases(400, 8, size)
     _, engine_b8 = _engine_decode(llm, [c.body for c in batch8], args.decode_tokens)
-
-    # transformers, one request at a time: decode rate = (N-1) tokens / (time(N) - time(1)).
-    hf_rates = []
-    for case in _cases(500, 3, size):
-        t1 = _hf_run(oracle, case, 1)
-        tn = _hf_run(oracle, case, args.decode_tokens)
-        hf_rates.append((args.decode_tokens - 1) / (tn - t1))
-    hf_b1 = statistics.median(hf_rates)
-
-    rows = {
+    hf_b1 = _hf_decode_rate(oracle, size, args.decode_tokens)
+    return {
         "ttft_cold_s": statistics.median(ttft_cold),
         "ttft_cached_s": statistics.median(ttft_cached),
         "ttft_cached_over_cold": statistics.median(ttft_cached) / statistics.median(ttft_cold),
@@ -118,6 +124,10 @@ def main() -> None:
         "hf_decode_tok_s_sequential": hf_b1,
         "batch8_over_hf_sequential": engine_b8 / hf_b1,
     }
+
+
+def print_table(args, rows: dict) -> None:
+    engine_b1, engine_b8, hf_b1 = rows["decode_tok_s_batch1"], rows["decode_tok_s_batch8"], rows["hf_decode_tok_s_sequential"]
     print(f"model={args.model} image={args.image_size} decode_tokens={args.decode_tokens}")
     print(f"{'metric':<34} {'tessera':>10} {'transformers':>13}")
     print(f"{'TTFT cold (s)':<34} {rows['ttft_cold_s']:>10.3f} {rows['hf_ttft_s']:>13.3f}")
@@ -126,6 +136,9 @@ def main() -> None:
     print(f"{'decode tok/s, batch 1':<34} {engine_b1:>10.1f} {hf_b1:>13.1f}")
     print(f"{'decode tok/s, batch 8':<34} {engine_b8:>10.1f} {'(sequential)':>13}")
     print(f"{'  batch 8 / transformers':<34} {rows['batch8_over_hf_sequential']:>10.2f} {'-':>13}")
+
+
+def write_json(args, rows: dict) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
@@ -143,6 +156,14 @@ def main() -> None:
         + "\n"
     )
     print(f"wrote {args.out}")
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_grad_enabled(False)
+    rows = measure(args)
+    print_table(args, rows)
+    write_json(args, rows)
 
 
 if __name__ == "__main__":

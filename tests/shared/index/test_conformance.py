@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from shared.index.backend import create_index
+from shared.index.memory_backend import InProcessIndex
 from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
 from shared.types import BlockHash, MmHash
 from tests.redis_servers import redis_server_binary, running_server, valkey_binary
@@ -29,11 +30,39 @@ def index_url(request):
         yield url
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture()
-def index(index_url):
-    backend = create_index(index_url, namespace=f"test-{uuid.uuid4().hex[:8]}")
+def clock(index_url) -> FakeClock | None:
+    """The in-process backend runs on an injected clock; a Redis server keeps its own time."""
+    return FakeClock() if index_url == "memory://" else None
+
+
+@pytest.fixture()
+def index(index_url, clock):
+    namespace = f"test-{uuid.uuid4().hex[:8]}"
+    backend = InProcessIndex(namespace=namespace, clock=clock) if clock is not None else create_index(index_url, namespace=namespace)
     yield backend
     backend.close()
+
+
+@pytest.fixture()
+def lapse(clock):
+    """Let ``seconds`` pass for the index: advance the injected clock, or wait for the server's."""
+
+    def advance(seconds: float) -> None:
+        if clock is not None:
+            clock.now += seconds
+        else:
+            time.sleep(seconds)
+
+    return advance
 
 
 def node(name: str, role: str = "prefill") -> NodeInfo:
@@ -74,10 +103,10 @@ def test_a_stale_incarnation_cannot_deregister_its_successor(index):
     assert index.live_nodes()["r"].epoch == new
 
 
-def test_lapsed_nodes_are_pruned_and_a_pruned_id_never_reuses_an_epoch(index):
+def test_lapsed_nodes_are_pruned_and_a_pruned_id_never_reuses_an_epoch(index, lapse):
     first = index.register_node(node("gone"), ttl_s=TTL)
     index.publish("gone", first, blocks(0))
-    time.sleep(TTL + 0.3)
+    lapse(TTL + 0.3)
     assert "gone" not in index.live_nodes()  # pruned here
     again = index.register_node(node("gone"), ttl_s=30)
     assert again > first
@@ -122,7 +151,7 @@ def test_the_walk_stops_at_the_first_block_no_live_node_holds(index):
     assert index.lookup([], []).node_to_num_prefix_blocks == {}
 
 
-def test_blocks_of_dead_or_stale_nodes_are_gaps_in_a_live_nodes_prefix(index):
+def test_blocks_of_dead_or_stale_nodes_are_gaps_in_a_live_nodes_prefix(index, lapse):
     live = index.register_node(node("live"), ttl_s=30)
     dying = index.register_node(node("dying"), ttl_s=TTL)
     old = index.register_node(node("restarted"), ttl_s=30)
@@ -133,34 +162,34 @@ def test_blocks_of_dead_or_stale_nodes_are_gaps_in_a_live_nodes_prefix(index):
     index.publish("restarted", new, blocks(0, 2))  # its old epoch's b1 must not count
     hashes = [BlockHash(f"b{i}") for i in range(3)]
     assert index.lookup([], hashes).node_to_num_prefix_blocks == {"live": 1, "dying": 3, "restarted": 1}
-    time.sleep(TTL + 0.3)
+    lapse(TTL + 0.3)
     assert index.lookup([], hashes).node_to_num_prefix_blocks == {"live": 1, "restarted": 1}
 
 
-def test_entries_of_a_dead_node_are_never_served(index):
+def test_entries_of_a_dead_node_are_never_served(index, lapse):
     epoch = index.register_node(node("dying"), ttl_s=TTL)
     index.publish("dying", epoch, IndexEvents(kv_stored={BlockHash("x"): "device"}, mm_stored={MmHash("m"): ENTRY}))
     assert index.lookup([MmHash("m")], [BlockHash("x")]).node_to_num_prefix_blocks == {"dying": 1}
-    time.sleep(TTL + 0.3)
+    lapse(TTL + 0.3)
     result = index.lookup([MmHash("m")], [BlockHash("x")])
     assert result.node_to_num_prefix_blocks == {} and result.mm_holders[MmHash("m")] == {} and "dying" not in result.nodes
 
 
-def test_heartbeat_keeps_a_node_alive_and_reports_load(index):
+def test_heartbeat_keeps_a_node_alive_and_reports_load(index, lapse):
     epoch = index.register_node(node("busy"), ttl_s=TTL)
     for _ in range(3):
-        time.sleep(TTL / 2)
+        lapse(TTL / 2)
         assert index.heartbeat("busy", epoch, load=3.0, kv_usage=0.25, ttl_s=TTL)
     state = index.lookup([], []).nodes["busy"]
     assert state.load == 3.0 and state.kv_usage == 0.25
 
 
-def test_a_lapsed_node_cannot_heartbeat_back_to_life(index):
+def test_a_lapsed_node_cannot_heartbeat_back_to_life(index, lapse):
     """Once its TTL lapsed, a node must register again (a new epoch): reviving it would serve
     entries its heartbeat gap may have made stale."""
     epoch = index.register_node(node("late"), ttl_s=TTL)
     index.publish("late", epoch, IndexEvents(kv_stored={BlockHash("k"): "device"}))
-    time.sleep(TTL + 0.3)
+    lapse(TTL + 0.3)
     assert not index.heartbeat("late", epoch, load=1.0, kv_usage=0.0, ttl_s=30)
     result = index.lookup([], [BlockHash("k")])
     assert "late" not in result.nodes and result.node_to_num_prefix_blocks == {}
