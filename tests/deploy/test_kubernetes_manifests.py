@@ -134,7 +134,6 @@ def test_rendered_manifests_pass_kubernetes_validate_strict(kustomization, tmp_p
 def test_every_role_has_a_deployment_and_service(kustomization):
     objs = _index(_render(kustomization))
     config = _config(objs)
-    drain_timeout = float(config["data"]["TESSERA_SERVE_DRAIN_TIMEOUT_S"])
     assert config["data"]["HF_HUB_OFFLINE"] == "1"
     assert config["data"]["TESSERA_HOME"] == "/data/tessera"
     assert config["data"]["TESSERA_SERVE_METRICS_PORT"] == str(METRICS_PORT)
@@ -145,56 +144,68 @@ def test_every_role_has_a_deployment_and_service(kustomization):
         deployment = objs.get(("Deployment", name))
         assert deployment is not None, f"{kustomization}: no Deployment {name}"
         assert deployment["spec"]["selector"]["matchLabels"] == labels
-        template = deployment["spec"]["template"]
-        assert labels.items() <= template["metadata"]["labels"].items()
-        annotations = template["metadata"]["annotations"]
-        assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(METRICS_PORT)
-        pod = template["spec"]
-        server = pod["containers"][0]
-        command = server["command"]
-        assert command[:4] == ["tessera", "serve", "--role", role] and command[4] == "--model", command
-        model = command[5]
-        # Each pod builds its model into an emptyDir (or volume) at TESSERA_HOME before the server starts.
-        build = pod["initContainers"][0]
-        assert build["command"] == ["tessera", "models", "build", model, "--if-missing"]
-        for container in (build, server):
-            assert {"name": config["metadata"]["name"]} in [src.get("configMapRef") for src in container["envFrom"]]
-            assert any(m["mountPath"] == "/data/tessera" for m in container["volumeMounts"])
-        for container in _containers(pod):
-            for kind in ("requests", "limits"):
-                assert {"cpu", "memory"} <= container["resources"][kind].keys(), f"{name}/{container['name']} {kind}"
-        env = {e["name"]: e for e in server.get("env", [])}
-        assert env["TESSERA_SERVE_ADVERTISE_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
-        if role in DATA_ROLES:
-            assert env["TESSERA_SERVE_DATA_ADDRESS"]["value"] == f"tcp://0.0.0.0:{DATA_PORT}"
-        # Draining: preStop runs `tessera drain`, and the grace period outlasts the drain timeout.
-        prestop = server["lifecycle"]["preStop"]["exec"]["command"]
-        assert prestop[:4] == ["tessera", "drain", "--pid", "1"] and prestop[4] == "--timeout-s", prestop
-        assert float(prestop[5]) >= drain_timeout
-        assert pod["terminationGracePeriodSeconds"] > float(prestop[5])
-        # Probes: native gRPC health on 50061 for the model roles, GET /health on 8000 for the gateway.
-        for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
-            probe = server[probe_name]
-            if role == "gateway":
-                assert probe["httpGet"]["path"] == "/health" and probe["httpGet"]["port"] in (HTTP_PORT, "http")
-            else:
-                assert probe["grpc"]["port"] == GRPC_PORT
-        assert server["startupProbe"]["failureThreshold"] * server["startupProbe"]["periodSeconds"] >= 120
-        ports = {p["containerPort"] for p in server["ports"]}
-        expected_ports = {METRICS_PORT} | ({HTTP_PORT, 50051} if role == "gateway" else {GRPC_PORT})
-        expected_ports |= {DATA_PORT} if role in DATA_ROLES else set()
-        assert expected_ports <= ports, (name, ports)
-
+        _check_pod(role, deployment["spec"]["template"], labels, config)
         service = objs.get(("Service", name))
         assert service is not None, f"{kustomization}: no Service {name}"
-        assert service["spec"]["selector"] == labels
-        service_ports = {p["port"] for p in service["spec"]["ports"]}
+        _check_service(role, service, labels)
+
+
+def _check_pod(role: str, template: dict, labels: dict, config: dict) -> None:
+    name = f"tessera-{role}"
+    assert labels.items() <= template["metadata"]["labels"].items()
+    annotations = template["metadata"]["annotations"]
+    # Node roles serve their metrics on their own port; the gateway on its HTTP port.
+    scrape_port = HTTP_PORT if role == "gateway" else METRICS_PORT
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(scrape_port)
+    pod = template["spec"]
+    server = pod["containers"][0]
+    command = server["command"]
+    assert command[:4] == ["tessera", "serve", "--role", role] and command[4] == "--model", command
+    # Each pod builds its model into an emptyDir (or volume) at TESSERA_HOME before the server starts.
+    build = pod["initContainers"][0]
+    assert build["command"] == ["tessera", "models", "build", command[5], "--if-missing"]
+    for container in (build, server):
+        assert {"name": config["metadata"]["name"]} in [src.get("configMapRef") for src in container["envFrom"]]
+        assert any(m["mountPath"] == "/data/tessera" for m in container["volumeMounts"])
+    for container in _containers(pod):
+        for kind in ("requests", "limits"):
+            assert {"cpu", "memory"} <= container["resources"][kind].keys(), f"{name}/{container['name']} {kind}"
+    env = {e["name"]: e for e in server.get("env", [])}
+    assert env["TESSERA_SERVE_ADVERTISE_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    if role in DATA_ROLES:
+        assert env["TESSERA_SERVE_DATA_ADDRESS"]["value"] == f"tcp://0.0.0.0:{DATA_PORT}"
+    # Draining: preStop runs `tessera drain`, and the grace period outlasts the drain timeout.
+    prestop = server["lifecycle"]["preStop"]["exec"]["command"]
+    assert prestop[:4] == ["tessera", "drain", "--pid", "1"] and prestop[4] == "--timeout-s", prestop
+    assert float(prestop[5]) >= float(config["data"]["TESSERA_SERVE_DRAIN_TIMEOUT_S"])
+    assert pod["terminationGracePeriodSeconds"] > float(prestop[5])
+    _check_probes(role, server)
+    ports = {p["containerPort"] for p in server["ports"]}
+    expected_ports = {HTTP_PORT, 50051} if role == "gateway" else {GRPC_PORT, METRICS_PORT}
+    expected_ports |= {DATA_PORT} if role in DATA_ROLES else set()
+    assert expected_ports <= ports, (name, ports)
+
+
+def _check_probes(role: str, server: dict) -> None:
+    """Native gRPC health on 50061 for the node roles, GET /health on 8000 for the gateway."""
+    for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
+        probe = server[probe_name]
         if role == "gateway":
-            assert service["spec"].get("clusterIP") != "None"
-            assert {HTTP_PORT, 50051} <= service_ports
+            assert probe["httpGet"]["path"] == "/health" and probe["httpGet"]["port"] in (HTTP_PORT, "http")
         else:
-            assert service["spec"]["clusterIP"] == "None", f"{name} should be headless"
-            assert GRPC_PORT in service_ports
+            assert probe["grpc"]["port"] == GRPC_PORT
+    assert server["startupProbe"]["failureThreshold"] * server["startupProbe"]["periodSeconds"] >= 120
+
+
+def _check_service(role: str, service: dict, labels: dict) -> None:
+    assert service["spec"]["selector"] == labels
+    service_ports = {p["port"] for p in service["spec"]["ports"]}
+    if role == "gateway":
+        assert service["spec"].get("clusterIP") != "None"
+        assert {HTTP_PORT, 50051} <= service_ports
+    else:
+        assert service["spec"]["clusterIP"] == "None", f"tessera-{role} should be headless"
+        assert GRPC_PORT in service_ports
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
