@@ -1,8 +1,8 @@
-"""The gateway role's server: the OpenAI HTTP API and the public Generate service over one
-Pipeline, with nodes discovered through the index (or static lists without one).
+"""The gateway role's server: the OpenAI HTTP API (FastAPI on uvicorn) and the public Generate
+service over one Pipeline, with nodes discovered through the index (or static lists without one).
 
 Drain on SIGTERM: stop accepting (HTTP listener closed, /health 503, new requests 503, Generate
-refuses new calls), let the requests in flight finish for up to ``drain_timeout_s``, then exit.
+refuses new calls), let the requests in flight finish for up to ``drain_timeout_s``, then exit 0.
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import uvicorn
+
+from services.gateway.app import create_app
 from services.gateway.generate_server import GenerateServicer, start_generate_server
-from services.gateway.http_server import GatewayApp, make_server
 from services.gateway.pipeline import Pipeline
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
@@ -32,6 +35,8 @@ class Settings:
     model: str = "tiny"
     http_host: str = "127.0.0.1"
     http_port: int = 8000
+    http_backlog: int = 4096  # pending connections the kernel queues before refusing
+    http_keep_alive_s: float = 30.0  # an idle client connection is closed after this
     generate_address: str = "127.0.0.1:50051"
     # Where nodes are discovered (their records are the cluster), and the cache lookups' index.
     index_url: str = ""
@@ -79,26 +84,55 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int) -> Pipe
 
 def run_gateway(config: Settings, *, served_model: str, namespace: str, block_size: int) -> None:
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size)
-    app = GatewayApp(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens)
+    app, state = create_app(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens)
     generate = start_generate_server(
         GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens), config.generate_address
     )
-    http = make_server(app, config.http_host, config.http_port)
-    stop = threading.Event()
+    generate_stopped: list[threading.Event] = []
+
+    def drain() -> None:
+        if not generate_stopped:
+            log.info("draining: %d requests in flight", state.num_in_flight)
+            state.draining = True
+            generate_stopped.append(generate.stop(grace=config.drain_timeout_s))
+
+    # uvicorn re-raises the signal that stopped it once it has shut down, with the handler it
+    # found installed: ours, so a drained gateway exits 0 instead of dying of its SIGTERM.
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    thread = threading.Thread(target=http.serve_forever, name="http", daemon=True)
-    thread.start()
-    log.info("gateway on http://%s:%d, Generate on %s", config.http_host, http.server_port, config.generate_address)
-    stop.wait()
-    log.info("draining: %d requests in flight", app.num_in_flight)
-    app.draining = True
-    http.shutdown()  # no new connections; handlers already running go on
-    http.server_close()
-    stopped = generate.stop(grace=config.drain_timeout_s)
-    deadline = time.monotonic() + config.drain_timeout_s
-    while app.num_in_flight and time.monotonic() < deadline:
-        time.sleep(0.1)
-    stopped.wait(max(0.0, deadline - time.monotonic()))
-    pipeline.membership.stop()
-    log.info("drained; exiting with %d requests unfinished", app.num_in_flight)
+        signal.signal(sig, lambda *_: None)
+    server = _DrainingServer(
+        uvicorn.Config(
+            app,
+            host=config.http_host,
+            port=config.http_port,
+            log_level="warning",
+            access_log=False,
+            backlog=config.http_backlog,
+            timeout_graceful_shutdown=config.drain_timeout_s,
+            timeout_keep_alive=config.http_keep_alive_s,
+        ),
+        on_exit=drain,
+    )
+    log.info("gateway on http://%s:%d, Generate on %s", config.http_host, config.http_port, config.generate_address)
+    try:
+        server.run()  # returns once SIGTERM/SIGINT has stopped it and its open streams ended
+    finally:
+        drain()
+        deadline = time.monotonic() + config.drain_timeout_s
+        generate_stopped[0].wait(max(0.0, deadline - time.monotonic()))
+        pipeline.membership.stop()
+    log.info("drained; exiting with %d requests unfinished", state.num_in_flight)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn's server, which on SIGTERM/SIGINT first marks the gateway draining (new requests
+    get 503, /health says so, Generate refuses new calls), then stops listening and waits for
+    open streams for up to the drain timeout."""
+
+    def __init__(self, config: uvicorn.Config, *, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        self.on_exit()
+        super().handle_exit(sig, frame)

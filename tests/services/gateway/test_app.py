@@ -1,0 +1,177 @@
+"""The HTTP edge (FastAPI app) over an in-process fake pipeline: OpenAI error JSON for every
+error, server-sent events, the OpenAPI document, draining and body limits. The real stack is
+exercised through the same app in tests/services/stack/."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import jsonschema
+import openai
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.gateway.app import create_app
+from services.gateway.errors import GatewayError
+from services.gateway.pipeline import TokenEvent
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@dataclass
+class FakeMembership:
+    roles: tuple[str, ...] = ("preprocess", "encoder", "prefill", "decode")
+
+    def nodes(self, role, exclude=frozenset()):
+        return [object()] if role in self.roles else []
+
+    def snapshot(self):
+        return {}
+
+
+@dataclass
+class FakePipeline:
+    """Streams ``words`` one token each, or fails with ``error`` after ``fail_after`` events."""
+
+    words: tuple[str, ...] = ("Hello", " there", " friend")
+    error: GatewayError | None = None
+    fail_after: int = 0
+    membership: FakeMembership = field(default_factory=FakeMembership)
+    calls: list = field(default_factory=list)
+    num_retries: int = 0
+    num_migrations: int = 0
+
+    def stats(self):
+        return []
+
+    def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True):
+        self.calls.append((body, sampling, cache_salt, stream))
+        text = ""
+        for i, word in enumerate(self.words):
+            if self.error is not None and i == self.fail_after:
+                raise self.error
+            text += word
+            finished = i == len(self.words) - 1
+            yield TokenEvent([100 + i], text, finished, "stop" if finished else None, prompt_tokens=7, cached_tokens=2)
+
+
+def client_for(pipeline: FakePipeline, **kwargs) -> tuple[TestClient, object]:
+    app, state = create_app(pipeline, served_model="tiny", default_max_tokens=16, **kwargs)
+    return TestClient(app), state
+
+
+def test_the_official_client_gets_completions_and_streams():
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline)
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http)
+    done = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3, temperature=0)
+    assert done.choices[0].message.content == "Hello there friend" and done.choices[0].finish_reason == "stop"
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.prompt_tokens_details.cached_tokens) == (7, 3, 2)
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello there friend"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
+    assert [call[3] for call in pipeline.calls] == [False, True]  # non-streaming asks for first and last events only
+
+
+@pytest.mark.parametrize(
+    "raw,param,text",
+    [
+        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "temperature", "finite"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream", "boolean"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2147483648}', "max_tokens", "less than"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "seed": 18446744073709551616}', "seed", "less than"),
+        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1', None, "not valid JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, None, ""),
+        (b"[1, 2]", None, "JSON object"),
+    ],
+)
+def test_malformed_requests_get_a_400_in_openai_error_json(raw, param, text):
+    http, _ = client_for(FakePipeline())
+    response = http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and text in error["message"]
+    if param is not None:
+        assert error["param"] == param
+    assert http.get("/v1/models").status_code == 200  # the server is unharmed
+
+
+def test_unknown_routes_and_methods_get_openai_errors():
+    http, _ = client_for(FakePipeline())
+    missing = http.get("/v1/nothing")
+    assert missing.status_code == 404 and "no route for GET /v1/nothing" in missing.json()["error"]["message"]
+    wrong = http.get("/v1/chat/completions")
+    assert wrong.status_code == 405 and wrong.json()["error"]["message"]
+
+
+def test_an_oversized_body_gets_a_413_before_it_is_read():
+    http, state = client_for(FakePipeline(), max_body_bytes=1000)
+    body = json.dumps({"messages": [{"role": "user", "content": "x" * 2000}]})
+    response = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "limit is 1000" in response.json()["error"]["message"]
+    chunked = http.post("/v1/chat/completions", content=iter([body[:600].encode(), body[600:].encode()]))
+    assert chunked.status_code == 413 and "over the limit" in chunked.json()["error"]["message"]
+    assert http.post("/v1/chat/completions", json={"messages": MESSAGES}).status_code == 200
+
+
+def test_errors_before_the_first_token_get_their_status_and_later_ones_end_the_stream():
+    http, _ = client_for(FakePipeline(error=GatewayError(503, "no live decode node"), fail_after=0))
+    early = http.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True})
+    assert early.status_code == 503 and early.json()["error"] == {
+        "message": "no live decode node",
+        "type": "service_unavailable",
+        "param": None,
+        "code": None,
+    }
+    http, _ = client_for(FakePipeline(error=GatewayError(503, "gave up"), fail_after=2))
+    late = http.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True})
+    events = [line.removeprefix("data: ") for line in late.text.splitlines() if line.startswith("data: ")]
+    assert late.status_code == 200 and json.loads(events[-1])["error"]["message"] == "gave up" and "[DONE]" not in events
+
+
+def test_a_draining_gateway_refuses_new_requests_and_reports_it():
+    http, state = client_for(FakePipeline())
+    state.draining = True
+    refused = http.post("/v1/chat/completions", json={"messages": MESSAGES})
+    assert refused.status_code == 503 and "draining" in refused.json()["error"]["message"]
+    assert http.get("/health").status_code == 503 and http.get("/health").json()["status"] == "draining"
+
+
+def test_health_names_a_role_without_live_nodes():
+    http, _ = client_for(FakePipeline(membership=FakeMembership(roles=("preprocess", "encoder", "prefill"))))
+    health = http.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "no live decode node"
+
+
+def test_requests_and_responses_validate_against_the_served_openapi_document():
+    http, _ = client_for(FakePipeline())
+    document = http.get("/openapi.json").json()
+    assert http.get("/docs").status_code == 200
+
+    def validator(name: str) -> jsonschema.Draft202012Validator:
+        schema = {"$ref": f"#/components/schemas/{name}", "components": document["components"]}
+        return jsonschema.Draft202012Validator(schema)
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_tokens": 3}
+    validator("ChatCompletionRequest").validate(body)
+    assert not validator("ChatCompletionRequest").is_valid({**body, "temperature": "hot"})
+    validator("ChatCompletionResponse").validate(http.post("/v1/chat/completions", json=body).json())
+    error = http.post("/v1/chat/completions", json={**body, "n": 3}).json()
+    validator("ErrorResponse").validate(error)
+    operation = document["paths"]["/v1/chat/completions"]["post"]
+    assert {"200", "400", "503"} <= set(operation["responses"])
+
+
+def test_metrics_are_prometheus_text():
+    http, _ = client_for(FakePipeline())
+    http.post("/v1/chat/completions", json={"messages": MESSAGES})
+    http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2})
+    families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
+    by_status = {s.labels["status"]: s.value for s in families["tessera_requests"].samples}
+    assert by_status == {"200": 1.0, "400": 1.0}
+    assert families["tessera_ttft_seconds"].type == "histogram"
