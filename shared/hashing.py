@@ -124,7 +124,7 @@ def mm_hash_of_stable_id(
 #   extra_keys_i = tagged tuples, in this order:
 #       ("lora", name)                        every block, when a LoRA adapter is active
 #       ("salt", cache_salt)                  block 0 only, when the request carries a salt
-#       ("mm", identifier, offset_in_item)    each image overlapping the block, in prompt order;
+#       ("mm", mm_hash, offset_in_item)       each image overlapping the block, in prompt order;
 #                                             offset_in_item = first overlapped token's index
 #                                             inside the item
 # Only full blocks are hashed. Tags keep kinds apart: a salt can never collide with an image id.
@@ -135,9 +135,9 @@ ROOT_BLOCK_HASH = BlockHash(digest_hex("tessera/root-block/v1"))
 
 @dataclass(frozen=True, slots=True)
 class MmSpan:
-    """An item's identity (mm_hash, or ``lora:mm_hash``) and its placeholder span in the prompt."""
+    """An item's identity (its mm_hash) and its placeholder span in the prompt."""
 
-    identifier: str
+    mm_hash: MmHash
     placeholder: PlaceholderRange
 
 
@@ -158,7 +158,7 @@ def block_extra_keys(
     for span in mm_spans:
         lo, hi = span.placeholder.offset, span.placeholder.end
         if lo < end and hi > start:
-            keys.append(("mm", span.identifier, max(start, lo) - lo))
+            keys.append(("mm", span.mm_hash, max(start, lo) - lo))
     return tuple(keys)
 
 
@@ -219,7 +219,7 @@ def _extra_key_tails(
         block_to_keys[0] = [canonical_bytes(("salt", cache_salt))]
     for span in mm_spans:  # in the caller's order, as block_extra_keys lists them
         lo, hi = span.placeholder.offset, span.placeholder.end
-        key_head = b"L3:S2:mm" + canonical_bytes(span.identifier) + b"I"
+        key_head = b"L3:S2:mm" + canonical_bytes(span.mm_hash) + b"I"
         # Exactly the blocks i with lo < (i+1)*block_size and hi > i*block_size, as in block_extra_keys.
         for index in range(max(first, lo // block_size), min(stop, (hi - 1) // block_size + 1)):
             key = b"%s%d;" % (key_head, max(index * block_size, lo) - lo)

@@ -57,7 +57,7 @@ class EncoderNode:
         self.compute = ComputeThread("encoder-compute", liveness=liveness)  # builds the tower and runs every encode
         self.vision = self.compute.run(_build_vision, model, device)
         self.cache = EncoderCacheManager(cache_tokens)
-        self.store: dict[str, torch.Tensor] = {}
+        self.store: dict[MmHash, torch.Tensor] = {}
         self.inbox = TensorInbox(data_bind)
         self.sender = TensorSender()
         self.pixel_wait_s = pixel_wait_s
@@ -117,11 +117,11 @@ class EncoderNode:
         self.cache.free_encoder_input(_OWNER, mm_hash)
         self.store[mm_hash] = embeds
         evicted = self.cache.drain_evicted()
-        for identifier in evicted:
-            self.store.pop(identifier, None)
+        for evicted_hash in evicted:
+            self.store.pop(evicted_hash, None)
         if self.publisher is not None:
             entry = MmEntry(embeds.shape[0], grid_thw, embeds.numel() * embeds.element_size())
-            self.publisher.record(IndexEvents(mm_stored={MmHash(mm_hash): entry}, mm_evicted=[MmHash(e) for e in evicted]))
+            self.publisher.record(IndexEvents(mm_stored={mm_hash: entry}, mm_evicted=evicted))
 
     def counters(self) -> dict[str, float]:
         return {

@@ -12,19 +12,19 @@ from services.engine.engine import Engine, RequestRejectedError
 from services.engine.kv_pages import KVPages, num_blocks
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request, RequestStatus
-from shared.types import BlockHash
+from shared.types import BlockHash, MmHash
 
 
-def import_embeddings(engine: Engine, request_id: str, identifier: str, embeds: torch.Tensor) -> bool:
+def import_embeddings(engine: Engine, request_id: str, mm_hash: MmHash, embeds: torch.Tensor) -> bool:
     """Make an image's embeddings resident for ``request_id`` (computed elsewhere). Returns False
     if the encoder cache has no room right now."""
     cache = engine.encoder_cache
-    if cache.check_and_update_cache(request_id, identifier):
+    if cache.check_and_update_cache(request_id, mm_hash):
         return True
     if not cache.can_allocate(embeds.shape[0]):
         return False
-    cache.allocate(request_id, identifier, embeds.shape[0])
-    engine.runner.encoder_outputs[identifier] = embeds.to(engine.runner.device, engine.runner.dtype)
+    cache.allocate(request_id, mm_hash, embeds.shape[0])
+    engine.runner.encoder_outputs[mm_hash] = embeds.to(engine.runner.device, engine.runner.dtype)
     engine.sync_encoder_outputs()
     return True
 

@@ -19,6 +19,7 @@ from services.engine.model.vision import VisionEncoder, build_vision_tower
 from services.engine.request import Request
 from services.engine.scheduler import SchedulerOutput
 from shared.models.registry import ModelRef
+from shared.types import MmHash
 
 
 @dataclass(slots=True)
@@ -52,12 +53,12 @@ class ModelRunner:
         ]
         self.backend = create_backend(config.attention_backend, self.device)
         self.block_size = config.block_size
-        # identifier -> embeddings; residency is decided by the EncoderCacheManager.
-        self.encoder_outputs: dict[str, torch.Tensor] = {}
+        # mm_hash -> embeddings; residency is decided by the EncoderCacheManager.
+        self.encoder_outputs: dict[MmHash, torch.Tensor] = {}
 
-    def drop_encoder_outputs(self, identifiers: list[str]) -> None:
-        for identifier in identifiers:
-            self.encoder_outputs.pop(identifier, None)
+    def drop_encoder_outputs(self, mm_hashes: list[MmHash]) -> None:
+        for mm_hash in mm_hashes:
+            self.encoder_outputs.pop(mm_hash, None)
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput, kv: KVCacheManager) -> StepLogits:
@@ -82,7 +83,7 @@ class ModelRunner:
             for feature in request.mm_features:
                 lo, hi = max(start, feature.placeholder.offset), min(end, feature.placeholder.end)
                 if lo < hi:
-                    rows = self.encoder_outputs[feature.identifier][lo - feature.placeholder.offset : hi - feature.placeholder.offset]
+                    rows = self.encoder_outputs[feature.mm_hash][lo - feature.placeholder.offset : hi - feature.placeholder.offset]
                     merges.append((row0 + lo - start, rows))
             if end == request.num_tokens:
                 sample_rows.append(len(token_ids) - 1)
@@ -106,19 +107,19 @@ class ModelRunner:
         return StepLogits(sample_requests, logits.cpu())
 
     def _run_encoder(self, step: SchedulerOutput) -> None:
-        pending: dict[str, tuple[torch.Tensor, tuple[int, int, int]]] = {}
+        pending: dict[MmHash, tuple[torch.Tensor, tuple[int, int, int]]] = {}
         for item in step.scheduled:
             for index in item.encoder_inputs:
                 feature = item.request.mm_features[index]
-                if feature.identifier in self.encoder_outputs or feature.identifier in pending:
+                if feature.mm_hash in self.encoder_outputs or feature.mm_hash in pending:
                     continue
                 if feature.pixel_values is None:
-                    raise RuntimeError(f"image {feature.identifier} must be encoded but its pixels were not sent")
-                pending[feature.identifier] = (feature.pixel_values, feature.grid_thw)
+                    raise RuntimeError(f"image {feature.mm_hash} must be encoded but its pixels were not sent")
+                pending[feature.mm_hash] = (feature.pixel_values, feature.grid_thw)
         if not pending:
             return
         if self.vision is None:
             raise RuntimeError("this node has no vision tower; embeddings must be imported before scheduling")
         outputs = self.vision.encode([p for p, _ in pending.values()], [g for _, g in pending.values()])
-        for identifier, embeds in zip(pending, outputs):
-            self.encoder_outputs[identifier] = embeds
+        for mm_hash, embeds in zip(pending, outputs):
+            self.encoder_outputs[mm_hash] = embeds

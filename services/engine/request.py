@@ -9,7 +9,7 @@ import torch
 
 from services.engine.sampling import SamplingParams
 from shared.hashing import MmSpan, extend_block_hashes
-from shared.types import BlockHash, PlaceholderRange
+from shared.types import BlockHash, MmHash, PlaceholderRange
 
 
 class RequestStatus(enum.Enum):
@@ -28,7 +28,7 @@ class RequestStatus(enum.Enum):
 class MmFeature:
     """One image: identity, placeholder span, and the pixels to encode on an encoder-cache miss."""
 
-    identifier: str
+    mm_hash: MmHash
     placeholder: PlaceholderRange
     grid_thw: tuple[int, int, int]
     pixel_values: torch.Tensor | None
@@ -70,7 +70,7 @@ class Request:
     def update_block_hashes(self, block_size: int) -> list[BlockHash]:
         """Extend block_hashes to cover every full block of the current tokens."""
         if len(self.block_hashes) < self.num_tokens // block_size:
-            spans = [MmSpan(f.identifier, f.placeholder) for f in self.mm_features]
+            spans = [MmSpan(f.mm_hash, f.placeholder) for f in self.mm_features]
             self.block_hashes = extend_block_hashes(self.block_hashes, self.token_ids(), block_size, spans, cache_salt=self.cache_salt)
         return self.block_hashes
 

@@ -115,17 +115,17 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
-        self.encoder_cache.free_request(request.request_id, [f.identifier for f in request.mm_features])
+        self.encoder_cache.free_request(request.request_id, [f.mm_hash for f in request.mm_features])
 
     def release_finished_encoder_inputs(self, request: Request) -> None:
         """Drop this request's reference to images it has fully consumed."""
         for feature in request.mm_features:
             if feature.placeholder.end <= request.num_computed_tokens:
-                self.encoder_cache.free_encoder_input(request.request_id, feature.identifier)
+                self.encoder_cache.free_encoder_input(request.request_id, feature.mm_hash)
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
-        self.encoder_cache.free_request(request.request_id, [f.identifier for f in request.mm_features])
+        self.encoder_cache.free_request(request.request_id, [f.mm_hash for f in request.mm_features])
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -144,7 +144,7 @@ class Scheduler:
                 continue
             if self.config.disable_chunked_mm_input and lo >= start and hi > start + num_new:
                 return lo - start, encode, encoder_budget  # stop before the image rather than split it
-            if self.encoder_cache.check_and_update_cache(request.request_id, feature.identifier):
+            if self.encoder_cache.check_and_update_cache(request.request_id, feature.mm_hash):
                 continue
             rows = feature.num_embeds
             if rows > encoder_budget or not self.encoder_cache.can_allocate(planned_rows + rows):
@@ -157,5 +157,5 @@ class Scheduler:
     def _commit_encoder(self, request: Request, encode: list[int]) -> None:
         for index in encode:
             feature = request.mm_features[index]
-            if not self.encoder_cache.check_and_update_cache(request.request_id, feature.identifier):
-                self.encoder_cache.allocate(request.request_id, feature.identifier, feature.num_embeds)
+            if not self.encoder_cache.check_and_update_cache(request.request_id, feature.mm_hash):
+                self.encoder_cache.allocate(request.request_id, feature.mm_hash, feature.num_embeds)

@@ -30,7 +30,7 @@ from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
-from shared.types import BlockHash
+from shared.types import BlockHash, MmHash
 
 
 class EmbeddingsUnavailableError(RuntimeError):
@@ -85,7 +85,7 @@ class PrefillNode(EngineNode):
         self._decode_targets: dict[str, str] = {}
         self.engine.finish_listeners.append(self._ship_kv)
         self._pulls_lock = threading.Lock()
-        self._mm_hash_to_pull: dict[str, threading.Event] = {}
+        self._mm_hash_to_pull: dict[MmHash, threading.Event] = {}
         self.num_embeddings_pulled = 0
         self.num_tokens_computed = 0
         self.num_cached_tokens = 0

@@ -36,7 +36,7 @@ class Route:
     encoder: str
     prefill: str
     decode: str
-    images_on_encoder: frozenset[str]  # mm_hashes the chosen encoder holds, per the index
+    images_on_encoder: frozenset[MmHash]  # mm_hashes the chosen encoder holds, per the index
     # gRPC address of each live prefill or decode node holding a leading prefix of the prompt's
     # blocks -> leading prompt tokens it holds (block_size * leading blocks); empty without an index.
     prefix_tokens_by_node: dict[str, int]

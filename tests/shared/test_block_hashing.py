@@ -18,8 +18,8 @@ from shared.types import PlaceholderRange
 BLOCK = 4
 
 
-def _span(identifier: str, offset: int, length: int) -> MmSpan:
-    return MmSpan(identifier, PlaceholderRange(offset, length))
+def _span(mm_hash: str, offset: int, length: int) -> MmSpan:
+    return MmSpan(mm_hash, PlaceholderRange(offset, length))
 
 
 def test_only_full_blocks_are_hashed_and_chained_from_the_fixed_root():

@@ -60,12 +60,12 @@ def test_random_workload_keeps_budget_and_evicts_whole_items_in_lru_order():
             users.get(name, set()).discard(request)
         evicted = cache.drain_evicted()
         assert evicted == freeable_before[: len(evicted)]  # least recently freed first
-        resident = sum(cache.id_to_num_embeds.values())
+        resident = sum(cache.mm_hash_to_num_embeds.values())
         assert resident + cache.num_free_slots == 50 and resident <= 50
-        for item, size in cache.id_to_num_embeds.items():
+        for item, size in cache.mm_hash_to_num_embeds.items():
             assert size == sizes[item]  # whole items only
         for item in cache.freeable:
-            assert not cache.id_to_requests[item]
+            assert not cache.mm_hash_to_requests[item]
 
 
 def test_eviction_order_is_lru_over_freeable_items():
