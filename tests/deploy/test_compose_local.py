@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from tests.deploy.compose_local import ComposeDeployment
-from tests.deploy.compose_spec import COMPOSE_FILE, load_compose, one_shot_services, parse_duration, plan_replica, start_layers
+from tests.deploy.compose_mapping import plan_replica
+from tests.deploy.compose_spec import COMPOSE_FILE, load_compose, one_shot_services, parse_duration, start_layers
 
 ROLES = ("preprocess", "encoder", "prefill", "decode", "gateway")
 SCALE = {"preprocess": 1, "encoder": 3, "prefill": 1, "decode": 2, "gateway": 1}

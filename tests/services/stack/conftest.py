@@ -22,6 +22,9 @@ import pytest
 
 from services.stack.launcher import free_port
 
+# Its asserts report like a test's (it is imported after this conftest).
+pytest.register_assert_rewrite("tests.services.stack.stack_probes")
+
 
 @dataclass
 class RunningStack:

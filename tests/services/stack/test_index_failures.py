@@ -19,11 +19,8 @@ import subprocess
 import time
 from dataclasses import dataclass, fields
 
-import grpc
 import pytest
 import redis
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from openai import OpenAI
 
 from services.engine.config import EngineConfig
 from services.preprocess import Preprocessor
@@ -31,98 +28,25 @@ from services.stack.redis_server import embedded_valkey_binary, start_redis_serv
 from services.transport.node_runtime import NodeSettings
 from shared.hashing import MmSpan, block_hashes
 from shared.index.backend import create_index
-from tests.factories import chat_case, encode_image, make_image
+from tests.factories import chat_case
 from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
+from tests.services.stack.stack_probes import (
+    ask,
+    index_is_up,
+    is_serving,
+    mm_hash_of,
+    oracle_text,
+    png_image,
+    served_holders,
+    stack_env,
+    wait_until,
+)
 
-MAX_TOKENS = 8
-GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
 # The heartbeat TTL every node of a stack registers with (`--index-ttl-s`, default of NodeSettings).
 TTL_S = float(next(f.default for f in fields(NodeSettings) if f.name == "index_ttl_s"))
 ENCODED = "tessera_encoder_items_encoded_total"
 PIXELS_SENT = "tessera_pixel_bytes_sent_total"
 PIXELS_SKIPPED = "tessera_pixel_bytes_skipped_total"
-
-
-def _stack_env() -> dict[str, str]:
-    """The test's environment, without overrides of the roles' index settings (so TTL_S holds)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_SERVE_INDEX")}
-
-
-def _client(stack: RunningStack) -> OpenAI:
-    return OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
-
-
-def _png(seed: int) -> bytes:
-    return encode_image(make_image(112, 112, seed=seed))
-
-
-def _oracle_text(oracle, case) -> str:
-    tokens = oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), MAX_TOKENS).token_ids
-    return oracle.tokenizer.decode(tokens, skip_special_tokens=True)
-
-
-def _wait_until(predicate, timeout_s: float, interval_s: float = 0.1):
-    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout_s`` passes (None)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value or None
-        time.sleep(interval_s)
-
-
-def _index_is_up(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
-def _mm_hash(preprocessor: Preprocessor, case) -> str:
-    return preprocessor.preprocess(case.body).mm_items[0].mm_hash
-
-
-def _holders(index, mm_hashes: list[str]) -> dict[str, set[str]]:
-    """mm_hash -> the node ids the index serves as holders (live heartbeat, current epoch)."""
-    result = index.lookup(mm_hashes, [])
-    return {h: set(result.mm_holders[h]) for h in mm_hashes}
-
-
-def _is_serving(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.RpcError:
-            return False
-
-
-def _ask(stack: RunningStack, case, *, stream: bool = False, during=None) -> tuple[str, int]:
-    """(text, cached prompt tokens) of one greedy request; ``during`` runs once the first streamed
-    token has arrived (the request is then past routing, encoding and prefill, and still decoding)."""
-    client = _client(stack)
-    if not stream:
-        reply = client.chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
-        assert reply.usage.completion_tokens == MAX_TOKENS
-        return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
-    chunks = client.chat.completions.create(
-        model="tiny", messages=case.body["messages"], stream=True, stream_options={"include_usage": True}, **GREEDY
-    )
-    text, usage, called = "", None, during is None
-    for chunk in chunks:
-        if chunk.choices and chunk.choices[0].delta.content:
-            if not called:
-                during()
-                called = True
-            text += chunk.choices[0].delta.content
-        if chunk.usage:
-            usage = chunk.usage
-    assert called, "no token was streamed"
-    assert usage is not None and usage.completion_tokens == MAX_TOKENS
-    return text, usage.prompt_tokens_details.cached_tokens
 
 
 @pytest.fixture(scope="module")
@@ -168,15 +92,15 @@ def _serve_through_the_outage(outage: Outage, valkey_pid: int) -> None:
 
     def kill_the_index() -> None:
         os.kill(valkey_pid, signal.SIGKILL)
-        assert _wait_until(lambda: not _index_is_up(outage.url), 10), "the index server did not die"
+        assert wait_until(lambda: not index_is_up(outage.url), 10), "the index server did not die"
 
     for i, (case, (name, question, num_encoded, prefix_hit)) in enumerate(zip(outage.cases, OUTAGE_PLAN)):
         label = f"request {i} ({name}: {question!r})"
         if i == KILL_AT:  # what was published before the outage is in the index
-            assert _wait_until(lambda: _holders(index, [mm["A"], mm["B"]]) == {mm["A"]: {encoder_id}, mm["B"]: {encoder_id}}, 10)
-            assert _wait_until(lambda: index.lookup([], outage.blocks_a).node_to_num_prefix_blocks == outage.full_prefix(), 10)
+            assert wait_until(lambda: served_holders(index, [mm["A"], mm["B"]]) == {mm["A"]: {encoder_id}, mm["B"]: {encoder_id}}, 10)
+            assert wait_until(lambda: index.lookup([], outage.blocks_a).node_to_num_prefix_blocks == outage.full_prefix(), 10)
         before = stack.metrics()
-        text, cached = _ask(stack, case, stream=i == KILL_AT, during=kill_the_index if i == KILL_AT else None)
+        text, cached = ask(stack, case, stream=i == KILL_AT, during=kill_the_index if i == KILL_AT else None)
         after = stack.metrics()
         assert text == outage.expected[i], label
         assert after[ENCODED] - before[ENCODED] == num_encoded, label
@@ -187,7 +111,7 @@ def _serve_through_the_outage(outage: Outage, valkey_pid: int) -> None:
             # Without the index the router cannot know the encoder holds the image: the
             # gateway asks preprocess to push it, and preprocess's own mirror skips it.
             assert after[PIXELS_SKIPPED] > before[PIXELS_SKIPPED], label
-    assert not _index_is_up(outage.url), "the whole outage phase must have run without an index"
+    assert not index_is_up(outage.url), "the whole outage phase must have run without an index"
     assert stack.metrics()[ENCODED] == 4  # one vision-tower run per distinct image, outage or not
 
 
@@ -199,9 +123,9 @@ def _restart_the_index_and_catch_up(outage: Outage) -> subprocess.Popen:
     assert restarted_url == outage.url
     started = time.monotonic()
     everything = [outage.mm[name] for name in "ABCD"]
-    caught_up = _wait_until(lambda: _holders(index, everything) == {h: {encoder_id} for h in everything}, 15, 0.2)
-    assert caught_up, f"index did not catch up: {_holders(index, everything)}"
-    assert _wait_until(lambda: index.lookup([], outage.blocks_a).node_to_num_prefix_blocks == outage.full_prefix(), 10)
+    caught_up = wait_until(lambda: served_holders(index, everything) == {h: {encoder_id} for h in everything}, 15, 0.2)
+    assert caught_up, f"index did not catch up: {served_holders(index, everything)}"
+    assert wait_until(lambda: index.lookup([], outage.blocks_a).node_to_num_prefix_blocks == outage.full_prefix(), 10)
     # Membership recovers too: every node, preprocess included, is registered again.
     assert {s.info.role for s in index.lookup([], []).nodes.values()} == {"preprocess", "encoder", "prefill", "decode"}
     print(f"index caught up {time.monotonic() - started:.1f}s after it came back")
@@ -213,27 +137,27 @@ def _route_from_the_index_again(outage: Outage, oracle, new_image: bytes) -> Non
     cached. Publishing goes on: a new image is served and published under the new epoch."""
     stack = outage.stack
     before = stack.metrics()
-    text, cached = _ask(stack, outage.cases[0])
+    text, cached = ask(stack, outage.cases[0])
     after = stack.metrics()
     assert text == outage.expected[0] and cached > 0
     assert all(after[name] == before[name] for name in (ENCODED, PIXELS_SENT, PIXELS_SKIPPED))
     case = chat_case(new_image, "And this one?")
-    assert _ask(stack, case)[0] == _oracle_text(oracle, case)
+    assert ask(stack, case)[0] == oracle_text(oracle, case)
     assert stack.metrics()[ENCODED] - after[ENCODED] == 1
 
 
 def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_catches_up(
     tmp_path, repo_root, tiny_model, oracle, preprocessor
 ):
-    images = {name: _png(seed) for name, seed in (("A", 301), ("B", 302), ("C", 303), ("D", 304), ("E", 305))}
+    images = {name: png_image(seed) for name, seed in (("A", 301), ("B", 302), ("C", 303), ("D", 304), ("E", 305))}
     cases = [chat_case(images[name], question) for name, question, _, _ in OUTAGE_PLAN]
-    mm = {name: _mm_hash(preprocessor, chat_case(data, "x")) for name, data in images.items()}
+    mm = {name: mm_hash_of(preprocessor, chat_case(data, "x")) for name, data in images.items()}
     prep = preprocessor.preprocess(cases[0].body)
     blocks_a = block_hashes(prep.prompt_token_ids, EngineConfig().block_size, [MmSpan(i.mm_hash, i.placeholder) for i in prep.mm_items])
-    expected = [_oracle_text(oracle, case) for case in cases]
+    expected = [oracle_text(oracle, case) for case in cases]
     valkey = None
     # --no-restart: the launcher leaves the dead index down, so the outage lasts as long as the test wants.
-    stack = launch_stack(tmp_path, repo_root, "--no-restart", env=_stack_env())
+    stack = launch_stack(tmp_path, repo_root, "--no-restart", env=stack_env())
     try:
         state = stack.state()
         url = state["valkey"]["url"]
@@ -242,7 +166,7 @@ def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_c
         _serve_through_the_outage(outage, state["valkey"]["pid"])
         valkey = _restart_the_index_and_catch_up(outage)
         _route_from_the_index_again(outage, oracle, images["E"])
-        assert _wait_until(lambda: _holders(outage.index, [mm["E"]]) == {mm["E"]: {node_ids["encoder"]}}, 10)
+        assert wait_until(lambda: served_holders(outage.index, [mm["E"]]) == {mm["E"]: {node_ids["encoder"]}}, 10)
         assert stack.process.poll() is None and all(r["restarts"] == 0 for r in stack.state()["roles"].values())
     finally:
         stop_stack(stack)
@@ -258,9 +182,9 @@ def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_c
 def two_encoder_stack(tmp_path_factory, tiny_model, repo_root, preprocessor):
     # Embedding caches (encoder and prefill nodes alike) that hold one test image: the next image
     # evicts it, so the prefill node has to pull it from an encoder again.
-    rows = preprocessor.preprocess(chat_case(_png(0), "x").body).mm_items[0].placeholder.length
+    rows = preprocessor.preprocess(chat_case(png_image(0), "x").body).mm_items[0].placeholder.length
     budget = ["--encoder-cache-tokens", str(rows), "--max-encoder-tokens-per-step", str(rows)]
-    running = launch_stack(tmp_path_factory.mktemp("two-encoders"), repo_root, "--encoders", "2", *budget, env=_stack_env())
+    running = launch_stack(tmp_path_factory.mktemp("two-encoders"), repo_root, "--encoders", "2", *budget, env=stack_env())
     yield running
     stop_stack(running)
 
@@ -270,12 +194,12 @@ def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encode
     url = stack.state()["valkey"]["url"]
     index = create_index(url, namespace=tiny_model.model_id)
     raw = redis.Redis.from_url(url, decode_responses=True)
-    case = chat_case(_png(401), "What is in this picture?")
-    expected = _oracle_text(oracle, case)
-    mm_hash = _mm_hash(preprocessor, case)
+    case = chat_case(png_image(401), "What is in this picture?")
+    expected = oracle_text(oracle, case)
+    mm_hash = mm_hash_of(preprocessor, case)
 
-    assert _ask(stack, case)[0] == expected
-    holders = _wait_until(lambda: _holders(index, [mm_hash])[mm_hash], 10)
+    assert ask(stack, case)[0] == expected
+    holders = wait_until(lambda: served_holders(index, [mm_hash])[mm_hash], 10)
     assert holders and len(holders) == 1, "exactly one encoder encodes the image"
     (holder,) = holders
     old_epoch = index.lookup([], []).nodes[holder].epoch
@@ -285,7 +209,7 @@ def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encode
     killed = time.monotonic()
     # Its last heartbeat was at most TTL/3 ago, so its node key lapses within the TTL (or the
     # restarted node's new epoch hides the entry sooner); poll well inside that bound.
-    assert _wait_until(lambda: holder not in _holders(index, [mm_hash])[mm_hash], TTL_S + 1.0, 0.05), "still served as a holder"
+    assert wait_until(lambda: holder not in served_holders(index, [mm_hash])[mm_hash], TTL_S + 1.0, 0.05), "still served as a holder"
     hidden_after = time.monotonic() - killed
     assert hidden_after <= TTL_S + 0.5, f"hidden only after {hidden_after:.2f}s (TTL {TTL_S}s)"
     print(f"the killed encoder's entry stopped being served {hidden_after:.2f}s after the kill (TTL {TTL_S}s)")
@@ -296,22 +220,22 @@ def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encode
     # would be retried on the other encoder, but this test checks the index, not failover.)
     def restarted() -> bool:
         now = stack.state()["roles"][role]
-        return now["restarts"] >= 1 and now["pid"] != info["pid"] and _is_serving(info["grpc_address"])
+        return now["restarts"] >= 1 and now["pid"] != info["pid"] and is_serving(info["grpc_address"])
 
-    assert _wait_until(restarted, 60, 0.5), "the launcher did not restart the killed encoder"
-    assert _wait_until(lambda: holder in index.lookup([], []).nodes, 10)
+    assert wait_until(restarted, 60, 0.5), "the launcher did not restart the killed encoder"
+    assert wait_until(lambda: holder in index.lookup([], []).nodes, 10)
     assert index.lookup([], []).nodes[holder].epoch > old_epoch
     assert raw.hget(f"{index.prefix}mm:{mm_hash}", holder).startswith(f"{old_epoch}|")  # stale, not deleted
-    assert holder not in _holders(index, [mm_hash])[mm_hash]
+    assert holder not in served_holders(index, [mm_hash])[mm_hash]
 
     # Another image evicts the first one from the prefill node's one-image embedding cache; the
     # first image again is then served by re-encoding it (no live encoder holds it), oracle-equal.
-    other = chat_case(_png(402), "And this one?")
-    assert _ask(stack, other)[0] == _oracle_text(oracle, other)
+    other = chat_case(png_image(402), "And this one?")
+    assert ask(stack, other)[0] == oracle_text(oracle, other)
     before = stack.metrics()[ENCODED]  # the restarted encoder counts from 0: compare from here
-    assert _ask(stack, case)[0] == expected
+    assert ask(stack, case)[0] == expected
     assert stack.metrics()[ENCODED] - before == 1
-    now_held_by = _wait_until(lambda: _holders(index, [mm_hash])[mm_hash], 10)
+    now_held_by = wait_until(lambda: served_holders(index, [mm_hash])[mm_hash], 10)
     assert now_held_by and len(now_held_by) == 1, "the re-encoded image is published by the encoder that encoded it"
     assert index.lookup([], []).nodes[next(iter(now_held_by))].info.role == "encoder"
     raw.close()
@@ -322,17 +246,15 @@ def test_launcher_restarts_a_dead_index_server_and_the_index_catches_up(two_enco
     state = stack.state()
     url, valkey = state["valkey"]["url"], state["valkey"]
     index = create_index(url, namespace=tiny_model.model_id)
-    case = chat_case(_png(501), "Which colour dominates?")
-    mm_hash = _mm_hash(preprocessor, case)
-    assert _ask(stack, case)[0] == _oracle_text(oracle, case)
-    holders = _wait_until(lambda: _holders(index, [mm_hash])[mm_hash], 10)
+    case = chat_case(png_image(501), "Which colour dominates?")
+    mm_hash = mm_hash_of(preprocessor, case)
+    assert ask(stack, case)[0] == oracle_text(oracle, case)
+    holders = wait_until(lambda: served_holders(index, [mm_hash])[mm_hash], 10)
     assert holders and len(holders) == 1
 
     os.kill(valkey["pid"], signal.SIGKILL)
-    assert _wait_until(lambda: stack.state()["valkey"]["restarts"] > valkey["restarts"], 15), "the launcher did not restart Valkey"
+    assert wait_until(lambda: stack.state()["valkey"]["restarts"] > valkey["restarts"], 15), "the launcher did not restart Valkey"
     assert stack.state()["valkey"]["url"] == url and stack.state()["valkey"]["pid"] != valkey["pid"]
-    assert _wait_until(lambda: _holders(index, [mm_hash])[mm_hash] == holders, 15, 0.2), "the index did not catch up"
+    assert wait_until(lambda: served_holders(index, [mm_hash])[mm_hash] == holders, 15, 0.2), "the index did not catch up"
     members = ["decode", "encoder", "encoder", "prefill", "preprocess"]  # every node is a member again
-    assert _wait_until(lambda: sorted(s.info.role for s in index.lookup([], []).nodes.values()) == members, 10), (
-        "every node registers again"
-    )
+    assert wait_until(lambda: sorted(s.info.role for s in index.lookup([], []).nodes.values()) == members, 10), "every node registers again"

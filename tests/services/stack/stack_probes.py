@@ -1,0 +1,104 @@
+"""Probing a running stack (``tessera serve``) and its cache index, for the failure tests in
+test_index_failures.py: greedy requests through the official openai client, the reference
+oracle's answer, which nodes the index serves as an image's holders, and bounded polling.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import grpc
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from openai import OpenAI
+
+from services.preprocess import Preprocessor
+from tests.factories import encode_image, make_image
+from tests.services.stack.conftest import RunningStack
+
+MAX_TOKENS = 8
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+
+
+def stack_env() -> dict[str, str]:
+    """The test's environment, without overrides of the roles' index settings (so every node
+    registers with NodeSettings' default heartbeat TTL)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_SERVE_INDEX")}
+
+
+def openai_client(stack: RunningStack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+def png_image(seed: int) -> bytes:
+    return encode_image(make_image(112, 112, seed=seed))
+
+
+def oracle_text(oracle, case) -> str:
+    tokens = oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), MAX_TOKENS).token_ids
+    return oracle.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.1):
+    """Poll ``predicate`` until it returns something truthy (returned) or ``timeout_s`` passes (None)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value or None
+        time.sleep(interval_s)
+
+
+def index_is_up(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def mm_hash_of(preprocessor: Preprocessor, case) -> str:
+    return preprocessor.preprocess(case.body).mm_items[0].mm_hash
+
+
+def served_holders(index, mm_hashes: list[str]) -> dict[str, set[str]]:
+    """mm_hash -> the node ids the index serves as holders (live heartbeat, current epoch)."""
+    result = index.lookup(mm_hashes, [])
+    return {h: set(result.mm_holders[h]) for h in mm_hashes}
+
+
+def is_serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+        except grpc.RpcError:
+            return False
+
+
+def ask(stack: RunningStack, case, *, stream: bool = False, during=None) -> tuple[str, int]:
+    """(text, cached prompt tokens) of one greedy request; ``during`` runs once the first streamed
+    token has arrived (the request is then past routing, encoding and prefill, and still decoding)."""
+    client = openai_client(stack)
+    if not stream:
+        reply = client.chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
+        assert reply.usage.completion_tokens == MAX_TOKENS
+        return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
+    chunks = client.chat.completions.create(
+        model="tiny", messages=case.body["messages"], stream=True, stream_options={"include_usage": True}, **GREEDY
+    )
+    text, usage, called = "", None, during is None
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if not called:
+                during()
+                called = True
+            text += chunk.choices[0].delta.content
+        if chunk.usage:
+            usage = chunk.usage
+    assert called, "no token was streamed"
+    assert usage is not None and usage.completion_tokens == MAX_TOKENS
+    return text, usage.prompt_tokens_details.cached_tokens
