@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway import openai_api
 from services.gateway.body_limit import BodyLimitMiddleware
 from services.gateway.errors import GatewayError
 from services.gateway.event_bridge import iterate_in_thread
-from services.gateway.metrics import GatewayMetrics
+from services.gateway.metrics import GatewayMetrics, RoleCounters
 from services.gateway.pipeline import Pipeline, TokenEvent
 from services.gateway.protocol import (
     ChatCompletionRequest,
@@ -52,11 +53,23 @@ class GatewayState:
     pipeline: Pipeline
     served_model: str
     default_max_tokens: int
-    metrics: GatewayMetrics
     started: int
+    metrics: GatewayMetrics = field(init=False)
     draining: bool = False
     num_in_flight: int = 0  # requests whose pipeline is running
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.metrics = GatewayMetrics(self.cluster_counters, lambda: float(self.num_in_flight))
+
+    def cluster_counters(self) -> RoleCounters:
+        """Every live node's counters (one Stats call each, so: blocking), and the gateway's own."""
+        counters = {f"{role}@{address}": dict(s.counters) for role, address, s in self.pipeline.stats()}
+        counters["gateway@self"] = {
+            "gateway_node_failures_total": float(self.pipeline.num_retries),
+            "gateway_migrations_total": float(self.pipeline.num_migrations),
+        }
+        return counters
 
     def events(self, chat: openai_api.ChatRequest, *, stream: bool) -> AsyncIterator[TokenEvent]:
         """The request's token events, produced on a thread of its own."""
@@ -76,7 +89,7 @@ class GatewayState:
 def create_app(
     pipeline: Pipeline, *, served_model: str, default_max_tokens: int, max_body_bytes: int = MAX_BODY_BYTES
 ) -> tuple[FastAPI, GatewayState]:
-    state = GatewayState(pipeline, served_model, default_max_tokens, GatewayMetrics(), int(time.time()))
+    state = GatewayState(pipeline, served_model, default_max_tokens, int(time.time()))
     app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version="0.1.0")
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
     _add_error_handlers(app, state)
@@ -85,9 +98,7 @@ def create_app(
     async def health() -> JSONResponse:
         membership = state.pipeline.membership
         missing = [role for role in ROUTED_ROLES if not membership.nodes(role)]
-        nodes = [
-            NodeRecord(role=s.info.role, address=s.info.grpc_address, node_id=s.info.node_id) for s in membership.snapshot().values()
-        ]
+        nodes = [NodeRecord(role=s.info.role, address=s.info.grpc_address, node_id=s.info.node_id) for s in membership.snapshot().values()]
         status = "draining" if state.draining else ("ok" if not missing else f"no live {', '.join(missing)} node")
         body = HealthResponse(status=status, nodes=nodes)
         return JSONResponse(body.model_dump(), status_code=200 if status == "ok" else 503)
@@ -98,13 +109,7 @@ def create_app(
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:  # a plain def: Stats calls block, so FastAPI runs it on a worker thread
-        pipeline = state.pipeline
-        counters = {f"{role}@{address}": dict(s.counters) for role, address, s in pipeline.stats()}
-        counters["gateway@self"] = {
-            "gateway_node_failures_total": float(pipeline.num_retries),
-            "gateway_migrations_total": float(pipeline.num_migrations),
-        }
-        return PlainTextResponse(state.metrics.render(counters), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post(
         CHAT_PATH,
@@ -130,6 +135,7 @@ async def _complete(state: GatewayState, chat: openai_api.ChatRequest) -> JSONRe
         num_completion_tokens += len(event.token_ids)
         final = event
     assert final is not None, "the pipeline ends every request with a finished event"
+    state.metrics.record_e2e(time.monotonic() - started)
     usage = openai_api.usage(final.prompt_tokens, num_completion_tokens, final.cached_tokens)
     body = openai_api.completion(_request_id(), state.served_model, final.text, final.finish_reason or "stop", usage)
     state.metrics.record_request(200)
@@ -146,11 +152,20 @@ async def _start_stream(state: GatewayState, chat: openai_api.ChatRequest) -> St
         raise
     state.metrics.record_ttft(time.monotonic() - started)
     state.metrics.record_request(200)
+    timing = _StreamTiming(started, time.monotonic())
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(_sse(state, chat, first, events), media_type="text/event-stream", headers=headers)
+    return StreamingResponse(_sse(state, chat, first, events, timing), media_type="text/event-stream", headers=headers)
 
 
-async def _sse(state: GatewayState, chat: openai_api.ChatRequest, first: TokenEvent, events: AsyncIterator[TokenEvent]):
+@dataclass(slots=True)
+class _StreamTiming:
+    arrived: float
+    last_token: float
+
+
+async def _sse(
+    state: GatewayState, chat: openai_api.ChatRequest, first: TokenEvent, events: AsyncIterator[TokenEvent], timing: _StreamTiming
+):
     """The stream's events. Text deltas are cut from each event's full text, so a token that
     completes a multi-byte character is sent once, whole."""
     rid, model = _request_id(), state.served_model
@@ -166,6 +181,11 @@ async def _sse(state: GatewayState, chat: openai_api.ChatRequest, first: TokenEv
                 finish_reason = event.finish_reason if event.finished else None
                 yield _event(openai_api.chunk(rid, model, delta=ChunkDelta(content=delta or None), finish_reason=finish_reason))
             event = await anext(events, None)
+            if event is not None and event.token_ids:
+                now = time.monotonic()
+                state.metrics.record_tokens(now - timing.last_token, len(event.token_ids))
+                timing.last_token = now
+        state.metrics.record_e2e(time.monotonic() - timing.arrived)
         if chat.include_usage:
             usage = openai_api.usage(last.prompt_tokens, num_completion_tokens, last.cached_tokens)
             yield _event(openai_api.chunk(rid, model, delta=None, usage=usage))

@@ -1,54 +1,73 @@
-"""Prometheus text exposition: the gateway's own counters and TTFT histogram, plus every role's
-counters (fetched with the Stats RPC), all prefixed ``tessera_``."""
+"""The gateway's /metrics, with prometheus_client: its own request counter and latency histograms
+(TTFT, inter-token latency, end-to-end), plus, gathered at scrape time with the Stats RPC, every
+live node's counters summed per name and a ``tessera_node_up`` per node. All names start
+``tessera_``. Each node also serves its own metrics (services/transport/metrics_http.py) for a
+Prometheus that scrapes pods directly; this view is the one-URL summary of the whole cluster."""
 
 from __future__ import annotations
 
-import threading
-from bisect import bisect_left
+from collections.abc import Callable, Iterator
 
-TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+# "role@address" -> {counter name: value}, one entry per node that answered Stats.
+RoleCounters = dict[str, dict[str, float]]
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.status_to_count: dict[str, int] = {}
-        self.ttft_bucket_counts = [0] * (len(TTFT_BUCKETS_S) + 1)
-        self.ttft_sum = 0.0
-        self.ttft_count = 0
+    def __init__(self, role_counters: Callable[[], RoleCounters] = dict, num_in_flight: Callable[[], float] = lambda: 0.0) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("tessera_requests", "Chat requests by HTTP status", ["status"], registry=self.registry)
+        self.ttft = Histogram("tessera_ttft_seconds", "Time to first token", buckets=TTFT_BUCKETS_S, registry=self.registry)
+        self.itl = Histogram(
+            "tessera_inter_token_latency_seconds", "Time between streamed tokens", buckets=ITL_BUCKETS_S, registry=self.registry
+        )
+        self.e2e = Histogram("tessera_e2e_latency_seconds", "Request arrival to last token", buckets=E2E_BUCKETS_S, registry=self.registry)
+        in_flight = Gauge("tessera_requests_in_flight", "Requests whose pipeline is running", registry=self.registry)
+        in_flight.set_function(num_in_flight)
+        self.registry.register(_ClusterCollector(role_counters))
 
     def record_request(self, status: int) -> None:
-        with self._lock:
-            key = str(status)
-            self.status_to_count[key] = self.status_to_count.get(key, 0) + 1
+        self.requests.labels(status=str(status)).inc()
 
     def record_ttft(self, seconds: float) -> None:
-        with self._lock:
-            self.ttft_bucket_counts[bisect_left(TTFT_BUCKETS_S, seconds)] += 1
-            self.ttft_sum += seconds
-            self.ttft_count += 1
+        self.ttft.observe(seconds)
 
-    def render(self, role_counters: dict[str, dict[str, float]]) -> str:
-        lines = ["# TYPE tessera_requests_total counter"]
-        with self._lock:
-            for status, count in sorted(self.status_to_count.items()):
-                lines.append(f'tessera_requests_total{{status="{status}"}} {count}')
-            lines.append("# TYPE tessera_ttft_seconds histogram")
-            cumulative = 0
-            for bound, count in zip(TTFT_BUCKETS_S, self.ttft_bucket_counts):
-                cumulative += count
-                lines.append(f'tessera_ttft_seconds_bucket{{le="{bound}"}} {cumulative}')
-            lines.append(f'tessera_ttft_seconds_bucket{{le="+Inf"}} {self.ttft_count}')
-            lines.append(f"tessera_ttft_seconds_sum {self.ttft_sum}")
-            lines.append(f"tessera_ttft_seconds_count {self.ttft_count}")
+    def record_tokens(self, seconds: float, num_tokens: int) -> None:
+        """``num_tokens`` arrived together ``seconds`` after the previous ones: each is one gap."""
+        for _ in range(num_tokens):
+            self.itl.observe(seconds / num_tokens)
+
+    def record_e2e(self, seconds: float) -> None:
+        self.e2e.observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _ClusterCollector(Collector):
+    def __init__(self, role_counters: Callable[[], RoleCounters]) -> None:
+        self.role_counters = role_counters
+
+    def describe(self) -> list[Metric]:
+        return []  # dynamic: the names depend on which roles answer
+
+    def collect(self) -> Iterator[Metric]:
         merged: dict[str, float] = {}
-        for role, counters in sorted(role_counters.items()):
+        up = GaugeMetricFamily("tessera_node_up", "A node that answered the scrape's Stats call", labels=["role", "address"])
+        for node, counters in sorted(self.role_counters().items()):
             for name, value in counters.items():
                 merged[name] = merged.get(name, 0.0) + value
-            name, _, address = role.partition("@")
-            lines.append(f'tessera_node_up{{role="{name}",address="{address}"}} 1')
+            role, _, address = node.partition("@")
+            up.add_metric([role, address], 1.0)
+        yield up
         for name, value in sorted(merged.items()):
-            kind = "counter" if name.endswith("_total") else "gauge"
-            lines.append(f"# TYPE tessera_{name} {kind}")
-            lines.append(f"tessera_{name} {value:g}")
-        return "\n".join(lines) + "\n"
+            help_text = "Summed over the live nodes"
+            family = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+            yield family(f"tessera_{name}", help_text, value=value)

@@ -69,9 +69,7 @@ def test_the_official_client_gets_completions_and_streams():
     done = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3, temperature=0)
     assert done.choices[0].message.content == "Hello there friend" and done.choices[0].finish_reason == "stop"
     assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.prompt_tokens_details.cached_tokens) == (7, 3, 2)
-    chunks = list(
-        client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True})
-    )
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello there friend"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3

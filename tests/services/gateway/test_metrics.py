@@ -1,25 +1,53 @@
+"""The gateway's /metrics text: its own counters and histograms, and the cluster's counters
+summed per name, as prometheus_client's own parser reads them."""
+
 from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.gateway.metrics import GatewayMetrics
 
 
-def test_prometheus_text_has_counters_histogram_and_role_metrics():
-    metrics = GatewayMetrics()
-    metrics.record_request(200)
-    metrics.record_request(200)
-    metrics.record_request(503)
-    metrics.record_ttft(0.07)
-    metrics.record_ttft(3.0)
-    text = metrics.render(
-        {
+def parse(text: bytes) -> dict:
+    return {family.name: family for family in text_string_to_metric_families(text.decode())}
+
+
+def test_requests_latencies_and_role_counters_parse_as_prometheus_text():
+    metrics = GatewayMetrics(
+        lambda: {
             "encoder@a:1": {"encoder_items_encoded_total": 2.0},
             "prefill@b:2": {"prefix_cached_tokens_total": 16.0, "encoder_items_encoded_total": 1.0},
-        }
+            "decode@c:3": {"decode_kv_blocks_free": 40.0},
+        },
+        num_in_flight=lambda: 3.0,
     )
-    lines = set(text.splitlines())
-    assert 'tessera_requests_total{status="200"} 2' in lines and 'tessera_requests_total{status="503"} 1' in lines
-    assert 'tessera_ttft_seconds_bucket{le="0.1"} 1' in lines and 'tessera_ttft_seconds_bucket{le="+Inf"} 2' in lines
-    assert "tessera_ttft_seconds_count 2" in lines
-    assert "tessera_encoder_items_encoded_total 3" in lines  # summed across roles
-    assert "# TYPE tessera_prefix_cached_tokens_total counter" in lines
-    assert 'tessera_node_up{role="encoder",address="a:1"} 1' in lines
+    for status in (200, 200, 503):
+        metrics.record_request(status)
+    metrics.record_ttft(0.07)
+    metrics.record_ttft(3.0)
+    metrics.record_tokens(0.03, 3)  # three tokens in one event: three 10 ms gaps
+    metrics.record_e2e(1.5)
+    families = parse(metrics.render())
+
+    assert {s.labels["status"]: s.value for s in families["tessera_requests"].samples if s.name.endswith("_total")} == {
+        "200": 2.0,
+        "503": 1.0,
+    }
+    ttft = {s.labels.get("le"): s.value for s in families["tessera_ttft_seconds"].samples if s.name.endswith("_bucket")}
+    assert ttft["0.1"] == 1.0 and ttft["+Inf"] == 2.0
+    itl = {s.name: s.value for s in families["tessera_inter_token_latency_seconds"].samples}
+    assert itl["tessera_inter_token_latency_seconds_count"] == 3.0
+    assert families["tessera_e2e_latency_seconds"].type == "histogram"
+    assert families["tessera_requests_in_flight"].samples[0].value == 3.0
+
+    summed = families["tessera_encoder_items_encoded"]
+    assert summed.type == "counter" and summed.samples[0].value == 3.0  # summed across roles
+    assert families["tessera_decode_kv_blocks_free"].type == "gauge"
+    up = {(s.labels["role"], s.labels["address"]) for s in families["tessera_node_up"].samples}
+    assert up == {("encoder", "a:1"), ("prefill", "b:2"), ("decode", "c:3")}
+
+
+def test_series_names_keep_their_total_suffix_in_the_text():
+    """Tests and benchmarks read these exact series names."""
+    text = GatewayMetrics(lambda: {"gateway@self": {"gateway_migrations_total": 2.0}}).render().decode()
+    assert "tessera_gateway_migrations_total 2.0" in text.splitlines()

@@ -71,7 +71,12 @@ def test_messages_reach_preprocess_without_defaults_added():
         ({"stream_options": "yes"}, 400, "stream_options", "dictionary"),
         ({"messages": []}, 400, "messages", "at least 1"),
         ({"messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0].role", "'system', 'user' or 'assistant'"),
-        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, 400, "messages[0].content[0]", "unsupported content part type 'video'"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "video"}]}]},
+            400,
+            "messages[0].content[0]",
+            "unsupported content part type 'video'",
+        ),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ""}}]}]}, 400, None, "at least 1"),
         ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "uuid": "x"}]}]}, 400, None, "unsupported"),
     ],
