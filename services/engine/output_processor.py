@@ -2,6 +2,13 @@
 
 Stop order for each new token: stop token (EOS unless ignore_eos, plus stop_token_ids) ->
 stop string (the text is cut before the match, as OpenAI does) -> max_tokens.
+
+Holdback: with stop strings, a request's released text (``output_text``, what streams see) stops
+short of any tail that could still grow into a stop string ("...EN" while "END" is a stop), so a
+stream never sends characters that the final, cut text does not contain. The tail is released
+when it stops matching, or when the request finishes for another reason. A trailing U+FFFD
+(a character whose UTF-8 bytes are split across tokens) is held back the same way until the
+next token completes it.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ class OutputProcessor:
             if cut >= 0:
                 request.output_text = text[:cut]
                 return RequestStatus.FINISHED_STOPPED
-            request.output_text = text
+            request.output_text = releasable(text[: len(text) - num_held_back(text, params.stop)])
         if len(request.output_token_ids) >= params.max_tokens:
             request.output_text = self._decode(request)
             return RequestStatus.FINISHED_LENGTH
@@ -50,7 +57,7 @@ class OutputProcessor:
     def snapshot(self, request: Request, new_token_ids: list[int]) -> RequestOutput:
         finished = request.status.is_finished
         if not request.sampling.stop and not finished:
-            request.output_text = self._decode(request)
+            request.output_text = releasable(self._decode(request))
         return RequestOutput(
             request_id=request.request_id,
             new_token_ids=new_token_ids,
@@ -65,3 +72,19 @@ class OutputProcessor:
     def _decode(self, request: Request) -> str:
         ids = [t for t in request.output_token_ids if t not in self.eos_token_ids]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def releasable(text: str) -> str:
+    """``text`` without trailing replacement characters: bytes of a character still arriving."""
+    return text.rstrip("\ufffd")
+
+
+def num_held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+    longest = 0
+    for stop in stops:
+        for length in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:length]):
+                longest = length
+                break
+    return longest

@@ -175,8 +175,10 @@ async def _sse(
         event: TokenEvent | None = first
         while event is not None:
             num_completion_tokens += len(event.token_ids)
-            delta = event.text[len(sent_text) :] if event.text.startswith(sent_text) else event.text
-            sent_text, last = event.text, event
+            # Released text only grows (the engine holds back stop-string prefixes and split
+            # characters), so the delta is the new tail; never resend what was sent.
+            delta = event.text[len(sent_text) :]
+            sent_text, last = max(sent_text, event.text, key=len), event
             if delta or event.finished:
                 finish_reason = event.finish_reason if event.finished else None
                 yield _event(openai_api.chunk(rid, model, delta=ChunkDelta(content=delta or None), finish_reason=finish_reason))
