@@ -32,9 +32,12 @@ class GenerateServicer(rpc.GenerateServicer):
     def Generate(self, request: pb.GenerateRequest, context):
         try:
             body = json.loads(request.request_json)
-            chat = parse_chat_request(body, served_model=self.served_model, default_max_tokens=self.default_max_tokens)
+            request = parse_chat_request(body, served_model=self.served_model, default_max_tokens=self.default_max_tokens)
+            if len(request.generations) != 1:
+                raise GatewayError(400, "Generate streams one choice: n must be 1", param="n")
+            [generation] = request.generations
             sent, completion_tokens = "", 0
-            for event in self.pipeline.run(chat.preprocess_body, chat.sampling, cache_salt=chat.cache_salt):
+            for event in self.pipeline.run(generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt):
                 completion_tokens += len(event.token_ids)
                 delta = event.text[len(sent) :]
                 sent = event.text

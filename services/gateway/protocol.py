@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 4
+MAX_CHOICES = 16  # n: each choice is a full request on the decode tier
 # Below this a temperature is greedy (argmax), as in vLLM: dividing logits by a denormal-sized
 # temperature overflows to inf and the softmax to NaN, which no sampler can draw from.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -25,30 +26,30 @@ NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
 ImageUuid = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
-class _Wire(BaseModel):
+class WireModel(BaseModel):
     """Requests: unknown fields are an error, not silently dropped, and nothing is coerced
     ("yes" is not a bool, 2.0 is not an int, NaN is not a temperature)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-class TextPart(_Wire):
+class TextPart(WireModel):
     type: Literal["text"]
     text: str
 
 
-class ImageUrl(_Wire):
+class ImageUrl(WireModel):
     url: NonEmptyStr
     detail: Literal["auto", "low", "high"] | None = None
 
 
-class ImageUrlPart(_Wire):
+class ImageUrlPart(WireModel):
     type: Literal["image_url"]
     image_url: ImageUrl | NonEmptyStr
     uuid: ImageUuid | None = None
 
 
-class ImagePart(_Wire):
+class ImagePart(WireModel):
     type: Literal["image"]
     image: NonEmptyStr = Field(description="base64-encoded image bytes, or a data URL")
     uuid: ImageUuid | None = None
@@ -57,41 +58,34 @@ class ImagePart(_Wire):
 ContentPart = Annotated[TextPart | ImageUrlPart | ImagePart, Field(discriminator="type")]
 
 
-class ChatMessage(_Wire):
+class ChatMessage(WireModel):
     role: Literal["system", "user", "assistant"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
 
 
-class StreamOptions(_Wire):
+class StreamOptions(WireModel):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(_Wire):
+class SamplingFields(WireModel):
+    """What chat and text completions share: sampling, streaming and caching fields."""
+
     model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
-    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     temperature: float = Field(1.0, ge=0.0, le=2.0, description=f"0, or anything below {GREEDY_TEMPERATURE_EPS}, samples greedily (argmax)")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1, le=INT32_MAX, description="0 or -1 disables top-k")
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="choice i of n samples with seed + i")
     stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, description="only 1 is supported")
-    user: str | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices per prompt; they share the prompt's cached prefix")
+    user: str | None = Field(None, max_length=256, description="an end-user id, for the operator's logs")
     cache_salt: str | None = Field(None, description="requests with different salts never share cached prefixes")
     ignore_eos: bool = False
     frequency_penalty: float = Field(0.0, description="not supported: must be 0")
     presence_penalty: float = Field(0.0, description="not supported: must be 0")
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
 
     @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
@@ -103,6 +97,11 @@ class ChatCompletionRequest(_Wire):
     def stop_strings(self) -> tuple[str, ...]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         return tuple(stop)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
 
 
 # -- responses ---------------------------------------------------------------------------------

@@ -159,17 +159,57 @@ def test_requests_and_responses_validate_against_the_served_openapi_document():
     validator("ChatCompletionRequest").validate(body)
     assert not validator("ChatCompletionRequest").is_valid({**body, "temperature": "hot"})
     validator("ChatCompletionResponse").validate(http.post("/v1/chat/completions", json=body).json())
-    error = http.post("/v1/chat/completions", json={**body, "n": 3}).json()
+    error = http.post("/v1/chat/completions", json={**body, "n": 30}).json()
     validator("ErrorResponse").validate(error)
     operation = document["paths"]["/v1/chat/completions"]["post"]
     assert {"200", "400", "503"} <= set(operation["responses"])
+    validator("CompletionRequest").validate({"prompt": [1, 2, 3], "n": 2})
+    completion = http.post("/v1/completions", json={"prompt": "Once", "max_tokens": 3}).json()
+    validator("CompletionResponse").validate(completion)
 
 
 def test_metrics_are_prometheus_text():
     http, _ = client_for(FakePipeline())
     http.post("/v1/chat/completions", json={"messages": MESSAGES})
-    http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2})
+    http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 99})
     families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
-    by_status = {s.labels["status"]: s.value for s in families["tessera_requests"].samples}
+    by_status = {s.labels["status"]: s.value for s in families["tessera_requests"].samples if s.name.endswith("_total")}
     assert by_status == {"200": 1.0, "400": 1.0}
     assert families["tessera_ttft_seconds"].type == "histogram"
+
+
+def test_the_official_client_gets_text_completions_streamed_and_batched():
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline)
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http)
+    done = client.completions.create(model="tiny", prompt="Once upon", max_tokens=3)
+    assert done.object == "text_completion" and done.choices[0].text == "Hello there friend"
+    assert pipeline.calls[-1][0] == {"prompt": "Once upon", "images": []} and pipeline.calls[-1][1].max_tokens == 3
+    batch = client.completions.create(model="tiny", prompt=[[1, 2], [3]], n=2)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3] and batch.usage.prompt_tokens == 14  # two prompts of 7
+    assert batch.usage.completion_tokens == 12
+    chunks = list(client.completions.create(model="tiny", prompt="Once", stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello there friend"
+    assert chunks[-1].usage.completion_tokens == 3
+
+
+def test_n_choices_stream_side_by_side_and_the_first_runs_alone_until_its_first_token():
+    order = []
+
+    class Recording(FakePipeline):
+        def run(self, body, sampling, **kwargs):
+            order.append(("start", sampling.seed))
+            for event in super().run(body, sampling, **kwargs):
+                order.append(("token", sampling.seed))
+                yield event
+
+    http, _ = client_for(Recording())
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http)
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, n=3, seed=10, stream=True))
+    text_by_index = {}
+    for c in chunks:
+        for choice in c.choices:
+            text_by_index[choice.index] = text_by_index.get(choice.index, "") + (choice.delta.content or "")
+    assert text_by_index == {0: "Hello there friend", 1: "Hello there friend", 2: "Hello there friend"}
+    assert order[:2] == [("start", 10), ("token", 10)]  # choice 0 prefilled before the others started
+    assert {seed for kind, seed in order if kind == "start"} == {10, 11, 12}

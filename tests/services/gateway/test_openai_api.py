@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
-from services.gateway.openai_api import chunk, completion, parse_chat_request, usage
-from services.gateway.protocol import ChunkDelta
+from services.gateway.openai_api import parse_chat_request, to_completion_request
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -18,8 +18,13 @@ def parse(**body):
     return parse_chat_request({"messages": MESSAGES, **body}, served_model="tiny", default_max_tokens=256)
 
 
+def sampling(**body):
+    [generation] = parse(**body).generations
+    return generation.sampling
+
+
 def test_defaults_and_field_mapping():
-    chat = parse(
+    request = parse(
         model="tiny",
         temperature=0,
         top_p=0.5,
@@ -30,31 +35,86 @@ def test_defaults_and_field_mapping():
         stream_options={"include_usage": True},
         user="u1",
     )
-    assert chat.sampling.max_tokens == 7 and chat.sampling.temperature == 0 and chat.sampling.top_p == 0.5
-    assert chat.sampling.seed == 3 and chat.sampling.stop == ("END",)
-    assert chat.stream and chat.include_usage
-    assert parse().sampling.max_tokens == 256 and parse().sampling.temperature == 1.0
-    assert parse(max_tokens=9).sampling.max_tokens == 9
-    assert parse(top_k=-1).sampling.top_k == 0  # vLLM's "disabled"
+    [generation] = request.generations
+    assert generation.sampling.max_tokens == 7 and generation.sampling.temperature == 0 and generation.sampling.top_p == 0.5
+    assert generation.sampling.seed == 3 and generation.sampling.stop == ("END",)
+    assert request.stream and request.include_usage
+    assert sampling().max_tokens == 256 and sampling().temperature == 1.0
+    assert sampling(max_tokens=9).max_tokens == 9
+    assert sampling(top_k=-1).top_k == 0  # vLLM's "disabled"
 
 
 def test_a_temperature_below_the_epsilon_is_greedy():
-    assert parse(temperature=1e-38).sampling.temperature == 0.0
-    assert parse(temperature=1e-6).sampling.is_greedy
-    assert parse(temperature=1e-3).sampling.temperature == 1e-3
+    assert sampling(temperature=1e-38).temperature == 0.0
+    assert sampling(temperature=1e-6).is_greedy
+    assert sampling(temperature=1e-3).temperature == 1e-3
 
 
 def test_messages_reach_preprocess_without_defaults_added():
     parts = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": "data:x"}, "uuid": "cat-1"}]
-    chat = parse_chat_request({"messages": [{"role": "user", "content": parts}]}, served_model="tiny", default_max_tokens=1)
-    assert chat.preprocess_body == {"messages": [{"role": "user", "content": parts}]}
+    request = parse_chat_request({"messages": [{"role": "user", "content": parts}]}, served_model="tiny", default_max_tokens=1)
+    assert request.generations[0].preprocess_body == {"messages": [{"role": "user", "content": parts}]}
+
+
+def test_n_choices_are_numbered_and_seeded_apart():
+    generations = parse(n=3, seed=2**63 - 2).generations
+    assert [g.index for g in generations] == [0, 1, 2] and {g.prompt_index for g in generations} == {0}
+    assert [g.sampling.seed for g in generations] == [2**63 - 2, 2**63 - 1, -(2**63)]  # wraps within int64
+    assert [g.sampling.seed for g in parse(n=2).generations] == [None, None]
+
+
+def completion_request(**body):
+    return to_completion_request(CompletionRequest.model_validate(body), served_model="tiny")
+
+
+def test_completion_prompts_become_preprocess_bodies_numbered_prompt_major():
+    batch = completion_request(prompt=["a", "b"], n=2, max_tokens=5)
+    assert [(g.index, g.prompt_index, g.preprocess_body["prompt"]) for g in batch.generations] == [
+        (0, 0, "a"),
+        (1, 0, "a"),
+        (2, 1, "b"),
+        (3, 1, "b"),
+    ]
+    assert batch.generations[0].sampling.max_tokens == 5
+    [tokens] = completion_request(prompt=[5, 6, 7]).generations
+    assert tokens.preprocess_body == {"prompt_token_ids": [5, 6, 7], "images": []} and tokens.sampling.max_tokens == 16
+    assert len(completion_request(prompt=[[5], [6, 7]]).generations) == 2
+    [image] = completion_request(
+        prompt="<|vision_start|><|image_pad|><|vision_end|>What?",
+        multi_modal_data={"image": [{"url": "data:image/png;base64,AAAA", "uuid": "cat"}, "data:x"]},
+    ).generations
+    assert image.preprocess_body["images"] == [{"url": "data:image/png;base64,AAAA", "uuid": "cat"}, "data:x"]
+
+
+@pytest.mark.parametrize(
+    "body,param,text",
+    [
+        ({"prompt": "a", "echo": True}, "echo", "not supported"),
+        ({"prompt": "a", "logprobs": 2}, "logprobs", "None"),
+        ({"prompt": ["a", "b"], "multi_modal_data": {"image": "data:x"}}, None, "single prompt"),
+        ({"prompt": [-1]}, None, "greater than or equal to 0"),
+        ({"prompt": ""}, None, "at least 1"),
+        ({}, "prompt", "Field required"),
+    ],
+)
+def test_invalid_completion_requests(body, param, text):
+    from pydantic import ValidationError
+
+    from services.gateway.validation_errors import validation_error
+
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate(body)
+    error = validation_error(info.value.errors())
+    assert text in error.message, error.message
+    if param is not None:
+        assert error.param == param
 
 
 @pytest.mark.parametrize(
     "body,status,param,text",
     [
         ({"model": "gpt-4"}, 404, "model", "does not exist"),
-        ({"n": 2}, 400, "n", "only n=1"),
+        ({"n": 17}, 400, "n", "less than or equal to 16"),
         ({"temperature": "hot"}, 400, "temperature", "valid number"),
         ({"temperature": math.nan}, 400, "temperature", "finite"),
         ({"temperature": math.inf}, 400, "temperature", "finite"),
@@ -95,18 +155,3 @@ def test_missing_messages_and_non_object_body():
         parse_chat_request({}, served_model="tiny", default_max_tokens=1)
     with pytest.raises(GatewayError, match="JSON object"):
         parse_chat_request([1], served_model="tiny", default_max_tokens=1)
-
-
-def test_response_shapes():
-    counts = usage(10, 5, 4)
-    assert counts.model_dump() == {
-        "prompt_tokens": 10,
-        "completion_tokens": 5,
-        "total_tokens": 15,
-        "prompt_tokens_details": {"cached_tokens": 4},
-    }
-    body = completion("id1", "tiny", "hello", "stop", counts).model_dump()
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": "hello"} and body["object"] == "chat.completion"
-    piece = chunk("id1", "tiny", delta=ChunkDelta(content="he")).model_dump()
-    assert piece["choices"][0]["delta"]["content"] == "he" and piece["object"] == "chat.completion.chunk"
-    assert chunk("id1", "tiny", delta=None, usage=counts).choices == []

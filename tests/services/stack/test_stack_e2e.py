@@ -251,3 +251,47 @@ def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
     assert result.mm_holders[item.mm_hash][next(iter(result.mm_holders[item.mm_hash]))].num_tokens == item.placeholder.length
     assert holders == {"prefill", "decode"}  # both hold every full prompt block
     assert {state.info.role for state in result.nodes.values()} == {"preprocess", "encoder", "prefill", "decode"}
+
+
+def test_text_completion_of_a_raw_prompt_with_an_image_equals_the_oracle(stack, oracle):
+    """/v1/completions: no chat template; the image goes in multi_modal_data and its placeholder
+    is in the prompt text."""
+    case = chat_case(_png(96, 72, 5), "What shape is this?")
+    prompt = oracle.chat_text(case.oracle_messages)
+    image_url = case.body["messages"][0]["content"][0]["image_url"]["url"]
+    client = _client(stack)
+    reply = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        extra_body={"multi_modal_data": {"image": image_url}, **GREEDY["extra_body"]},
+        temperature=0,
+        max_tokens=12,
+    )
+    expected, prompt_len = _oracle_text(oracle, case)
+    assert reply.choices[0].text == expected and reply.usage.prompt_tokens == prompt_len
+    chunks = list(
+        client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            stream=True,
+            extra_body={"multi_modal_data": {"image": image_url}, "ignore_eos": True},
+            temperature=0,
+            max_tokens=12,
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+
+
+def test_n_choices_equal_the_oracle_and_share_one_prefill_of_the_prompt(stack, oracle):
+    case = chat_case(_png(100, 60, 6), "Name three colours.")
+    expected, prompt_len = _oracle_text(oracle, case)
+    before = stack.metrics()["tessera_prefill_tokens_computed_total"]
+    reply = _client(stack).chat.completions.create(model="tiny", messages=case.body["messages"], n=3, **GREEDY)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert [c.message.content for c in reply.choices] == [expected] * 3
+    assert reply.usage.prompt_tokens == prompt_len and reply.usage.completion_tokens == 36
+    # Choice 0 prefills the whole prompt; choices 1 and 2 start after it and hit its full blocks.
+    block_size = EngineConfig().block_size
+    uncached_tail = prompt_len - (prompt_len - 1) // block_size * block_size
+    computed = stack.metrics()["tessera_prefill_tokens_computed_total"] - before
+    assert computed == prompt_len + 2 * uncached_tail

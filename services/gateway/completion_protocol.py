@@ -1,0 +1,83 @@
+"""The wire models of /v1/completions: a raw prompt (text or token ids, no chat template), with
+images given vLLM-style in ``multi_modal_data`` and marked in the prompt by the model's image
+placeholder, one per image (``<|vision_start|><|image_pad|><|vision_end|>`` in text, the image
+token id in token ids). A list of prompts is a batch: each prompt gets ``n`` choices, numbered
+prompt-major as OpenAI does."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from services.gateway.protocol import INT32_MAX, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
+
+MAX_PROMPTS = 16
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
+
+
+class ImageRef(WireModel):
+    url: NonEmptyStr = Field(description="a data URL, base64 bytes, or an http(s) URL where the operator allows them")
+    uuid: ImageUuid | None = None
+
+
+class MultiModalData(WireModel):
+    image: NonEmptyStr | ImageRef | list[NonEmptyStr | ImageRef] = Field(description="the prompt's images, in placeholder order")
+
+    def images(self) -> list[str | dict]:
+        images = self.image if isinstance(self.image, list) else [self.image]
+        return [image if isinstance(image, str) else image.model_dump(exclude_none=True) for image in images]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: (
+        NonEmptyStr
+        | TokenIds
+        | Annotated[list[NonEmptyStr], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
+    multi_modal_data: MultiModalData | None = None
+    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX, description="16 by default, as in OpenAI's API")
+    echo: bool = False
+    logprobs: None = Field(None, description="not supported yet")
+    suffix: None = Field(None, description="not supported")
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool) -> bool:
+        if echo:
+            raise ValueError("echo is not supported")
+        return echo
+
+    @model_validator(mode="after")
+    def _images_need_one_prompt(self) -> CompletionRequest:
+        if self.multi_modal_data is not None and len(self.prompts()) != 1:
+            raise ValueError("multi_modal_data needs a single prompt (its images fill that prompt's placeholders)")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch: one entry per prompt."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if all(isinstance(p, int) for p in self.prompt):
+            return [list(self.prompt)]
+        return list(self.prompt)
+
+
+# -- responses ---------------------------------------------------------------------------------
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    """Also each chunk of a stream (one choice's new text per chunk; the usage chunk has none)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None

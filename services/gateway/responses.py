@@ -1,0 +1,116 @@
+"""A request's choices turned into an HTTP response: one JSON body, or server-sent events.
+
+A stream's status line waits for the first token, so failures before it (a bad image, no live
+node) get a real status code; a failure after it ends the stream with an error event and no
+[DONE]. Text deltas are cut from each event's released text, which only grows (the engine holds
+back stop-string prefixes and split characters), so nothing is ever sent twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from services.gateway.choices import merged_events
+from services.gateway.errors import GatewayError
+from services.gateway.formatters import ChoiceResult, Formatter, usage_of
+from services.gateway.openai_api import ApiRequest, Generation
+from services.gateway.pipeline import TokenEvent
+from services.gateway.state import GatewayState
+
+
+async def respond(state: GatewayState, request: ApiRequest, formatter: Formatter) -> JSONResponse | StreamingResponse:
+    return await (_start_stream(state, request, formatter) if request.stream else _complete(state, request, formatter))
+
+
+async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatter) -> JSONResponse:
+    started = time.monotonic()
+    results = _results(request)
+    async for generation, event in merged_events(lambda g: state.events(g, stream=False), request.generations):
+        if not any(r.num_tokens for r in results.values()):
+            state.metrics.record_ttft(time.monotonic() - started)
+        _accumulate(results[generation.index], event)
+    state.metrics.record_e2e(time.monotonic() - started)
+    choices = sorted(results.values(), key=lambda r: r.index)
+    body = formatter.response(_request_id(formatter), state.served_model, choices, usage_of(choices))
+    state.metrics.record_request(200)
+    return JSONResponse(body.model_dump())
+
+
+async def _start_stream(state: GatewayState, request: ApiRequest, formatter: Formatter) -> StreamingResponse:
+    started = time.monotonic()
+    events = merged_events(lambda g: state.events(g, stream=True), request.generations)
+    try:
+        first = await anext(events)  # errors before the first token still get a proper status code
+    except BaseException:
+        await events.aclose()
+        raise
+    state.metrics.record_ttft(time.monotonic() - started)
+    state.metrics.record_request(200)
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    body = _sse(state, request, formatter, first, events, started)
+    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+
+
+async def _sse(
+    state: GatewayState,
+    request: ApiRequest,
+    formatter: Formatter,
+    first: tuple[Generation, TokenEvent],
+    events: AsyncIterator[tuple[Generation, TokenEvent]],
+    started: float,
+) -> AsyncIterator[bytes]:
+    rid, model = _request_id(formatter), state.served_model
+    results = _results(request)
+    last_token_at = time.monotonic()
+    try:
+        for generation in request.generations:
+            opening = formatter.opening(rid, model, generation.index)
+            if opening is not None:
+                yield _event(opening)
+        item: tuple[Generation, TokenEvent] | None = first
+        while item is not None:
+            generation, event = item
+            result = results[generation.index]
+            delta = event.text[len(result.text) :]
+            _accumulate(result, event)
+            if delta or event.finished:
+                yield _event(formatter.delta(rid, model, generation.index, delta, result.finish_reason))
+            item = await anext(events, None)
+            if item is not None and item[1].token_ids:
+                now = time.monotonic()
+                state.metrics.record_tokens(now - last_token_at, len(item[1].token_ids))
+                last_token_at = now
+        state.metrics.record_e2e(time.monotonic() - started)
+        if request.include_usage:
+            yield _event(formatter.usage_chunk(rid, model, usage_of(list(results.values()))))
+        yield b"data: [DONE]\n\n"
+    except GatewayError as exc:
+        yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
+    finally:
+        await events.aclose()  # on disconnect too: stops the request's work on every node
+
+
+def _results(request: ApiRequest) -> dict[int, ChoiceResult]:
+    return {g.index: ChoiceResult(index=g.index, prompt_index=g.prompt_index) for g in request.generations}
+
+
+def _accumulate(result: ChoiceResult, event: TokenEvent) -> None:
+    result.num_tokens += len(event.token_ids)
+    result.text = max(result.text, event.text, key=len)
+    result.prompt_tokens, result.cached_tokens = event.prompt_tokens, event.cached_tokens
+    if event.finished:
+        result.finish_reason = event.finish_reason or "stop"
+
+
+def _event(model: BaseModel) -> bytes:
+    return b"data: " + model.model_dump_json().encode() + b"\n\n"
+
+
+def _request_id(formatter: Formatter) -> str:
+    return f"{formatter.id_prefix}-{uuid.uuid4().hex}"

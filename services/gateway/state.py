@@ -1,0 +1,53 @@
+"""What the HTTP gateway's handlers share: the pipeline, the served model, metrics, the draining
+flag, and the one way a choice's token events are produced (on a thread of its own)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+from services.gateway.event_bridge import iterate_in_thread
+from services.gateway.metrics import GatewayMetrics, RoleCounters
+from services.gateway.openai_api import Generation
+from services.gateway.pipeline import Pipeline, TokenEvent
+
+
+@dataclass(slots=True)
+class GatewayState:
+    pipeline: Pipeline
+    served_model: str
+    default_max_tokens: int
+    started: int
+    metrics: GatewayMetrics = field(init=False)
+    draining: bool = False
+    num_in_flight: int = 0  # choices whose pipeline run is in progress
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.metrics = GatewayMetrics(self.cluster_counters, lambda: float(self.num_in_flight))
+
+    def cluster_counters(self) -> RoleCounters:
+        """Every live node's counters (one Stats call each, so: blocking), and the gateway's own."""
+        counters = {f"{role}@{address}": dict(s.counters) for role, address, s in self.pipeline.stats()}
+        counters["gateway@self"] = {
+            "gateway_node_failures_total": float(self.pipeline.num_retries),
+            "gateway_migrations_total": float(self.pipeline.num_migrations),
+        }
+        return counters
+
+    def events(self, generation: Generation, *, stream: bool) -> AsyncIterator[TokenEvent]:
+        """One choice's token events. Closing the iterator early cancels its work on every node."""
+
+        def counted() -> Iterator[TokenEvent]:
+            with self._lock:
+                self.num_in_flight += 1
+            try:
+                yield from self.pipeline.run(
+                    generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt, stream=stream
+                )
+            finally:
+                with self._lock:
+                    self.num_in_flight -= 1
+
+        return iterate_in_thread(counted)

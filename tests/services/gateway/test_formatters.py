@@ -1,0 +1,36 @@
+"""Response and chunk shapes of both endpoints, and OpenAI's usage accounting over choices."""
+
+from __future__ import annotations
+
+from services.gateway.formatters import ChatFormatter, ChoiceResult, CompletionFormatter, usage_of
+
+
+def test_usage_counts_each_prompt_once_and_every_choice_completion():
+    choices = [
+        ChoiceResult(index=1, prompt_index=0, num_tokens=4, prompt_tokens=10, cached_tokens=8),
+        ChoiceResult(index=0, prompt_index=0, num_tokens=5, prompt_tokens=10, cached_tokens=0),
+        ChoiceResult(index=2, prompt_index=1, num_tokens=3, prompt_tokens=6, cached_tokens=0),
+    ]
+    usage = usage_of(choices).model_dump()
+    assert usage == {"prompt_tokens": 16, "completion_tokens": 12, "total_tokens": 28, "prompt_tokens_details": {"cached_tokens": 0}}
+
+
+def test_chat_shapes():
+    fmt, result = ChatFormatter(), ChoiceResult(index=0, prompt_index=0, text="hello", finish_reason="length")
+    body = fmt.response("id1", "tiny", [result], usage_of([result])).model_dump()
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert fmt.opening("id1", "tiny", 2).choices[0].delta.role == "assistant"
+    piece = fmt.delta("id1", "tiny", 2, "he", None).model_dump()
+    assert (
+        piece["object"] == "chat.completion.chunk" and piece["choices"][0]["index"] == 2 and piece["choices"][0]["delta"]["content"] == "he"
+    )
+    assert fmt.usage_chunk("id1", "tiny", usage_of([result])).choices == []
+
+
+def test_completion_shapes():
+    fmt, result = CompletionFormatter(), ChoiceResult(index=0, prompt_index=0, text=" world", finish_reason="stop")
+    body = fmt.response("id1", "tiny", [result], usage_of([result])).model_dump()
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == " world"
+    assert fmt.opening("id1", "tiny", 0) is None
+    assert fmt.delta("id1", "tiny", 1, "wo", None).choices[0].text == "wo"
