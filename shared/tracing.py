@@ -1,23 +1,32 @@
 """OpenTelemetry tracing: one trace per request across gateway -> preprocess -> encoder ->
 prefill -> decode, with W3C trace context carried in gRPC metadata.
 
-Off by default. ``TESSERA_TRACE_EXPORTER`` picks the exporter:
-  none (default)   no spans are recorded
-  console          spans printed to stderr as JSON
-  jsonl:DIR        one JSON line per span in DIR/<service>-<pid>.jsonl (no collector needed)
+Off by default. Exporters, any combination:
+  OTLP             the standard variables: ``OTEL_TRACES_EXPORTER=otlp`` or an
+                   ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+                   (gRPC, e.g. http://otel-collector:4317; headers, TLS and timeouts from the
+                   other ``OTEL_EXPORTER_OTLP_*`` variables), batched (``OTEL_BSP_*``).
+                   ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` name the resource
+                   (default service name: tessera-<role>).
+  console          ``OTEL_TRACES_EXPORTER=console`` or ``TESSERA_TRACE_EXPORTER=console``:
+                   spans printed to stderr as JSON
+  jsonl:DIR        ``TESSERA_TRACE_EXPORTER=jsonl:DIR``: one JSON line per span in
+                   DIR/<service>-<pid>.jsonl (local use, no collector needed)
+Unlike the OpenTelemetry default, an unset ``OTEL_TRACES_EXPORTER`` with no OTLP endpoint means
+no tracing, so a plain ``tessera serve`` never dials a collector that is not there.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter, SpanExportResult
 
 EXPORTER_ENV = "TESSERA_TRACE_EXPORTER"
 _enabled = False
@@ -45,23 +54,50 @@ class JsonLinesSpanExporter(SpanExporter):
         return SpanExportResult.SUCCESS
 
 
-def configure_tracing(service: str) -> bool:
-    """Install the configured exporter for this process; returns whether tracing is on."""
+def configure_tracing(service: str, environ: Mapping[str, str] = os.environ) -> bool:
+    """Install the configured exporters for this process; returns whether tracing is on."""
     global _enabled
-    setting = os.environ.get(EXPORTER_ENV, "none").strip()
-    if setting in ("", "none"):
+    processors = span_processors(service, environ)
+    if not processors:
         return False
-    if setting == "console":
-        exporter: SpanExporter = ConsoleSpanExporter()
-    elif setting.startswith("jsonl:"):
-        exporter = JsonLinesSpanExporter(Path(setting[len("jsonl:") :]) / f"{service}-{os.getpid()}.jsonl")
-    else:
-        raise ValueError(f"{EXPORTER_ENV} must be none, console or jsonl:DIR, got {setting!r}")
-    provider = TracerProvider(resource=Resource.create({"service.name": f"tessera-{service}"}))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    attributes = {} if environ.get("OTEL_SERVICE_NAME") else {"service.name": f"tessera-{service}"}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    for processor in processors:
+        provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     _enabled = True
     return True
+
+
+def span_processors(service: str, environ: Mapping[str, str]) -> list[SpanProcessor]:
+    processors: list[SpanProcessor] = []
+    local = environ.get(EXPORTER_ENV, "none").strip()
+    if local == "console":
+        processors.append(SimpleSpanProcessor(ConsoleSpanExporter()))
+    elif local.startswith("jsonl:"):
+        path = Path(local[len("jsonl:") :]) / f"{service}-{os.getpid()}.jsonl"
+        processors.append(SimpleSpanProcessor(JsonLinesSpanExporter(path)))
+    elif local not in ("", "none"):
+        raise ValueError(f"{EXPORTER_ENV} must be none, console or jsonl:DIR, got {local!r}")
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    names = [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp" if endpoint else "none").split(",") if n.strip()]
+    for name in names:
+        if name == "otlp":
+            processors.append(BatchSpanProcessor(_otlp_exporter(environ)))
+        elif name == "console" and local != "console":
+            processors.append(SimpleSpanProcessor(ConsoleSpanExporter()))
+        elif name not in ("none", "console"):
+            raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {name!r} (use otlp, console or none)")
+    return processors
+
+
+def _otlp_exporter(environ: Mapping[str, str]) -> SpanExporter:
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    if protocol != "grpc":
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: tessera exports OTLP over gRPC (port 4317); set it to grpc")
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()  # endpoint, headers, TLS, compression and timeout from OTEL_EXPORTER_OTLP_*
 
 
 def tracing_enabled() -> bool:

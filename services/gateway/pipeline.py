@@ -25,22 +25,23 @@ import itertools
 import json
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
+from opentelemetry import trace
 
 from protos.gen import pb, rpc
 from services.engine.sampling import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
+from services.gateway.failures import Attempts, NodeFailure, classify_rpc_error, trailing_value
+from services.router.route_attributes import route_attributes
 from services.router.router import NoLiveNodeError, Route, Router
-from services.transport.grpc_server import CHANNEL_OPTIONS, FAILED_NODE_KEY, HTTP_STATUS_KEY, MISSING_PIXELS_KEY
+from services.transport.grpc_server import CHANNEL_OPTIONS, MISSING_PIXELS_KEY
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
-# gRPC codes that mean "the node failed", not "the request is bad": retried on another node.
-_NODE_FAILURE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED)
 _STUBS = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill": rpc.PrefillStub, "decode": rpc.DecodeStub}
 
 
@@ -52,29 +53,6 @@ class TokenEvent:
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
-
-
-class NodeFailure(Exception):
-    def __init__(self, role: str, address: str, detail: str) -> None:
-        super().__init__(f"{role} {address}: {detail}")
-        self.role = role
-        self.address = address
-
-
-@dataclass(slots=True)
-class Attempts:
-    """One request's failure budget and the nodes it must avoid."""
-
-    max_failures: int
-    excluded: set[str] = field(default_factory=set)
-    failures: list[NodeFailure] = field(default_factory=list)
-
-    def record(self, failure: NodeFailure) -> None:
-        self.failures.append(failure)
-        if failure.address:
-            self.excluded.add(failure.address)
-        if len(self.failures) > self.max_failures:
-            raise GatewayError(503, f"gave up after {len(self.failures)} node failures; last: {failure}")
 
 
 class Pipeline:
@@ -141,12 +119,20 @@ class Pipeline:
                     preprocess_address = self._pick_preprocess(attempts.excluded)
                 if prep is None:
                     prep = self._preprocess(preprocess_address, body, cache_salt=cache_salt)
-                route, lacking = self._route(prep, cache_salt, attempts.excluded)
+                route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
                 if lacking:
                     self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False)
                 with self.membership.in_flight(route.encoder, route.prefill, route.decode):
                     prefill = self._prefill(f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted)
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
+                trace.get_current_span().set_attributes(
+                    {
+                        "tessera.prefill.cached_tokens": prefill.num_cached_tokens,
+                        "tessera.prefill.pulled_tokens": prefill.num_pulled_tokens,
+                        "tessera.preprocess.pixel_bytes_sent": prep.pixel_bytes_sent,
+                        "tessera.preprocess.pixel_bytes_skipped": prep.pixel_bytes_skipped,
+                    }
+                )
                 with self.membership.in_flight(route.decode):
                     for event in self._decode(
                         f"{request_id}-{attempt}", prep, sampling, cache_salt, route, prefill, emitted, stream, cached_tokens
@@ -157,6 +143,9 @@ class Pipeline:
                             return
                 raise NodeFailure("decode", route.decode, "the stream ended early")
             except NodeFailure as failure:
+                trace.get_current_span().add_event(
+                    "node_failure", {"tessera.role": failure.role, "tessera.node": failure.address, "tessera.migrated": bool(emitted)}
+                )
                 attempts.record(failure)
                 self.membership.report_failure(failure.address)
                 self.num_retries += 1
@@ -175,11 +164,15 @@ class Pipeline:
             raise NoLiveNodeError("preprocess")
         return nodes[next(self._turns) % len(nodes)].info.grpc_address
 
-    def _route(self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str]) -> tuple[Route, list[MmHash]]:
+    def _route(self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str], attempt: int) -> tuple[Route, list[MmHash]]:
         """The route, and the request's images its encoder lacks (their pixels must be pushed)."""
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
-        route = self.router.route(list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes, exclude=frozenset(excluded))
+        with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
+            route = self.router.route(list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes, exclude=frozenset(excluded))
+            span.set_attributes(
+                route_attributes(route, policy=self.router.policy, num_images=len(images), num_prompt_tokens=len(prep.prompt_token_ids))
+            )
         return route, [h for h, _ in images if h not in route.images_on_encoder]
 
     def _preprocess(self, address: str, body: dict, *, skip_indexed: bool = True, cache_salt: str | None = None) -> pb.PreprocessResponse:
@@ -231,9 +224,9 @@ class Pipeline:
                 with self.watchdog.watching(call, route.prefill):
                     return call.result()
             except grpc.RpcError as exc:
-                missing = _trailing(exc, MISSING_PIXELS_KEY)
+                missing = trailing_value(exc, MISSING_PIXELS_KEY)
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
-                    raise _classify("prefill", route.prefill, exc) from None
+                    raise classify_rpc_error("prefill", route.prefill, exc) from None
                 # The encoder lost images our mirror thought it had: push them again.
                 self._ensure_pixels(preprocess_address, body, [MmHash(h) for h in missing.split(",")], route.encoder, force=True)
         raise AssertionError("unreachable")
@@ -262,7 +255,7 @@ class Pipeline:
                         list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, cached_tokens
                     )
         except grpc.RpcError as exc:
-            raise _classify("decode", route.decode, exc) from None
+            raise classify_rpc_error("decode", route.decode, exc) from None
         finally:
             chunks.cancel()  # no-op when complete; frees the decode node's KV when abandoned
 
@@ -270,22 +263,7 @@ class Pipeline:
         try:
             return method(request, timeout=timeout, metadata=outgoing_metadata())
         except grpc.RpcError as exc:
-            raise _classify(role, address, exc) from None
-
-
-def _classify(role: str, address: str, exc: grpc.RpcError) -> NodeFailure | GatewayError:
-    """A node's failure (retried elsewhere) or the request's own error (returned to the client)."""
-    detail = exc.details() or exc.code().name
-    failed = _trailing(exc, FAILED_NODE_KEY)
-    if failed is not None:
-        failed_role, _, failed_address = failed.partition("=")
-        return NodeFailure(failed_role, failed_address, detail)
-    status = _trailing(exc, HTTP_STATUS_KEY)
-    if status is not None:
-        return GatewayError(int(status), detail or f"{role} rejected the request")
-    if exc.code() in _NODE_FAILURE_CODES:
-        return NodeFailure(role, address, detail)
-    return GatewayError(500, f"the {role} service failed: {detail}")
+            raise classify_rpc_error(role, address, exc) from None
 
 
 def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:
@@ -294,14 +272,3 @@ def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:
     own = route.prefix_tokens_by_node.get(route.prefill, 0)
     better = [(a, n) for a, n in route.prefix_tokens_by_node.items() if a != route.prefill and n > own]
     return sorted(better, key=lambda item: (-item[1], item[0]))[:limit]
-
-
-def _trailing(exc: grpc.RpcError, key: str) -> str | None:
-    try:
-        metadata = exc.trailing_metadata() or ()
-    except Exception:
-        return None
-    for k, v in metadata:
-        if k == key:
-            return v
-    return None

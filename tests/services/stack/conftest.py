@@ -110,8 +110,23 @@ def stop_stack(running: RunningStack) -> None:
         running.log.close()
 
 
+@pytest.fixture(scope="session")
+def otlp_receiver():
+    from tests.otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory, tiny_model, repo_root):
-    running = launch_stack(tmp_path_factory.mktemp("stack"), repo_root)
+def stack(tmp_path_factory, tiny_model, repo_root, otlp_receiver):
+    """The default stack; its spans go to a JSON-lines directory and, over OTLP, to a receiver."""
+    otlp = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
+        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",  # ms: spans arrive while the test waits, not 5 s later
+    }
+    running = launch_stack(tmp_path_factory.mktemp("stack"), repo_root, env={**os.environ, **otlp})
     yield running
     stop_stack(running)

@@ -227,6 +227,35 @@ def test_one_trace_spans_every_role(stack):
     } <= names
 
 
+def test_traces_reach_an_otlp_collector_with_the_routing_decision(stack, otlp_receiver):
+    """The stack runs with the standard OTEL_EXPORTER_OTLP_ENDPOINT pointing at a real OTLP/gRPC
+    receiver; the route span says where the request went and what each node already held."""
+    client = _client(stack)
+    case = chat_case(_png(90, 90, 8), "Where did I go?")
+
+    def cached_routes(spans):
+        return [s for s in spans if s.name == "gateway.route" and s.attributes.get("tessera.route.images_on_encoder") == 1]
+
+    # Repeats: once the encoder has published the image to the index, a route finds it cached.
+    for _ in range(10):
+        client.chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
+        try:
+            route = cached_routes(otlp_receiver.wait_for(cached_routes, timeout_s=3))[-1]
+            break
+        except AssertionError:
+            continue
+    else:
+        pytest.fail("no route span found the image on its encoder")
+    roles = stack.state()["roles"]
+    assert route.service == "tessera-gateway"
+    assert route.attributes["tessera.route.encoder"] == roles["encoder"]["grpc_address"]
+    assert route.attributes["tessera.route.prefill"] == roles["prefill"]["grpc_address"]
+    assert route.attributes["tessera.route.prefill_prefix_tokens"] > 0
+    assert route.attributes["tessera.route.reason"].startswith("cache_aware: encoder holds 1/1 images; prefill holds ")
+    expected = {"tessera-gateway", "tessera-preprocess", "tessera-prefill", "tessera-decode"}
+    otlp_receiver.wait_for(lambda spans: expected <= {s.service for s in spans if s.trace_id == route.trace_id})
+
+
 def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
     from services.engine.config import EngineConfig
     from services.preprocess import Preprocessor
@@ -295,3 +324,15 @@ def test_n_choices_equal_the_oracle_and_share_one_prefill_of_the_prompt(stack, o
     uncached_tail = prompt_len - (prompt_len - 1) // block_size * block_size
     computed = stack.metrics()["tessera_prefill_tokens_computed_total"] - before
     assert computed == prompt_len + 2 * uncached_tail
+
+
+def test_every_series_the_grafana_dashboard_plots_is_served(stack, repo_root):
+    """deploy/grafana/tessera-dashboard.json queries only series the stack exposes: the gateway's
+    /metrics, and the queue depth each node serves on its own metrics port."""
+    import re
+
+    dashboard = (repo_root / "deploy" / "grafana" / "tessera-dashboard.json").read_text()
+    plotted = set(re.findall(r"tessera_[a-z0-9_]+", dashboard))
+    served = {re.sub(r"\{.*", "", name) for name in stack.metrics()}
+    per_node = {"tessera_node_queue_depth"}
+    assert plotted - per_node <= served, f"plotted but not served: {sorted(plotted - per_node - served)}"
