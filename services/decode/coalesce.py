@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from services.engine.output_processor import RequestOutput
+from services.engine.sampling import TokenLogprobs
 
 Forward = Callable[[RequestOutput | BaseException], None]
 
@@ -24,6 +25,7 @@ class OutputCoalescer:
         self._forward = forward
         self._every_output = every_output
         self._pending: list[int] = []
+        self._pending_logprobs: list[TokenLogprobs] = []
         self._num_forwarded = 0
 
     def __call__(self, output: RequestOutput | BaseException) -> None:
@@ -31,7 +33,8 @@ class OutputCoalescer:
             self._forward(output)
             return
         self._pending.extend(output.new_token_ids)
+        self._pending_logprobs.extend(output.new_logprobs)
         if self._every_output or output.finished or self._num_forwarded == 0:
-            self._forward(replace(output, new_token_ids=self._pending))
-            self._pending = []
+            self._forward(replace(output, new_token_ids=self._pending, new_logprobs=self._pending_logprobs))
+            self._pending, self._pending_logprobs = [], []
             self._num_forwarded += 1

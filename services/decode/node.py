@@ -4,6 +4,7 @@ with continuous batching. A cancelled stream aborts its request, which frees its
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from services.engine import connector
 from services.engine.config import EngineConfig
@@ -11,6 +12,7 @@ from services.engine.engine import Engine
 from services.engine.engine_node import EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
+from services.engine.sampling import TokenLogprobs
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
@@ -36,7 +38,13 @@ class DecodeNode(EngineNode):
         self.num_requests = 0
         self.num_tokens_generated = 0
 
-    def start(self, request: Request, first_token: int, on_output: Callable[[RequestOutput | BaseException], None]) -> None:
+    def start(
+        self,
+        request: Request,
+        first_token: int,
+        on_output: Callable[[RequestOutput | BaseException], None],
+        first_token_logprobs: TokenLogprobs | None = None,
+    ) -> None:
         """Wait for the prompt's KV pages, adopt the request, and stream outputs to ``on_output``
         (called on the engine thread; the last call has ``finished`` set, or is an exception)."""
         pages = self.receive_pages(request.request_id, self.kv_wait_s)
@@ -55,11 +63,12 @@ class DecodeNode(EngineNode):
             except BaseException:
                 self.loop.unsubscribe(request.request_id)
                 raise
+            first_logprobs = [first_token_logprobs] if first_token_logprobs is not None else []
             if final is not None:
                 self.loop.unsubscribe(request.request_id)
-                counting(final)
+                counting(replace(final, new_logprobs=first_logprobs))
             else:  # the first token came from the prefill node; stream it like any other
-                counting(engine.outputs.snapshot(request, [first_token]))
+                counting(engine.outputs.snapshot(request, [first_token], first_logprobs))
 
         self.loop.call(adopt).result()
         self.num_requests += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 
 import grpc
@@ -12,7 +13,7 @@ from services.decode.coalesce import OutputCoalescer
 from services.decode.node import DecodeNode, KVTransferTimeoutError
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
-from services.engine.sampling_wire import sampling_from_pb
+from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
 from services.transport.convert import item_from_pb
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
 from services.transport.kv_peer import add_kv_peer
@@ -21,6 +22,11 @@ from services.transport.kv_peer import add_kv_peer
 class DecodeServicer(rpc.DecodeServicer):
     def __init__(self, node: DecodeNode) -> None:
         self.node = node
+
+    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one servicer per process, lives as long
+    def token_text(self, token_id: int) -> str:
+        """A token's own text, for logprobs (U+FFFD when the token is part of a character)."""
+        return self.node.engine.outputs.tokenizer.decode([token_id])
 
     async def Decode(self, request: pb.DecodeRequest, context):
         items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
@@ -38,7 +44,8 @@ class DecodeServicer(rpc.DecodeServicer):
         queue: asyncio.Queue = asyncio.Queue()
         try:
             to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
-            await asyncio.to_thread(self.node.start, engine_request, request.first_token_id, to_client)
+            first_logprobs = logprobs_from_pb(request.first_token_logprob) if request.HasField("first_token_logprob") else None
+            await asyncio.to_thread(self.node.start, engine_request, request.first_token_id, to_client, first_logprobs)
         except KVTransferTimeoutError as exc:
             await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
         except RequestRejectedError as exc:
@@ -51,7 +58,11 @@ class DecodeServicer(rpc.DecodeServicer):
                     await abort_with(context, grpc.StatusCode.INTERNAL, f"decode failed: {output}", 500)
                 finished = output.finished
                 yield pb.DecodeChunk(
-                    token_ids=output.new_token_ids, text=output.text, finished=finished, finish_reason=output.finish_reason or ""
+                    token_ids=output.new_token_ids,
+                    text=output.text,
+                    finished=finished,
+                    finish_reason=output.finish_reason or "",
+                    logprobs=[logprobs_to_pb(lp, self.token_text) for lp in output.new_logprobs],
                 )
         finally:
             if not finished:

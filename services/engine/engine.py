@@ -17,7 +17,7 @@ from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.model_runner import ModelRunner
 from services.engine.output_processor import OutputProcessor, RequestOutput
 from services.engine.request import MmFeature, Request, RequestStatus
-from services.engine.sampling import Sampler, SamplingParams
+from services.engine.sampling import Sampler, SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
 from services.preprocess import PreprocessedRequest
 from shared.models.registry import ModelRef
@@ -90,6 +90,15 @@ class Engine:
             else []
         )
         token_for = dict(zip((r.request_id for r in result.requests), sampled))
+        logprobs_for = (
+            dict(
+                zip(
+                    (r.request_id for r in result.requests), Sampler.logprobs(result.logits, sampled, [r.sampling for r in result.requests])
+                )
+            )
+            if result.requests
+            else {}
+        )
         outputs = []
         for item in plan.scheduled:
             request = item.request
@@ -97,9 +106,12 @@ class Engine:
             self.kv.cache_computed_blocks(request)
             self.scheduler.release_finished_encoder_inputs(request)
             new_tokens: list[int] = []
+            new_logprobs: list[TokenLogprobs] = []
             if request.request_id in token_for:
                 token = token_for[request.request_id]
                 new_tokens.append(token)
+                if (logprobs := logprobs_for.get(request.request_id)) is not None:
+                    new_logprobs.append(logprobs)
                 status = self.outputs.append_token(request, token)
                 if status is not None:
                     for listener in self.finish_listeners:
@@ -108,7 +120,7 @@ class Engine:
                     self.requests.pop(request.request_id, None)
                     self.sampler.forget(request.request_id)
             if new_tokens:
-                outputs.append(self.outputs.snapshot(request, new_tokens))
+                outputs.append(self.outputs.snapshot(request, new_tokens, new_logprobs))
         self.sync_encoder_outputs()
         return outputs
 

@@ -13,9 +13,10 @@ next token completes it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.engine.request import Request, RequestStatus
+from services.engine.sampling import TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class RequestOutput:
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, when asked for
 
 
 class OutputProcessor:
@@ -54,7 +56,7 @@ class OutputProcessor:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def snapshot(self, request: Request, new_token_ids: list[int]) -> RequestOutput:
+    def snapshot(self, request: Request, new_token_ids: list[int], new_logprobs: list[TokenLogprobs] | None = None) -> RequestOutput:
         finished = request.status.is_finished
         if not request.sampling.stop and not finished:
             request.output_text = releasable(self._decode(request))
@@ -67,6 +69,7 @@ class OutputProcessor:
             finish_reason=request.status.value if finished else None,
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=request.num_cached_tokens or 0,
+            new_logprobs=list(new_logprobs or ()),
         )
 
     def _decode(self, request: Request) -> str:

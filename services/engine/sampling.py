@@ -3,6 +3,10 @@
 Order per request: temperature == 0 -> argmax. Otherwise logits / temperature -> top-k filter ->
 top-p (nucleus) filter over the sorted probabilities -> sample with the request's own generator,
 seeded from ``seed`` when given, so a seeded request is reproducible whatever else is batched.
+
+Logprobs (when a request asks for them) are the model's own: log-softmax of the raw float32
+logits, before temperature, top-k or top-p, as vLLM reports them by default; ties among the top
+alternatives are ordered by token id.
 """
 
 from __future__ import annotations
@@ -10,6 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """A sampled token's logprob and the most likely alternatives, most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +37,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -34,6 +50,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
 
     @property
     def is_greedy(self) -> bool:
@@ -53,6 +71,24 @@ class Sampler:
                 out.append(greedy[row])
             else:
                 out.append(self._sample_one(logits[row], self._generator(request_id, p), p))
+        return out
+
+    @staticmethod
+    def logprobs(logits: torch.Tensor, token_ids: list[int], params: list[SamplingParams]) -> list[TokenLogprobs | None]:
+        """For each row whose request asked for logprobs: the sampled token's and the top ones."""
+        wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
+        out: list[TokenLogprobs | None] = [None] * len(params)
+        if not wanted:
+            return out
+        logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)
+        k = max(params[i].logprobs or 0 for i in wanted)
+        top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
+        for row, i in enumerate(wanted):
+            top: tuple[tuple[int, float], ...] = ()
+            if params[i].logprobs:
+                pairs = zip(top_ids[row].tolist(), top_values[row].tolist())
+                top = tuple(sorted(pairs, key=lambda pair: (-pair[1], pair[0]))[: params[i].logprobs])
+            out[i] = TokenLogprobs(token_ids[i], float(logprobs[row, token_ids[i]]), top)
         return out
 
     def forget(self, request_id: str) -> None:

@@ -1,10 +1,11 @@
-"""SamplingParams to and from the wire (protos' SamplingParams): the gateway sends them, prefill
-and decode nodes read them. Here, above transport, because transport must not know the engine."""
+"""SamplingParams and TokenLogprobs to and from the wire: the gateway sends sampling, prefill and
+decode nodes read it and send logprobs back. Here, above transport, because transport must not
+know the engine."""
 
 from __future__ import annotations
 
 from protos.gen import pb
-from services.engine.sampling import SamplingParams
+from services.engine.sampling import SamplingParams, TokenLogprobs
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
@@ -19,6 +20,8 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
     )
     if params.seed is not None:
         msg.seed = params.seed
+    if params.logprobs is not None:
+        msg.logprobs = params.logprobs
     return msg
 
 
@@ -32,4 +35,23 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         stop=tuple(msg.stop),
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
     )
+
+
+def logprobs_to_pb(logprobs: TokenLogprobs, token_text=None) -> pb.TokenLogprob:
+    """``token_text(token_id) -> str`` fills in the token strings (the decode node has a tokenizer)."""
+    msg = pb.TokenLogprob(
+        token_id=logprobs.token_id,
+        logprob=logprobs.logprob,
+        top_token_ids=[t for t, _ in logprobs.top],
+        top_logprobs=[v for _, v in logprobs.top],
+    )
+    if token_text is not None:
+        msg.token = token_text(logprobs.token_id)
+        msg.top_tokens.extend(token_text(t) for t, _ in logprobs.top)
+    return msg
+
+
+def logprobs_from_pb(msg: pb.TokenLogprob) -> TokenLogprobs:
+    return TokenLogprobs(msg.token_id, msg.logprob, tuple(zip(msg.top_token_ids, msg.top_logprobs)))

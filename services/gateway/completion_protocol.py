@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from services.gateway.protocol import INT32_MAX, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
+from services.gateway.protocol import INT32_MAX, MAX_LOGPROBS, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
 
 MAX_PROMPTS = 16
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
@@ -39,7 +39,7 @@ class CompletionRequest(SamplingFields):
     multi_modal_data: MultiModalData | None = None
     max_tokens: int | None = Field(16, ge=1, le=INT32_MAX, description="16 by default, as in OpenAI's API")
     echo: bool = False
-    logprobs: None = Field(None, description="not supported yet")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="the sampled token's logprob and this many alternatives")
     suffix: None = Field(None, description="not supported")
 
     @field_validator("echo")
@@ -55,6 +55,9 @@ class CompletionRequest(SamplingFields):
             raise ValueError("multi_modal_data needs a single prompt (its images fill that prompt's placeholders)")
         return self
 
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
     def prompts(self) -> list[str | list[int]]:
         """The batch: one entry per prompt."""
         if isinstance(self.prompt, str):
@@ -65,11 +68,18 @@ class CompletionRequest(SamplingFields):
 
 
 # -- responses ---------------------------------------------------------------------------------
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -5,22 +5,30 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from pydantic import BaseModel
 
-from services.gateway.completion_protocol import CompletionChoice, CompletionResponse
+from services.gateway.completion_protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
+from services.gateway.pipeline import TokenLogprob
 from services.gateway.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
+    ChatLogprobs,
+    ChatTokenLogprob,
     ChunkChoice,
     ChunkDelta,
     PromptTokensDetails,
+    TopLogprob,
     Usage,
 )
+
+# JSON has no -inf; OpenAI reports a token the model gives no chance as -9999.
+MIN_LOGPROB = -9999.0
 
 
 @dataclass(slots=True)
@@ -34,6 +42,17 @@ class ChoiceResult:
     num_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # None: not asked for
+    text_offsets: list[int] = field(default_factory=list)  # of each logprobs token in the text
+
+    def add_logprobs(self, new: Sequence[TokenLogprob]) -> None:
+        if self.logprobs is None:
+            return
+        offset = self.text_offsets[-1] + len(self.logprobs[-1].token) if self.logprobs else 0
+        for logprob in new:
+            self.text_offsets.append(offset)
+            self.logprobs.append(logprob)
+            offset += len(logprob.token)
 
 
 class Formatter(Protocol):
@@ -42,7 +61,8 @@ class Formatter(Protocol):
     def opening(self, request_id: str, model: str, index: int) -> BaseModel | None:
         """The chunk that opens a choice's stream, if the endpoint has one."""
 
-    def delta(self, request_id: str, model: str, index: int, text: str, finish_reason: str | None) -> BaseModel: ...
+    def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> BaseModel:
+        """A chunk with ``result``'s new ``text`` and its last ``num_new_logprobs`` logprobs."""
 
     def usage_chunk(self, request_id: str, model: str, usage: Usage) -> BaseModel: ...
 
@@ -55,8 +75,11 @@ class ChatFormatter:
     def opening(self, request_id: str, model: str, index: int) -> ChatCompletionChunk:
         return _chat_chunk(request_id, model, [ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))])
 
-    def delta(self, request_id: str, model: str, index: int, text: str, finish_reason: str | None) -> ChatCompletionChunk:
-        choice = ChunkChoice(index=index, delta=ChunkDelta(content=text or None), finish_reason=finish_reason)
+    def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> ChatCompletionChunk:
+        logprobs = _chat_logprobs(result, num_new_logprobs)
+        choice = ChunkChoice(
+            index=result.index, delta=ChunkDelta(content=text or None), finish_reason=result.finish_reason, logprobs=logprobs
+        )
         return _chat_chunk(request_id, model, [choice])
 
     def usage_chunk(self, request_id: str, model: str, usage: Usage) -> ChatCompletionChunk:
@@ -64,7 +87,13 @@ class ChatFormatter:
 
     def response(self, request_id: str, model: str, choices: list[ChoiceResult], usage: Usage) -> ChatCompletionResponse:
         out = [
-            ChatChoice(index=c.index, message=AssistantMessage(content=c.text), finish_reason=c.finish_reason or "stop") for c in choices
+            ChatChoice(
+                index=c.index,
+                message=AssistantMessage(content=c.text),
+                finish_reason=c.finish_reason or "stop",
+                logprobs=_chat_logprobs(c, len(c.logprobs or ())),
+            )
+            for c in choices
         ]
         return ChatCompletionResponse(id=request_id, created=int(time.time()), model=model, choices=out, usage=usage)
 
@@ -75,15 +104,22 @@ class CompletionFormatter:
     def opening(self, request_id: str, model: str, index: int) -> None:
         return None
 
-    def delta(self, request_id: str, model: str, index: int, text: str, finish_reason: str | None) -> CompletionResponse:
-        choice = CompletionChoice(index=index, text=text, finish_reason=finish_reason)
+    def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> CompletionResponse:
+        choice = CompletionChoice(
+            index=result.index, text=text, finish_reason=result.finish_reason, logprobs=_completion_logprobs(result, num_new_logprobs)
+        )
         return CompletionResponse(id=request_id, created=int(time.time()), model=model, choices=[choice])
 
     def usage_chunk(self, request_id: str, model: str, usage: Usage) -> CompletionResponse:
         return CompletionResponse(id=request_id, created=int(time.time()), model=model, choices=[], usage=usage)
 
     def response(self, request_id: str, model: str, choices: list[ChoiceResult], usage: Usage) -> CompletionResponse:
-        out = [CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason or "stop") for c in choices]
+        out = [
+            CompletionChoice(
+                index=c.index, text=c.text, finish_reason=c.finish_reason or "stop", logprobs=_completion_logprobs(c, len(c.logprobs or ()))
+            )
+            for c in choices
+        ]
         return CompletionResponse(id=request_id, created=int(time.time()), model=model, choices=out, usage=usage)
 
 
@@ -105,3 +141,37 @@ def usage_of(choices: list[ChoiceResult]) -> Usage:
 
 def _chat_chunk(request_id: str, model: str, choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
     return ChatCompletionChunk(id=request_id, created=int(time.time()), model=model, choices=choices, usage=usage)
+
+
+def _chat_logprobs(result: ChoiceResult, num_last: int) -> ChatLogprobs | None:
+    if result.logprobs is None:
+        return None
+    picked = result.logprobs[len(result.logprobs) - num_last :]
+    content = [
+        ChatTokenLogprob(
+            token=lp.token,
+            logprob=_finite(lp.logprob),
+            bytes=list(lp.token.encode()),
+            top_logprobs=[TopLogprob(token=t, logprob=_finite(v), bytes=list(t.encode())) for t, v in lp.top],
+        )
+        for lp in picked
+    ]
+    return ChatLogprobs(content=content)
+
+
+def _completion_logprobs(result: ChoiceResult, num_last: int) -> CompletionLogprobs | None:
+    if result.logprobs is None:
+        return None
+    start = len(result.logprobs) - num_last
+    picked = result.logprobs[start:]
+    wants_top = any(lp.top for lp in picked)
+    return CompletionLogprobs(
+        tokens=[lp.token for lp in picked],
+        token_logprobs=[_finite(lp.logprob) for lp in picked],
+        top_logprobs=[{t: _finite(v) for t, v in lp.top} for lp in picked] if wants_top else None,
+        text_offset=result.text_offsets[start:],
+    )
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB)

@@ -62,7 +62,7 @@ def parse_chat_request(body: object, *, served_model: str, default_max_tokens: i
     return to_chat_request(request, served_model=served_model, default_max_tokens=default_max_tokens)
 
 
-def _fan_out(request: SamplingFields, bodies: list[dict], max_tokens: int) -> ApiRequest:
+def _fan_out(request: ChatCompletionRequest | CompletionRequest, bodies: list[dict], max_tokens: int) -> ApiRequest:
     generations = tuple(
         Generation(
             index=prompt_index * request.n + i,
@@ -78,7 +78,7 @@ def _fan_out(request: SamplingFields, bodies: list[dict], max_tokens: int) -> Ap
     return ApiRequest(generations=generations, stream=request.stream, include_usage=include_usage)
 
 
-def _sampling(request: SamplingFields, max_tokens: int, *, choice: int) -> SamplingParams:
+def _sampling(request: ChatCompletionRequest | CompletionRequest, max_tokens: int, *, choice: int) -> SamplingParams:
     seed = None if request.seed is None else (request.seed + choice - INT64_MIN) % 2**64 + INT64_MIN  # stays in int64
     return SamplingParams(
         max_tokens=max_tokens,
@@ -88,6 +88,7 @@ def _sampling(request: SamplingFields, max_tokens: int, *, choice: int) -> Sampl
         seed=seed,
         stop=request.stop_strings(),
         ignore_eos=request.ignore_eos,
+        logprobs=request.num_logprobs(),
     )
 
 

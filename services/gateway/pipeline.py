@@ -46,6 +46,13 @@ _STUBS = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill"
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]  # most likely first
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     token_ids: list[int]
     text: str  # full text so far
@@ -53,6 +60,7 @@ class TokenEvent:
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the sampling asked for them
 
 
 class Pipeline:
@@ -246,13 +254,24 @@ class Pipeline:
             stream=stream,
             prior_output_token_ids=emitted,
         )
+        if prefill.HasField("first_token_logprob"):
+            decode_request.first_token_logprob.CopyFrom(prefill.first_token_logprob)
         chunks = self._call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, self.timeout_s)
         prompt_tokens = len(prep.prompt_token_ids)
         try:
             with self.watchdog.watching(chunks, route.decode):
                 for chunk in chunks:
+                    logprobs = tuple(
+                        TokenLogprob(lp.token, lp.logprob, tuple(zip(lp.top_tokens, lp.top_logprobs))) for lp in chunk.logprobs
+                    )
                     yield TokenEvent(
-                        list(chunk.token_ids), chunk.text, chunk.finished, chunk.finish_reason or None, prompt_tokens, cached_tokens
+                        list(chunk.token_ids),
+                        chunk.text,
+                        chunk.finished,
+                        chunk.finish_reason or None,
+                        prompt_tokens,
+                        cached_tokens,
+                        logprobs,
                     )
         except grpc.RpcError as exc:
             raise classify_rpc_error("decode", route.decode, exc) from None

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
 
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 4
 MAX_CHOICES = 16  # n: each choice is a full request on the decode tier
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI allows
 # Below this a temperature is greedy (argmax), as in vLLM: dividing logits by a denormal-sized
 # temperature overflows to inf and the softmax to NaN, which no sampler can draw from.
 GREEDY_TEMPERATURE_EPS = 1e-5
@@ -102,6 +103,18 @@ class SamplingFields(WireModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="needs logprobs=true")
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        """How many alternatives the sampling reports per token; None: no logprobs."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -121,11 +134,25 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -146,7 +173,7 @@ class ChunkChoice(BaseModel):
     index: int
     delta: ChunkDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

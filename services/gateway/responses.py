@@ -79,8 +79,8 @@ async def _sse(
             result = results[generation.index]
             delta = event.text[len(result.text) :]
             _accumulate(result, event)
-            if delta or event.finished:
-                yield _event(formatter.delta(rid, model, generation.index, delta, result.finish_reason))
+            if delta or event.finished or event.logprobs:
+                yield _event(formatter.delta(rid, model, result, delta, len(event.logprobs)))
             item = await anext(events, None)
             if item is not None and item[1].token_ids:
                 now = time.monotonic()
@@ -97,13 +97,17 @@ async def _sse(
 
 
 def _results(request: ApiRequest) -> dict[int, ChoiceResult]:
-    return {g.index: ChoiceResult(index=g.index, prompt_index=g.prompt_index) for g in request.generations}
+    return {
+        g.index: ChoiceResult(index=g.index, prompt_index=g.prompt_index, logprobs=[] if g.sampling.logprobs is not None else None)
+        for g in request.generations
+    }
 
 
 def _accumulate(result: ChoiceResult, event: TokenEvent) -> None:
     result.num_tokens += len(event.token_ids)
     result.text = max(result.text, event.text, key=len)
     result.prompt_tokens, result.cached_tokens = event.prompt_tokens, event.cached_tokens
+    result.add_logprobs(event.logprobs)
     if event.finished:
         result.finish_reason = event.finish_reason or "stop"
 

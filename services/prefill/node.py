@@ -26,6 +26,7 @@ from services.engine.engine import Engine
 from services.engine.engine_node import EngineNode
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
+from services.engine.sampling import TokenLogprobs
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
@@ -44,6 +45,7 @@ class PrefillResult:
     first_token_id: int
     num_cached_tokens: int
     mrope_delta: int
+    first_token_logprobs: TokenLogprobs | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +206,8 @@ class PrefillNode(EngineNode):
         num_computed = request.num_prompt_tokens - output.num_cached_tokens
         self.num_tokens_computed += num_computed
         self.prefill_s_per_token = updated_rate(self.prefill_s_per_token, time.perf_counter() - started, num_computed)
-        return PrefillResult(output.new_token_ids[0], output.num_cached_tokens, request.mrope_delta)
+        logprobs = output.new_logprobs[0] if output.new_logprobs else None
+        return PrefillResult(output.new_token_ids[0], output.num_cached_tokens, request.mrope_delta, logprobs)
 
     def _ship_kv(self, request: Request, block_ids: list[int]) -> None:
         """Engine-thread hook: push the prompt's KV pages before the blocks are released."""

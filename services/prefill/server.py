@@ -13,7 +13,7 @@ import grpc
 from protos.gen import pb, rpc
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
-from services.engine.sampling_wire import sampling_from_pb
+from services.engine.sampling_wire import logprobs_to_pb, sampling_from_pb
 from services.prefill.kv_pull import KVSource
 from services.prefill.node import EmbeddingsUnavailableError, PrefillNode
 from services.transport.convert import item_from_pb, item_to_pb
@@ -122,12 +122,15 @@ class PrefillServicer(rpc.PrefillServicer):
         except BaseException:
             self.node.release(rid, items)
             raise
-        return pb.PrefillResponse(
+        response = pb.PrefillResponse(
             first_token_id=result.first_token_id,
             num_cached_tokens=result.num_cached_tokens,
             mrope_delta=result.mrope_delta,
             num_pulled_tokens=num_pulled,
         )
+        if result.first_token_logprobs is not None:
+            response.first_token_logprob.CopyFrom(logprobs_to_pb(result.first_token_logprobs))
+        return response
 
     async def Stats(self, request, context) -> pb.StatsResponse:
         return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.gateway.formatters import ChatFormatter, ChoiceResult, CompletionFormatter, usage_of
+from services.gateway.pipeline import TokenLogprob
 
 
 def test_usage_counts_each_prompt_once_and_every_choice_completion():
@@ -21,7 +22,7 @@ def test_chat_shapes():
     assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
     assert body["choices"][0]["finish_reason"] == "length"
     assert fmt.opening("id1", "tiny", 2).choices[0].delta.role == "assistant"
-    piece = fmt.delta("id1", "tiny", 2, "he", None).model_dump()
+    piece = fmt.delta("id1", "tiny", ChoiceResult(index=2, prompt_index=0), "he", 0).model_dump()
     assert (
         piece["object"] == "chat.completion.chunk" and piece["choices"][0]["index"] == 2 and piece["choices"][0]["delta"]["content"] == "he"
     )
@@ -33,4 +34,30 @@ def test_completion_shapes():
     body = fmt.response("id1", "tiny", [result], usage_of([result])).model_dump()
     assert body["object"] == "text_completion" and body["choices"][0]["text"] == " world"
     assert fmt.opening("id1", "tiny", 0) is None
-    assert fmt.delta("id1", "tiny", 1, "wo", None).choices[0].text == "wo"
+    assert fmt.delta("id1", "tiny", ChoiceResult(index=1, prompt_index=0), "wo", 0).choices[0].text == "wo"
+
+
+def with_logprobs() -> ChoiceResult:
+    result = ChoiceResult(index=0, prompt_index=0, text="Hi there", finish_reason="stop", logprobs=[])
+    result.add_logprobs([TokenLogprob("Hi", -0.5, (("Hi", -0.5), ("Yo", -1.5)))])
+    result.add_logprobs([TokenLogprob(" there", float("-inf"), ((" there", -0.1), (" you", -2.0)))])
+    return result
+
+
+def test_chat_logprobs_in_openais_shape():
+    result = with_logprobs()
+    [choice] = ChatFormatter().response("id1", "tiny", [result], usage_of([result])).choices
+    first, second = choice.logprobs.content
+    assert (first.token, first.logprob, first.bytes) == ("Hi", -0.5, [72, 105])
+    assert [(t.token, t.logprob) for t in first.top_logprobs] == [("Hi", -0.5), ("Yo", -1.5)]
+    assert second.logprob == -9999.0  # JSON has no -inf
+    chunk = ChatFormatter().delta("id1", "tiny", result, " there", 1)
+    assert [c.token for c in chunk.choices[0].logprobs.content] == [" there"]  # only the new tokens
+
+
+def test_completion_logprobs_carry_text_offsets():
+    result = with_logprobs()
+    [choice] = CompletionFormatter().response("id1", "tiny", [result], usage_of([result])).choices
+    assert choice.logprobs.tokens == ["Hi", " there"] and choice.logprobs.text_offset == [0, 2]
+    assert choice.logprobs.top_logprobs == [{"Hi": -0.5, "Yo": -1.5}, {" there": -0.1, " you": -2.0}]
+    assert ChoiceResult(index=0, prompt_index=0).logprobs is None  # not asked for: null in the response

@@ -90,7 +90,7 @@ def test_completion_prompts_become_preprocess_bodies_numbered_prompt_major():
     "body,param,text",
     [
         ({"prompt": "a", "echo": True}, "echo", "not supported"),
-        ({"prompt": "a", "logprobs": 2}, "logprobs", "None"),
+        ({"prompt": "a", "logprobs": 21}, "logprobs", "less than or equal to 20"),
         ({"prompt": ["a", "b"], "multi_modal_data": {"image": "data:x"}}, None, "single prompt"),
         ({"prompt": [-1]}, None, "greater than or equal to 0"),
         ({"prompt": ""}, None, "at least 1"),
@@ -155,3 +155,13 @@ def test_missing_messages_and_non_object_body():
         parse_chat_request({}, served_model="tiny", default_max_tokens=1)
     with pytest.raises(GatewayError, match="JSON object"):
         parse_chat_request([1], served_model="tiny", default_max_tokens=1)
+
+
+def test_logprobs_flags_map_to_the_number_of_alternatives():
+    assert sampling().logprobs is None
+    assert sampling(logprobs=True).logprobs == 0
+    assert sampling(logprobs=True, top_logprobs=5).logprobs == 5
+    with pytest.raises(GatewayError, match="top_logprobs needs logprobs=true"):
+        parse(top_logprobs=2)
+    [generation] = completion_request(prompt="a", logprobs=3).generations
+    assert generation.sampling.logprobs == 3

@@ -336,3 +336,53 @@ def test_every_series_the_grafana_dashboard_plots_is_served(stack, repo_root):
     served = {re.sub(r"\{.*", "", name) for name in stack.metrics()}
     per_node = {"tessera_node_queue_depth"}
     assert plotted - per_node <= served, f"plotted but not served: {sorted(plotted - per_node - served)}"
+
+
+def test_logprobs_equal_the_oracles_on_both_endpoints(stack, oracle):
+    """The first token's logprobs come from the prefill node, the rest from the decode node; all
+    are the model's log-softmax, as transformers computes it."""
+    import torch
+
+    case = chat_case(_png(64, 64, 9), "Guess.")
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    reference = oracle.generate(inputs, 6)
+    expected = [torch.log_softmax(step, dim=-1) for step in reference.step_logits]
+    client = _client(stack)
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=case.body["messages"],
+        logprobs=True,
+        top_logprobs=2,
+        temperature=0,
+        max_tokens=6,
+        extra_body={"ignore_eos": True},
+    )
+    content = reply.choices[0].logprobs.content
+    assert len(content) == 6
+    for step, (token, logprobs) in enumerate(zip(content, expected)):
+        token_id = reference.token_ids[step]
+        assert abs(token.logprob - logprobs[token_id].item()) < 1e-4, step
+        assert len(token.top_logprobs) == 2 and abs(token.top_logprobs[0].logprob - logprobs.max().item()) < 1e-4
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=case.body["messages"],
+            logprobs=True,
+            temperature=0,
+            max_tokens=6,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    streamed = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [round(t.logprob, 4) for t in streamed] == [round(t.logprob, 4) for t in content]
+    completion = client.completions.create(
+        model="tiny",
+        prompt=oracle.chat_text(case.oracle_messages),
+        logprobs=1,
+        temperature=0,
+        max_tokens=6,
+        extra_body={"multi_modal_data": {"image": case.body["messages"][0]["content"][0]["image_url"]["url"]}, "ignore_eos": True},
+    )
+    assert [round(v, 4) for v in completion.choices[0].logprobs.token_logprobs] == [round(t.logprob, 4) for t in content]
+    assert completion.choices[0].logprobs.text_offset[0] == 0
