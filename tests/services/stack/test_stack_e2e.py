@@ -386,3 +386,20 @@ def test_logprobs_equal_the_oracles_on_both_endpoints(stack, oracle):
     )
     assert [round(v, 4) for v in completion.choices[0].logprobs.token_logprobs] == [round(t.logprob, 4) for t in content]
     assert completion.choices[0].logprobs.text_offset[0] == 0
+
+
+def test_metrics_parse_with_prometheus_client_and_the_histograms_move(stack):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = stack.base_url.removesuffix("/v1") + "/metrics"
+
+    def histogram_counts() -> dict[str, float]:
+        families = text_string_to_metric_families(httpx.get(url, timeout=30).text)
+        return {s.name: s.value for f in families if f.type == "histogram" for s in f.samples if s.name.endswith("_count")}
+
+    before = histogram_counts()
+    list(_client(stack).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Count."}], stream=True, **GREEDY))
+    after = histogram_counts()
+    assert after["tessera_ttft_seconds_count"] == before["tessera_ttft_seconds_count"] + 1
+    assert after["tessera_e2e_latency_seconds_count"] == before["tessera_e2e_latency_seconds_count"] + 1
+    assert after["tessera_inter_token_latency_seconds_count"] - before["tessera_inter_token_latency_seconds_count"] == 11  # 12 tokens
