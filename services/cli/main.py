@@ -14,12 +14,13 @@ def build_parser(*, probes_only: bool = False) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     ops_cmd.register(subparsers)
     if not probes_only:  # these import torch (seconds): container probes must not pay for it
-        from services.cli import generate_cmd, models_cmd, preprocess_cmd, serve_cmd
+        from services.cli import bench_cmd, generate_cmd, models_cmd, preprocess_cmd, serve_cmd
 
         models_cmd.register(subparsers)
         preprocess_cmd.register(subparsers)
         generate_cmd.register(subparsers)
         serve_cmd.register(subparsers)
+        bench_cmd.register(subparsers)
     return parser
 
 

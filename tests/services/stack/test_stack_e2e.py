@@ -403,3 +403,20 @@ def test_metrics_parse_with_prometheus_client_and_the_histograms_move(stack):
     assert after["tessera_ttft_seconds_count"] == before["tessera_ttft_seconds_count"] + 1
     assert after["tessera_e2e_latency_seconds_count"] == before["tessera_e2e_latency_seconds_count"] + 1
     assert after["tessera_inter_token_latency_seconds_count"] - before["tessera_inter_token_latency_seconds_count"] == 11  # 12 tokens
+
+
+def test_tessera_bench_runs_every_workload_against_the_stack(stack, tmp_path):
+    """The smoke run of `tessera bench`: each named workload, tiny sizes, against this stack."""
+    from services.bench import report
+    from services.cli.main import main
+
+    argv = ["bench", "--workload", "all", "--requests", "4", "--concurrency", "2", "--max-tokens", "4", "--image-size", "64x64"]
+    assert main([*argv, "--base-url", stack.base_url, "--out", str(tmp_path), "--no-progress", "--label", "smoke"]) == 0
+    runs = {run.workload: run for run in (report.load(path) for path in tmp_path.glob("*.json"))}
+    assert set(runs) == {"shared_images", "multi_turn", "long_prompts", "cold_images"}
+    for name, run in runs.items():
+        summary = run.summary()
+        assert summary["requests_ok"] == 4 and summary["requests_failed"] == 0, name
+        assert all(r.num_tokens == 4 for r in run.records), name
+    assert 0 < runs["shared_images"].cache_hit_rates["processor"] <= 1
+    assert len(list(tmp_path.glob("*.png"))) == 4

@@ -1,0 +1,1 @@
+"""``tessera bench``: named workloads against the local stack or any OpenAI-compatible endpoint."""

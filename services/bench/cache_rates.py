@@ -1,0 +1,55 @@
+"""Cache hit rates over a run, from the deltas of an endpoint's Prometheus /metrics.
+
+Tessera (the gateway's cluster view): processor = hits / (hits + misses); encoder = cache hits /
+(cache hits + items encoded); prefix = cached prompt tokens / (cached + computed). vLLM: prefix =
+``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` (both in tokens). A rate
+whose counters did not move (no such work in the run) is absent, not zero.
+"""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+Counters = dict[str, float]
+
+# rate name -> (hits counter, other counters that with hits make the total)
+TESSERA_RATES = {
+    "processor": ("tessera_processor_cache_hits_total", ("tessera_processor_cache_misses_total",)),
+    "encoder": ("tessera_encoder_cache_hits_total", ("tessera_encoder_items_encoded_total",)),
+    "prefix": ("tessera_prefix_cached_tokens_total", ("tessera_prefill_tokens_computed_total",)),
+}
+VLLM_PREFIX = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+
+
+def scrape(base_url: str) -> Counters:
+    """Every counter sample, summed over labels; {} when the endpoint has no /metrics."""
+    try:
+        response = httpx.get(base_url.removesuffix("/").removesuffix("/v1") + "/metrics", timeout=30)
+    except httpx.HTTPError:
+        return {}
+    if response.status_code != 200:
+        return {}
+    counters: Counters = {}
+    for family in text_string_to_metric_families(response.text):
+        if family.type != "counter":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                counters[sample.name] = counters.get(sample.name, 0.0) + sample.value
+    return counters
+
+
+def hit_rates(before: Counters, after: Counters) -> dict[str, float]:
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    rates = {}
+    for rate, (hits, others) in TESSERA_RATES.items():
+        total = delta(hits) + sum(delta(o) for o in others)
+        if total > 0:
+            rates[rate] = delta(hits) / total
+    vllm_hits, vllm_queries = (delta(name) for name in VLLM_PREFIX)
+    if vllm_queries > 0:
+        rates["prefix"] = vllm_hits / vllm_queries
+    return rates

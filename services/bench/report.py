@@ -1,0 +1,101 @@
+"""A run's summary, its JSON file, and the table that prints one or more runs side by side.
+
+Summary: requests ok and failed; TTFT p50/p90/p99 over all requests and p50 over first touches
+(the cold path); end-to-end latency p50; throughput in requests and output tokens per second of
+wall time; cache hit rates. A second run in a table gets a ratio column (second / first).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from services.bench.runner import RequestRecord
+
+
+@dataclass(slots=True)
+class Run:
+    label: str
+    workload: str
+    settings: dict
+    wall_s: float
+    records: list[RequestRecord]
+    cache_hit_rates: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, float | int | None]:
+        ok = [r for r in self.records if r.error is None]
+        ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+        first_touch = [r.ttft_s for r in ok if r.ttft_s is not None and r.first_touch]
+        latencies = [r.end_s - r.start_s for r in ok if r.end_s is not None]
+        summary: dict[str, float | int | None] = {
+            "requests_ok": len(ok),
+            "requests_failed": len(self.records) - len(ok),
+            "ttft_p50_s": percentile(ttfts, 0.5),
+            "ttft_p90_s": percentile(ttfts, 0.9),
+            "ttft_p99_s": percentile(ttfts, 0.99),
+            "first_touch_ttft_p50_s": percentile(first_touch, 0.5),
+            "latency_p50_s": percentile(latencies, 0.5),
+            "requests_per_s": len(ok) / self.wall_s if self.wall_s else None,
+            "output_tokens_per_s": sum(r.num_tokens for r in ok) / self.wall_s if self.wall_s else None,
+            "wall_s": self.wall_s,
+        }
+        for name, rate in sorted(self.cache_hit_rates.items()):
+            summary[f"{name}_cache_hit_rate"] = rate
+        return summary
+
+    def to_json(self) -> dict:
+        return {
+            "label": self.label,
+            "workload": self.workload,
+            "settings": self.settings,
+            "wall_s": self.wall_s,
+            "summary": self.summary(),
+            "cache_hit_rates": self.cache_hit_rates,
+            "records": [asdict(r) for r in self.records],
+        }
+
+    @staticmethod
+    def from_json(data: dict) -> Run:
+        records = [RequestRecord(**r) for r in data["records"]]
+        return Run(data["label"], data["workload"], data["settings"], data["wall_s"], records, data.get("cache_hit_rates", {}))
+
+
+def save(run: Run, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(run.to_json(), indent=1))
+
+
+def load(path: Path) -> Run:
+    return Run.from_json(json.loads(Path(path).read_text()))
+
+
+def table(runs: list[Run]) -> str:
+    summaries = [run.summary() for run in runs]
+    keys = list(dict.fromkeys(key for summary in summaries for key in summary))
+    header = ["", *(run.label for run in runs)] + (["ratio"] if len(runs) == 2 else [])
+    rows = [header]
+    for key in keys:
+        values = [summary.get(key) for summary in summaries]
+        row = [key, *(_cell(v) for v in values)]
+        if len(runs) == 2:
+            first, second = values
+            row.append(f"{second / first:.2f}x" if isinstance(first, int | float) and isinstance(second, int | float) and first else "-")
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
