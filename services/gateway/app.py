@@ -7,17 +7,19 @@ each choice's events are produced on a thread (event_bridge); a client that disc
 its request's work on every node.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: FastAPI reads the routes' annotations at runtime,
+# and the dependency they name (``tenant``) is a local of create_app, invisible to string lookups.
 import time
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway import openai_api
+from services.gateway.admission import Admission
 from services.gateway.body_limit import BodyLimitMiddleware
 from services.gateway.completion_protocol import CompletionRequest, CompletionResponse
 from services.gateway.errors import GatewayError
@@ -34,19 +36,40 @@ from services.gateway.protocol import (
 )
 from services.gateway.responses import respond
 from services.gateway.state import GatewayState
+from services.gateway.tenants import ApiKeys, Tenant
 from services.gateway.validation_errors import validation_error
 from services.router.membership import ROUTED_ROLES
+from services.transport.api_key_auth import bearer_token
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 API_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted in tessera_requests_total
 _STREAM = {"content": {"text/event-stream": {}}, "description": "the response, or a stream of chunks when stream=true"}
-_RESPONSES = {200: _STREAM, **{status: {"model": ErrorResponse} for status in (400, 404, 413, 500, 503)}}
+_RESPONSES = {200: _STREAM, **{status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}}
 
 
 def create_app(
-    pipeline: Pipeline, *, served_model: str, default_max_tokens: int, max_body_bytes: int = MAX_BODY_BYTES
+    pipeline: Pipeline,
+    *,
+    served_model: str,
+    default_max_tokens: int,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_num_requests: int = 2048,
+    api_keys: ApiKeys | None = None,
 ) -> tuple[FastAPI, GatewayState]:
     state = GatewayState(pipeline, served_model, default_max_tokens, int(time.time()))
+    admission = Admission(max_num_requests)
+
+    def tenant(authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> Tenant | None:
+        """The caller's tenant; every /v1 route depends on it. None when keys are off."""
+        if api_keys is None:
+            return None
+        key = bearer_token(authorization)
+        found = api_keys.tenant_for(key) if key is not None else None
+        if found is None:
+            message = "a valid API key is required: send 'Authorization: Bearer <key>'" if key is None else "the API key is not valid"
+            raise GatewayError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        return found
+
     app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version="0.1.0")
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
     _add_error_handlers(app, state)
@@ -60,7 +83,7 @@ def create_app(
         body = HealthResponse(status=status, nodes=nodes)
         return JSONResponse(body.model_dump(), status_code=200 if status == "ok" else 503)
 
-    @app.get("/v1/models", response_model=ModelList)
+    @app.get("/v1/models", response_model=ModelList, dependencies=[Depends(tenant)])
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=state.served_model, created=state.started)])
 
@@ -69,15 +92,18 @@ def create_app(
         return PlainTextResponse(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_RESPONSES)
-    async def chat_completions(request: ChatCompletionRequest):
+    async def chat_completions(request: ChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
         _refuse_if_draining(state)
-        api_request = openai_api.to_chat_request(request, served_model=state.served_model, default_max_tokens=state.default_max_tokens)
-        return await respond(state, api_request, ChatFormatter())
+        api_request = openai_api.to_chat_request(
+            request, served_model=state.served_model, default_max_tokens=state.default_max_tokens, tenant=caller
+        )
+        return await respond(state, api_request, ChatFormatter(), admission.admit(len(api_request.generations)))
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_RESPONSES)
-    async def completions(request: CompletionRequest):
+    async def completions(request: CompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
         _refuse_if_draining(state)
-        return await respond(state, openai_api.to_completion_request(request, served_model=state.served_model), CompletionFormatter())
+        api_request = openai_api.to_completion_request(request, served_model=state.served_model, tenant=caller)
+        return await respond(state, api_request, CompletionFormatter(), admission.admit(len(api_request.generations)))
 
     return app, state
 
@@ -91,7 +117,7 @@ def _add_error_handlers(app: FastAPI, state: GatewayState) -> None:
     def respond_with(exc: GatewayError, request: Request) -> JSONResponse:
         if request.url.path in API_PATHS:
             state.metrics.record_request(exc.status)
-        return JSONResponse(exc.to_json(), status_code=exc.status)
+        return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(GatewayError)
     async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 class GatewayError(Exception):
     def __init__(
-        self, status: int, message: str, *, error_type: str | None = None, code: str | None = None, param: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -15,6 +22,7 @@ class GatewayError(Exception):
         )
         self.code = code
         self.param = param
+        self.headers = headers or {}  # e.g. Retry-After on a 429
 
     def to_json(self) -> dict:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}

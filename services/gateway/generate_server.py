@@ -12,6 +12,8 @@ from protos.gen import pb, rpc
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import parse_chat_request
 from services.gateway.pipeline import Pipeline
+from services.gateway.tenants import ApiKeys
+from services.transport.api_key_auth import ApiKeyInterceptor, current_principal
 from services.transport.grpc_server import HTTP_STATUS_KEY, SERVER_OPTIONS
 
 _STATUS_TO_CODE = {
@@ -32,7 +34,8 @@ class GenerateServicer(rpc.GenerateServicer):
     def Generate(self, request: pb.GenerateRequest, context):
         try:
             body = json.loads(request.request_json)
-            request = parse_chat_request(body, served_model=self.served_model, default_max_tokens=self.default_max_tokens)
+            tenant = current_principal()  # set by the API-key interceptor when keys are on
+            request = parse_chat_request(body, served_model=self.served_model, default_max_tokens=self.default_max_tokens, tenant=tenant)
             if len(request.generations) != 1:
                 raise GatewayError(400, "Generate streams one choice: n must be 1", param="n")
             [generation] = request.generations
@@ -60,11 +63,14 @@ class GenerateServicer(rpc.GenerateServicer):
             context.abort(_STATUS_TO_CODE.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
 
 
-def start_generate_server(servicer: GenerateServicer, address: str, *, max_workers: int = 32) -> grpc.Server:
+def start_generate_server(
+    servicer: GenerateServicer, address: str, *, max_workers: int = 32, api_keys: ApiKeys | None = None
+) -> grpc.Server:
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS)
+    interceptors = [ApiKeyInterceptor(api_keys.tenant_for)] if api_keys is not None else []
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS, interceptors=interceptors)
     rpc.add_GenerateServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

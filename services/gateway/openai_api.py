@@ -15,6 +15,7 @@ from services.engine.sampling import SamplingParams
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import GREEDY_TEMPERATURE_EPS, INT64_MIN, ChatCompletionRequest, SamplingFields
+from services.gateway.tenants import Tenant
 from services.gateway.validation_errors import validation_error
 
 
@@ -36,40 +37,53 @@ class ApiRequest:
     include_usage: bool
 
 
-def to_chat_request(request: ChatCompletionRequest, *, served_model: str, default_max_tokens: int) -> ApiRequest:
+def to_chat_request(
+    request: ChatCompletionRequest, *, served_model: str, default_max_tokens: int, tenant: Tenant | None = None
+) -> ApiRequest:
     _check_model(request, served_model)
     messages = [message.model_dump(exclude_none=True) for message in request.messages]
+    if tenant is not None:
+        for message in messages:
+            for part in message["content"] if isinstance(message.get("content"), list) else ():
+                if "uuid" in part:
+                    part["uuid"] = tenant.image_uuid(part["uuid"])
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
-    return _fan_out(request, [{"messages": messages}], max_tokens)
+    return _fan_out(request, [{"messages": messages}], max_tokens, tenant)
 
 
-def to_completion_request(request: CompletionRequest, *, served_model: str) -> ApiRequest:
+def to_completion_request(request: CompletionRequest, *, served_model: str, tenant: Tenant | None = None) -> ApiRequest:
     _check_model(request, served_model)
     images = request.multi_modal_data.images() if request.multi_modal_data is not None else []
+    if tenant is not None:
+        images = [
+            {**image, "uuid": tenant.image_uuid(image["uuid"])} if isinstance(image, dict) and "uuid" in image else image
+            for image in images
+        ]
     bodies = [
         {"prompt": prompt, "images": images} if isinstance(prompt, str) else {"prompt_token_ids": prompt, "images": images}
         for prompt in request.prompts()
     ]
-    return _fan_out(request, bodies, request.max_tokens or 16)
+    return _fan_out(request, bodies, request.max_tokens or 16, tenant)
 
 
-def parse_chat_request(body: object, *, served_model: str, default_max_tokens: int) -> ApiRequest:
+def parse_chat_request(body: object, *, served_model: str, default_max_tokens: int, tenant: Tenant | None = None) -> ApiRequest:
     """A raw JSON body (the Generate API's request_json) through the same model as HTTP."""
     try:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
-    return to_chat_request(request, served_model=served_model, default_max_tokens=default_max_tokens)
+    return to_chat_request(request, served_model=served_model, default_max_tokens=default_max_tokens, tenant=tenant)
 
 
-def _fan_out(request: ChatCompletionRequest | CompletionRequest, bodies: list[dict], max_tokens: int) -> ApiRequest:
+def _fan_out(request: ChatCompletionRequest | CompletionRequest, bodies: list[dict], max_tokens: int, tenant: Tenant | None) -> ApiRequest:
+    cache_salt = tenant.cache_salt(request.cache_salt) if tenant is not None else request.cache_salt
     generations = tuple(
         Generation(
             index=prompt_index * request.n + i,
             prompt_index=prompt_index,
             preprocess_body=body,
             sampling=_sampling(request, max_tokens, choice=i),
-            cache_salt=request.cache_salt,
+            cache_salt=cache_salt,
         )
         for prompt_index, body in enumerate(bodies)
         for i in range(request.n)

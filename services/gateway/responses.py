@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
+from services.gateway.admission import Ticket
 from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChoiceResult, Formatter, usage_of
@@ -24,8 +25,14 @@ from services.gateway.pipeline import TokenEvent
 from services.gateway.state import GatewayState
 
 
-async def respond(state: GatewayState, request: ApiRequest, formatter: Formatter) -> JSONResponse | StreamingResponse:
-    return await (_start_stream(state, request, formatter) if request.stream else _complete(state, request, formatter))
+async def respond(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> JSONResponse | StreamingResponse:
+    """The response; ``ticket`` (the request's admission) is released when its work ends."""
+    if request.stream:
+        return await _start_stream(state, request, formatter, ticket)
+    try:
+        return await _complete(state, request, formatter)
+    finally:
+        ticket.release()
 
 
 async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatter) -> JSONResponse:
@@ -42,18 +49,19 @@ async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatt
     return JSONResponse(body.model_dump())
 
 
-async def _start_stream(state: GatewayState, request: ApiRequest, formatter: Formatter) -> StreamingResponse:
+async def _start_stream(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> StreamingResponse:
     started = time.monotonic()
     events = merged_events(lambda g: state.events(g, stream=True), request.generations)
     try:
         first = await anext(events)  # errors before the first token still get a proper status code
     except BaseException:
         await events.aclose()
+        ticket.release()
         raise
     state.metrics.record_ttft(time.monotonic() - started)
     state.metrics.record_request(200)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    body = _sse(state, request, formatter, first, events, started)
+    body = _sse(state, request, formatter, first, events, started, ticket)
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
@@ -64,6 +72,7 @@ async def _sse(
     first: tuple[Generation, TokenEvent],
     events: AsyncIterator[tuple[Generation, TokenEvent]],
     started: float,
+    ticket: Ticket,
 ) -> AsyncIterator[bytes]:
     rid, model = _request_id(formatter), state.served_model
     results = _results(request)
@@ -93,6 +102,7 @@ async def _sse(
     except GatewayError as exc:
         yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
     finally:
+        ticket.release()
         await events.aclose()  # on disconnect too: stops the request's work on every node
 
 

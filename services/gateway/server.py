@@ -19,6 +19,7 @@ import uvicorn
 from services.gateway.app import create_app
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.pipeline import Pipeline
+from services.gateway.tenants import ApiKeys
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
 from services.router.scoring import POLICIES
@@ -51,6 +52,10 @@ class Settings:
     cache_lookups: bool = True  # off: the index serves membership only (a no-reuse baseline)
     request_timeout_s: float = 300.0
     max_node_failures: int = 4  # per request, before it fails with 503
+    max_num_requests: int = 2048  # choices in flight at this gateway; past it, 429 with Retry-After
+    # API keys for the HTTP and Generate APIs (services/gateway/tenants.py); neither: no auth.
+    api_key: str = ""  # one key, tenant "default"
+    api_keys_file: str = ""  # JSON: key -> tenant name, or -> {"tenant": NAME, "shared_cache": BOOL}
     drain_timeout_s: float = 30.0  # on SIGTERM: time open streams get to finish
 
     def __post_init__(self) -> None:
@@ -62,8 +67,8 @@ class Settings:
             )
         if self.routing_policy not in POLICIES:
             raise ValueError(f"routing_policy must be one of {', '.join(POLICIES)}, got {self.routing_policy!r}")
-        if self.index_ttl_s <= 0 or self.max_node_failures < 0 or self.drain_timeout_s < 0:
-            raise ValueError("index_ttl_s must be positive, max_node_failures and drain_timeout_s >= 0")
+        if self.index_ttl_s <= 0 or self.max_node_failures < 0 or self.drain_timeout_s < 0 or self.max_num_requests < 1:
+            raise ValueError("index_ttl_s must be positive, max_node_failures and drain_timeout_s >= 0, max_num_requests >= 1")
 
 
 def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) -> None:
@@ -83,10 +88,19 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int) -> Pipe
 
 
 def run_gateway(config: Settings, *, served_model: str, namespace: str, block_size: int) -> None:
+    api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size)
-    app, state = create_app(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens)
+    app, state = create_app(
+        pipeline,
+        served_model=served_model,
+        default_max_tokens=config.default_max_tokens,
+        max_num_requests=config.max_num_requests,
+        api_keys=api_keys,
+    )
     generate = start_generate_server(
-        GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens), config.generate_address
+        GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens),
+        config.generate_address,
+        api_keys=api_keys,
     )
     generate_stopped: list[threading.Event] = []
 

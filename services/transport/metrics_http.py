@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 
@@ -27,8 +27,8 @@ class NodeCollector(Collector):
         depth.add_metric([self.role], self.queue_depth())
         yield depth
         for name, value in sorted(self.counters().items()):
-            # Counters keep their _total names as gauges: they are snapshots of the node's Stats.
-            family = GaugeMetricFamily(f"tessera_{name}", f"{self.role} node statistic {name}", labels=["role"])
+            kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
+            family = kind(f"tessera_{name}", f"{self.role} node statistic {name}", labels=["role"])
             family.add_metric([self.role], value)
             yield family
 

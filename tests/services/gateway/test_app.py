@@ -213,3 +213,29 @@ def test_n_choices_stream_side_by_side_and_the_first_runs_alone_until_its_first_
     assert text_by_index == {0: "Hello there friend", 1: "Hello there friend", 2: "Hello there friend"}
     assert order[:2] == [("start", 10), ("token", 10)]  # choice 0 prefilled before the others started
     assert {seed for kind, seed in order if kind == "start"} == {10, 11, 12}
+
+
+def test_api_keys_guard_the_v1_routes_and_the_tenant_reaches_the_pipeline():
+    from services.gateway.tenants import ApiKeys, Tenant
+
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline, api_keys=ApiKeys({"sk-acme": Tenant("acme")}))
+    missing = http.post("/v1/chat/completions", json={"messages": MESSAGES})
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "invalid_api_key"
+    assert missing.headers["www-authenticate"] == "Bearer"
+    wrong = http.get("/v1/models", headers={"Authorization": "Bearer sk-nope"})
+    assert wrong.status_code == 401 and "not valid" in wrong.json()["error"]["message"]
+    assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200  # probes stay open
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="sk-acme", http_client=http)
+    assert client.chat.completions.create(model="tiny", messages=MESSAGES).choices[0].message.content == "Hello there friend"
+    assert pipeline.calls[-1][2] == "tenant:acme|"  # the server-derived cache salt
+
+
+def test_past_the_admission_limit_a_request_gets_a_429_with_retry_after():
+    http, _ = client_for(FakePipeline(), max_num_requests=2)
+    refused = http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 3})
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["type"] == "requests"
+    for _ in range(3):  # admissions are released when requests end, streamed or not
+        assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2}).status_code == 200
+        assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2, "stream": True}).status_code == 200
