@@ -14,6 +14,7 @@ request, so nothing it needs can be evicted before the request is scheduled.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -28,10 +29,13 @@ from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.engine.sampling import TokenLogprobs
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate
+from services.transport.tensor_channel import TensorSendTimeoutError
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 from shared.types import BlockHash, MmHash
+
+log = logging.getLogger("tessera")
 
 
 class EmbeddingsUnavailableError(RuntimeError):
@@ -215,7 +219,12 @@ class PrefillNode(EngineNode):
         if target is None:
             return
         num_blocks = -(-request.num_prompt_tokens // self.engine.config.block_size)
-        self.send_pages(target, request.request_id, connector.read_pages(self.engine, block_ids[:num_blocks]))
+        try:
+            self.send_pages(target, request.request_id, connector.read_pages(self.engine, block_ids[:num_blocks]))
+        except TensorSendTimeoutError as exc:
+            # Never raise on the engine thread (it would fail every request in the step): the
+            # decode node times out waiting for these pages and the gateway retries elsewhere.
+            log.warning("KV pages of %s not delivered: %s", request.request_id, exc)
 
     def counters(self) -> dict[str, float]:
         return {

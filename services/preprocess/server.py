@@ -13,6 +13,7 @@ from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
 from services.transport.convert import item_to_pb
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
+from services.transport.tensor_channel import TensorSendTimeoutError
 from shared.hashing import MmSpan, block_hashes
 from shared.types import MmHash
 
@@ -51,13 +52,16 @@ class PreprocessServicer(rpc.PreprocessServicer):
         )
 
     async def ResendPixels(self, request: pb.ResendPixelsRequest, context) -> pb.ResendPixelsResponse:
-        not_found, transfer = await asyncio.to_thread(
-            self.node.resend,
-            [MmHash(h) for h in request.mm_hashes],
-            encoder_id=request.encoder_id,
-            encoder_address=request.encoder_data_address,
-            force=request.force,
-        )
+        try:
+            not_found, transfer = await asyncio.to_thread(
+                self.node.resend,
+                [MmHash(h) for h in request.mm_hashes],
+                encoder_id=request.encoder_id,
+                encoder_address=request.encoder_data_address,
+                force=request.force,
+            )
+        except TensorSendTimeoutError as exc:  # the encoder's inbox is not draining: it is the failed node
+            await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), None, failed_node=("encoder", request.encoder_id))
         return pb.ResendPixelsResponse(
             not_found=not_found, pixel_bytes_sent=transfer.num_bytes_sent, pixel_bytes_skipped=transfer.num_bytes_skipped
         )

@@ -6,11 +6,18 @@ followed by one raw frame per tensor (C-contiguous bytes, sent zero-copy).
 Receivers bind a PULL socket; senders keep one PUSH socket per destination. A receiver's inbox
 is bounded in bytes: when full, the oldest unclaimed message is dropped (its consumer times out
 and falls back), so a slow consumer can never exhaust memory.
+
+Faults stay local: a malformed message (bad header, frame count, dtype or shape) is counted and
+dropped, and the receive thread goes on; a send that a destination does not take within
+``send_timeout_s`` (its queue of ``high_water_mark`` messages is full: the peer is gone or
+stalled) raises TensorSendTimeoutError instead of blocking its caller forever, and blocks only
+sends to that destination meanwhile.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -19,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import zmq
+
+log = logging.getLogger("tessera")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
 
@@ -34,11 +43,22 @@ class TensorMessage:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
+class TensorSendTimeoutError(Exception):
+    pass
+
+
+class MalformedMessageError(ValueError):
+    pass
+
+
 class TensorSender:
-    def __init__(self, context: zmq.Context | None = None) -> None:
+    def __init__(self, context: zmq.Context | None = None, *, send_timeout_s: float = 10.0, high_water_mark: int = 64) -> None:
         self._context = context or zmq.Context.instance()
         self._sockets: dict[str, zmq.Socket] = {}
-        self._lock = threading.Lock()
+        self._address_locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()  # guards the two maps; a send holds only its address's lock
+        self.send_timeout_s = send_timeout_s
+        self.high_water_mark = high_water_mark
         self.num_bytes_sent = 0
 
     def send(self, address: str, key: str, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> int:
@@ -50,18 +70,32 @@ class TensorSender:
             header["tensors"].append({"name": name, "dtype": dtype, "shape": list(tensor.shape)})
             raw = tensor.view(torch.uint8) if tensor.dtype == torch.bfloat16 else tensor
             frames.append(memoryview(raw.numpy()).cast("B"))
+        socket, lock = self._socket_for(address)
+        with lock:
+            try:
+                socket.send_multipart([json.dumps(header).encode(), *frames], copy=False)
+            except zmq.Again:
+                raise TensorSendTimeoutError(
+                    f"{address} did not take {key!r} within {self.send_timeout_s:g}s: "
+                    f"its queue of {self.high_water_mark} messages is full (the receiver is gone or stalled)"
+                ) from None
+        size = sum(len(f) for f in frames)
+        with self._lock:
+            self.num_bytes_sent += size
+        return size
+
+    def _socket_for(self, address: str) -> tuple[zmq.Socket, threading.Lock]:
         with self._lock:
             socket = self._sockets.get(address)
             if socket is None:
                 socket = self._context.socket(zmq.PUSH)
                 socket.setsockopt(zmq.LINGER, 1000)
-                socket.setsockopt(zmq.SNDHWM, 64)
+                socket.setsockopt(zmq.SNDHWM, self.high_water_mark)
+                socket.setsockopt(zmq.SNDTIMEO, int(self.send_timeout_s * 1000))
                 socket.connect(address)
                 self._sockets[address] = socket
-            socket.send_multipart([json.dumps(header).encode(), *frames], copy=False)
-        size = sum(len(f) for f in frames)
-        self.num_bytes_sent += size
-        return size
+                self._address_locks[address] = threading.Lock()
+            return socket, self._address_locks[address]
 
     def close(self) -> None:
         with self._lock:
@@ -85,6 +119,7 @@ class TensorInbox:
         self._cond = threading.Condition()
         self._closed = False
         self.num_dropped = 0
+        self.num_malformed = 0
         self._thread = threading.Thread(target=self._receive_loop, name="tensor-inbox", daemon=True)
         self._thread.start()
 
@@ -120,7 +155,12 @@ class TensorInbox:
             if not dict(poller.poll(100)):
                 continue
             frames = self._socket.recv_multipart(copy=False)
-            message = _decode(frames)
+            try:
+                message = _decode(frames)
+            except MalformedMessageError as exc:
+                self.num_malformed += 1
+                log.warning("dropped a malformed tensor message on %s: %s", self.address, exc)
+                continue
             with self._cond:
                 if message.key in self._messages:
                     self._num_bytes -= self._messages.pop(message.key).num_bytes
@@ -134,16 +174,36 @@ class TensorInbox:
 
 
 def _decode(frames: list) -> TensorMessage:
-    header = json.loads(bytes(frames[0].buffer))
+    """The message in ``frames``, or MalformedMessageError saying what is wrong with it."""
+    try:
+        header = json.loads(bytes(frames[0].buffer))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedMessageError(f"the header is not JSON: {exc}") from None
+    if not (
+        isinstance(header, dict)
+        and isinstance(header.get("key"), str)
+        and isinstance(header.get("meta"), dict)
+        and isinstance(header.get("tensors"), list)
+    ):
+        raise MalformedMessageError("the header needs a string key, a meta object and a tensors list")
+    if len(frames) != 1 + len(header["tensors"]):
+        raise MalformedMessageError(f"{len(header['tensors'])} tensors declared, {len(frames) - 1} frames sent")
     tensors = {}
     for spec, frame in zip(header["tensors"], frames[1:]):
-        dtype = _DTYPES[spec["dtype"]]
-        if dtype == torch.bfloat16:
-            array = np.frombuffer(frame.buffer, dtype=np.uint8)
-            tensor = torch.from_numpy(array.copy()).view(torch.bfloat16)
-        else:
-            array = np.frombuffer(frame.buffer, dtype=str(dtype).removeprefix("torch."))
-            # The frame's buffer is owned by ZMQ; copy once into torch-owned memory.
-            tensor = torch.from_numpy(array.copy())
-        tensors[spec["name"]] = tensor.reshape(spec["shape"])
+        try:
+            tensors[spec["name"]] = _tensor(spec, frame)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise MalformedMessageError(f"tensor {spec!r:.120}: {exc}") from None
     return TensorMessage(header["key"], header["meta"], tensors)
+
+
+def _tensor(spec: dict, frame) -> torch.Tensor:
+    dtype = _DTYPES[spec["dtype"]]
+    if dtype == torch.bfloat16:
+        array = np.frombuffer(frame.buffer, dtype=np.uint8)
+        tensor = torch.from_numpy(array.copy()).view(torch.bfloat16)
+    else:
+        array = np.frombuffer(frame.buffer, dtype=str(dtype).removeprefix("torch."))
+        # The frame's buffer is owned by ZMQ; copy once into torch-owned memory.
+        tensor = torch.from_numpy(array.copy())
+    return tensor.reshape([int(d) for d in spec["shape"]])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -51,3 +52,60 @@ def test_waiter_wakes_when_message_arrives_later():
     finally:
         sender.close()
         inbox.close()
+
+
+def test_malformed_messages_are_dropped_and_the_inbox_keeps_receiving():
+    import json
+
+    import zmq
+
+    inbox = TensorInbox("tcp://127.0.0.1:*")
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(inbox.address)
+    sender = TensorSender()
+    try:
+        good_header = {"key": "x", "meta": {}, "tensors": [{"name": "a", "dtype": "float32", "shape": [2]}]}
+        bad = [
+            [b"\xff not json"],
+            [json.dumps([1, 2]).encode()],
+            [json.dumps(good_header).encode()],  # a tensor declared, no frame sent
+            [json.dumps({**good_header, "tensors": [{"name": "a", "dtype": "complex512", "shape": [2]}]}).encode(), b"12345678"],
+            [json.dumps({**good_header, "tensors": [{"name": "a", "dtype": "float32", "shape": [3]}]}).encode(), b"12345678"],
+        ]
+        for frames in bad:
+            raw.send_multipart(frames)
+        sender.send(inbox.address, "after", {"a": torch.ones(2)})
+        message = inbox.wait("after", timeout_s=5)
+        assert message is not None and torch.equal(message.tensors["a"], torch.ones(2))
+        # Two sending sockets are fair-queued, so the good message may overtake the bad ones.
+        deadline = time.monotonic() + 5
+        while inbox.num_malformed < len(bad) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert inbox.num_malformed == len(bad)
+    finally:
+        raw.close()
+        sender.close()
+        inbox.close()
+
+
+def test_a_send_to_a_peer_that_never_reads_times_out_instead_of_blocking():
+    import pytest
+    import zmq
+
+    from services.stack.launcher import free_port
+    from services.transport.tensor_channel import TensorSendTimeoutError
+
+    silent = zmq.Context.instance().socket(zmq.PULL)  # connected, never reads: its queue fills
+    silent.setsockopt(zmq.RCVHWM, 1)
+    silent.setsockopt(zmq.LINGER, 0)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    silent.bind(address)
+    sender = TensorSender(send_timeout_s=0.3, high_water_mark=1)
+    try:
+        with pytest.raises(TensorSendTimeoutError, match="did not take"):
+            for i in range(1000):  # bounded: the queues hold a few messages at most
+                sender.send(address, f"k{i}", {"x": torch.zeros(1 << 16)})
+    finally:
+        sender.close()
+        silent.close()
