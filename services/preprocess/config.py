@@ -27,6 +27,9 @@ class PreprocessConfig:
     allow_remote_images: bool = False
     allowed_image_domains: tuple[str, ...] = ()
     remote_fetch_timeout_s: float = 10.0
+    # Allow-listed hosts must still resolve to public addresses unless this is on (a private
+    # image server inside the cluster, or tests on loopback).
+    allow_private_image_addresses: bool = False
     # Local file paths are accepted only under this directory.
     local_media_dir: Path | None = None
     # Byte budget of the processor cache (pixel tensors); 0 disables it.

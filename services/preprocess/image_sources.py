@@ -3,7 +3,8 @@
 Accepted references:
   data:image/...;base64,...       always (png, jpeg, webp, gif)
   bare base64 string               always (the ``{"type": "image", "image": ...}`` form)
-  http(s)://host/...               only with allow_remote_images and host on the allow-list
+  http(s)://host/...               only with allow_remote_images, host on the allow-list and
+                                   resolving to public addresses (services/preprocess/remote_fetch.py)
   file:///abs/path or /abs/path    only under local_media_dir (after resolving symlinks)
 The encoded-size limit is enforced here, before any decoding.
 """
@@ -13,9 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 from services.preprocess.config import PreprocessConfig
@@ -25,6 +24,7 @@ from services.preprocess.errors import (
     ImageTooLargeError,
     InvalidImageDataError,
 )
+from services.preprocess.remote_fetch import FetchPolicy, fetch
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.I)
 _BASE64_CHARS = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
@@ -81,24 +81,16 @@ def _from_data_url(url: str, config: PreprocessConfig) -> bytes:
     return _from_base64(body, config, what="data URL payload")
 
 
-def _host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
-    host = host.lower().rstrip(".")
-    return any(host == d or host.endswith("." + d) for d in allowed)
-
-
 def _from_remote(url: str, config: PreprocessConfig) -> bytes:
     if not config.allow_remote_images:
         raise ImageSourceNotAllowedError("remote image URLs are disabled; send the image as a data URL or enable allow_remote_images")
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if not _host_allowed(host, config.allowed_image_domains):
-        raise ImageSourceNotAllowedError(f"image host {host!r} is not on the allowed domain list")
-    try:
-        with urllib.request.urlopen(url, timeout=config.remote_fetch_timeout_s) as response:
-            data = response.read(config.max_image_bytes + 1)
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        raise ImageFetchError(f"could not fetch image from {host!r}: {exc}") from None
-    _check_size(len(data), config)
-    return data
+    policy = FetchPolicy(
+        allowed_domains=config.allowed_image_domains,
+        allow_private_addresses=config.allow_private_image_addresses,
+        timeout_s=config.remote_fetch_timeout_s,
+        max_bytes=config.max_image_bytes,
+    )
+    return fetch(url, policy)
 
 
 def _from_local_path(reference: str, config: PreprocessConfig) -> bytes:

@@ -17,8 +17,11 @@ import threading
 from dataclasses import dataclass
 
 from services.preprocess.config import PreprocessConfig
+from services.preprocess.errors import PreprocessError
+from services.preprocess.image_sources import load_image_bytes
 from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor
 from services.preprocess.processor_cache import BoundedMemo
+from services.preprocess.request_parsing import parse_request
 from services.transport.tensor_channel import TensorSender
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError
@@ -60,8 +63,9 @@ class PreprocessNode:
     def preprocess(
         self, body: object, *, encoder_id: str, encoder_address: str, force_send: bool = False, skip_indexed: bool = False
     ) -> tuple[PreprocessedRequest, PixelTransfer]:
+        fetched = self._fetch_remote_images(body)  # before the lock: a slow image host delays this request only
         with self._working():
-            result = self.preprocessor.preprocess(body, indexed_grids=self.indexed_grids if skip_indexed else None)
+            result = self.preprocessor.preprocess(body, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched)
             self.num_images_skipped += sum(1 for item in result.mm_items if item.image.pixel_values is None)
             mirror = self._mirror(encoder_id)
             sent = skipped = 0
@@ -98,6 +102,17 @@ class PreprocessNode:
             self.num_pixel_bytes_sent += sent
             self.num_pixel_bytes_skipped += skipped
             return not_found, PixelTransfer(sent, skipped)
+
+    def _fetch_remote_images(self, body: object) -> dict[str, bytes]:
+        """Encoded bytes of the request's http(s) images, fetched on the caller's thread. A body
+        that does not parse fetches nothing: preprocessing reports the error."""
+        config = self.preprocessor.config
+        try:
+            parsed = parse_request(body, max_images=config.max_images_per_request)
+        except PreprocessError:
+            return {}
+        remote = {i.reference for i in parsed.images if i.reference[:8].lower().startswith(("http://", "https://"))}
+        return {reference: load_image_bytes(reference, config) for reference in remote}
 
     def counters(self) -> dict[str, float]:
         stats = self.preprocessor.processor_cache.stats

@@ -93,15 +93,20 @@ class Preprocessor:
         # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
         self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)
 
-    def preprocess(self, body: object, *, indexed_grids: IndexedGrids | None = None) -> PreprocessedRequest:
+    def preprocess(
+        self, body: object, *, indexed_grids: IndexedGrids | None = None, fetched: Mapping[str, bytes] | None = None
+    ) -> PreprocessedRequest:
+        """``fetched``: encoded bytes of remote images already fetched (by reference), so the
+        caller can fetch them outside any lock this call runs under."""
+        fetched = fetched or {}
         parsed = parse_request(body, max_images=self.config.max_images_per_request)
         token_ids = self._tokenize(parsed)
-        identified = [self._identify(image) for image in parsed.images]
+        identified = [self._identify(image, fetched) for image in parsed.images]
         cached = [self.processor_cache.get(mm_hash) for mm_hash, _ in identified]
         misses = [mm_hash for (mm_hash, _), hit in zip(identified, cached) if hit is None]
         grids = indexed_grids(misses) if indexed_grids is not None and misses else {}
         hashed = [
-            self._materialize(image, mm_hash, pil, hit, grids.get(mm_hash))
+            self._materialize(image, mm_hash, pil, hit, grids.get(mm_hash), fetched)
             for image, (mm_hash, pil), hit in zip(parsed.images, identified, cached)
         ]
         expanded, ranges = expand_placeholders(token_ids, self.image_token_id, [h[1].num_tokens for h in hashed])
@@ -128,7 +133,11 @@ class Preprocessor:
         text = parsed.prompt_text if parsed.prompt_text is not None else self.render_prompt(parsed.template_messages or [])
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def _identify(self, image_input: ImageInput) -> tuple[MmHash, Image.Image | None]:
+    def _image_bytes(self, reference: str, fetched: Mapping[str, bytes]) -> bytes:
+        data = fetched.get(reference)
+        return data if data is not None else load_image_bytes(reference, self.config)
+
+    def _identify(self, image_input: ImageInput, fetched: Mapping[str, bytes]) -> tuple[MmHash, Image.Image | None]:
         """(mm_hash, the decoded image if decoding was needed to hash it).
 
         Lookup order: client stable id, else the encoded-bytes memo (a repeat of the exact same
@@ -139,7 +148,7 @@ class Preprocessor:
             return mm_hash_of_stable_id(
                 model_id=self.model.model_id, modality="image", stable_id=image_input.uuid, processor_kwargs=self._hash_kwargs
             ), None
-        data = load_image_bytes(image_input.reference, self.config)
+        data = self._image_bytes(image_input.reference, fetched)
         file_key = blake3.blake3(data).digest()
         memo_hash = self._file_to_mm_hash.get(file_key)
         if memo_hash is not None:
@@ -156,6 +165,7 @@ class Preprocessor:
         pil: Image.Image | None,
         cached: ProcessedImage | None,
         indexed_grid: tuple[int, int, int] | None,
+        fetched: Mapping[str, bytes],
     ) -> tuple[MmHash, ProcessedImage, bool]:
         """(mm_hash, processed image, processor-cache hit): the cached entry, a pixel-less record
         from the index's grid, or a fresh run of the image processor."""
@@ -167,7 +177,7 @@ class Preprocessor:
             t, h, w = indexed_grid
             return mm_hash, ProcessedImage(None, (t, h, w), t * h * w // self.image_processor.merge_size**2), False
         if pil is None:
-            pil = decode_image(load_image_bytes(image_input.reference, self.config), self.config)
+            pil = decode_image(self._image_bytes(image_input.reference, fetched), self.config)
         processed = self.image_processor.process(pil)
         self.processor_cache.put(mm_hash, processed)
         return mm_hash, processed, False
