@@ -46,7 +46,9 @@ def create_index(url: str, *, namespace: str) -> CacheIndex:
 
         return InProcessIndex(namespace=namespace)
     if url.startswith(("redis://", "rediss://", "unix://")):
+        from shared.index.circuit_breaker import BreakerIndex
         from shared.index.redis_backend import RedisIndex
 
-        return RedisIndex(url, namespace=namespace)
+        # A networked index gets a circuit breaker: once it is failing, calls fail at once.
+        return BreakerIndex(RedisIndex(url, namespace=namespace))
     raise ValueError(f"unsupported index URL {url!r}: use memory:// or redis://host:port/db")

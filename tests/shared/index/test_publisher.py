@@ -7,7 +7,7 @@ import time
 
 from shared.index.backend import create_index
 from shared.index.publisher import IndexPublisher
-from shared.index.types import IndexEvents, MmEntry, NodeInfo
+from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
 from shared.types import BlockHash, MmHash
 from tests.redis_servers import running_server, valkey_binary
 
@@ -17,8 +17,11 @@ ENTRY = MmEntry(16, (1, 8, 8), 4096)
 def _wait_for(predicate, timeout_s=10.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if predicate():
-            return True
+        try:
+            if predicate():
+                return True
+        except IndexUnavailableError:  # still recovering (a circuit breaker may hold calls back)
+            pass
         time.sleep(0.05)
     return False
 
