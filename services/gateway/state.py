@@ -30,9 +30,14 @@ class GatewayState:
     def cluster_counters(self) -> RoleCounters:
         """Every live node's counters (one Stats call each, so: blocking), and the gateway's own."""
         counters = {f"{role}@{address}": dict(s.counters) for role, address, s in self.pipeline.stats()}
+        router = self.pipeline.router
+        breaker = getattr(router.index or self.pipeline.membership.index, "breaker", None)
         counters["gateway@self"] = {
             "gateway_node_failures_total": float(self.pipeline.num_retries),
             "gateway_migrations_total": float(self.pipeline.num_migrations),
+            "gateway_index_errors_total": float(router.num_index_failures),
+            # 1 while the index's circuit breaker holds calls back (routing without cache lookups).
+            "gateway_index_breaker_open": float(breaker is not None and breaker.state != "closed"),
         }
         return counters
 

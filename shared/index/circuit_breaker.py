@@ -102,5 +102,8 @@ class BreakerIndex:
         except IndexUnavailableError:
             self.breaker.record_failure()
             raise
+        except BaseException:
+            self.breaker.record_success()  # the index answered (with an error about the call): it is reachable
+            raise
         self.breaker.record_success()
         return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import jsonschema
 import openai
@@ -23,6 +24,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 @dataclass
 class FakeMembership:
     roles: tuple[str, ...] = ("preprocess", "encoder", "prefill", "decode")
+    index: None = None
 
     def nodes(self, role, exclude=frozenset()):
         return [object()] if role in self.roles else []
@@ -39,6 +41,7 @@ class FakePipeline:
     error: GatewayError | None = None
     fail_after: int = 0
     membership: FakeMembership = field(default_factory=FakeMembership)
+    router: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(index=None, num_index_failures=0))
     calls: list = field(default_factory=list)
     num_retries: int = 0
     num_migrations: int = 0

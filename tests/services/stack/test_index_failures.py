@@ -126,8 +126,10 @@ def _restart_the_index_and_catch_up(outage: Outage) -> subprocess.Popen:
     caught_up = wait_until(lambda: served_holders(index, everything) == {h: {encoder_id} for h in everything}, 15, 0.2)
     assert caught_up, f"index did not catch up: {served_holders(index, everything)}"
     assert wait_until(lambda: index.lookup([], outage.blocks_a).node_to_num_prefix_blocks == outage.full_prefix(), 10)
-    # Membership recovers too: every node, preprocess included, is registered again.
-    assert {s.info.role for s in index.lookup([], []).nodes.values()} == {"preprocess", "encoder", "prefill", "decode"}
+    # Membership recovers too: every node, preprocess included, registers again (each on its
+    # own retry cadence, behind its own circuit breaker's cooldown).
+    roles = {"preprocess", "encoder", "prefill", "decode"}
+    assert wait_until(lambda: {s.info.role for s in index.lookup([], []).nodes.values()} == roles, 15, 0.2)
     print(f"index caught up {time.monotonic() - started:.1f}s after it came back")
     return valkey
 
@@ -136,6 +138,8 @@ def _route_from_the_index_again(outage: Outage, oracle, new_image: bytes) -> Non
     """The gateway knows the encoder holds A and asks preprocess to push nothing; A's prefix is
     cached. Publishing goes on: a new image is served and published under the new epoch."""
     stack = outage.stack
+    # The gateway's circuit breaker closes at its first successful call after the cooldown.
+    assert wait_until(lambda: stack.metrics()["tessera_gateway_index_breaker_open"] == 0, 15, 0.2)
     before = stack.metrics()
     text, cached = ask(stack, outage.cases[0])
     after = stack.metrics()
@@ -225,7 +229,7 @@ def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encode
     assert wait_until(restarted, 60, 0.5), "the launcher did not restart the killed encoder"
     assert wait_until(lambda: holder in index.lookup([], []).nodes, 10)
     assert index.lookup([], []).nodes[holder].epoch > old_epoch
-    assert raw.hget(f"{index.prefix}mm:{mm_hash}", holder).startswith(f"{old_epoch}|")  # stale, not deleted
+    assert raw.hget(f"{index.inner.prefix}mm:{mm_hash}", holder).startswith(f"{old_epoch}|")  # stale, not deleted
     assert holder not in served_holders(index, [mm_hash])[mm_hash]
 
     # Another image evicts the first one from the prefill node's one-image embedding cache; the
