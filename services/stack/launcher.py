@@ -42,6 +42,7 @@ def _detach_but_die_with_parent() -> None:
 # (32768-60999 by default): a port from bind(0) lies inside it, and between our check and the
 # server's bind any outgoing connection (gRPC, Redis, HTTP) may take it as its local port.
 _PORT_RANGE = (20000, 32000)
+INTERNAL_HOST = "127.0.0.1"  # where the local stack's internal ports listen
 _RANDOM = random.SystemRandom()  # independent of any seeding by the host program
 
 
@@ -140,23 +141,8 @@ class Stack:
         else:
             self._start_valkey()
         host, model = self.config.host, self.config.model
-        counts = {
-            "preprocess": self.config.num_preprocess,
-            "encoder": self.config.num_encoders,
-            "decode": self.config.num_decode,
-            "prefill": self.config.num_prefill,
-        }
-        if min(counts.values()) < 1:
-            raise ValueError("every role needs at least one node")
         base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--index-url", self.valkey_url]
-        for role, count in counts.items():
-            for i in range(count):
-                grpc_address = f"{host}:{free_port()}"
-                extra = ["--grpc-address", grpc_address]
-                if role != "preprocess":
-                    extra += ["--data-address", f"tcp://{host}:{free_port()}"]
-                name = role if i == 0 else f"{role}-{i}"
-                self.roles.append(RoleProcess(name, [*base, "--role", role, *extra, *self.config.passthrough], grpc_address))
+        self.roles.extend(self.node_processes(base))
         for role in self.roles:  # independent roles load their models in parallel
             self._spawn(role)
         for role in self.roles:
@@ -185,6 +171,29 @@ class Stack:
         self._wait_started(gateway)
         self._write_state()
         print(f"tessera is serving {model} at http://{host}:{self.config.http_port}/v1 (gRPC Generate on {generate_address})", flush=True)
+
+    def node_processes(self, base: list[str]) -> list[RoleProcess]:
+        """The preprocess, encoder, prefill and decode processes to start. Their gRPC and data
+        ports bind loopback whatever ``--host`` says: the stack is one machine, and only the
+        gateway's public APIs are meant to be reached from outside it."""
+        counts = {
+            "preprocess": self.config.num_preprocess,
+            "encoder": self.config.num_encoders,
+            "decode": self.config.num_decode,
+            "prefill": self.config.num_prefill,
+        }
+        if min(counts.values()) < 1:
+            raise ValueError("every role needs at least one node")
+        processes = []
+        for role, count in counts.items():
+            for i in range(count):
+                grpc_address = f"{INTERNAL_HOST}:{free_port()}"
+                extra = ["--grpc-address", grpc_address]
+                if role != "preprocess":
+                    extra += ["--data-address", f"tcp://{INTERNAL_HOST}:{free_port()}"]
+                name = role if i == 0 else f"{role}-{i}"
+                processes.append(RoleProcess(name, [*base, "--role", role, *extra, *self.config.passthrough], grpc_address))
+        return processes
 
     def _wait_started(self, role: RoleProcess, max_attempts: int = 3) -> None:
         """Wait for ``role`` to serve; a process that dies while starting (a port taken in the
