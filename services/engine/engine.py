@@ -17,7 +17,7 @@ from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.model_runner import ModelRunner
 from services.engine.output_processor import OutputProcessor, RequestOutput
 from services.engine.request import MmFeature, Request, RequestStatus
-from services.engine.sampling import Sampler, SamplingParams, TokenLogprobs
+from services.engine.sampling import Sampler, SamplingError, SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
 from services.preprocess import PreprocessedRequest
 from shared.models.registry import ModelRef
@@ -41,6 +41,7 @@ class Engine:
             tokenizer = AutoTokenizer.from_pretrained(str(model.path))
         self.outputs = OutputProcessor(tokenizer, self.runner.checkpoint.eos_token_ids)
         self.requests: dict[str, Request] = {}
+        self._failures: list[tuple[str, Exception]] = []
         self.num_steps = 0
         # Called as fn(request, block_ids) when a request finishes, before its KV is released.
         self.finish_listeners: list[Callable[[Request, list[int]], None]] = []
@@ -79,50 +80,56 @@ class Engine:
 
     # -- the loop -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """schedule -> run the model -> sample -> advance each scheduled request."""
         plan = self.scheduler.schedule()
         if not plan.scheduled:
             return []
         self.num_steps += 1
         result = self.runner.execute(plan, self.kv)
-        sampled = (
-            self.sampler.sample(result.logits, [r.request_id for r in result.requests], [r.sampling for r in result.requests])
-            if result.requests
-            else []
-        )
-        token_for = dict(zip((r.request_id for r in result.requests), sampled))
-        logprobs_for = (
-            dict(
-                zip(
-                    (r.request_id for r in result.requests), Sampler.logprobs(result.logits, sampled, [r.sampling for r in result.requests])
-                )
-            )
-            if result.requests
-            else {}
-        )
+        token_for, logprobs_for = self._sample(result)
         outputs = []
         for item in plan.scheduled:
             request = item.request
             request.num_computed_tokens += item.num_new_tokens
             self.kv.cache_computed_blocks(request)
             self.scheduler.release_finished_encoder_inputs(request)
-            new_tokens: list[int] = []
-            new_logprobs: list[TokenLogprobs] = []
-            if request.request_id in token_for:
-                token = token_for[request.request_id]
-                new_tokens.append(token)
-                if (logprobs := logprobs_for.get(request.request_id)) is not None:
-                    new_logprobs.append(logprobs)
-                status = self.outputs.append_token(request, token)
-                if status is not None:
-                    for listener in self.finish_listeners:
-                        listener(request, self.kv.block_table(request))
-                    self.scheduler.finish(request, status)
-                    self.requests.pop(request.request_id, None)
-                    self.sampler.forget(request.request_id)
-            if new_tokens:
-                outputs.append(self.outputs.snapshot(request, new_tokens, new_logprobs))
+            token = token_for.get(request.request_id)
+            if isinstance(token, SamplingError):
+                self._fail(request, token)
+            elif token is not None:
+                outputs.append(self._append(request, token, logprobs_for.get(request.request_id)))
         self.sync_encoder_outputs()
         return outputs
+
+    def _sample(self, result) -> tuple[dict[str, int | SamplingError], dict[str, TokenLogprobs | None]]:
+        if not result.requests:
+            return {}, {}
+        ids, params = [r.request_id for r in result.requests], [r.sampling for r in result.requests]
+        sampled = self.sampler.sample(result.logits, ids, params)
+        token_ids = [t if isinstance(t, int) else 0 for t in sampled]  # a failed row's logprobs are never read
+        return dict(zip(ids, sampled)), dict(zip(ids, Sampler.logprobs(result.logits, token_ids, params)))
+
+    def _append(self, request: Request, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
+        status = self.outputs.append_token(request, token)
+        if status is not None:
+            for listener in self.finish_listeners:
+                listener(request, self.kv.block_table(request))
+            self.scheduler.finish(request, status)
+            self.requests.pop(request.request_id, None)
+            self.sampler.forget(request.request_id)
+        return self.outputs.snapshot(request, [token], [logprobs] if logprobs is not None else [])
+
+    def _fail(self, request: Request, error: Exception) -> None:
+        self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
+        self.requests.pop(request.request_id, None)
+        self.sampler.forget(request.request_id)
+        self._failures.append((request.request_id, error))
+
+    def take_failures(self) -> list[tuple[str, Exception]]:
+        """Requests that failed on their own in the last steps (request id, why), once each.
+        They are already finished and freed; the caller tells their clients."""
+        failures, self._failures = self._failures, []
+        return failures
 
     def run_to_completion(self) -> Iterator[RequestOutput]:
         while self.has_unfinished():

@@ -103,6 +103,8 @@ class EngineLoop:
             return
         for output in outputs:
             self._deliver(output.request_id, output)
+        for request_id, error in self.engine.take_failures():  # one request's own failure: only it hears
+            self._deliver(request_id, error)
         if self._after_step is not None:
             try:
                 self._after_step(self.engine)

@@ -60,6 +60,8 @@ class LLM:
         for output in self.engine.run_to_completion():
             if output.finished:
                 finals[output.request_id] = output
+        for _, error in self.engine.take_failures():
+            raise error  # the others ran to completion; this call reports the failure
         return [
             GenerationResult(
                 request_id=rid,

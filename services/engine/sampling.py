@@ -58,19 +58,28 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+class SamplingError(Exception):
+    """One request's sampling failed; the request fails, the batch goes on."""
+
+
 @dataclass(slots=True)
 class Sampler:
     _generators: dict[str, torch.Generator] = field(default_factory=dict)
 
-    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int]:
-        """logits: [num_reqs, vocab] float32 -> one token per request."""
+    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int | SamplingError]:
+        """logits: [num_reqs, vocab] float32 -> one token per request, or the SamplingError that
+        request's own sampling raised (its logits, its parameters): one request's failure is
+        its own, never the batch's."""
         greedy = logits.argmax(dim=-1).tolist()
-        out = []
+        out: list[int | SamplingError] = []
         for row, request_id, p in zip(range(logits.shape[0]), request_ids, params):
             if p.is_greedy:
                 out.append(greedy[row])
-            else:
+                continue
+            try:
                 out.append(self._sample_one(logits[row], self._generator(request_id, p), p))
+            except (RuntimeError, ValueError) as exc:  # e.g. torch.multinomial on NaN or inf probabilities
+                out.append(SamplingError(f"sampling failed for this request: {exc}"))
         return out
 
     @staticmethod
