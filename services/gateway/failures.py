@@ -1,5 +1,5 @@
 """What counts as a node's failure (retried on another node) and what is the request's own error
-(returned to the client), and one request's failure budget."""
+(returned to the client), and one request's budgets: node failures, and time."""
 
 from __future__ import annotations
 
@@ -61,3 +61,11 @@ def trailing_value(exc: grpc.RpcError, key: str) -> str | None:
         if k == key:
             return v
     return None
+
+
+def remaining_s(deadline: float, now: float) -> float:
+    """A call's gRPC timeout: what is left of the request's deadline; 504 once nothing is."""
+    left = deadline - now
+    if left <= 0:
+        raise GatewayError(504, "the request ran out of time before its next step", code="deadline_exceeded")
+    return left

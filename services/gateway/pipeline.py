@@ -13,7 +13,9 @@ preprocess node. A decode node lost mid-stream is a *migration*: the next attemp
 prompt plus the tokens already streamed (their prompt blocks are prefix-cache hits) and the new
 decode node continues after them, so the client sees one stream with no repeated token.
 A request gives up with a 503 when a role has no live node left, or after ``max_failures`` node
-failures. Errors about the request itself (4xx) are never retried.
+failures. Errors about the request itself (4xx) are never retried. A request has one deadline
+(``timeout_s`` from its arrival, retries included): every call gets what is left of it as its
+gRPC deadline, which the called node sees too, and a request out of time ends with a 504.
 
 Missing pixels (the preprocess node's mirror said the encoder had an image it has since evicted)
 are resent once from the processor cache, or by re-running preprocessing with force_send_pixels.
@@ -23,8 +25,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
@@ -35,7 +38,7 @@ from services.engine.sampling import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
-from services.gateway.failures import Attempts, NodeFailure, classify_rpc_error, trailing_value
+from services.gateway.failures import Attempts, NodeFailure, classify_rpc_error, remaining_s, trailing_value
 from services.router.route_attributes import route_attributes
 from services.router.router import NoLiveNodeError, Route, Router
 from services.transport.grpc_server import CHANNEL_OPTIONS, MISSING_PIXELS_KEY
@@ -64,8 +67,17 @@ class TokenEvent:
 
 
 class Pipeline:
-    def __init__(self, router: Router, *, timeout_s: float = 300.0, connect_timeout_s: float = 5.0, max_failures: int = 4) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 5.0,
+        max_failures: int = 4,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.router = router
+        self.clock = clock
         self.membership = router.membership
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -117,6 +129,7 @@ class Pipeline:
 
     def _run(self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool) -> Iterator[TokenEvent]:
         attempts = Attempts(self.max_failures)
+        deadline = self.clock() + self.timeout_s  # one budget for the whole request, every retry included
         preprocess_address: str | None = None
         prep: pb.PreprocessResponse | None = None
         emitted: list[int] = []  # answer tokens already yielded: a migration continues after them
@@ -126,12 +139,14 @@ class Pipeline:
                 if preprocess_address is None:
                     preprocess_address = self._pick_preprocess(attempts.excluded)
                 if prep is None:
-                    prep = self._preprocess(preprocess_address, body, cache_salt=cache_salt)
+                    prep = self._preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
                 route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
                 if lacking:
-                    self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False)
+                    self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False, deadline=deadline)
                 with self.membership.in_flight(route.encoder, route.prefill, route.decode):
-                    prefill = self._prefill(f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted)
+                    prefill = self._prefill(
+                        f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted, deadline=deadline
+                    )
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
                 trace.get_current_span().set_attributes(
                     {
@@ -143,7 +158,16 @@ class Pipeline:
                 )
                 with self.membership.in_flight(route.decode):
                     for event in self._decode(
-                        f"{request_id}-{attempt}", prep, sampling, cache_salt, route, prefill, emitted, stream, cached_tokens
+                        f"{request_id}-{attempt}",
+                        prep,
+                        sampling,
+                        cache_salt,
+                        route,
+                        prefill,
+                        emitted,
+                        stream,
+                        cached_tokens,
+                        deadline=deadline,
                     ):
                         emitted.extend(event.token_ids)
                         yield event
@@ -151,6 +175,10 @@ class Pipeline:
                             return
                 raise NodeFailure("decode", route.decode, "the stream ended early")
             except NodeFailure as failure:
+                if self.clock() >= deadline:  # out of time: not the node's fault, and no retry can help
+                    raise GatewayError(
+                        504, f"the request did not finish within its {self.timeout_s:g}s deadline", code="deadline_exceeded"
+                    ) from None
                 trace.get_current_span().add_event(
                     "node_failure", {"tessera.role": failure.role, "tessera.node": failure.address, "tessera.migrated": bool(emitted)}
                 )
@@ -183,7 +211,9 @@ class Pipeline:
             )
         return route, [h for h, _ in images if h not in route.images_on_encoder]
 
-    def _preprocess(self, address: str, body: dict, *, skip_indexed: bool = True, cache_salt: str | None = None) -> pb.PreprocessResponse:
+    def _preprocess(
+        self, address: str, body: dict, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
+    ) -> pb.PreprocessResponse:
         with_index = self.router.index is not None
         request = pb.PreprocessRequest(
             request_json=json.dumps(body),
@@ -191,28 +221,32 @@ class Pipeline:
             block_size=self.router.block_size if with_index else 0,
             cache_salt=cache_salt or "",
         )
-        return self._call("preprocess", address, self.stub("preprocess", address).Preprocess, request, self.timeout_s)
+        return self._call("preprocess", address, self.stub("preprocess", address).Preprocess, request, self._remaining_s(deadline))
 
-    def _ensure_pixels(self, preprocess_address: str, body: dict, mm_hashes: list[MmHash], encoder: str, *, force: bool) -> None:
+    def _ensure_pixels(
+        self, preprocess_address: str, body: dict, mm_hashes: list[MmHash], encoder: str, *, force: bool, deadline: float
+    ) -> None:
         """Push these images' pixels to ``encoder``. Pixels preprocess does not hold (it skipped
         them because the index said an encoder had them, or evicted them, or another preprocess
         node made them) are made by running preprocessing again without skipping, then pushed."""
-        not_found = [MmHash(h) for h in self._push_pixels(preprocess_address, mm_hashes, encoder, force=force).not_found]
+        not_found = [MmHash(h) for h in self._push_pixels(preprocess_address, mm_hashes, encoder, force=force, deadline=deadline).not_found]
         if not_found:
-            self._preprocess(preprocess_address, body, skip_indexed=False)
-            if self._push_pixels(preprocess_address, not_found, encoder, force=force).not_found:
+            self._preprocess(preprocess_address, body, skip_indexed=False, deadline=deadline)
+            if self._push_pixels(preprocess_address, not_found, encoder, force=force, deadline=deadline).not_found:
                 raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
 
-    def _push_pixels(self, preprocess_address: str, mm_hashes: list[MmHash], encoder: str, *, force: bool) -> pb.ResendPixelsResponse:
+    def _push_pixels(
+        self, preprocess_address: str, mm_hashes: list[MmHash], encoder: str, *, force: bool, deadline: float
+    ) -> pb.ResendPixelsResponse:
         request = pb.ResendPixelsRequest(
             mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force
         )
         return self._call(
-            "preprocess", preprocess_address, self.stub("preprocess", preprocess_address).ResendPixels, request, self.timeout_s
+            "preprocess", preprocess_address, self.stub("preprocess", preprocess_address).ResendPixels, request, self._remaining_s(deadline)
         )
 
     def _prefill(
-        self, request_id, preprocess_address, body, prep, sampling, cache_salt, route: Route, emitted: list[int]
+        self, request_id, preprocess_address, body, prep, sampling, cache_salt, route: Route, emitted: list[int], *, deadline: float
     ) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             request_id=request_id,
@@ -228,7 +262,7 @@ class Pipeline:
         stub = self.stub("prefill", route.prefill)
         for attempt in range(2):
             try:
-                call = stub.Prefill.future(request, timeout=self.timeout_s, metadata=outgoing_metadata())
+                call = stub.Prefill.future(request, timeout=self._remaining_s(deadline), metadata=outgoing_metadata())
                 with self.watchdog.watching(call, route.prefill):
                     return call.result()
             except grpc.RpcError as exc:
@@ -236,11 +270,23 @@ class Pipeline:
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
                     raise classify_rpc_error("prefill", route.prefill, exc) from None
                 # The encoder lost images our mirror thought it had: push them again.
-                self._ensure_pixels(preprocess_address, body, [MmHash(h) for h in missing.split(",")], route.encoder, force=True)
+                missing_hashes = [MmHash(h) for h in missing.split(",")]
+                self._ensure_pixels(preprocess_address, body, missing_hashes, route.encoder, force=True, deadline=deadline)
         raise AssertionError("unreachable")
 
     def _decode(
-        self, request_id, prep, sampling, cache_salt, route: Route, prefill, emitted: list[int], stream: bool, cached_tokens: int
+        self,
+        request_id,
+        prep,
+        sampling,
+        cache_salt,
+        route: Route,
+        prefill,
+        emitted: list[int],
+        stream: bool,
+        cached_tokens: int,
+        *,
+        deadline: float,
     ) -> Iterator[TokenEvent]:
         decode_request = pb.DecodeRequest(
             request_id=request_id,
@@ -256,7 +302,7 @@ class Pipeline:
         )
         if prefill.HasField("first_token_logprob"):
             decode_request.first_token_logprob.CopyFrom(prefill.first_token_logprob)
-        chunks = self._call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, self.timeout_s)
+        chunks = self._call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, self._remaining_s(deadline))
         prompt_tokens = len(prep.prompt_token_ids)
         try:
             with self.watchdog.watching(chunks, route.decode):
@@ -277,6 +323,9 @@ class Pipeline:
             raise classify_rpc_error("decode", route.decode, exc) from None
         finally:
             chunks.cancel()  # no-op when complete; frees the decode node's KV when abandoned
+
+    def _remaining_s(self, deadline: float) -> float:
+        return remaining_s(deadline, self.clock())
 
     def _call(self, role: str, address: str, method, request, timeout: float):
         try:

@@ -209,3 +209,41 @@ def test_the_watchdog_cancels_calls_to_nodes_that_left_the_cluster():
         membership.refresh()
         watchdog.check()
         assert hung.cancelled and not alive.cancelled
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_every_call_gets_what_is_left_of_one_request_deadline():
+    clock, timeouts = Clock(), []
+
+    class Timed(FakePipeline):
+        def _call(self, role, address, method, request, timeout):
+            if not isinstance(request, pb.StatsRequest):
+                timeouts.append(timeout)
+                clock.now += 4.0  # each stage takes 4 s
+            return super()._call(role, address, method, request, timeout)
+
+    Timed(timeout_s=30.0, clock=clock).generate()
+    assert timeouts == [30.0, 26.0]  # preprocess, then decode: one budget, not 30 s per stage
+
+
+def test_a_request_out_of_time_gets_a_504_and_is_not_retried():
+    clock = Clock()
+    pipeline = FakePipeline(timeout_s=30.0, clock=clock)
+    prefill = pipeline.nodes["p:1"]
+
+    def expire(method, request):
+        clock.now += 31.0  # the call ran past the request's deadline
+        raise FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+
+    prefill._record = expire
+    with pytest.raises(GatewayError) as caught:
+        pipeline.generate()
+    assert caught.value.status == 504 and caught.value.code == "deadline_exceeded"
+    assert pipeline.num_retries == 0 and pipeline.called("Prefill") == []
