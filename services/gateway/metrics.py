@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+ROUTE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 # "role@address" -> {counter name: value}, one entry per node that answered Stats.
 RoleCounters = dict[str, dict[str, float]]
@@ -29,6 +30,12 @@ class GatewayMetrics:
             "tessera_inter_token_latency_seconds", "Time between streamed tokens", buckets=ITL_BUCKETS_S, registry=self.registry
         )
         self.e2e = Histogram("tessera_e2e_latency_seconds", "Request arrival to last token", buckets=E2E_BUCKETS_S, registry=self.registry)
+        self.route = Histogram(
+            "tessera_route_decision_seconds",
+            "Routing decision, including its one index lookup",
+            buckets=ROUTE_BUCKETS_S,
+            registry=self.registry,
+        )
         in_flight = Gauge("tessera_requests_in_flight", "Requests whose pipeline is running", registry=self.registry)
         in_flight.set_function(num_in_flight)
         self.registry.register(_ClusterCollector(role_counters))
@@ -46,6 +53,9 @@ class GatewayMetrics:
 
     def record_e2e(self, seconds: float) -> None:
         self.e2e.observe(seconds)
+
+    def record_route(self, seconds: float) -> None:
+        self.route.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

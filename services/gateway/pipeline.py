@@ -88,6 +88,7 @@ class Pipeline:
         self.watchdog = CallWatchdog(self.membership)
         self.num_retries = 0
         self.num_migrations = 0
+        self.route_observers: list[Callable[[Route], None]] = []  # e.g. the routing-latency histogram
 
     def stub(self, role: str, address: str):
         key = (role, address)
@@ -209,6 +210,8 @@ class Pipeline:
             span.set_attributes(
                 route_attributes(route, policy=self.router.policy, num_images=len(images), num_prompt_tokens=len(prep.prompt_token_ids))
             )
+        for observe in self.route_observers:
+            observe(route)
         return route, [h for h, _ in images if h not in route.images_on_encoder]
 
     def _preprocess(

@@ -26,6 +26,7 @@ class GatewayState:
 
     def __post_init__(self) -> None:
         self.metrics = GatewayMetrics(self.cluster_counters, lambda: float(self.num_in_flight))
+        self.pipeline.route_observers.append(lambda route: self.metrics.record_route(route.decision_s))
 
     def cluster_counters(self) -> RoleCounters:
         """Every live node's counters (one Stats call each, so: blocking), and the gateway's own."""

@@ -43,6 +43,7 @@ class FakePipeline:
     membership: FakeMembership = field(default_factory=FakeMembership)
     router: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(index=None, num_index_failures=0))
     calls: list = field(default_factory=list)
+    route_observers: list = field(default_factory=list)
     num_retries: int = 0
     num_migrations: int = 0
 

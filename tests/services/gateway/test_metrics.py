@@ -27,6 +27,7 @@ def test_requests_latencies_and_role_counters_parse_as_prometheus_text():
     metrics.record_ttft(3.0)
     metrics.record_tokens(0.03, 3)  # three tokens in one event: three 10 ms gaps
     metrics.record_e2e(1.5)
+    metrics.record_route(0.003)
     families = parse(metrics.render())
 
     assert {s.labels["status"]: s.value for s in families["tessera_requests"].samples if s.name.endswith("_total")} == {
@@ -38,6 +39,7 @@ def test_requests_latencies_and_role_counters_parse_as_prometheus_text():
     itl = {s.name: s.value for s in families["tessera_inter_token_latency_seconds"].samples}
     assert itl["tessera_inter_token_latency_seconds_count"] == 3.0
     assert families["tessera_e2e_latency_seconds"].type == "histogram"
+    assert {s.name: s.value for s in families["tessera_route_decision_seconds"].samples}["tessera_route_decision_seconds_count"] == 1.0
     assert families["tessera_requests_in_flight"].samples[0].value == 3.0
 
     summed = families["tessera_encoder_items_encoded"]

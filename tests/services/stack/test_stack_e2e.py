@@ -403,6 +403,7 @@ def test_metrics_parse_with_prometheus_client_and_the_histograms_move(stack):
     assert after["tessera_ttft_seconds_count"] == before["tessera_ttft_seconds_count"] + 1
     assert after["tessera_e2e_latency_seconds_count"] == before["tessera_e2e_latency_seconds_count"] + 1
     assert after["tessera_inter_token_latency_seconds_count"] - before["tessera_inter_token_latency_seconds_count"] == 11  # 12 tokens
+    assert after["tessera_route_decision_seconds_count"] == before["tessera_route_decision_seconds_count"] + 1
 
 
 def test_tessera_bench_runs_every_workload_against_the_stack(stack, tmp_path):
