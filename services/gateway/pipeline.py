@@ -149,14 +149,7 @@ class Pipeline:
                         f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted, deadline=deadline
                     )
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
-                trace.get_current_span().set_attributes(
-                    {
-                        "tessera.prefill.cached_tokens": prefill.num_cached_tokens,
-                        "tessera.prefill.pulled_tokens": prefill.num_pulled_tokens,
-                        "tessera.preprocess.pixel_bytes_sent": prep.pixel_bytes_sent,
-                        "tessera.preprocess.pixel_bytes_skipped": prep.pixel_bytes_skipped,
-                    }
-                )
+                _trace_prefill(prep, prefill)
                 with self.membership.in_flight(route.decode):
                     for event in self._decode(
                         f"{request_id}-{attempt}",
@@ -176,23 +169,26 @@ class Pipeline:
                             return
                 raise NodeFailure("decode", route.decode, "the stream ended early")
             except NodeFailure as failure:
-                if self.clock() >= deadline:  # out of time: not the node's fault, and no retry can help
-                    raise GatewayError(
-                        504, f"the request did not finish within its {self.timeout_s:g}s deadline", code="deadline_exceeded"
-                    ) from None
-                trace.get_current_span().add_event(
-                    "node_failure", {"tessera.role": failure.role, "tessera.node": failure.address, "tessera.migrated": bool(emitted)}
-                )
-                attempts.record(failure)
-                self.membership.report_failure(failure.address)
-                self.num_retries += 1
-                if failure.role == "decode" and emitted:
-                    self.num_migrations += 1
+                self._record_failure(failure, attempts, deadline, migrating=bool(emitted))
                 if failure.role == "preprocess":
                     preprocess_address = None
             except NoLiveNodeError as exc:
                 raise GatewayError(503, f"{exc}: retry when nodes have joined") from None
         raise AssertionError("unreachable")
+
+    def _record_failure(self, failure: NodeFailure, attempts: Attempts, deadline: float, *, migrating: bool) -> None:
+        """Count a node failure against the request (raising once it is out of retries or of
+        time) and quarantine the node for everyone."""
+        if self.clock() >= deadline:  # out of time: not the node's fault, and no retry can help
+            raise GatewayError(504, f"the request did not finish within its {self.timeout_s:g}s deadline", code="deadline_exceeded")
+        trace.get_current_span().add_event(
+            "node_failure", {"tessera.role": failure.role, "tessera.node": failure.address, "tessera.migrated": migrating}
+        )
+        attempts.record(failure)
+        self.membership.report_failure(failure.address)
+        self.num_retries += 1
+        if failure.role == "decode" and migrating:
+            self.num_migrations += 1
 
     # -- stages -------------------------------------------------------------------------------
     def _pick_preprocess(self, excluded: set[str]) -> str:
@@ -335,6 +331,17 @@ class Pipeline:
             return method(request, timeout=timeout, metadata=outgoing_metadata())
         except grpc.RpcError as exc:
             raise classify_rpc_error(role, address, exc) from None
+
+
+def _trace_prefill(prep: pb.PreprocessResponse, prefill: pb.PrefillResponse) -> None:
+    trace.get_current_span().set_attributes(
+        {
+            "tessera.prefill.cached_tokens": prefill.num_cached_tokens,
+            "tessera.prefill.pulled_tokens": prefill.num_pulled_tokens,
+            "tessera.preprocess.pixel_bytes_sent": prep.pixel_bytes_sent,
+            "tessera.preprocess.pixel_bytes_skipped": prep.pixel_bytes_skipped,
+        }
+    )
 
 
 def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:

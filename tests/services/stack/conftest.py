@@ -119,9 +119,10 @@ def otlp_receiver():
     receiver.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stack(tmp_path_factory, tiny_model, repo_root, otlp_receiver):
-    """The default stack; its spans go to a JSON-lines directory and, over OTLP, to a receiver."""
+    """The default stack, shared by test_stack_e2e and test_stack_api; its spans go to a
+    JSON-lines directory and, over OTLP, to a receiver."""
     otlp = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
         "OTEL_EXPORTER_OTLP_INSECURE": "true",

@@ -128,7 +128,13 @@ def _num_live_nodes(stack: RunningStack) -> int:
 # Encoder and preprocess kills take the same failover path as prefill's (NodeFailure -> retry on
 # another node); they run with the slow tests to keep the default suite short.
 @pytest.mark.parametrize(
-    "role", ["decode", "prefill", pytest.param("encoder", marks=pytest.mark.slow), pytest.param("preprocess", marks=pytest.mark.slow)]
+    "role",
+    [
+        "decode",  # the migration path stays in the default suite; the other roles run with -m slow
+        pytest.param("prefill", marks=pytest.mark.slow),
+        pytest.param("encoder", marks=pytest.mark.slow),
+        pytest.param("preprocess", marks=pytest.mark.slow),
+    ],
 )
 def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle(cluster, oracle, role):
     """The stack runs with --no-restart, so the dead node stays dead: requests routed after the
@@ -153,6 +159,7 @@ def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle
         assert num_migrations > 0
 
 
+@pytest.mark.slow  # ~40 s; the scaling path is also covered by the compose scaling test (-m slow)
 def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_request(cluster, oracle, tmp_path):
     num_nodes = _num_live_nodes(cluster)
     _wait_for_all_nodes(cluster, num_nodes)
@@ -183,6 +190,7 @@ def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_requ
         log.close()
 
 
+@pytest.mark.slow  # ~35 s of waiting on keepalive
 def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(cluster, oracle, tmp_path):
     """SIGSTOP freezes every thread of a decode node, keepalive answers included (a hung host, or
     one whose network vanished): the gateway's keepalive pings go unanswered, the streams fail

@@ -193,6 +193,7 @@ def two_encoder_stack(tmp_path_factory, tiny_model, repo_root, preprocessor):
     stop_stack(running)
 
 
+@pytest.mark.slow  # shares a ~60 s two-encoder stack with the next test
 def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encoder_stack, tiny_model, oracle, preprocessor):
     stack = two_encoder_stack
     url = stack.state()["valkey"]["url"]
@@ -245,6 +246,7 @@ def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encode
     raw.close()
 
 
+@pytest.mark.slow  # shares a ~60 s two-encoder stack with the previous test
 def test_launcher_restarts_a_dead_index_server_and_the_index_catches_up(two_encoder_stack, tiny_model, oracle, preprocessor):
     stack = two_encoder_stack
     state = stack.state()

@@ -99,6 +99,7 @@ def _run(url: str, cases) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # ~80 s: boots a 2/2/2 stack; cross-node reuse stays in the default suite
 def test_cache_aware_encodes_each_shared_image_once_and_matches_the_oracle(repo_root, tiny_model, oracle):
     cases = _workload()
     process, url = _start(repo_root)
