@@ -174,11 +174,13 @@ def test_killed_role_fails_fast_with_503_and_restart_restores_service(stack):
     state = stack.state()["roles"]["decode"]
     os.kill(state["pid"], signal.SIGKILL)
     time.sleep(0.3)
-    started = time.monotonic()
+    # "Fast" is the client's own 10 s timeout: a gateway that waited on the dead node would raise
+    # APITimeoutError there instead of answering.
     with pytest.raises(APIStatusError) as info:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "anyone there?"}], max_tokens=4)
+        client.with_options(timeout=10).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "anyone there?"}], max_tokens=4
+        )
     assert info.value.status_code == 503 and "decode" in info.value.message
-    assert time.monotonic() - started < 10
     deadline = time.monotonic() + 180  # the launcher restarts the role on the same ports
     while time.monotonic() < deadline:
         roles = stack.state()["roles"]
