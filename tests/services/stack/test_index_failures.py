@@ -150,6 +150,7 @@ def _route_from_the_index_again(outage: Outage, oracle, new_image: bytes) -> Non
     assert stack.metrics()[ENCODED] - after[ENCODED] == 1
 
 
+@pytest.mark.slow  # ~100 s: its own stack, a Valkey kill and restart; the breaker and publisher outage tests stay in the default suite
 def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_catches_up(
     tmp_path, repo_root, tiny_model, oracle, preprocessor
 ):
