@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from openai import OpenAI
 
+from services.bench.report import percentile
+
 
 @dataclass
 class Sample:
@@ -57,13 +59,6 @@ def run_workload(
     executor.shutdown(wait=not not_done, cancel_futures=True)
     samples = [f.result() if f in done else Sample(error="run deadline passed") for f in futures]
     return samples, wall
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def ms(seconds: float | None) -> float | None:

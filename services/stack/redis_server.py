@@ -39,3 +39,14 @@ def start_redis_server(
             time.sleep(0.05)
         finally:
             client.close()
+
+
+def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether a Redis-protocol server at ``url`` answers PING now."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()

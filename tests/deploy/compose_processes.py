@@ -124,15 +124,9 @@ def is_healthy(service: Service, run: RunningReplica, cwd: Path, run_command: bo
     if not run.alive:
         return False
     if is_redis_image(service.image) and not service.build:
-        import redis
+        from services.stack.redis_server import redis_answers
 
-        client = redis.Redis(host=LOOPBACK, port=next(iter(run.plan.ports.values())), socket_timeout=2)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        return redis_answers(f"redis://{LOOPBACK}:{next(iter(run.plan.ports.values()))}/0", timeout_s=2)
     check = run.plan.healthcheck
     if check is None:
         return True

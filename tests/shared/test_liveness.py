@@ -5,14 +5,7 @@ from __future__ import annotations
 import threading
 
 from shared.liveness import Liveness
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fake_clock import FakeClock
 
 
 def test_a_work_item_running_past_the_stall_limit_makes_the_node_not_alive():

@@ -13,6 +13,7 @@ from services.gateway.pipeline import Pipeline
 from services.router.membership import Membership
 from services.router.router import Router
 from services.transport.grpc_server import FAILED_NODE_KEY, HTTP_STATUS_KEY
+from tests.fake_clock import FakeClock
 
 PROMPT = [11, 12, 13]
 NODES = {"preprocess": ("pre:1", "pre:2"), "encoder": ("e:1", "e:2"), "prefill": ("p:1", "p:2"), "decode": ("d:1", "d:2")}
@@ -211,16 +212,8 @@ def test_the_watchdog_cancels_calls_to_nodes_that_left_the_cluster():
         assert hung.cancelled and not alive.cancelled
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_every_call_gets_what_is_left_of_one_request_deadline():
-    clock, timeouts = Clock(), []
+    clock, timeouts = FakeClock(), []
 
     class Timed(FakePipeline):
         def _call(self, role, address, method, request, timeout):
@@ -234,7 +227,7 @@ def test_every_call_gets_what_is_left_of_one_request_deadline():
 
 
 def test_a_request_out_of_time_gets_a_504_and_is_not_retried():
-    clock = Clock()
+    clock = FakeClock()
     pipeline = FakePipeline(timeout_s=30.0, clock=clock)
     prefill = pipeline.nodes["p:1"]
 

@@ -5,14 +5,7 @@ from __future__ import annotations
 from services.router.membership import Membership
 from shared.index.memory_backend import InProcessIndex
 from shared.index.types import IndexUnavailableError, NodeInfo
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fake_clock import FakeClock
 
 
 def register(index: InProcessIndex, role: str, address: str, ttl_s: float = 60) -> int:
@@ -38,7 +31,7 @@ def test_nodes_come_from_the_index_and_the_last_known_set_survives_an_outage():
 
 
 def test_a_failed_node_is_quarantined_until_its_time_is_up_or_it_restarts():
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     index = InProcessIndex(clock=clock)
     register(index, "decode", "d:1")
     register(index, "decode", "d:2")
@@ -72,7 +65,7 @@ def test_static_lists_stand_in_without_an_index():
 
 def test_a_role_an_empty_index_no_longer_lists_is_kept_for_a_while():
     """A restarted, empty index lists nobody until the nodes register again: routing goes on."""
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     index = InProcessIndex(clock=clock)
     register(index, "encoder", "e:1")
     register(index, "decode", "d:1")

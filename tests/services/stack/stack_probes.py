@@ -9,11 +9,11 @@ import os
 import time
 
 import grpc
-import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from openai import OpenAI
 
 from services.preprocess import Preprocessor
+from services.stack.redis_server import redis_answers
 from tests.factories import encode_image, make_image
 from tests.services.stack.conftest import RunningStack
 
@@ -51,13 +51,7 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.1):
 
 
 def index_is_up(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+    return redis_answers(url)
 
 
 def mm_hash_of(preprocessor: Preprocessor, case) -> str:

@@ -8,14 +8,7 @@ import pytest
 from shared.index.circuit_breaker import BreakerIndex, CircuitBreaker
 from shared.index.memory_backend import InProcessIndex
 from shared.index.types import IndexUnavailableError
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fake_clock import FakeClock
 
 
 class FlakyIndex(InProcessIndex):
@@ -34,7 +27,7 @@ class FlakyIndex(InProcessIndex):
 
 
 def test_breaker_states():
-    clock = Clock()
+    clock = FakeClock()
     breaker = CircuitBreaker(failure_threshold=2, cooldown_s=5, clock=clock)
     assert breaker.state == "closed" and breaker.can_call()
     breaker.record_failure()
@@ -53,7 +46,7 @@ def test_breaker_states():
 
 
 def test_an_open_breaker_fails_calls_without_reaching_the_index_and_recovers():
-    clock, inner = Clock(), FlakyIndex()
+    clock, inner = FakeClock(), FlakyIndex()
     index = BreakerIndex(inner, CircuitBreaker(failure_threshold=3, cooldown_s=2, clock=clock))
     inner.down = True
     for _ in range(3):

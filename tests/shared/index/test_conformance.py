@@ -13,6 +13,7 @@ from shared.index.backend import create_index
 from shared.index.memory_backend import InProcessIndex
 from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
 from shared.types import BlockHash, MmHash
+from tests.fake_clock import FakeClock
 from tests.redis_servers import redis_server_binary, running_server, valkey_binary
 
 TTL = 0.5
@@ -28,14 +29,6 @@ def index_url(request):
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     with running_server(binary) as url:
         yield url
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture()
