@@ -30,8 +30,8 @@ import httpx
 import openai
 
 from benchmarks.bench_client import ms, percentile
-from benchmarks.peer_vllm import start_vllm, stop_vllm
 from benchmarks.serve_stack import start_stack, stop_stack
+from services.bench.peer_vllm import start_vllm, stop_vllm
 
 RESULTS = Path(__file__).resolve().parent / "results" / "concurrency.json"
 

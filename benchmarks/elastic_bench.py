@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import secrets
 import signal
 import statistics
 import subprocess
@@ -32,13 +33,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import grpc  # noqa: E402
 import httpx  # noqa: E402
 from openai import OpenAI  # noqa: E402
 
 from benchmarks.serve_stack import launch, stop_stack  # noqa: E402
 from protos.gen import pb, rpc  # noqa: E402
 from services.stack.launcher import free_port, start_node, wait_serving  # noqa: E402
+from services.transport.internal_auth import SECRET_ENV, InternalAuth  # noqa: E402
+from services.transport.internal_channel import internal_channel  # noqa: E402
 from tests.factories import chat_case, encode_image, make_image  # noqa: E402
 
 ROLES = ("decode", "prefill", "encoder", "preprocess")
@@ -164,7 +166,7 @@ def measure_join(stack: Stack, model: str, num_streams: int, max_tokens: int, wo
         stop = threading.Event()
 
         def watch() -> None:
-            with grpc.insecure_channel(grpc_address) as channel:
+            with internal_channel(grpc_address, InternalAuth(os.environ[SECRET_ENV].encode())) as channel:
                 stub = rpc.EncodeStub(channel)
                 while not stop.is_set():
                     if stub.Stats(pb.StatsRequest(), timeout=5).counters["encoder_items_encoded_total"] > 0:
@@ -200,6 +202,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "elastic.json")
     args = parser.parse_args()
+    # One secret for the stack and the node this script adds to it (the launcher keeps a configured one).
+    os.environ.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
     workdir = Path(os.environ.get("TMPDIR", "/tmp"))
     stack = Stack(args.model, workdir)
     try:

@@ -4,6 +4,7 @@ earlier runs side by side with ``--compare``.
 
     tessera bench --workload shared_images --requests 32 --concurrency 4
     tessera bench --workload cold_images --base-url http://127.0.0.1:8100/v1 --label vllm
+    tessera bench --workload shared_images --model small --peer vllm        # and vLLM-CPU, same run
     tessera bench --compare runs/tessera.json runs/vllm.json --out runs/compare
 """
 
@@ -15,7 +16,7 @@ import shlex
 import time
 from pathlib import Path
 
-from services.bench import cache_rates, plots, report
+from services.bench import cache_rates, plots, report, targets
 from services.bench.runner import Endpoint, RunSettings, run_workload, served_model
 from services.bench.workloads import WORKLOADS, WorkloadSpec, build_workload
 
@@ -36,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmd.add_argument("--label", default=None, help="this run's name in tables and figures (default: tessera or the URL)")
     cmd.add_argument("--out", type=Path, default=Path("benchmarks/results/bench"), help="directory for JSON and PNG files")
     cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cmd.add_argument("--peer", choices=["vllm"], default=None, help="then start vLLM-CPU on the same model and run the same workloads")
+    cmd.add_argument("--peer-servers", type=int, default=1, help="vLLM servers behind round-robin for --peer (same cores)")
+    cmd.add_argument("--warmup", type=int, default=4, help="requests (own images) sent to each target before measuring")
     cmd.add_argument("--compare", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"), help="compare two run JSON files instead of running")
     cmd.set_defaults(func=run)
 
@@ -46,36 +50,52 @@ def run(args: argparse.Namespace) -> int:
         print(report.table(runs))
         print(f"figure: {plots.plot(runs, args.out / 'compare.png')}")
         return 0
-    width, height = (int(v) for v in args.image_size.lower().split("x"))
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    settings = RunSettings(concurrency=args.concurrency, max_tokens=args.max_tokens, progress=not args.no_progress)
-    stack = None
-    base_urls = list(args.base_url)
-    if not base_urls:
-        from services.bench.local_stack import start_stack
+    target_list = targets.build_targets(
+        model=args.model,
+        serve_args=shlex.split(args.serve_args),
+        base_urls=args.base_url,
+        label=args.label,
+        peer=args.peer,
+        num_peer_servers=args.peer_servers,
+    )
+    runs_by_target = [_run_target(target, names, args) for target in target_list]
+    if len(runs_by_target) == 2:
+        for ours, theirs in zip(*runs_by_target):
+            print(f"\n{ours.workload}: {ours.label} vs {theirs.label}")
+            print(report.table([ours, theirs]))
+            stem = args.out / f"{ours.workload}-compare-{time.strftime('%Y%m%d-%H%M%S')}"
+            print(f"figure: {plots.plot([ours, theirs], stem.with_suffix('.png'))}")
+    return 0
 
-        stack, url = start_stack(args.model, shlex.split(args.serve_args))
-        base_urls = [url]
-    try:
+
+def _run_target(target: targets.Target, names: list[str], args: argparse.Namespace) -> list[report.Run]:
+    """Every named workload against one target, after ``--warmup`` requests of their own images."""
+    width, height = (int(v) for v in args.image_size.lower().split("x"))
+    settings = RunSettings(concurrency=args.concurrency, max_tokens=args.max_tokens, progress=not args.no_progress)
+    runs = []
+    with target.open() as base_urls:
         endpoints = [Endpoint(url, asyncio.run(served_model(url))) for url in base_urls]
-        label = args.label or ("tessera" if stack is not None else ", ".join(base_urls))
         for name in names:
+            if args.warmup:  # another seed: warm-up images never give the measured run a cache hit
+                warmup = build_workload(name, WorkloadSpec(args.warmup, (width, height), args.seed + 7919))
+                asyncio.run(
+                    run_workload(warmup, endpoints, RunSettings(concurrency=args.concurrency, max_tokens=args.max_tokens, progress=False))
+                )
             requests = build_workload(name, WorkloadSpec(args.requests, (width, height), args.seed))
             before = {url: cache_rates.scrape(url) for url in base_urls}
             records, wall_s = asyncio.run(run_workload(requests, endpoints, settings))
             rates = cache_rates.hit_rates(_summed(before.values()), _summed(cache_rates.scrape(url) for url in base_urls))
-            result = report.Run(label, name, _settings_json(args, base_urls), wall_s, records, rates)
-            stem = args.out / f"{name}-{label.replace('/', '_').replace(':', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+            result = report.Run(target.label, name, _settings_json(args, base_urls), wall_s, records, rates)
+            stem = (
+                args.out / f"{name}-{target.label.replace('/', '_').replace(':', '_').replace(' ', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
+            )
             report.save(result, stem.with_suffix(".json"))
-            print(f"\n{name} ({len(requests)} requests, concurrency {args.concurrency})")
+            print(f"\n{name} on {target.label} ({len(requests)} requests, concurrency {args.concurrency})")
             print(report.table([result]))
             print(f"json: {stem.with_suffix('.json')}\nfigure: {plots.plot([result], stem.with_suffix('.png'))}")
-    finally:
-        if stack is not None:
-            from services.bench.local_stack import stop_stack
-
-            stop_stack(stack)
-    return 0
+            runs.append(result)
+    return runs
 
 
 def _summed(scrapes) -> cache_rates.Counters:
@@ -87,5 +107,5 @@ def _summed(scrapes) -> cache_rates.Counters:
 
 
 def _settings_json(args: argparse.Namespace, base_urls: list[str]) -> dict:
-    keys = ("requests", "concurrency", "max_tokens", "image_size", "seed", "model", "serve_args")
+    keys = ("requests", "concurrency", "max_tokens", "image_size", "seed", "model", "serve_args", "warmup")
     return {"base_urls": base_urls, **{key: getattr(args, key) for key in keys}}

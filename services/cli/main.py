@@ -7,6 +7,7 @@ import os
 import sys
 
 from services.cli import ops_cmd
+from shared import cpu_budget
 
 
 def build_parser(*, probes_only: bool = False) -> argparse.ArgumentParser:
@@ -29,8 +30,22 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     argv = sys.argv[1:] if argv is None else argv
+    _claim_cpu_share(argv)
     args = build_parser(probes_only=bool(argv) and argv[0] in ops_cmd.COMMANDS).parse_args(argv)
     return int(args.func(args) or 0)
+
+
+def _claim_cpu_share(argv: list[str]) -> None:
+    """A role's CPU share (threads, wait policy, cores) must be in effect before torch and its
+    OpenMP runtime load, which importing the subcommands does; so it is claimed here, from the
+    raw arguments."""
+    if not argv or argv[0] != "serve":
+        return
+    role = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--role=")), None)
+    if role is None and "--role" in argv[:-1]:
+        role = argv[argv.index("--role") + 1]
+    if role is not None:
+        cpu_budget.apply_before_torch(cpu_budget.share_for_this_node(role))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ _STACK_FLAGS = {
     "--decode",
     "--routing-policy",
     "--index-url",
+    "--pin-cpus",
 }
 
 
@@ -40,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument("--encoders", type=int, default=1, help="number of encoder nodes")
     stack.add_argument("--prefill", type=int, default=1, help="number of prefill nodes")
     stack.add_argument("--decode", type=int, default=1, help="number of decode nodes")
+    stack.add_argument(
+        "--pin-cpus", action="store_true", help="pin each encoder, prefill and decode node to its own cores (when their shares fit)"
+    )
     role = cmd.add_argument_group("one role (--role)")
     for name in setting_names():
         if name != "model":
@@ -82,6 +86,7 @@ def _run_stack(args: argparse.Namespace) -> int:
             num_prefill=args.prefill,
             num_decode=args.decode,
             routing_policy=args.role_routing_policy or "cache_aware",
+            pin_cpus=args.pin_cpus,
         )
     )
     try:
@@ -103,7 +108,7 @@ def _passthrough(argv: list[str]) -> list[str]:
             continue
         name = arg.split("=", 1)[0]
         if name in _STACK_FLAGS:
-            skip = "=" not in arg and name != "--no-restart"
+            skip = "=" not in arg and name not in ("--no-restart", "--pin-cpus")
             continue
         out.append(arg)
     return out

@@ -13,6 +13,7 @@ from services.engine.engine_node import EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from services.engine.sampling import TokenLogprobs
+from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
@@ -32,8 +33,9 @@ class DecodeNode(EngineNode):
         kv_wait_s: float = 60.0,
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
+        channel_auth: ChannelAuth = OPEN_CHANNEL,
     ) -> None:
-        super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness)
+        super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth)
         self.kv_wait_s = kv_wait_s
         self.num_requests = 0
         self.num_tokens_generated = 0
@@ -83,4 +85,6 @@ class DecodeNode(EngineNode):
             "decode_tokens_generated_total": float(self.num_tokens_generated),
             "decode_kv_blocks_free": float(self.engine.kv.pool.num_free_blocks),
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
+            **self.inbox.counters(),
+            **self.cache_gauges(),
         }

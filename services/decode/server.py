@@ -16,6 +16,7 @@ from services.engine.remote_request import PromptItem, build_request
 from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
 from services.transport.convert import item_from_pb
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
+from services.transport.internal_auth import InternalAuth
 from services.transport.kv_peer import add_kv_peer
 
 
@@ -72,8 +73,8 @@ class DecodeServicer(rpc.DecodeServicer):
         return pb.StatsResponse(role="decode", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
 
 
-async def serve(node: DecodeNode, address: str, lifecycle: Lifecycle) -> None:
-    server = new_server()
+async def serve(node: DecodeNode, address: str, lifecycle: Lifecycle, auth: InternalAuth) -> None:
+    server = new_server(auth)
     rpc.add_DecodeServicer_to_server(DecodeServicer(node), server)
     kv_peer = add_kv_peer(server, node)
-    await serve_forever(server, address, ["tessera.v1.Decode", kv_peer], lifecycle)
+    await serve_forever(server, address, ["tessera.v1.Decode", kv_peer], lifecycle, auth)

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from services.engine.config import EngineConfig
-from services.transport.node_runtime import NodeSettings, node_lifecycle, node_publisher
+from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 
@@ -21,15 +21,17 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     from services.encoder.server import serve
 
     liveness = Liveness(stall_s=settings.liveness_stall_s)
+    auth, channel_auth = node_auth(settings)
     node = EncoderNode(
         model,
         data_bind=settings.data_address,
         cache_tokens=engine_config.encoder_cache_tokens,
         device=engine_config.device,
         liveness=liveness,
+        channel_auth=channel_auth,
     )
     node.publisher = node_publisher("encoder", settings, model.model_id, node.data_address, node.load, liveness)
     lifecycle = node_lifecycle(
         "encoder", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters
     )
-    asyncio.run(serve(node, settings.grpc_address, lifecycle))
+    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth))

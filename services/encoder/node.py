@@ -17,7 +17,8 @@ import torch
 from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.model.checkpoint import load_config, load_weights
 from services.engine.model.vision import VisionEncoder, build_vision_tower
-from services.transport.tensor_channel import TensorInbox, TensorSender
+from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
+from shared.cache_gauges import cache_gauges
 from shared.compute_thread import ComputeThread
 from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
@@ -53,13 +54,14 @@ class EncoderNode:
         pixel_wait_s: float = 2.0,
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
+        channel_auth: ChannelAuth = OPEN_CHANNEL,
     ) -> None:
         self.compute = ComputeThread("encoder-compute", liveness=liveness)  # builds the tower and runs every encode
         self.vision = self.compute.run(_build_vision, model, device)
         self.cache = EncoderCacheManager(cache_tokens)
         self.store: dict[MmHash, torch.Tensor] = {}
-        self.inbox = TensorInbox(data_bind)
-        self.sender = TensorSender()
+        self.inbox = TensorInbox(data_bind, auth=channel_auth)
+        self.sender = TensorSender(auth=channel_auth)
         self.pixel_wait_s = pixel_wait_s
         self.num_cache_hits = 0
         self.publisher = publisher
@@ -129,6 +131,8 @@ class EncoderNode:
             "encoder_cache_hits_total": float(self.num_cache_hits),
             "encoder_cache_rows": float(self.cache.cache_size - self.cache.num_free_slots),
             "encoder_embedding_bytes_sent_total": float(self.sender.num_bytes_sent),
+            **self.inbox.counters(),
+            **cache_gauges("encoder", "rows", self.cache.cache_size - self.cache.num_free_slots, self.cache.cache_size),
         }
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ import os
 from protos.gen import pb, rpc
 from services.encoder.node import EncodeItem, EncoderNode
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
+from services.transport.internal_auth import InternalAuth
 from shared.types import MmHash
 
 
@@ -24,7 +25,7 @@ class EncodeServicer(rpc.EncodeServicer):
         return pb.StatsResponse(role="encoder", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
 
 
-async def serve(node: EncoderNode, address: str, lifecycle: Lifecycle) -> None:
-    server = new_server()
+async def serve(node: EncoderNode, address: str, lifecycle: Lifecycle, auth: InternalAuth) -> None:
+    server = new_server(auth)
     rpc.add_EncodeServicer_to_server(EncodeServicer(node), server)
-    await serve_forever(server, address, ["tessera.v1.Encode"], lifecycle)
+    await serve_forever(server, address, ["tessera.v1.Encode"], lifecycle, auth)

@@ -10,7 +10,8 @@ from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
-from services.transport.tensor_channel import TensorInbox, TensorSender
+from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
+from shared.cache_gauges import cache_gauges
 from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
@@ -29,13 +30,14 @@ class EngineNode:
         data_bind: str,
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
+        channel_auth: ChannelAuth = OPEN_CHANNEL,
     ) -> None:
         self.publisher = publisher
         self.loop = EngineLoop(lambda: Engine(model, config, load_vision=False), after_step=self._publish_kv, liveness=liveness)
         self.engine = self.loop.engine  # touch it only through self.loop.call once serving
         self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
-        self.inbox = TensorInbox(data_bind)
-        self.sender = TensorSender()
+        self.inbox = TensorInbox(data_bind, auth=channel_auth)
+        self.sender = TensorSender(auth=channel_auth)
         self.num_kv_blocks_exported = 0
 
     @property
@@ -46,6 +48,16 @@ class EngineNode:
         """(requests queued or running, fraction of KV pages in use), for heartbeats."""
         pool = self.engine.kv.pool
         return float(len(self.engine.scheduler.running) + len(self.engine.scheduler.waiting)), 1.0 - pool.num_free_blocks / pool.num_blocks
+
+    def cache_gauges(self) -> dict[str, float]:
+        """The KV pool (blocks held by requests; blocks holding cached prefix KV, held or free) and
+        the embedding cache. Read from the gRPC thread: plain int reads, at worst one step stale."""
+        pool, embeddings = self.engine.kv.pool, self.engine.encoder_cache
+        return {
+            **cache_gauges("kv", "blocks", pool.num_blocks - pool.num_free_blocks, pool.num_blocks),
+            **cache_gauges("prefix", "blocks", len(pool.hash_to_block), pool.num_blocks),
+            **cache_gauges("embedding", "rows", embeddings.cache_size - embeddings.num_free_slots, embeddings.cache_size),
+        }
 
     def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:
         """Push the pages of the leading blocks of ``hashes`` held here to ``target``'s inbox

@@ -41,7 +41,9 @@ from services.gateway.errors import GatewayError
 from services.gateway.failures import Attempts, NodeFailure, classify_rpc_error, remaining_s, trailing_value
 from services.router.route_attributes import route_attributes
 from services.router.router import NoLiveNodeError, Route, Router
-from services.transport.grpc_server import CHANNEL_OPTIONS, MISSING_PIXELS_KEY
+from services.transport.grpc_server import MISSING_PIXELS_KEY
+from services.transport.internal_auth import InternalAuth
+from services.transport.internal_channel import internal_channel
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
@@ -75,8 +77,10 @@ class Pipeline:
         connect_timeout_s: float = 5.0,
         max_failures: int = 4,
         clock: Callable[[], float] = time.monotonic,
+        auth: InternalAuth | None = None,
     ) -> None:
         self.router = router
+        self.auth = auth or InternalAuth()  # the internal plane's credentials, on every call to a node
         self.clock = clock
         self.membership = router.membership
         self.timeout_s = timeout_s
@@ -93,7 +97,7 @@ class Pipeline:
     def stub(self, role: str, address: str):
         key = (role, address)
         if key not in self._stubs:
-            self._stubs[key] = _STUBS[role](grpc.insecure_channel(address, options=CHANNEL_OPTIONS))
+            self._stubs[key] = _STUBS[role](internal_channel(address, self.auth))
         return self._stubs[key]
 
     def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:

@@ -23,6 +23,7 @@ from services.gateway.tenants import ApiKeys
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
 from services.router.scoring import POLICIES
+from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
 from shared.index.backend import create_index
 from shared.models.registry import ModelRef
 
@@ -30,8 +31,9 @@ log = logging.getLogger("tessera")
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
-    """Flags of ``tessera serve --role gateway``, each also ``TESSERA_SERVE_<NAME>``."""
+class Settings(InternalPlaneSettings):
+    """Flags of ``tessera serve --role gateway``, each also ``TESSERA_SERVE_<NAME>``; the internal
+    plane's (its secret and mTLS) authenticate the gateway's calls to the nodes."""
 
     model: str = "tiny"
     http_host: str = "127.0.0.1"
@@ -59,6 +61,7 @@ class Settings:
     drain_timeout_s: float = 30.0  # on SIGTERM: time open streams get to finish
 
     def __post_init__(self) -> None:
+        InternalPlaneSettings.__post_init__(self)
         static = (self.preprocess_address, self.encoder_address, self.prefill_address, self.decode_address)
         if not self.index_url and not all(static):
             raise ValueError(
@@ -84,7 +87,9 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int) -> Pipe
     )
     membership.start()
     router = Router(membership, policy=config.routing_policy, index=index if config.cache_lookups else None, block_size=block_size)
-    return Pipeline(router, timeout_s=config.request_timeout_s, max_failures=config.max_node_failures)
+    return Pipeline(
+        router, timeout_s=config.request_timeout_s, max_failures=config.max_node_failures, auth=InternalAuth.from_settings(config)
+    )
 
 
 def run_gateway(config: Settings, *, served_model: str, namespace: str, block_size: int) -> None:

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from services.engine.config import EngineConfig
-from services.transport.node_runtime import NodeSettings, node_lifecycle, node_publisher
+from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 
@@ -33,6 +33,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     from services.prefill.server import serve
 
     liveness = Liveness(stall_s=settings.liveness_stall_s)
+    auth, channel_auth = node_auth(settings)
     node = PrefillNode(
         model,
         engine_config,
@@ -42,9 +43,10 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         kv_pull_overhead_s=settings.kv_pull_overhead_ms / 1000,
         kv_pull_timeout_s=settings.kv_pull_timeout_s,
         prefill_s_per_token=settings.prefill_ms_per_token / 1000,
+        channel_auth=channel_auth,
     )
     node.publisher = node_publisher("prefill", settings, model.model_id, node.data_address, node.load, liveness)
     lifecycle = node_lifecycle(
         "prefill", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters
     )
-    asyncio.run(serve(node, settings.grpc_address, lifecycle))
+    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth))

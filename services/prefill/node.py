@@ -29,7 +29,7 @@ from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.engine.sampling import TokenLogprobs
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate
-from services.transport.tensor_channel import TensorSendTimeoutError
+from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSendTimeoutError
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
@@ -74,8 +74,9 @@ class PrefillNode(EngineNode):
         kv_pull_overhead_s: float = 0.005,
         kv_pull_timeout_s: float = 10.0,
         prefill_s_per_token: float = 0.0007,
+        channel_auth: ChannelAuth = OPEN_CHANNEL,
     ) -> None:
-        super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness)
+        super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth)
         text = self.engine.runner.checkpoint.text
         self.pull_cost = PullCostModel(
             kv_bytes_per_token(text.num_layers, text.num_kv_heads, text.head_dim, self.engine.runner.kv_caches[0][0].element_size()),
@@ -235,4 +236,6 @@ class PrefillNode(EngineNode):
             "prefill_kv_blocks_pulled_total": float(self.num_kv_blocks_pulled),
             "prefill_kv_pull_failures_total": float(self.num_kv_pull_failures),
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
+            **self.inbox.counters(),
+            **self.cache_gauges(),
         }

@@ -17,27 +17,30 @@ from services.engine.sampling_wire import logprobs_to_pb, sampling_from_pb
 from services.prefill.kv_pull import KVSource
 from services.prefill.node import EmbeddingsUnavailableError, PrefillNode
 from services.transport.convert import item_from_pb, item_to_pb
-from services.transport.grpc_server import CHANNEL_OPTIONS, MISSING_PIXELS_KEY, Lifecycle, abort_with, new_server, serve_forever
+from services.transport.grpc_server import MISSING_PIXELS_KEY, Lifecycle, abort_with, new_server, serve_forever
+from services.transport.internal_auth import InternalAuth
+from services.transport.internal_channel import internal_channel
 from services.transport.kv_peer import add_kv_peer
 from shared.tracing import outgoing_metadata
 
 
 class PrefillServicer(rpc.PrefillServicer):
-    def __init__(self, node: PrefillNode) -> None:
+    def __init__(self, node: PrefillNode, auth: InternalAuth) -> None:
         self.node = node
+        self.auth = auth  # encoders and peers are dialled with the cluster's credentials
         self._encoders: dict[str, rpc.EncodeStub] = {}
         self._peers: dict[str, rpc.KVPeerStub] = {}
 
     def _encoder(self, address: str) -> rpc.EncodeStub:
         stub = self._encoders.get(address)
         if stub is None:
-            stub = self._encoders[address] = rpc.EncodeStub(grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
+            stub = self._encoders[address] = rpc.EncodeStub(internal_channel(address, self.auth, aio=True))
         return stub
 
     def _peer(self, address: str) -> rpc.KVPeerStub:
         stub = self._peers.get(address)
         if stub is None:
-            stub = self._peers[address] = rpc.KVPeerStub(grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS))
+            stub = self._peers[address] = rpc.KVPeerStub(internal_channel(address, self.auth, aio=True))
         return stub
 
     async def _pull_kv(self, engine_request, sources: list[KVSource]) -> int:
@@ -136,8 +139,8 @@ class PrefillServicer(rpc.PrefillServicer):
         return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
 
 
-async def serve(node: PrefillNode, address: str, lifecycle: Lifecycle) -> None:
-    server = new_server()
-    rpc.add_PrefillServicer_to_server(PrefillServicer(node), server)
+async def serve(node: PrefillNode, address: str, lifecycle: Lifecycle, auth: InternalAuth) -> None:
+    server = new_server(auth)
+    rpc.add_PrefillServicer_to_server(PrefillServicer(node, auth), server)
     kv_peer = add_kv_peer(server, node)
-    await serve_forever(server, address, ["tessera.v1.Prefill", kv_peer], lifecycle)
+    await serve_forever(server, address, ["tessera.v1.Prefill", kv_peer], lifecycle, auth)

@@ -22,7 +22,8 @@ from services.preprocess.image_sources import load_image_bytes
 from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor
 from services.preprocess.processor_cache import BoundedMemo
 from services.preprocess.request_parsing import parse_request
-from services.transport.tensor_channel import TensorSender
+from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSender
+from shared.cache_gauges import cache_gauges
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError
 from shared.liveness import Liveness
@@ -45,11 +46,12 @@ class PreprocessNode:
         mirror_entries: int = 4096,
         index: CacheIndex | None = None,
         liveness: Liveness | None = None,
+        channel_auth: ChannelAuth = OPEN_CHANNEL,
     ) -> None:
         self.preprocessor = Preprocessor(model, config)
         self.indexed_grids: IndexedGrids | None = grids_from_index(index) if index is not None else None
         self.num_images_skipped = 0
-        self.sender = TensorSender()
+        self.sender = TensorSender(auth=channel_auth)
         self.mirror_entries = mirror_entries
         self._encoder_to_mirror: dict[str, BoundedMemo[str, bool]] = {}
         self._lock = threading.Lock()  # the preprocessor and its caches are single-threaded
@@ -124,7 +126,15 @@ class PreprocessNode:
             "pixel_bytes_skipped_total": float(self.num_pixel_bytes_skipped),
             "preprocess_requests_total": float(self.num_requests),
             "preprocess_images_skipped_total": float(self.num_images_skipped),
+            **self.preprocessor.cache_gauges(),
+            **self._mirror_gauges(),
         }
+
+    def _mirror_gauges(self) -> dict[str, float]:
+        # Each mirror is bounded on its own; list() copies the values atomically under the GIL
+        # while a request may be adding a mirror for a new encoder.
+        mirrors = list(self._encoder_to_mirror.values())
+        return cache_gauges("pixel_mirror", "entries", sum(len(m) for m in mirrors), self.mirror_entries * len(mirrors))
 
     def load(self) -> tuple[float, float]:
         return float(self.num_waiting), 0.0

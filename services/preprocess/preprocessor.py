@@ -31,6 +31,7 @@ from services.preprocess.mrope import mrope_positions
 from services.preprocess.placeholders import expand_placeholders
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
 from services.preprocess.request_parsing import ImageInput, ParsedRequest, parse_request
+from shared.cache_gauges import cache_gauges
 from shared.hashing import mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.models.registry import ModelRef
 from shared.types import MmHash, PlaceholderRange
@@ -92,6 +93,14 @@ class Preprocessor:
         self._hash_kwargs = self.image_processor.kwargs_for_hash
         # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
         self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)
+
+    def cache_gauges(self) -> dict[str, float]:
+        """Occupancy and budget of the processor cache and the file memo (shared/cache_gauges.py)."""
+        memo = self._file_to_mm_hash
+        return {
+            **cache_gauges("processor", "bytes", self.processor_cache.stats.num_bytes, self.processor_cache.capacity_bytes),
+            **cache_gauges("file_hash_memo", "entries", len(memo), memo.max_entries),
+        }
 
     def preprocess(
         self, body: object, *, indexed_grids: IndexedGrids | None = None, fetched: Mapping[str, bytes] | None = None

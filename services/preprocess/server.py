@@ -13,6 +13,7 @@ from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
 from services.transport.convert import item_to_pb
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
+from services.transport.internal_auth import InternalAuth
 from services.transport.tensor_channel import TensorSendTimeoutError
 from shared.hashing import MmSpan, block_hashes
 from shared.types import MmHash
@@ -70,7 +71,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
         return pb.StatsResponse(role="preprocess", pid=os.getpid(), counters=self.node.counters())
 
 
-async def serve(node: PreprocessNode, address: str, lifecycle: Lifecycle) -> None:
-    server = new_server()
+async def serve(node: PreprocessNode, address: str, lifecycle: Lifecycle, auth: InternalAuth) -> None:
+    server = new_server(auth)
     rpc.add_PreprocessServicer_to_server(PreprocessServicer(node), server)
-    await serve_forever(server, address, ["tessera.v1.Preprocess"], lifecycle)
+    await serve_forever(server, address, ["tessera.v1.Preprocess"], lifecycle, auth)

@@ -17,6 +17,7 @@ import ctypes
 import json
 import os
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,6 +29,9 @@ from typing import IO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.transport.internal_auth import SECRET_ENV
+from shared.cpu_budget import CpuShare, available_cpus, cgroup_cpu_limit, plan_shares
 
 
 def _detach_but_die_with_parent() -> None:
@@ -81,17 +85,26 @@ def wait_serving(address: str, timeout_s: float, process: subprocess.Popen | Non
 
 
 def start_node(
-    role: str, *, model: str, index_url: str, log: IO[str], host: str = "127.0.0.1", extra: tuple[str, ...] = ()
+    role: str,
+    *,
+    model: str,
+    index_url: str,
+    log: IO[str],
+    host: str = "127.0.0.1",
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """One more node of ``role`` joining a running cluster with nothing but the index URL, as an
-    operator (or an autoscaler) adds one; returns the process and its gRPC address."""
+    operator (or an autoscaler) adds one; returns the process and its gRPC address. Its ``env``
+    (default: this process's) must carry the cluster's internal secret, if the cluster has one."""
     grpc_address = f"{host}:{free_port()}"
     argv = [sys.executable, "-m", "services.cli.main", "serve", "--role", role, "--model", model, "--index-url", index_url]
     argv += ["--grpc-address", grpc_address, *extra]
     if role != "preprocess":
         argv += ["--data-address", f"tcp://{host}:{free_port()}"]
     cwd = Path(__file__).resolve().parents[2]
-    return subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_detach_but_die_with_parent), grpc_address
+    process = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_detach_but_die_with_parent)
+    return process, grpc_address
 
 
 @dataclass(slots=True)
@@ -119,6 +132,7 @@ class StackConfig:
     num_decode: int = 1
     routing_policy: str = "cache_aware"
     passthrough: list[str] = field(default_factory=list)  # engine / preprocess flags for the roles
+    pin_cpus: bool = False  # pin each compute role to its own cores when their shares fit
 
 
 class Stack:
@@ -131,6 +145,10 @@ class Stack:
         self.valkey_restarts = 0
         self._valkey_retry_at = 0.0
         self._stopping = False
+        self.cpu_shares: dict[str, CpuShare] = {}
+        # One internal secret per stack (services/transport/internal_auth.py), handed to every role
+        # through its environment, never its command line; a configured one is kept.
+        self.internal_secret = os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
 
     def start(self) -> None:
         from shared.models.registry import resolve_model
@@ -246,8 +264,18 @@ class Stack:
         self._stopping = True
 
     def _spawn(self, role: RoleProcess) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        # The role's CPU share first, so a variable the operator set wins over it.
+        env = {**self._cpu_share(role).to_env(), **os.environ, "HF_HUB_OFFLINE": "1"}
+        env[SECRET_ENV] = self.internal_secret
         role.process = subprocess.Popen(role.argv, env=env, preexec_fn=_detach_but_die_with_parent)
+
+    def _cpu_share(self, role: RoleProcess) -> CpuShare:
+        """``role``'s share of this machine's CPUs (shared/cpu_budget.py has the rule)."""
+        if not self.cpu_shares:
+            cpus = sorted(os.sched_getaffinity(0))[: available_cpus(limit=cgroup_cpu_limit())]
+            role_of_process = {r.role: r.role.split("-")[0] for r in self.roles if r.role != "gateway"}
+            self.cpu_shares = plan_shares(role_of_process, cpus, pin=self.config.pin_cpus)
+        return self.cpu_shares.get(role.role, CpuShare(num_threads=1))
 
     def _start_valkey(self) -> None:
         from services.stack.redis_server import embedded_valkey_binary, start_redis_server

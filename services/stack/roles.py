@@ -11,6 +11,7 @@ from dataclasses import fields
 
 from services.engine.config import EngineConfig
 from services.preprocess.config import PreprocessConfig
+from shared import cpu_budget
 from shared.models.registry import resolve_model
 from shared.settings import dataclass_from_sources
 from shared.tracing import configure_tracing
@@ -54,5 +55,8 @@ def role_settings(role: str, flags: argparse.Namespace):
 def run_role(role: str, settings, engine_config: EngineConfig, preprocess_config: PreprocessConfig) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
     configure_tracing(role)
+    share = cpu_budget.share_for_this_node(role)
+    cpu_budget.apply_torch_threads(share)
+    log.info("CPU share: %d threads, OMP_WAIT_POLICY=%s, cores %s", share.num_threads, share.wait_policy, share.cpus or "any")
     model = resolve_model(settings.model)
     importlib.import_module(ROLE_TO_MODULE[role]).main(settings, model, engine_config, preprocess_config)

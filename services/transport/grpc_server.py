@@ -1,6 +1,6 @@
-"""Shared gRPC plumbing: server construction (health, reflection, size limits, keepalive), the
-server lifecycle (join the cluster once serving, drain on SIGTERM/SIGINT), channel options, and
-the mapping of errors to status codes."""
+"""Shared gRPC plumbing: server construction (health, reflection, size limits, keepalive, the
+internal plane's authentication), the server lifecycle (join the cluster once serving, drain on
+SIGTERM/SIGINT), channel options, and the mapping of errors to status codes."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.transport.internal_auth import InternalAuth, add_port, server_interceptors
 from shared.liveness import Liveness
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -72,12 +73,13 @@ class Lifecycle:
     liveness: Liveness | None = None
 
 
-async def serve_forever(server: grpc.aio.Server, address: str, service_names: list[str], lifecycle: Lifecycle) -> None:
-    """Bind, mark every service SERVING, and run until SIGTERM/SIGINT, then drain."""
+async def serve_forever(server: grpc.aio.Server, address: str, service_names: list[str], lifecycle: Lifecycle, auth: InternalAuth) -> None:
+    """Bind (with mTLS when ``auth`` has it), mark every service SERVING, and run until
+    SIGTERM/SIGINT, then drain."""
     health_servicer = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    port = server.add_insecure_port(address)
+    port = add_port(server, address, auth)
     if port == 0:
         raise RuntimeError(f"could not bind gRPC address {address}")
     await server.start()
@@ -120,10 +122,11 @@ async def _set_status(servicer, name: str, status) -> None:
         await result
 
 
-def new_server() -> grpc.aio.Server:
+def new_server(auth: InternalAuth) -> grpc.aio.Server:
+    """A node's server; with a secret in ``auth``, calls without the cluster's token are refused."""
     from services.transport.tracing_interceptor import TracingServerInterceptor
 
-    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[TracingServerInterceptor()])
+    return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[*server_interceptors(auth), TracingServerInterceptor()])
 
 
 async def abort_with(

@@ -1,7 +1,8 @@
 """What every node role shares, whatever it computes: its settings (where it listens, what it
-advertises, the index it joins, how it drains) and the wiring of its membership: an index
-publisher whose heartbeat is gated by the node's liveness, and the server Lifecycle that joins
-the cluster once serving, exposes the node's metrics, and leaves on drain."""
+advertises, the index it joins, how it drains, how the internal plane is authenticated) and the
+wiring of its membership: an index publisher whose heartbeat is gated by the node's liveness, and
+the server Lifecycle that joins the cluster once serving, exposes the node's metrics, and leaves
+on drain."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 
 from services.transport.addresses import advertise, split_host_port
 from services.transport.grpc_server import Lifecycle
+from services.transport.internal_auth import InternalAuth, InternalPlaneSettings, warn_if_open
+from services.transport.tensor_channel import DEFAULT_MAX_FRAME_BYTES, ChannelAuth
 from shared.index.backend import create_index
 from shared.index.publisher import IndexPublisher
 from shared.index.types import NodeInfo
@@ -19,7 +22,7 @@ LoadFn = Callable[[], tuple[float, float]]
 
 
 @dataclass(frozen=True, slots=True)
-class NodeSettings:
+class NodeSettings(InternalPlaneSettings):
     """Flags of ``tessera serve --role R`` common to every node, each also ``TESSERA_SERVE_<NAME>``."""
 
     model: str = "tiny"
@@ -35,12 +38,23 @@ class NodeSettings:
     drain_timeout_s: float = 30.0  # on SIGTERM: time calls in flight get to finish
     liveness_stall_s: float = DEFAULT_STALL_S  # a work item running longer means a hung node
     metrics_port: int = 0  # this node's Prometheus endpoint (0: off)
+    max_tensor_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the largest tensor this node's inbox takes
 
     def __post_init__(self) -> None:
+        InternalPlaneSettings.__post_init__(self)
+        if self.max_tensor_frame_bytes < 1:
+            raise ValueError("max_tensor_frame_bytes must be positive")
         if self.index_ttl_s <= 0 or self.liveness_stall_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("index_ttl_s and liveness_stall_s must be positive, drain_timeout_s >= 0")
         if self.index_url and split_host_port(self.grpc_address)[1] == 0:
             raise ValueError("with --index-url a node must bind an explicit --grpc-address port: the index advertises it")
+
+
+def node_auth(settings: NodeSettings) -> tuple[InternalAuth, ChannelAuth]:
+    """The node's internal-plane credentials: for gRPC, and for its tensor channel."""
+    auth = InternalAuth.from_settings(settings)
+    warn_if_open(auth, [split_host_port(a)[0] for a in (settings.grpc_address, settings.data_address) if a])
+    return auth, ChannelAuth(key=auth.tensor_key, max_frame_bytes=settings.max_tensor_frame_bytes)
 
 
 def node_publisher(

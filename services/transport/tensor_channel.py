@@ -7,11 +7,18 @@ Receivers bind a PULL socket; senders keep one PUSH socket per destination. A re
 is bounded in bytes: when full, the oldest unclaimed message is dropped (its consumer times out
 and falls back), so a slow consumer can never exhaust memory.
 
-Faults stay local: a malformed message (bad header, frame count, dtype or shape) is counted and
-dropped, and the receive thread goes on; a send that a destination does not take within
-``send_timeout_s`` (its queue of ``high_water_mark`` messages is full: the peer is gone or
-stalled) raises TensorSendTimeoutError instead of blocking its caller forever, and blocks only
-sends to that destination meanwhile.
+With a key (``ChannelAuth.key``, derived from the cluster's shared secret), frame 0 of every
+message is an HMAC-SHA256 tag over the others (services/transport/frame_mac.py says why HMAC),
+and a receiver drops any message whose tag does not verify. Every inbox sets ZMQ's MAXMSGSIZE to
+``max_frame_bytes``: ZMQ closes the connection of a sender that announces a larger frame before
+allocating it, which bounds what a peer can make a node buffer before its tag is checked. ZMQ
+reports that only as a closed connection, so it is counted with the senders that disconnected.
+
+Faults stay local: a malformed (bad header, frame count, dtype or shape) or unauthenticated
+message is counted by reason and dropped, and the receive thread goes on; a send that a
+destination does not take within ``send_timeout_s`` (its queue of ``high_water_mark`` messages
+is full: the peer is gone or stalled) raises TensorSendTimeoutError instead of blocking its caller
+forever, and blocks only sends to that destination meanwhile.
 """
 
 from __future__ import annotations
@@ -21,13 +28,19 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from services.transport.frame_mac import frames_tag, verify_frames
 
 log = logging.getLogger("tessera")
+# Far above the largest tensor (one frame) a node sends: a KV layer of a 128k-token prompt with 8
+# KV heads of 128 in bfloat16 is 256 MiB, the pixels of an image at Qwen2-VL's max_pixels ~77 MB.
+DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
 
@@ -43,6 +56,21 @@ class TensorMessage:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
+@dataclass(frozen=True, slots=True)
+class ChannelAuth:
+    """How a node's tensor messages are authenticated and bounded."""
+
+    key: bytes | None = field(default=None, repr=False)  # HMAC-SHA256 key; None: messages carry no tag
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # an inbox's ZMQ MAXMSGSIZE
+
+    def __post_init__(self) -> None:
+        if self.max_frame_bytes < 1:
+            raise ValueError("max_frame_bytes must be positive")
+
+
+OPEN_CHANNEL = ChannelAuth()  # no tag: for single-process use and tests, and clusters without a secret
+
+
 class TensorSendTimeoutError(Exception):
     pass
 
@@ -52,8 +80,16 @@ class MalformedMessageError(ValueError):
 
 
 class TensorSender:
-    def __init__(self, context: zmq.Context | None = None, *, send_timeout_s: float = 10.0, high_water_mark: int = 64) -> None:
+    def __init__(
+        self,
+        context: zmq.Context | None = None,
+        *,
+        send_timeout_s: float = 10.0,
+        high_water_mark: int = 64,
+        auth: ChannelAuth = OPEN_CHANNEL,
+    ) -> None:
         self._context = context or zmq.Context.instance()
+        self._key = auth.key
         self._sockets: dict[str, zmq.Socket] = {}
         self._address_locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()  # guards the two maps; a send holds only its address's lock
@@ -63,17 +99,20 @@ class TensorSender:
 
     def send(self, address: str, key: str, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> int:
         header = {"key": key, "meta": meta or {}, "tensors": []}
-        frames: list[object] = []
+        frames: list[memoryview] = []
         for name, tensor in tensors.items():
             tensor = tensor.detach().to("cpu").contiguous()
             dtype = str(tensor.dtype).removeprefix("torch.")
             header["tensors"].append({"name": name, "dtype": dtype, "shape": list(tensor.shape)})
             raw = tensor.view(torch.uint8) if tensor.dtype == torch.bfloat16 else tensor
             frames.append(memoryview(raw.numpy()).cast("B"))
+        message = [json.dumps(header).encode(), *frames]
+        if self._key is not None:
+            message.insert(0, frames_tag(self._key, message))
         socket, lock = self._socket_for(address)
         with lock:
             try:
-                socket.send_multipart([json.dumps(header).encode(), *frames], copy=False)
+                socket.send_multipart(message, copy=False)
             except zmq.Again:
                 raise TensorSendTimeoutError(
                     f"{address} did not take {key!r} within {self.send_timeout_s:g}s: "
@@ -107,19 +146,33 @@ class TensorSender:
 class TensorInbox:
     """Binds ``address`` and keeps received messages until claimed with ``wait``."""
 
-    def __init__(self, address: str, *, capacity_bytes: int = 1 << 30, context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        capacity_bytes: int = 1 << 30,
+        context: zmq.Context | None = None,
+        auth: ChannelAuth = OPEN_CHANNEL,
+    ) -> None:
         self._context = context or zmq.Context.instance()
+        self._key = auth.key
         self._socket = self._context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, auth.max_frame_bytes)
+        # ZMQ reports a frame over MAXMSGSIZE only by closing that connection: watch closures.
+        self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._socket.bind(address)
         self.address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         self.capacity_bytes = capacity_bytes
+        self.max_frame_bytes = auth.max_frame_bytes
         self._messages: OrderedDict[str, TensorMessage] = OrderedDict()
         self._num_bytes = 0
         self._cond = threading.Condition()
         self._closed = False
-        self.num_dropped = 0
+        self.num_dropped = 0  # evicted unclaimed when the inbox was full
         self.num_malformed = 0
+        self.num_unauthenticated = 0
+        self.num_disconnects = 0  # senders whose connection closed: stopped, or cut for an oversized frame
         self._thread = threading.Thread(target=self._receive_loop, name="tensor-inbox", daemon=True)
         self._thread.start()
 
@@ -141,36 +194,67 @@ class TensorInbox:
             if message is not None:
                 self._num_bytes -= message.num_bytes
 
+    def counters(self) -> dict[str, float]:
+        """Messages dropped, by reason, and sender connections closed: for the node's metrics."""
+        return {
+            "tensor_messages_dropped_malformed_total": float(self.num_malformed),
+            "tensor_messages_dropped_unauthenticated_total": float(self.num_unauthenticated),
+            "tensor_messages_dropped_inbox_full_total": float(self.num_dropped),
+            "tensor_sender_disconnects_total": float(self.num_disconnects),
+        }
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout=2)
+        self._socket.disable_monitor()
+        self._monitor.close()
         self._socket.close()
 
     def _receive_loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while not self._closed:
-            if not dict(poller.poll(100)):
-                continue
-            frames = self._socket.recv_multipart(copy=False)
-            try:
-                message = _decode(frames)
-            except MalformedMessageError as exc:
-                self.num_malformed += 1
-                log.warning("dropped a malformed tensor message on %s: %s", self.address, exc)
-                continue
-            with self._cond:
-                if message.key in self._messages:
-                    self._num_bytes -= self._messages.pop(message.key).num_bytes
-                self._messages[message.key] = message
-                self._num_bytes += message.num_bytes
-                while self._num_bytes > self.capacity_bytes and len(self._messages) > 1:
-                    _, dropped = self._messages.popitem(last=False)
-                    self._num_bytes -= dropped.num_bytes
-                    self.num_dropped += 1
-                self._cond.notify_all()
+            ready = dict(poller.poll(100))
+            if self._monitor in ready:
+                recv_monitor_message(self._monitor)
+                self.num_disconnects += 1
+                self._log(
+                    self.num_disconnects, f"a sender's connection closed (it stopped, or sent a frame over {self.max_frame_bytes} bytes)"
+                )
+            if self._socket in ready:
+                self._receive(self._socket.recv_multipart(copy=False))
+
+    def _receive(self, frames: list[zmq.Frame]) -> None:
+        if self._key is not None:
+            if len(frames) < 2 or not verify_frames(self._key, frames[0].buffer, [f.buffer for f in frames[1:]]):
+                self.num_unauthenticated += 1
+                self._log(self.num_unauthenticated, "dropped a message whose tag does not verify (no or another secret, or altered)")
+                return
+            frames = frames[1:]
+        try:
+            message = _decode(frames)
+        except MalformedMessageError as exc:
+            self.num_malformed += 1
+            self._log(self.num_malformed, f"dropped a malformed message: {exc}")
+            return
+        with self._cond:
+            if message.key in self._messages:
+                self._num_bytes -= self._messages.pop(message.key).num_bytes
+            self._messages[message.key] = message
+            self._num_bytes += message.num_bytes
+            while self._num_bytes > self.capacity_bytes and len(self._messages) > 1:
+                _, dropped = self._messages.popitem(last=False)
+                self._num_bytes -= dropped.num_bytes
+                self.num_dropped += 1
+            self._cond.notify_all()
+
+    def _log(self, count: int, what: str) -> None:
+        """Logs the 1st, 2nd, 4th, 8th... time: a flood of bad messages cannot flood the log."""
+        if count & (count - 1) == 0:
+            log.warning("tensor inbox %s: %s (%d so far)", self.address, what, count)
 
 
 def _decode(frames: list) -> TensorMessage:

@@ -28,6 +28,7 @@ NODE_ROLES = ("preprocess", "encoder", "prefill", "decode")
 DATA_ROLES = ("encoder", "prefill", "decode")
 HOME = "/data/tessera"
 INDEX_URL = "redis://valkey:6379/0"
+SECRET_DIR = "/run/tessera-internal"  # the internal secret's volume
 
 
 @cache
@@ -50,6 +51,7 @@ def role_settings() -> set[str]:
     """TESSERA_SERVE_* names `tessera serve --role` reads: the fields of the roles' Settings classes
     (parsed, not imported, so this test stays fast)."""
     sources = {
+        ROOT / "services" / "transport" / "internal_auth.py": "InternalPlaneSettings",
         ROOT / "services" / "transport" / "node_runtime.py": "NodeSettings",
         ROOT / "services" / "prefill" / "main.py": "Settings",
         ROOT / "services" / "gateway" / "server.py": "Settings",
@@ -85,9 +87,9 @@ def test_the_schema_check_rejects_a_broken_file(tmp_path):
     assert result.returncode != 0 and "stop_grace_periods" in result.stdout
 
 
-def test_one_service_per_role_plus_valkey_and_model_init():
+def test_one_service_per_role_plus_valkey_and_the_init_jobs():
     default = {n for n, s in services().items() if not s.get("profiles")}
-    assert default == {"valkey", "model-init", *ROLES}
+    assert default == {"valkey", "model-init", "secret-init", *ROLES}
     assert services()["valkey"]["image"].startswith("valkey/valkey:8")
 
 
@@ -122,12 +124,27 @@ def test_only_the_gateway_publishes_ports_8000_and_50051():
     assert ports == ["8000:8000", "50051:50051"]
 
 
-def test_roles_start_after_valkey_is_healthy_and_the_model_is_built():
+def test_roles_start_after_valkey_is_healthy_and_the_model_and_secret_are_made():
     for role in ROLES:
         assert services()[role]["depends_on"] == {
             "valkey": {"condition": "service_healthy"},
             "model-init": {"condition": "service_completed_successfully"},
+            "secret-init": {"condition": "service_completed_successfully"},
         }, role
+
+
+def test_every_role_reads_the_internal_secret_that_secret_init_writes():
+    init = services()["secret-init"]
+    assert init["image"] == services()["model-init"]["image"] and init["command"][:2] == ["python", "-c"]
+    compile(init["command"][2], "secret-init", "exec")
+    written = init["command"][3]
+    assert init["volumes"] == [f"tessera-internal:{SECRET_DIR}"] and written.startswith(SECRET_DIR + "/")
+    assert "restart" not in init, "a one-shot job must not restart"
+    assert "tessera-internal" in compose()["volumes"]
+    for role in ROLES:
+        assert env(role)["TESSERA_SERVE_INTERNAL_SECRET_FILE"] == written, role
+        assert f"tessera-internal:{SECRET_DIR}:ro" in services()[role]["volumes"], role
+        assert not any("SECRET" in arg for arg in services()[role]["command"]), "never a secret on a command line"
 
 
 def test_model_init_builds_the_model_into_the_shared_volume():

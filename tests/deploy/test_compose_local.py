@@ -24,8 +24,8 @@ ADDRESS = re.compile(r"(?:[a-z]+://)?([A-Za-z0-9_.-]+):(\d+)")
 def test_harness_maps_services_to_loopback(tmp_path):
     services = load_compose(COMPOSE_FILE)
     layers = start_layers(services)
-    assert set(layers[0]) == {"valkey", "model-init"} and set(layers[1]) == set(ROLES)
-    assert one_shot_services(services) == {"model-init"}
+    assert set(layers[0]) == {"valkey", "model-init", "secret-init"} and set(layers[1]) == set(ROLES)
+    assert one_shot_services(services) == {"model-init", "secret-init"}
 
     given: list[int] = []
 
@@ -34,11 +34,10 @@ def test_harness_maps_services_to_loopback(tmp_path):
         return given[-1]
 
     valkey_port = 23999
-    home = tmp_path / "home"
+    home, secrets = tmp_path / "home", tmp_path / "secrets"
+    volume_dirs = {"tessera-home": home, "tessera-internal": secrets}
     plans = [
-        plan_replica(
-            services[role], n, service_ports={"valkey": {6379: valkey_port}}, volume_dirs={"tessera-home": home}, allocate_port=allocate
-        )
+        plan_replica(services[role], n, service_ports={"valkey": {6379: valkey_port}}, volume_dirs=volume_dirs, allocate_port=allocate)
         for role, count in SCALE.items()
         for n in range(1, count + 1)
     ]
@@ -59,6 +58,7 @@ def test_harness_maps_services_to_loopback(tmp_path):
         assert env["TESSERA_SERVE_INDEX_URL"] == f"redis://127.0.0.1:{valkey_port}/0"
         assert env["TESSERA_SERVE_ADVERTISE_HOST"] == "127.0.0.1"
         assert env["TESSERA_HOME"] == str(home) and env["HF_HUB_OFFLINE"] == "1"
+        assert env["TESSERA_SERVE_INTERNAL_SECRET_FILE"] == str(secrets / "secret")
         if plan.service == "gateway":
             assert env["TESSERA_SERVE_HTTP_HOST"] == "127.0.0.1"
             assert env["TESSERA_SERVE_HTTP_PORT"] == str(plan.ports[8000])
@@ -74,6 +74,8 @@ def test_harness_maps_services_to_loopback(tmp_path):
     init = plan_replica(services["model-init"], 1, service_ports={}, volume_dirs={"tessera-home": home}, allocate_port=allocate)
     assert init.argv == (sys.executable, "-m", "services.cli.main", "models", "build", "tiny", "--if-missing")
     assert init.env["TESSERA_HOME"] == str(home) and init.ports == {}
+    secret_init = plan_replica(services["secret-init"], 1, service_ports={}, volume_dirs=volume_dirs, allocate_port=allocate)
+    assert secret_init.argv[0] == sys.executable and secret_init.argv[-1] == str(secrets / "secret")
 
 
 def test_harness_reads_stop_and_health_timing_from_the_file():
@@ -97,7 +99,7 @@ def test_undeclared_ports_are_refused(tmp_path):
             services["encoder"],
             1,
             service_ports={"valkey": {6379: 1}},
-            volume_dirs={"tessera-home": tmp_path},
+            volume_dirs={"tessera-home": tmp_path, "tessera-internal": tmp_path},
             allocate_port=iter(range(30000, 30100)).__next__,
         )
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 
-import grpc
 import httpx
 import pytest
 from openai import OpenAI
@@ -79,8 +78,13 @@ class Load:
         return [self.texts.get(i) for i in range(len(self.cases))]
 
 
-def _encoded(address: str) -> float:
-    with grpc.insecure_channel(address) as channel:
+def _encoded(deployment: ComposeDeployment, address: str) -> float:
+    """Asked of the node itself, with the internal secret secret-init wrote for the deployment."""
+    from services.transport.internal_auth import InternalAuth
+    from services.transport.internal_channel import internal_channel
+
+    auth = InternalAuth((deployment.volume_dirs["tessera-internal"] / "secret").read_bytes())
+    with internal_channel(address, auth) as channel:
         return rpc.EncodeStub(channel).Stats(pb.StatsRequest(), timeout=10).counters["encoder_items_encoded_total"]
 
 
@@ -120,7 +124,7 @@ def test_encoders_scale_from_one_to_three_and_back_under_load_without_losing_a_r
         # More new images now that all three are listed: the new encoders must take some.
         texts = Load(url, in_cases[:4]).join()
         assert texts == expected_in[:4]
-        assert sum(_encoded(r.grpc_address) for r in new) > 0, "the encoders that joined got no work"
+        assert sum(_encoded(deployment, r.grpc_address) for r in new) > 0, "the encoders that joined got no work"
 
         # Scale in while requests stream: the removed encoders drain (SIGTERM) and exit 0.
         load = Load(url, in_cases[4:])

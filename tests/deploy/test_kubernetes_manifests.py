@@ -209,6 +209,23 @@ def _check_service(role: str, service: dict, labels: dict) -> None:
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_role_reads_the_internal_secret_from_the_same_secret(kustomization):
+    """The internal plane's secret is a file mounted from one Secret (never a literal here, never
+    optional: a pod without it must not start with an open internal plane)."""
+    objs = _index(_render(kustomization))
+    secret_file = _config(objs)["data"]["TESSERA_SERVE_INTERNAL_SECRET_FILE"]
+    directory, _, key = secret_file.rpartition("/")
+    assert not [name for kind, name in objs if kind == "Secret"], "the secret must not live in the manifests"
+    for role in ROLES:
+        pod = objs[("Deployment", f"tessera-{role}")]["spec"]["template"]["spec"]
+        [volume] = [v for v in pod["volumes"] if v["name"] == "tessera-internal"]
+        assert volume["secret"]["secretName"] == "tessera-internal" and not volume["secret"].get("optional", False)
+        assert [item["path"] for item in volume["secret"]["items"]] == [key]
+        mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts["tessera-internal"]["mountPath"] == directory and mounts["tessera-internal"]["readOnly"] is True
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_disruption_budgets_and_queue_depth_autoscalers(kustomization):
     objs = _index(_render(kustomization))
     for role in ("encoder", "prefill", "decode"):

@@ -2,7 +2,8 @@
 
 ``launch_stack`` starts one more stack (any ``tessera serve`` flags) for tests that need their own
 topology or break things on purpose; ``stop_stack`` stops it. The ``stack`` fixture is the default
-one-node-per-role stack, shared by a module.
+one-node-per-role stack, shared by a module. A stack makes its own internal secret unless
+``launch_stack`` is given one (to call its nodes directly, or add a node by hand).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import httpx
 import pytest
 
 from services.stack.launcher import free_port
+from services.transport.internal_auth import SECRET_ENV, InternalAuth
 
 # Its asserts report like a test's (it is imported after this conftest).
 pytest.register_assert_rewrite("tests.services.stack.stack_probes")
@@ -34,6 +36,16 @@ class RunningStack:
     state_file: Path
     trace_dir: Path
     log: IO[str] | None = None
+    internal_secret: str | None = None  # None: the launcher made one, which the test never sees
+
+    def internal_auth(self) -> InternalAuth:
+        """Credentials for calling this stack's nodes directly."""
+        assert self.internal_secret is not None, "launch_stack(internal_secret=...) to call nodes directly"
+        return InternalAuth(self.internal_secret.encode())
+
+    def node_env(self) -> dict[str, str]:
+        """The environment of a node started by hand to join this stack."""
+        return {**os.environ, SECRET_ENV: self.internal_secret} if self.internal_secret else dict(os.environ)
 
     def state(self) -> dict:
         return json.loads(self.state_file.read_text())
@@ -52,10 +64,19 @@ class RunningStack:
 
 
 def launch_stack(
-    directory: Path, repo_root: Path, *extra: str, env: dict[str, str] | None = None, timeout_s: float = 240.0
+    directory: Path,
+    repo_root: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 240.0,
+    internal_secret: str | None = None,
 ) -> RunningStack:
     """``tessera serve --model tiny <extra>`` in ``directory`` (state file, log, traces), once its
     gateway answers /health."""
+    env = dict(os.environ if env is None else env)
+    env.pop(SECRET_ENV, None)
+    if internal_secret is not None:
+        env[SECRET_ENV] = internal_secret
     state_file = directory / "state.json"
     trace_dir = directory / "traces"
     http_port, generate_port = free_port(), free_port()
@@ -79,9 +100,11 @@ def launch_stack(
         cwd=repo_root,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env={**(os.environ if env is None else env), "TESSERA_TRACE_EXPORTER": f"jsonl:{trace_dir}"},
+        env={**env, "TESSERA_TRACE_EXPORTER": f"jsonl:{trace_dir}"},
     )
-    running = RunningStack(process, f"http://127.0.0.1:{http_port}/v1", f"127.0.0.1:{generate_port}", state_file, trace_dir, log)
+    running = RunningStack(
+        process, f"http://127.0.0.1:{http_port}/v1", f"127.0.0.1:{generate_port}", state_file, trace_dir, log, internal_secret
+    )
     deadline = time.monotonic() + timeout_s
     url = f"http://127.0.0.1:{http_port}"
     while time.monotonic() < deadline:

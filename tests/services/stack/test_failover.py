@@ -43,6 +43,7 @@ def cluster(tmp_path_factory, tiny_model, repo_root):
         "--decode",
         "2",
         "--no-restart",
+        internal_secret="failover-test-internal-secret",  # for the nodes it adds by hand, and their Stats
     )
     yield running
     stop_stack(running)
@@ -164,7 +165,7 @@ def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_requ
     num_nodes = _num_live_nodes(cluster)
     _wait_for_all_nodes(cluster, num_nodes)
     log = open(tmp_path / "encoder-extra.log", "w")
-    extra, grpc_address = start_node("encoder", model="tiny", index_url=cluster.state()["valkey"]["url"], log=log)
+    extra, grpc_address = start_node("encoder", model="tiny", index_url=cluster.state()["valkey"]["url"], log=log, env=cluster.node_env())
     try:
         wait_serving(grpc_address, 120, extra)
         _wait_for_all_nodes(cluster, num_nodes + 1)
@@ -174,7 +175,7 @@ def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_requ
         # gets none of them with probability 2^-8 only (and load breaks ties its way sooner).
         texts, errors = Streams(cluster, cases[:8]).join()
         assert not errors and texts == expected[:8]
-        assert _encoded_by(grpc_address) > 0, "the new encoder got no work"
+        assert _encoded_by(cluster, grpc_address) > 0, "the new encoder got no work"
         # Scale in: SIGTERM drains it while requests for new images are in flight.
         streams = Streams(cluster, cases[8:])
         streams.wait_flowing(1)
@@ -198,7 +199,7 @@ def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(clu
     num_nodes = _num_live_nodes(cluster)
     _wait_for_all_nodes(cluster, num_nodes)
     log = open(tmp_path / "decode-extra.log", "w")
-    extra, grpc_address = start_node("decode", model="tiny", index_url=cluster.state()["valkey"]["url"], log=log)
+    extra, grpc_address = start_node("decode", model="tiny", index_url=cluster.state()["valkey"]["url"], log=log, env=cluster.node_env())
     try:
         wait_serving(grpc_address, 120, extra)
         _wait_for_all_nodes(cluster, num_nodes + 1)
@@ -208,7 +209,7 @@ def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(clu
         streams = Streams(cluster, cases)
         streams.wait_flowing(len(cases))
         # Least-loaded placement alternates between the two decode nodes.
-        assert _decode_requests(grpc_address) > 0, "no stream was placed on the node about to freeze"
+        assert _decode_requests(cluster, grpc_address) > 0, "no stream was placed on the node about to freeze"
         extra.send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
         texts, errors = streams.join()
@@ -224,21 +225,19 @@ def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(clu
         log.close()
 
 
-def _decode_requests(grpc_address: str) -> float:
-    import grpc
-
+def _decode_requests(stack: RunningStack, grpc_address: str) -> float:
     from protos.gen import pb, rpc
+    from services.transport.internal_channel import internal_channel
 
-    with grpc.insecure_channel(grpc_address) as channel:
+    with internal_channel(grpc_address, stack.internal_auth()) as channel:
         return rpc.DecodeStub(channel).Stats(pb.StatsRequest(), timeout=10).counters["decode_requests_total"]
 
 
-def _encoded_by(grpc_address: str) -> float:
-    import grpc
-
+def _encoded_by(stack: RunningStack, grpc_address: str) -> float:
     from protos.gen import pb, rpc
+    from services.transport.internal_channel import internal_channel
 
-    with grpc.insecure_channel(grpc_address) as channel:
+    with internal_channel(grpc_address, stack.internal_auth()) as channel:
         stats = rpc.EncodeStub(channel).Stats(pb.StatsRequest(), timeout=10)
     return stats.counters["encoder_items_encoded_total"]
 

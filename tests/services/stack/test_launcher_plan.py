@@ -27,3 +27,29 @@ def test_internal_ports_bind_loopback_whatever_the_public_host():
 def test_every_role_needs_a_node():
     with pytest.raises(ValueError, match="at least one node"):
         Stack(StackConfig(num_prefill=0)).node_processes([])
+
+
+def test_each_stack_has_its_own_internal_secret_unless_one_is_configured(monkeypatch):
+    from services.transport.internal_auth import SECRET_ENV, InternalAuth
+
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    first, second = Stack(StackConfig()), Stack(StackConfig())
+    assert first.internal_secret != second.internal_secret
+    InternalAuth(first.internal_secret.encode())  # long enough to be accepted by every role
+    monkeypatch.setenv(SECRET_ENV, "configured-by-the-operator")
+    assert Stack(StackConfig()).internal_secret == "configured-by-the-operator"
+
+
+def test_each_role_is_spawned_with_its_cpu_share_and_operator_variables_win(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    stack = Stack(StackConfig(num_encoders=2))
+    stack.roles.extend(stack.node_processes(["tessera", "serve"]))
+    spawned = {}
+    monkeypatch.setattr("services.stack.launcher.subprocess.Popen", lambda argv, env, **_: spawned.setdefault(argv[-1], env))
+    for role in stack.roles:
+        role.argv.append(role.role)
+        stack._spawn(role)
+    assert set(spawned) == {"preprocess", "encoder", "encoder-1", "prefill", "decode"}
+    for env in spawned.values():
+        assert env["OMP_WAIT_POLICY"] == "ACTIVE" and int(env["OMP_NUM_THREADS"]) >= 1

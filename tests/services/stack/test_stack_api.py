@@ -194,7 +194,21 @@ def test_tessera_bench_runs_every_workload_against_the_stack(stack, tmp_path):
     from services.bench import report
     from services.cli.main import main
 
-    argv = ["bench", "--workload", "all", "--requests", "4", "--concurrency", "2", "--max-tokens", "4", "--image-size", "64x64"]
+    argv = [
+        "bench",
+        "--workload",
+        "all",
+        "--requests",
+        "4",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "4",
+        "--image-size",
+        "64x64",
+        "--warmup",
+        "1",
+    ]
     assert main([*argv, "--base-url", stack.base_url, "--out", str(tmp_path), "--no-progress", "--label", "smoke"]) == 0
     runs = {run.workload: run for run in (report.load(path) for path in tmp_path.glob("*.json"))}
     assert set(runs) == {"shared_images", "multi_turn", "long_prompts", "cold_images"}

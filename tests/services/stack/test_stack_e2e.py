@@ -169,6 +169,32 @@ def test_public_grpc_generate_streams_tokens(stack, oracle):
     assert chunks[-1].finished and chunks[-1].usage.prompt_tokens == prompt_len
 
 
+def test_internal_calls_without_the_stack_secret_are_refused(stack):
+    """The launcher made one internal secret for this stack and gave it to every role: a caller
+    without it cannot use an encoder's Encode or a prefill node's ExportKV, while requests through
+    the gateway (which has it) are served, and the nodes export their tensor-drop counters."""
+    from protos.gen import pb, rpc
+
+    roles = stack.state()["roles"]
+    target = "tcp://127.0.0.1:9"  # would receive the pages or embeddings, were the call served
+    calls = {
+        "encoder": lambda channel: rpc.EncodeStub(channel).Encode(pb.EncodeRequest(target_data_address=target), timeout=10),
+        "prefill": lambda channel: rpc.KVPeerStub(channel).ExportKV(
+            pb.ExportKVRequest(block_hashes=["0" * 64], target_data_address=target, transfer_id="t"), timeout=10
+        ),
+    }
+    for role, call in calls.items():
+        with grpc.insecure_channel(roles[role]["grpc_address"]) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                call(channel)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, role
+    reply = client_for(stack).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+    assert reply.usage.completion_tokens == 2
+    metrics = stack.metrics()
+    for reason in ("malformed", "unauthenticated", "inbox_full"):
+        assert metrics[f"tessera_tensor_messages_dropped_{reason}_total"] == 0
+
+
 def test_killed_role_fails_fast_with_503_and_restart_restores_service(stack):
     client = client_for(stack)
     state = stack.state()["roles"]["decode"]

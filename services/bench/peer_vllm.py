@@ -19,7 +19,7 @@ from pathlib import Path
 from services.stack.launcher import free_port
 from shared.models.registry import ensure_builtin
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "peer"  # the model name run_vllm.sh serves under
 
 

@@ -1,0 +1,18 @@
+"""The decode node exports the engine node's cache gauges: KV pool, prefix blocks, embeddings."""
+
+from __future__ import annotations
+
+from services.decode.node import DecodeNode
+from services.engine.config import EngineConfig
+from shared.cache_gauges import cache_usage
+
+
+def test_an_idle_decode_node_reports_its_budgets_and_nothing_used(tiny_model):
+    node = DecodeNode(
+        tiny_model, EngineConfig(num_kv_blocks=32, encoder_cache_tokens=256, max_encoder_tokens_per_step=256), data_bind="tcp://127.0.0.1:0"
+    )
+    try:
+        usage = {u.cache: (u.unit, u.used, u.capacity) for u in cache_usage(node.counters())}
+        assert usage == {"kv": ("blocks", 0.0, 32.0), "prefix": ("blocks", 0.0, 32.0), "embedding": ("rows", 0.0, 256.0)}
+    finally:
+        node.close()

@@ -1,0 +1,35 @@
+"""The preprocess node's cache gauges: processor cache (bytes), encoded-file memo and pixel
+mirror (entries), each used against its budget, and every budget kept while images churn."""
+
+from __future__ import annotations
+
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.node import PreprocessNode
+from services.transport.tensor_channel import TensorInbox
+from shared.cache_gauges import cache_usage
+from tests.factories import chat_case, encode_image, make_image
+
+
+def test_gauges_follow_the_caches_and_stay_within_budget(tiny_model):
+    config = PreprocessConfig(processor_cache_bytes=200_000, file_hash_memo_entries=3)
+    node = PreprocessNode(tiny_model, config, mirror_entries=2)
+    inbox = TensorInbox("tcp://127.0.0.1:0")
+    try:
+        assert {u.cache: (u.used, u.capacity) for u in cache_usage(node.counters())} == {
+            "processor": (0.0, 200_000.0),
+            "file_hash_memo": (0.0, 3.0),
+            "pixel_mirror": (0.0, 0.0),  # a mirror per encoder fed; none yet
+        }
+        for seed in range(5):
+            body = chat_case(encode_image(make_image(56, 56, seed=seed)), "What is it?").body
+            node.preprocess(body, encoder_id="e", encoder_address=inbox.address)
+            usage = {u.cache: u for u in cache_usage(node.counters())}
+            assert all(u.used <= u.capacity for u in usage.values())
+        cache = node.preprocessor.processor_cache
+        assert usage["processor"].used == cache.stats.num_bytes > 0
+        assert usage["processor"].used + cache.stats.num_bytes / len(cache) > cache.capacity_bytes  # full: it evicts
+        assert usage["file_hash_memo"].used == 3  # 5 distinct files, 3 remembered
+        assert (usage["pixel_mirror"].used, usage["pixel_mirror"].capacity) == (2, 2)  # one encoder fed
+    finally:
+        inbox.close()
+        node.close()
