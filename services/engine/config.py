@@ -16,7 +16,7 @@ class EngineConfig:
     # KV pool size: an explicit block count, or derived from a byte budget.
     num_kv_blocks: int | None = None
     kv_cache_bytes: int = 512 * 1024 * 1024
-    max_num_seqs: int = 16
+    max_num_seqs: int = 256  # as vLLM: a decode batch this wide amortizes the LM head over many streams
     # Token budget per step, shared by prefill chunks and decode tokens (chunked prefill).
     max_num_batched_tokens: int = 2048
     # Encoder cache budget in embedding rows, and how many rows the vision tower may produce per step.
