@@ -1,15 +1,18 @@
 """Decode node: adopts requests whose prompt KV arrives from a prefill node, and decodes them
-with continuous batching. A cancelled stream aborts its request, which frees its KV pages."""
+with continuous batching. A cancelled stream aborts its request, which frees its KV pages; one
+cancelled while its pages are still on the way is never adopted."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_node import EngineNode
+from services.engine.kv_pages import KVPages
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from services.engine.sampling import TokenLogprobs
@@ -40,18 +43,25 @@ class DecodeNode(EngineNode):
         self.num_requests = 0
         self.num_tokens_generated = 0
 
-    def start(
+    def wait_for_pages(self, request_id: str) -> KVPages:
+        """The prompt's KV pages, pushed by the prefill node (blocks until they arrive)."""
+        pages = self.receive_pages(request_id, self.kv_wait_s)
+        if pages is None:
+            raise KVTransferTimeoutError(f"KV pages for {request_id} did not arrive within {self.kv_wait_s}s")
+        return pages
+
+    def adopt(
         self,
         request: Request,
         first_token: int,
+        pages: KVPages,
         on_output: Callable[[RequestOutput | BaseException], None],
         first_token_logprobs: TokenLogprobs | None = None,
-    ) -> None:
-        """Wait for the prompt's KV pages, adopt the request, and stream outputs to ``on_output``
-        (called on the engine thread; the last call has ``finished`` set, or is an exception)."""
-        pages = self.receive_pages(request.request_id, self.kv_wait_s)
-        if pages is None:
-            raise KVTransferTimeoutError(f"KV pages for {request.request_id} did not arrive within {self.kv_wait_s}s")
+    ) -> Future:
+        """Take the request over on the engine thread and stream its outputs to ``on_output``
+        (called on the engine thread; the last call has ``finished`` set, or is an exception).
+        The future resolves once it is adopted. Cancelled before the engine thread gets to it,
+        the request is never adopted; after, ``abort`` stops it (calls run in order)."""
 
         def counting(output):
             if not isinstance(output, BaseException):
@@ -65,6 +75,7 @@ class DecodeNode(EngineNode):
             except BaseException:
                 self.loop.unsubscribe(request.request_id)
                 raise
+            self.num_requests += 1
             first_logprobs = [first_token_logprobs] if first_token_logprobs is not None else []
             if final is not None:
                 self.loop.unsubscribe(request.request_id)
@@ -72,8 +83,18 @@ class DecodeNode(EngineNode):
             else:  # the first token came from the prefill node; stream it like any other
                 counting(engine.outputs.snapshot(request, [first_token], first_logprobs))
 
-        self.loop.call(adopt).result()
-        self.num_requests += 1
+        return self.loop.call(adopt)
+
+    def start(
+        self,
+        request: Request,
+        first_token: int,
+        on_output: Callable[[RequestOutput | BaseException], None],
+        first_token_logprobs: TokenLogprobs | None = None,
+    ) -> None:
+        """Blocking: wait for the prompt's KV pages, then adopt the request."""
+        pages = self.wait_for_pages(request.request_id)
+        self.adopt(request, first_token, pages, on_output, first_token_logprobs).result()
 
     def abort(self, request_id: str) -> None:
         self.loop.unsubscribe(request_id)
@@ -84,6 +105,7 @@ class DecodeNode(EngineNode):
             "decode_requests_total": float(self.num_requests),
             "decode_tokens_generated_total": float(self.num_tokens_generated),
             "decode_kv_blocks_free": float(self.engine.kv.pool.num_free_blocks),
+            "engine_requests_aborted_total": float(self.engine.num_aborted),
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
             **self.inbox.counters(),
             **self.cache_gauges(),

@@ -1,4 +1,6 @@
-"""gRPC Decode service: streams a request's tokens; a cancelled stream aborts the request."""
+"""gRPC Decode service: streams a request's tokens. A stream that goes away (cancelled, or past its
+deadline) aborts its request; a node at its limit of streams, or out of KV pages, refuses new ones
+as busy (services/transport/node_admission.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import grpc
 from protos.gen import pb, rpc
 from services.decode.coalesce import OutputCoalescer
 from services.decode.node import DecodeNode, KVTransferTimeoutError
+from services.engine.connector import KVPagesExhaustedError
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
 from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
@@ -18,11 +21,13 @@ from services.transport.convert import item_from_pb
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.kv_peer import add_kv_peer
+from services.transport.node_admission import NodeAdmission, abort_overloaded
 
 
 class DecodeServicer(rpc.DecodeServicer):
-    def __init__(self, node: DecodeNode) -> None:
+    def __init__(self, node: DecodeNode, admission: NodeAdmission) -> None:
         self.node = node
+        self.admission = admission
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - one servicer per process, lives as long
     def token_text(self, token_id: int) -> str:
@@ -30,6 +35,12 @@ class DecodeServicer(rpc.DecodeServicer):
         return self.node.engine.outputs.tokenizer.decode([token_id])
 
     async def Decode(self, request: pb.DecodeRequest, context):
+        # Refused as busy: the pages the prefill node already pushed for it are not wanted here.
+        async with self.admission.admitted(context, on_refused=lambda: self.node.inbox.discard(request.request_id)):
+            async for chunk in self._decode(request, context):
+                yield chunk
+
+    async def _decode(self, request: pb.DecodeRequest, context):
         items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
         engine_request = build_request(
             request.request_id,
@@ -43,16 +54,20 @@ class DecodeServicer(rpc.DecodeServicer):
         engine_request.output_token_ids = list(request.prior_output_token_ids)  # a migrated request
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        try:
-            to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
-            first_logprobs = logprobs_from_pb(request.first_token_logprob) if request.HasField("first_token_logprob") else None
-            await asyncio.to_thread(self.node.start, engine_request, request.first_token_id, to_client, first_logprobs)
-        except KVTransferTimeoutError as exc:
-            await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
-        except RequestRejectedError as exc:
-            await abort_with(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), 503)
         finished = False
         try:
+            try:
+                to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
+                first_logprobs = logprobs_from_pb(request.first_token_logprob) if request.HasField("first_token_logprob") else None
+                pages = await asyncio.to_thread(self.node.wait_for_pages, request.request_id)
+                adopted = self.node.adopt(engine_request, request.first_token_id, pages, to_client, first_logprobs)
+                await asyncio.wrap_future(adopted)
+            except KVTransferTimeoutError as exc:
+                await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
+            except KVPagesExhaustedError as exc:
+                await abort_overloaded(context, "decode", str(exc))
+            except RequestRejectedError as exc:  # it can never run here (too long for the model or the KV pool)
+                await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), 400)
             while not finished:
                 output = await queue.get()
                 if isinstance(output, BaseException):
@@ -67,14 +82,17 @@ class DecodeServicer(rpc.DecodeServicer):
                 )
         finally:
             if not finished:
-                self.node.abort(request.request_id)  # client went away: free its KV pages
+                # The client went away, its deadline passed (grpc.aio cancels this task either
+                # way), or it failed: stop it, which frees its KV pages.
+                self.node.abort(request.request_id)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        return pb.StatsResponse(role="decode", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
+        counters = {**self.node.counters(), **self.admission.counters()}
+        return pb.StatsResponse(role="decode", pid=os.getpid(), counters=counters, data_address=self.node.data_address)
 
 
-async def serve(node: DecodeNode, address: str, lifecycle: Lifecycle, auth: InternalAuth) -> None:
+async def serve(node: DecodeNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:
     server = new_server(auth)
-    rpc.add_DecodeServicer_to_server(DecodeServicer(node), server)
+    rpc.add_DecodeServicer_to_server(DecodeServicer(node, admission), server)
     kv_peer = add_kv_peer(server, node)
     await serve_forever(server, address, ["tessera.v1.Decode", kv_peer], lifecycle, auth)

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from services.engine.config import EngineConfig
+from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
@@ -21,6 +22,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     from services.encoder.server import serve
 
     liveness = Liveness(stall_s=settings.liveness_stall_s)
+    admission = NodeAdmission("encoder", settings.max_pending_requests)
     auth, channel_auth = node_auth(settings)
     node = EncoderNode(
         model,
@@ -30,8 +32,14 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         liveness=liveness,
         channel_auth=channel_auth,
     )
-    node.publisher = node_publisher("encoder", settings, model.model_id, node.data_address, node.load, liveness)
+
+    def load() -> tuple[float, float]:
+        # Encode calls wait their turn in the servicer (so a cancelled one leaves the line): the
+        # admitted calls are the node's queue, and its load.
+        return float(admission.num_pending), 0.0
+
+    node.publisher = node_publisher("encoder", settings, model.model_id, node.data_address, load, liveness)
     lifecycle = node_lifecycle(
-        "encoder", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters
+        "encoder", settings, node.publisher, liveness, close=node.close, load_fn=load, counters_fn=node.counters, admission=admission
     )
-    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth))
+    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission))

@@ -15,6 +15,10 @@ from services.engine.request import Request, RequestStatus
 from shared.types import BlockHash, MmHash
 
 
+class KVPagesExhaustedError(RequestRejectedError):
+    """No free KV pages for the request right now: the node is busy, the request is fine."""
+
+
 def import_embeddings(engine: Engine, request_id: str, mm_hash: MmHash, embeds: torch.Tensor) -> bool:
     """Make an image's embeddings resident for ``request_id`` (computed elsewhere). Returns False
     if the encoder cache has no room right now."""
@@ -39,13 +43,16 @@ def import_prefilled(engine: Engine, request: Request, first_token: int, pages: 
     ``pages`` then cover the prompt and those tokens, and ``first_token`` follows them.
     """
     engine.check_admissible(request)
+    vocab_size = engine.runner.checkpoint.text.vocab_size
+    if not 0 <= first_token < vocab_size:
+        raise RequestRejectedError(f"first token id {first_token} is outside the vocabulary of {vocab_size}")
     num_known_tokens = request.num_tokens  # all of them have KV in the pages
     status = engine.outputs.append_token(request, first_token)
     if status is not None:
         request.status = status
         return engine.outputs.snapshot(request, [first_token])
     if not engine.kv.allocate(request, request.num_prompt_tokens + request.sampling.max_tokens):
-        raise RequestRejectedError("decode node has no free KV pages for this request; retry later")
+        raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
     table = engine.kv.block_table(request)
     ids = torch.tensor(table[: num_blocks(pages)], dtype=torch.long, device=engine.runner.device)
     for (k_cache, v_cache), (k_pages, v_pages) in zip(engine.runner.kv_caches, pages):

@@ -43,6 +43,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._failures: list[tuple[str, Exception]] = []
         self.num_steps = 0
+        self.num_aborted = 0  # requests stopped unfinished: their caller left or ran out of time, or their step failed
         # Called as fn(request, block_ids) when a request finishes, before its KV is released.
         self.finish_listeners: list[Callable[[Request, list[int]], None]] = []
 
@@ -71,6 +72,7 @@ class Engine:
     def abort(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
         if request is not None:
+            self.num_aborted += 1
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
             self.sampler.forget(request_id)
             self.sync_encoder_outputs()
@@ -141,6 +143,13 @@ class Engine:
         self.runner.drop_encoder_outputs(self.encoder_cache.drain_evicted())
 
     def check_admissible(self, request: Request) -> None:
+        # A token id outside the embedding table would fail the whole batch's step, not just this
+        # request: nodes take token ids from the wire, so they are checked here, once.
+        vocab_size = self.runner.checkpoint.text.vocab_size
+        token_ids = request.token_ids()
+        if token_ids and not 0 <= min(token_ids) <= max(token_ids) < vocab_size:
+            bad = next(t for t in token_ids if not 0 <= t < vocab_size)
+            raise RequestRejectedError(f"token id {bad} is outside the vocabulary of {vocab_size}")
         total = request.num_prompt_tokens + request.sampling.max_tokens
         if total > self.config.max_model_len:
             raise RequestRejectedError(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention import AttentionBatch
+from kernels.cpu_linear import packing_available
 from kernels.selector import create_backend
 from services.engine.config import EngineConfig
 from services.engine.kv.kv_cache_manager import KVCacheManager
@@ -37,6 +38,8 @@ class ModelRunner:
         self.decoder = TextDecoder(self.checkpoint.text)
         self.decoder.load(text_weights)
         self.decoder.to(self.device).eval()
+        if config.prepack_weights and self.device.type == "cpu" and packing_available():
+            self.decoder.pack_for_cpu()
         merge = self.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
         # A prefill node receives embeddings from an encoder node and loads no vision tower.
         self.vision: VisionEncoder | None = None

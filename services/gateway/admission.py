@@ -11,6 +11,17 @@ from services.gateway.errors import GatewayError
 RETRY_AFTER_S = 1
 
 
+def rate_limited(message: str) -> GatewayError:
+    """A 429 in OpenAI's rate-limit shape, with ``Retry-After``: the gateway or a node is full."""
+    return GatewayError(
+        429,
+        f"{message}; retry after {RETRY_AFTER_S} s",
+        error_type="requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
 class Ticket:
     """Admitted choices; ``release`` returns them (once, however often it is called)."""
 
@@ -39,12 +50,6 @@ class Admission:
     def admit(self, num: int) -> Ticket:
         if not self.can_admit(num):
             self.num_refused += 1
-            raise GatewayError(
-                429,
-                f"the gateway is at its limit of {self.max_num_requests} requests in flight; retry after {RETRY_AFTER_S} s",
-                error_type="requests",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
+            raise rate_limited(f"the gateway is at its limit of {self.max_num_requests} requests in flight")
         self.num_admitted += num
         return Ticket(self, num)

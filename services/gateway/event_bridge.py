@@ -4,9 +4,11 @@ Each request's iterator runs on a thread of its own, so a thousand open streams 
 cheap threads, never the event loop and never a fixed-size pool that would queue whole streams
 behind each other. Items cross to the loop with ``call_soon_threadsafe``.
 
-Cancellation: when the consumer stops early (the client went away, or the handler failed), the
-thread is told to stop; it notices at its next item, then closes the iterator, and closing the
-pipeline's iterator cancels its in-flight gRPC call, which frees the request's KV on the node.
+Cancellation: when the consumer stops early (the client went away, or the handler failed),
+``on_stop`` runs at once (for a request: cancel its gRPC call in flight, which the thread may be
+blocked in, such as a long prefill), and the thread is told to stop; it notices at its next item,
+then closes the iterator, and closing the pipeline's iterator cancels its decode stream, which
+frees the request's KV on the node.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ T = TypeVar("T")
 _END = object()
 
 
-async def iterate_in_thread(make_iterator: Callable[[], Iterator[T]], *, name: str = "request") -> AsyncIterator[T]:
+async def iterate_in_thread(
+    make_iterator: Callable[[], Iterator[T]], *, name: str = "request", on_stop: Callable[[], None] = lambda: None
+) -> AsyncIterator[T]:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     stop = threading.Event()
@@ -48,9 +52,12 @@ async def iterate_in_thread(make_iterator: Callable[[], Iterator[T]], *, name: s
                 iterator.close()
 
     threading.Thread(target=produce, name=name, daemon=True).start()
+    ended = False
     try:
         while True:
             item = await queue.get()
+            if item is _END or isinstance(item, _Raised):
+                ended = True
             if item is _END:
                 return
             if isinstance(item, _Raised):
@@ -58,6 +65,8 @@ async def iterate_in_thread(make_iterator: Callable[[], Iterator[T]], *, name: s
             yield item
     finally:
         stop.set()
+        if not ended:
+            on_stop()
 
 
 class _Raised:

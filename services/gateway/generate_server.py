@@ -10,6 +10,7 @@ import grpc
 
 from protos.gen import pb, rpc
 from services.gateway.errors import GatewayError
+from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.gateway.openai_api import parse_chat_request
 from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
@@ -21,7 +22,9 @@ _STATUS_TO_CODE = {
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,  # every node of a role busy: retry after a while
     503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 
@@ -40,7 +43,10 @@ class GenerateServicer(rpc.GenerateServicer):
                 raise GatewayError(400, "Generate streams one choice: n must be 1", param="n")
             [generation] = request.generations
             sent, completion_tokens = "", 0
-            for event in self.pipeline.run(generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt):
+            calls = InFlightCalls()
+            context.add_callback(calls.cancel)  # runs when the call ends: a cancelled one stops its work on the nodes
+            events = self.pipeline.run(generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt, calls=calls)
+            for event in events:
                 completion_tokens += len(event.token_ids)
                 delta = event.text[len(sent) :]
                 sent = event.text
@@ -56,6 +62,8 @@ class GenerateServicer(rpc.GenerateServicer):
                     finish_reason=event.finish_reason or "",
                     usage=usage,
                 )
+        except RequestCancelledError:
+            return  # the client cancelled: nobody is listening
         except json.JSONDecodeError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_json is not valid JSON: {exc}")
         except GatewayError as exc:

@@ -12,6 +12,8 @@ for everyone, and the attempt starts again from routing; a preprocess failure pi
 preprocess node. A decode node lost mid-stream is a *migration*: the next attempt prefills the
 prompt plus the tokens already streamed (their prompt blocks are prefix-cache hits) and the new
 decode node continues after them, so the client sees one stream with no repeated token.
+A node that refuses a call as busy (at its limit of requests) is skipped for this request only,
+not quarantined; when every node of a role is busy the request gets a 429 with Retry-After.
 A request gives up with a 503 when a role has no live node left, or after ``max_failures`` node
 failures. Errors about the request itself (4xx) are never retried. A request has one deadline
 (``timeout_s`` from its arrival, retries included): every call gets what is left of it as its
@@ -37,8 +39,10 @@ from protos.gen import pb, rpc
 from services.engine.sampling import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.gateway.call_watchdog import CallWatchdog
+from services.gateway.context_length import DEFAULT_MAX_MODEL_LEN, check_context_length
 from services.gateway.errors import GatewayError
-from services.gateway.failures import Attempts, NodeFailure, classify_rpc_error, remaining_s, trailing_value
+from services.gateway.failures import Attempts, NodeFailure, NodeOverloaded, classify_rpc_error, remaining_s, trailing_value
+from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.router.route_attributes import route_attributes
 from services.router.router import NoLiveNodeError, Route, Router
 from services.transport.grpc_server import MISSING_PIXELS_KEY
@@ -78,8 +82,10 @@ class Pipeline:
         max_failures: int = 4,
         clock: Callable[[], float] = time.monotonic,
         auth: InternalAuth | None = None,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     ) -> None:
         self.router = router
+        self.max_model_len = max_model_len
         self.auth = auth or InternalAuth()  # the internal plane's credentials, on every call to a node
         self.clock = clock
         self.membership = router.membership
@@ -92,6 +98,7 @@ class Pipeline:
         self.watchdog = CallWatchdog(self.membership)
         self.num_retries = 0
         self.num_migrations = 0
+        self.num_busy_refusals = 0  # calls a busy node refused (tried elsewhere, or a 429)
         self.route_observers: list[Callable[[Route], None]] = []  # e.g. the routing-latency histogram
 
     def stub(self, role: str, address: str):
@@ -123,16 +130,27 @@ class Pipeline:
         return data
 
     def run(
-        self, body: dict, sampling: SamplingParams, *, cache_salt: str | None = None, request_id: str | None = None, stream: bool = True
+        self,
+        body: dict,
+        sampling: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+        request_id: str | None = None,
+        stream: bool = True,
+        calls: InFlightCalls | None = None,
     ) -> Iterator[TokenEvent]:
         """Token events: one per token when ``stream``, else just the first and the last of each
-        decode node (the last carries every token since that node's first)."""
+        decode node (the last carries every token since that node's first). ``calls.cancel()``
+        (the client went away) cancels the call in flight and ends the run with
+        RequestCancelledError."""
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
-            yield from self._run(body, sampling, cache_salt, request_id, stream)
+            yield from self._run(body, sampling, cache_salt, request_id, stream, calls or InFlightCalls())
 
-    def _run(self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool) -> Iterator[TokenEvent]:
+    def _run(
+        self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, calls: InFlightCalls
+    ) -> Iterator[TokenEvent]:
         attempts = Attempts(self.max_failures)
         deadline = self.clock() + self.timeout_s  # one budget for the whole request, every retry included
         preprocess_address: str | None = None
@@ -145,12 +163,23 @@ class Pipeline:
                     preprocess_address = self._pick_preprocess(attempts.excluded)
                 if prep is None:
                     prep = self._preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
+                    param = "messages" if "messages" in body else "prompt"
+                    check_context_length(len(prep.prompt_token_ids), sampling.max_tokens, self.max_model_len, param=param)
                 route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
                 if lacking:
                     self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False, deadline=deadline)
                 with self.membership.in_flight(route.encoder, route.prefill, route.decode):
                     prefill = self._prefill(
-                        f"{request_id}-{attempt}", preprocess_address, body, prep, sampling, cache_salt, route, emitted, deadline=deadline
+                        f"{request_id}-{attempt}",
+                        preprocess_address,
+                        body,
+                        prep,
+                        sampling,
+                        cache_salt,
+                        route,
+                        emitted,
+                        deadline=deadline,
+                        calls=calls,
                     )
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
                 _trace_prefill(prep, prefill)
@@ -166,18 +195,26 @@ class Pipeline:
                         stream,
                         cached_tokens,
                         deadline=deadline,
+                        calls=calls,
                     ):
                         emitted.extend(event.token_ids)
                         yield event
                         if event.finished:
                             return
                 raise NodeFailure("decode", route.decode, "the stream ended early")
-            except NodeFailure as failure:
-                self._record_failure(failure, attempts, deadline, migrating=bool(emitted))
+            except (NodeFailure, NodeOverloaded) as failure:
+                if calls.cancelled:  # the client left and its call was cancelled: not the node's failure
+                    raise RequestCancelledError() from None
+                if isinstance(failure, NodeFailure):
+                    self._record_failure(failure, attempts, deadline, migrating=bool(emitted))
+                else:  # busy, not broken: another node of the role, without quarantining this one
+                    trace.get_current_span().add_event("node_busy", {"tessera.role": failure.role, "tessera.node": failure.address})
+                    attempts.record_busy(failure)
+                    self.num_busy_refusals += 1
                 if failure.role == "preprocess":
                     preprocess_address = None
             except NoLiveNodeError as exc:
-                raise GatewayError(503, f"{exc}: retry when nodes have joined") from None
+                raise attempts.no_node_left(exc) from None
         raise AssertionError("unreachable")
 
     def _record_failure(self, failure: NodeFailure, attempts: Attempts, deadline: float, *, migrating: bool) -> None:
@@ -249,7 +286,18 @@ class Pipeline:
         )
 
     def _prefill(
-        self, request_id, preprocess_address, body, prep, sampling, cache_salt, route: Route, emitted: list[int], *, deadline: float
+        self,
+        request_id,
+        preprocess_address,
+        body,
+        prep,
+        sampling,
+        cache_salt,
+        route: Route,
+        emitted: list[int],
+        *,
+        deadline: float,
+        calls: InFlightCalls,
     ) -> pb.PrefillResponse:
         request = pb.PrefillRequest(
             request_id=request_id,
@@ -266,8 +314,10 @@ class Pipeline:
         for attempt in range(2):
             try:
                 call = stub.Prefill.future(request, timeout=self._remaining_s(deadline), metadata=outgoing_metadata())
-                with self.watchdog.watching(call, route.prefill):
+                with self.watchdog.watching(call, route.prefill), calls.tracking(call):
                     return call.result()
+            except grpc.FutureCancelledError:  # by the watchdog (its node left the cluster), or for the client
+                raise NodeFailure("prefill", route.prefill, "the call was cancelled") from None
             except grpc.RpcError as exc:
                 missing = trailing_value(exc, MISSING_PIXELS_KEY)
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
@@ -290,6 +340,7 @@ class Pipeline:
         cached_tokens: int,
         *,
         deadline: float,
+        calls: InFlightCalls,
     ) -> Iterator[TokenEvent]:
         decode_request = pb.DecodeRequest(
             request_id=request_id,
@@ -308,7 +359,7 @@ class Pipeline:
         chunks = self._call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, self._remaining_s(deadline))
         prompt_tokens = len(prep.prompt_token_ids)
         try:
-            with self.watchdog.watching(chunks, route.decode):
+            with self.watchdog.watching(chunks, route.decode), calls.tracking(chunks):
                 for chunk in chunks:
                     logprobs = tuple(
                         TokenLogprob(lp.token, lp.logprob, tuple(zip(lp.top_tokens, lp.top_logprobs))) for lp in chunk.logprobs

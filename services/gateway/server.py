@@ -76,10 +76,16 @@ class Settings(InternalPlaneSettings):
 
 def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) -> None:
     served_model = settings.model if settings.model in ("tiny", "small") else model.model_id
-    run_gateway(settings, served_model=served_model, namespace=model.model_id, block_size=engine_config.block_size)
+    run_gateway(
+        settings,
+        served_model=served_model,
+        namespace=model.model_id,
+        block_size=engine_config.block_size,
+        max_model_len=engine_config.max_model_len,
+    )
 
 
-def build_pipeline(config: Settings, *, namespace: str, block_size: int) -> Pipeline:
+def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_model_len: int) -> Pipeline:
     index = create_index(config.index_url, namespace=namespace) if config.index_url else None
     static = {role: tuple(a.strip() for a in getattr(config, f"{role}_address").split(",") if a.strip()) for role in ROUTED_ROLES}
     membership = Membership(
@@ -88,13 +94,17 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int) -> Pipe
     membership.start()
     router = Router(membership, policy=config.routing_policy, index=index if config.cache_lookups else None, block_size=block_size)
     return Pipeline(
-        router, timeout_s=config.request_timeout_s, max_failures=config.max_node_failures, auth=InternalAuth.from_settings(config)
+        router,
+        timeout_s=config.request_timeout_s,
+        max_failures=config.max_node_failures,
+        auth=InternalAuth.from_settings(config),
+        max_model_len=max_model_len,
     )
 
 
-def run_gateway(config: Settings, *, served_model: str, namespace: str, block_size: int) -> None:
+def run_gateway(config: Settings, *, served_model: str, namespace: str, block_size: int, max_model_len: int) -> None:
     api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
-    pipeline = build_pipeline(config, namespace=namespace, block_size=block_size)
+    pipeline = build_pipeline(config, namespace=namespace, block_size=block_size, max_model_len=max_model_len)
     app, state = create_app(
         pipeline,
         served_model=served_model,

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 from services.gateway.event_bridge import iterate_in_thread
+from services.gateway.in_flight import InFlightCalls
 from services.gateway.metrics import GatewayMetrics, RoleCounters
 from services.gateway.openai_api import Generation
 from services.gateway.pipeline import Pipeline, TokenEvent
@@ -36,6 +37,7 @@ class GatewayState:
         counters["gateway@self"] = {
             "gateway_node_failures_total": float(self.pipeline.num_retries),
             "gateway_migrations_total": float(self.pipeline.num_migrations),
+            "gateway_node_busy_refusals_total": float(self.pipeline.num_busy_refusals),
             "gateway_index_errors_total": float(router.num_index_failures),
             # 1 while the index's circuit breaker holds calls back (routing without cache lookups).
             "gateway_index_breaker_open": float(breaker is not None and breaker.state != "closed"),
@@ -44,16 +46,17 @@ class GatewayState:
 
     def events(self, generation: Generation, *, stream: bool) -> AsyncIterator[TokenEvent]:
         """One choice's token events. Closing the iterator early cancels its work on every node."""
+        calls = InFlightCalls()
 
         def counted() -> Iterator[TokenEvent]:
             with self._lock:
                 self.num_in_flight += 1
             try:
                 yield from self.pipeline.run(
-                    generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt, stream=stream
+                    generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt, stream=stream, calls=calls
                 )
             finally:
                 with self._lock:
                     self.num_in_flight -= 1
 
-        return iterate_in_thread(counted)
+        return iterate_in_thread(counted, on_stop=calls.cancel)

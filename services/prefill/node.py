@@ -18,13 +18,14 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
 
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_node import EngineNode
+from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.engine.sampling import TokenLogprobs
@@ -188,31 +189,47 @@ class PrefillNode(EngineNode):
         self.num_kv_blocks_pulled += imported
         return imported
 
-    def prefill(self, request: Request, decode_address: str) -> PrefillResult:
-        """Run the prompt (embeddings already claimed) and ship its KV; blocks until done."""
+    def start_prefill(self, request: Request, decode_address: str) -> Future:
+        """Queue the prompt (its embeddings already claimed). The future resolves with the
+        engine's output once the first token is sampled, its KV pages then on their way to
+        ``decode_address``; or fails with the request's own error. ``abort`` stops it."""
         # Only the first token is sampled here (with the request's own sampling settings); stop
         # conditions are the decode node's job.
         request.sampling = replace(request.sampling, max_tokens=1, stop=(), stop_token_ids=(), ignore_eos=True)
         done: Future = Future()
         self._decode_targets[request.request_id] = decode_address
-        self.loop.subscribe(
-            request.request_id, lambda out: done.set_exception(out) if isinstance(out, BaseException) else done.set_result(out)
-        )
-        started = time.perf_counter()
-        try:
-            self.loop.call(lambda engine: engine.add(request)).result()
-            output = done.result(timeout=self.prefill_timeout_s)
-        except BaseException:
-            self._decode_targets.pop(request.request_id, None)
-            self.loop.unsubscribe(request.request_id)
-            self.loop.call(lambda engine: engine.abort(request.request_id))
-            raise
+        self.loop.subscribe(request.request_id, lambda outcome: _settle(done, outcome))
+        added = self.loop.call(lambda engine: engine.add(request))
+        added.add_done_callback(lambda call: call.exception() is not None and _settle(done, call.exception()))
+        return done
+
+    def finish_prefill(self, request: Request, output: RequestOutput, elapsed_s: float) -> PrefillResult:
+        """Account a prefill that finished in ``elapsed_s``, and shape its result."""
         self.num_cached_tokens += output.num_cached_tokens
         num_computed = request.num_prompt_tokens - output.num_cached_tokens
         self.num_tokens_computed += num_computed
-        self.prefill_s_per_token = updated_rate(self.prefill_s_per_token, time.perf_counter() - started, num_computed)
+        self.prefill_s_per_token = updated_rate(self.prefill_s_per_token, elapsed_s, num_computed)
         logprobs = output.new_logprobs[0] if output.new_logprobs else None
         return PrefillResult(output.new_token_ids[0], output.num_cached_tokens, request.mrope_delta, logprobs)
+
+    def prefill(self, request: Request, decode_address: str) -> PrefillResult:
+        """Run the prompt (embeddings already claimed) and ship its KV; blocks until done."""
+        started = time.perf_counter()
+        done = self.start_prefill(request, decode_address)
+        try:
+            output = done.result(timeout=self.prefill_timeout_s)
+        except BaseException:
+            self.abort(request.request_id)
+            raise
+        return self.finish_prefill(request, output, time.perf_counter() - started)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request nobody waits for any more (its call was cancelled or ran out of time,
+        or it failed): it leaves the engine, and its KV pages are never shipped. Calls reach the
+        engine thread in order, so an abort after ``start_prefill`` always finds the request."""
+        self._decode_targets.pop(request_id, None)
+        self.loop.unsubscribe(request_id)
+        self.loop.call(lambda engine: engine.abort(request_id))
 
     def _ship_kv(self, request: Request, block_ids: list[int]) -> None:
         """Engine-thread hook: push the prompt's KV pages before the blocks are released."""
@@ -235,7 +252,18 @@ class PrefillNode(EngineNode):
             "prefix_cached_tokens_total": float(self.num_cached_tokens),
             "prefill_kv_blocks_pulled_total": float(self.num_kv_blocks_pulled),
             "prefill_kv_pull_failures_total": float(self.num_kv_pull_failures),
+            "engine_requests_aborted_total": float(self.engine.num_aborted),
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
             **self.inbox.counters(),
             **self.cache_gauges(),
         }
+
+
+def _settle(done: Future, outcome: RequestOutput | BaseException) -> None:
+    try:
+        if isinstance(outcome, BaseException):
+            done.set_exception(outcome)
+        else:
+            done.set_result(outcome)
+    except InvalidStateError:
+        pass  # its waiter already cancelled it (the call went away)

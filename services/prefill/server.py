@@ -1,32 +1,46 @@
 """gRPC Prefill service: pulls missing embeddings from the encoder the gateway names and, when
 worth it, prefix KV from a peer, then runs PrefillNode. Also serves KVPeer, so other prefill nodes
 can pull from it. An encoder that fails is named in the error (FAILED_NODE_KEY): the gateway
-retries the request on another one; this servicer never retries by itself."""
+retries the request on another one; this servicer never retries by itself. A call that goes away
+(cancelled, or past its deadline) aborts its engine request; a node at its limit of calls refuses
+new ones as busy (services/transport/node_admission.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import grpc
 
 from protos.gen import pb, rpc
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem, build_request
+from services.engine.sampling import SamplingError
 from services.engine.sampling_wire import logprobs_to_pb, sampling_from_pb
 from services.prefill.kv_pull import KVSource
-from services.prefill.node import EmbeddingsUnavailableError, PrefillNode
+from services.prefill.node import EmbeddingsUnavailableError, PrefillNode, PrefillResult
 from services.transport.convert import item_from_pb, item_to_pb
-from services.transport.grpc_server import MISSING_PIXELS_KEY, Lifecycle, abort_with, new_server, serve_forever
+from services.transport.grpc_server import (
+    HTTP_STATUS_KEY,
+    MISSING_PIXELS_KEY,
+    OVERLOADED_KEY,
+    Lifecycle,
+    abort_with,
+    new_server,
+    serve_forever,
+)
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
 from services.transport.kv_peer import add_kv_peer
+from services.transport.node_admission import NodeAdmission, abort_overloaded
 from shared.tracing import outgoing_metadata
 
 
 class PrefillServicer(rpc.PrefillServicer):
-    def __init__(self, node: PrefillNode, auth: InternalAuth) -> None:
+    def __init__(self, node: PrefillNode, auth: InternalAuth, admission: NodeAdmission) -> None:
         self.node = node
+        self.admission = admission
         self.auth = auth  # encoders and peers are dialled with the cluster's credentials
         self._encoders: dict[str, rpc.EncodeStub] = {}
         self._peers: dict[str, rpc.KVPeerStub] = {}
@@ -88,6 +102,10 @@ class PrefillServicer(rpc.PrefillServicer):
         raise EmbeddingsUnavailableError([i.mm_hash for i in lacking])
 
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
+        async with self.admission.admitted(context):
+            return await self._prefill(request, context)
+
+    async def _prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
         items = [PromptItem(*item_from_pb(i)) for i in request.mm_items]
         rid = request.request_id
         lacking = await asyncio.to_thread(self.node.claim_local_embeddings, rid, items)
@@ -106,22 +124,19 @@ class PrefillServicer(rpc.PrefillServicer):
             )
             sources = [KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources]
             num_pulled = await self._pull_kv(engine_request, sources) if sources else 0
-            result = await asyncio.to_thread(self.node.prefill, engine_request, request.decode_data_address)
+            result = await self._run_engine(engine_request, request.decode_data_address)
         except grpc.aio.AioRpcError as exc:
             self.node.release(rid, items)
-            await abort_with(
-                context,
-                grpc.StatusCode.UNAVAILABLE,
-                f"encoder {encoder} unavailable: {exc.details()}",
-                None,
-                failed_node=("encoder", encoder),
-            )
+            await fail_like_encoder(context, exc, encoder)
         except EmbeddingsUnavailableError as exc:
             self.node.release(rid, items)
             await abort_with(context, grpc.StatusCode.UNAVAILABLE, f"{exc} from encoder {encoder}", None, failed_node=("encoder", encoder))
         except RequestRejectedError as exc:
             self.node.release(rid, items)
             await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), 400)
+        except SamplingError as exc:  # this request's own failure; the batch beside it went on
+            self.node.release(rid, items)
+            await abort_with(context, grpc.StatusCode.INTERNAL, str(exc), 500)
         except BaseException:
             self.node.release(rid, items)
             raise
@@ -135,12 +150,40 @@ class PrefillServicer(rpc.PrefillServicer):
             response.first_token_logprob.CopyFrom(logprobs_to_pb(result.first_token_logprobs))
         return response
 
+    async def _run_engine(self, engine_request, decode_address: str) -> PrefillResult:
+        """The engine's part. When the call goes away (the gateway cancelled it, or its deadline
+        passed: grpc.aio cancels this task either way) the request is aborted, so the engine stops
+        computing a prompt nobody waits for and ships no KV for it."""
+        started = time.perf_counter()
+        done = self.node.start_prefill(engine_request, decode_address)
+        try:
+            output = await asyncio.wait_for(asyncio.wrap_future(done), self.node.prefill_timeout_s)
+        except BaseException:
+            self.node.abort(engine_request.request_id)
+            raise
+        return self.node.finish_prefill(engine_request, output, time.perf_counter() - started)
+
     async def Stats(self, request, context) -> pb.StatsResponse:
-        return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=self.node.counters(), data_address=self.node.data_address)
+        counters = {**self.node.counters(), **self.admission.counters()}
+        return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=counters, data_address=self.node.data_address)
 
 
-async def serve(node: PrefillNode, address: str, lifecycle: Lifecycle, auth: InternalAuth) -> None:
+async def fail_like_encoder(context, exc: grpc.aio.AioRpcError, encoder: str) -> None:
+    """Fail the call the way the encoder failed it: busy is relayed as busy (the gateway tries
+    another encoder), the request's own error as that error (never retried), and anything else
+    names the encoder as the failed node (retried without it)."""
+    trailers = dict(exc.trailing_metadata() or ())
+    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and OVERLOADED_KEY in trailers:
+        await abort_overloaded(context, f"encoder={encoder}", exc.details() or "the encoder is busy")
+    if HTTP_STATUS_KEY in trailers:
+        await abort_with(context, exc.code(), exc.details() or "the encoder refused the request", int(trailers[HTTP_STATUS_KEY]))
+    await abort_with(
+        context, grpc.StatusCode.UNAVAILABLE, f"encoder {encoder} unavailable: {exc.details()}", None, failed_node=("encoder", encoder)
+    )
+
+
+async def serve(node: PrefillNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:
     server = new_server(auth)
-    rpc.add_PrefillServicer_to_server(PrefillServicer(node, auth), server)
+    rpc.add_PrefillServicer_to_server(PrefillServicer(node, auth, admission), server)
     kv_peer = add_kv_peer(server, node)
     await serve_forever(server, address, ["tessera.v1.Prefill", kv_peer], lifecycle, auth)

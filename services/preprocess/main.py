@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from services.preprocess.config import PreprocessConfig
+from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
 from shared.index.backend import create_index
 from shared.liveness import Liveness
@@ -22,10 +23,13 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config: 
     from services.preprocess.server import serve
 
     liveness = Liveness(stall_s=settings.liveness_stall_s)
+    admission = NodeAdmission("preprocess", settings.max_pending_requests)
     # The index also tells preprocess which images a live encoder holds (their pixels are skipped).
     index = create_index(settings.index_url, namespace=model.model_id) if settings.index_url else None
     auth, channel_auth = node_auth(settings)
     node = PreprocessNode(model, preprocess_config, index=index, liveness=liveness, channel_auth=channel_auth)
     publisher = node_publisher("preprocess", settings, model.model_id, "", node.load, liveness)
-    lifecycle = node_lifecycle("preprocess", settings, publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters)
-    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth))
+    lifecycle = node_lifecycle(
+        "preprocess", settings, publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters, admission=admission
+    )
+    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission))

@@ -1,4 +1,6 @@
-"""gRPC Preprocess service: converts at the edge and calls PreprocessNode."""
+"""gRPC Preprocess service: converts at the edge and calls PreprocessNode. A node at its limit of
+calls refuses new requests as busy (services/transport/node_admission.py); ResendPixels continues
+a request already admitted, so it is never refused."""
 
 from __future__ import annotations
 
@@ -14,16 +16,22 @@ from services.preprocess.node import PreprocessNode
 from services.transport.convert import item_to_pb
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
+from services.transport.node_admission import NodeAdmission
 from services.transport.tensor_channel import TensorSendTimeoutError
 from shared.hashing import MmSpan, block_hashes
 from shared.types import MmHash
 
 
 class PreprocessServicer(rpc.PreprocessServicer):
-    def __init__(self, node: PreprocessNode) -> None:
+    def __init__(self, node: PreprocessNode, admission: NodeAdmission) -> None:
         self.node = node
+        self.admission = admission
 
     async def Preprocess(self, request: pb.PreprocessRequest, context) -> pb.PreprocessResponse:
+        async with self.admission.admitted(context):
+            return await self._preprocess(request, context)
+
+    async def _preprocess(self, request: pb.PreprocessRequest, context) -> pb.PreprocessResponse:
         try:
             body = json.loads(request.request_json)
         except json.JSONDecodeError as exc:
@@ -68,10 +76,10 @@ class PreprocessServicer(rpc.PreprocessServicer):
         )
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        return pb.StatsResponse(role="preprocess", pid=os.getpid(), counters=self.node.counters())
+        return pb.StatsResponse(role="preprocess", pid=os.getpid(), counters={**self.node.counters(), **self.admission.counters()})
 
 
-async def serve(node: PreprocessNode, address: str, lifecycle: Lifecycle, auth: InternalAuth) -> None:
+async def serve(node: PreprocessNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:
     server = new_server(auth)
-    rpc.add_PreprocessServicer_to_server(PreprocessServicer(node), server)
+    rpc.add_PreprocessServicer_to_server(PreprocessServicer(node, admission), server)
     await serve_forever(server, address, ["tessera.v1.Preprocess"], lifecycle, auth)

@@ -51,6 +51,10 @@ HTTP_STATUS_KEY = "tessera-http-status"
 FAILED_NODE_KEY = "tessera-failed-node"
 # Comma-separated mm_hashes an encoder lacks pixels for: the gateway resends them and retries.
 MISSING_PIXELS_KEY = "tessera-missing-pixels"
+# On a RESOURCE_EXHAUSTED refusal: the node is busy, not broken ("role", or "role=grpc_address" for
+# a node called on the request's behalf). The gateway tries another node of that role, or
+# answers 429 (services/transport/node_admission.py).
+OVERLOADED_KEY = "tessera-overloaded"
 
 log = logging.getLogger("tessera")
 

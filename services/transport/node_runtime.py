@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from services.transport.addresses import advertise, split_host_port
 from services.transport.grpc_server import Lifecycle
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings, warn_if_open
+from services.transport.node_admission import DEFAULT_MAX_PENDING_REQUESTS, NodeAdmission
 from services.transport.tensor_channel import DEFAULT_MAX_FRAME_BYTES, ChannelAuth
 from shared.index.backend import create_index
 from shared.index.publisher import IndexPublisher
@@ -39,11 +40,16 @@ class NodeSettings(InternalPlaneSettings):
     liveness_stall_s: float = DEFAULT_STALL_S  # a work item running longer means a hung node
     metrics_port: int = 0  # this node's Prometheus endpoint (0: off)
     max_tensor_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the largest tensor this node's inbox takes
+    # Calls queued or running here; past it a call is refused as busy (the gateway tries another
+    # node of the role, or answers 429): services/transport/node_admission.py.
+    max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
 
     def __post_init__(self) -> None:
         InternalPlaneSettings.__post_init__(self)
         if self.max_tensor_frame_bytes < 1:
             raise ValueError("max_tensor_frame_bytes must be positive")
+        if self.max_pending_requests < 1:
+            raise ValueError("max_pending_requests must be at least 1")
         if self.index_ttl_s <= 0 or self.liveness_stall_s <= 0 or self.drain_timeout_s < 0:
             raise ValueError("index_ttl_s and liveness_stall_s must be positive, drain_timeout_s >= 0")
         if self.index_url and split_host_port(self.grpc_address)[1] == 0:
@@ -80,13 +86,15 @@ def node_lifecycle(
     close: Callable[[], None],
     load_fn: LoadFn,
     counters_fn: Callable[[], dict[str, float]],
+    admission: NodeAdmission,
 ) -> Lifecycle:
     def on_start() -> None:
         if settings.metrics_port:
             from services.transport.metrics_http import NodeCollector, start_metrics_server
 
             host, _ = split_host_port(settings.grpc_address)
-            start_metrics_server(host, settings.metrics_port, NodeCollector(role, lambda: load_fn()[0], counters_fn))
+            counters = lambda: {**counters_fn(), **admission.counters()}  # noqa: E731
+            start_metrics_server(host, settings.metrics_port, NodeCollector(role, lambda: load_fn()[0], counters))
         if publisher is not None:
             publisher.start()
 

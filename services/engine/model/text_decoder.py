@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionBatch
+from kernels.cpu_linear import PackedLinear, pack_linears
 from services.engine.model.checkpoint import TextConfig
 
 
@@ -120,6 +121,7 @@ class TextDecoder(nn.Module):
         # vocabulary matrix is stored once.
         self.lm_head_t = nn.Parameter(torch.empty(config.hidden_size, config.vocab_size), requires_grad=False)
         self.embed_tokens: nn.Embedding | None = None
+        self.lm_head: PackedLinear | None = None  # set by pack_for_cpu
         if not config.tie_word_embeddings:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
 
@@ -135,6 +137,14 @@ class TextDecoder(nn.Module):
         missing, unexpected = self.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+    def pack_for_cpu(self) -> None:
+        """Prepack every linear weight, the LM head's included, for oneDNN (kernels/cpu_linear.py):
+        decode steps of several streams no longer repack the weights on every call. The plain
+        [hidden, vocab] head stays, for single-row steps and embedding lookups; the packed copy
+        costs one more vocabulary matrix of memory."""
+        pack_linears(self.layers)
+        self.lm_head = PackedLinear(self.lm_head_t.detach().t(), None, weight_t=self.lm_head_t.detach())
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:
@@ -158,4 +168,6 @@ class TextDecoder(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
         return torch.mm(hidden, self.lm_head_t).float()

@@ -46,11 +46,12 @@ class FakePipeline:
     route_observers: list = field(default_factory=list)
     num_retries: int = 0
     num_migrations: int = 0
+    num_busy_refusals: int = 0
 
     def stats(self):
         return []
 
-    def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True):
+    def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True, calls=None):
         self.calls.append((body, sampling, cache_salt, stream))
         text = ""
         for i, word in enumerate(self.words):

@@ -1,5 +1,6 @@
 """A blocking iterator consumed from asyncio: items arrive in order, errors reach the consumer,
-and a consumer that stops early closes the iterator (which cancels a request's gRPC calls)."""
+and a consumer that stops early runs ``on_stop`` at once (which cancels a request's gRPC call in
+flight) and closes the iterator."""
 
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ def test_items_arrive_in_order_and_the_iterator_is_closed():
     assert collect(source) == list(range(50)) and source.closed.is_set()
 
 
+def test_on_stop_is_not_run_when_the_iterator_ends_by_itself():
+    stopped = threading.Event()
+
+    async def run():
+        return [item async for item in iterate_in_thread(Source(3), on_stop=stopped.set)]
+
+    assert asyncio.run(run()) == [0, 1, 2] and not stopped.is_set()
+
+
 def test_an_error_on_the_thread_is_raised_to_the_consumer():
     source = Source(5, fail_at=3)
     with pytest.raises(ValueError, match="item 3 is bad"):
@@ -53,12 +63,15 @@ def test_a_consumer_that_stops_early_closes_the_blocking_iterator():
     source = Source(1000)
     source.gated = True
 
+    stopped = threading.Event()
+
     async def take_two_and_leave():
-        events = iterate_in_thread(source)
+        events = iterate_in_thread(source, on_stop=stopped.set)
         source.release.release()
         source.release.release()
         got = [await anext(events), await anext(events)]
         await events.aclose()  # what a client disconnect does
+        assert stopped.is_set()  # at once, while the thread is still blocked
         source.release.release()  # the thread notices at its next item
         return got
 

@@ -3,16 +3,19 @@ real thing runs on the stack in tests/services/stack/test_failover.py)."""
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 
 from protos.gen import pb
 from services.engine.sampling import SamplingParams
 from services.gateway.errors import GatewayError
+from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.gateway.pipeline import Pipeline
 from services.router.membership import Membership
 from services.router.router import Router
-from services.transport.grpc_server import FAILED_NODE_KEY, HTTP_STATUS_KEY
+from services.transport.grpc_server import FAILED_NODE_KEY, HTTP_STATUS_KEY, OVERLOADED_KEY
 from tests.fake_clock import FakeClock
 
 PROMPT = [11, 12, 13]
@@ -72,6 +75,7 @@ class FakeNode:
         self.address, self.calls = address, calls
         self.failures: list[grpc.RpcError] = []
         self.streams: list[Stream] = []
+        self.hanging: list = []  # prefill calls to hand out (recorded) before real ones
 
     def _record(self, method: str, request):
         self.calls.append((method, self.address, request))
@@ -91,7 +95,13 @@ class FakeNode:
             self._record("Prefill", request)
             return pb.PrefillResponse(first_token_id=100 + len(request.prior_output_token_ids))
 
-        call.future = lambda request, timeout=None, metadata=None: Pending(lambda: call(request))
+        def future(request, timeout=None, metadata=None):
+            if self.hanging:
+                self.calls.append(("Prefill", self.address, request))
+                return self.hanging.pop(0)
+            return Pending(lambda: call(request))
+
+        call.future = future
         return call
 
     def Decode(self, request, timeout=None, metadata=None):
@@ -118,8 +128,8 @@ class FakePipeline(Pipeline):
     def stub(self, role: str, address: str):
         return self.nodes[address]
 
-    def generate(self) -> list:
-        return list(self.run({"prompt": "x"}, SamplingParams(max_tokens=8, temperature=0.0)))
+    def generate(self, max_tokens: int = 8) -> list:
+        return list(self.run({"prompt": "x"}, SamplingParams(max_tokens=max_tokens, temperature=0.0)))
 
     def called(self, method: str) -> list:
         return [(address, request) for m, address, request in self.calls if m == method]
@@ -240,3 +250,109 @@ def test_a_request_out_of_time_gets_a_504_and_is_not_retried():
         pipeline.generate()
     assert caught.value.status == 504 and caught.value.code == "deadline_exceeded"
     assert pipeline.num_retries == 0 and pipeline.called("Prefill") == []
+
+
+def busy(node: str) -> FakeRpcError:
+    """A node's refusal at its limit of requests (services/transport/node_admission.py)."""
+    return FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "at its limit", ((OVERLOADED_KEY, node),))
+
+
+def test_a_busy_decode_node_is_skipped_for_the_request_without_quarantine_or_a_failure():
+    pipeline = FakePipeline()
+    pipeline.nodes["d:1"].failures = [busy("decode")]
+    events = pipeline.generate()
+    assert [e.token_ids for e in events] == [[100], [101]]
+    assert [a for a, _ in pipeline.called("Decode")] == ["d:1", "d:2"]
+    assert [n.info.grpc_address for n in pipeline.membership.nodes("decode")] == ["d:1", "d:2"]  # not quarantined
+    assert pipeline.num_retries == 0 and pipeline.num_busy_refusals == 1
+
+
+def test_when_every_node_of_a_role_is_busy_the_request_gets_a_429_to_retry_later():
+    pipeline = FakePipeline()
+    pipeline.nodes["p:1"].failures = [busy("prefill")]
+    pipeline.nodes["p:2"].failures = [busy("prefill")]
+    with pytest.raises(GatewayError) as caught:
+        pipeline.generate()
+    error = caught.value
+    assert error.status == 429 and error.headers == {"Retry-After": "1"}
+    assert error.to_json()["error"]["code"] == "rate_limit_exceeded" and error.error_type == "requests"
+    assert "every prefill node is at its limit" in error.message
+    assert pipeline.num_retries == 0
+
+
+def test_a_busy_encoder_relayed_by_the_prefill_node_is_skipped():
+    pipeline = FakePipeline()
+    pipeline.nodes["p:1"].failures = [busy("encoder=e:1")]
+    pipeline.generate()
+    assert [(a, r.encoder_address) for a, r in pipeline.called("Prefill")] == [("p:1", "e:1"), ("p:2", "e:2")]
+    assert pipeline.membership.nodes("encoder")[0].info.grpc_address == "e:1"  # not quarantined
+
+
+def test_resource_exhausted_without_the_busy_trailer_is_not_taken_for_a_busy_node():
+    pipeline = FakePipeline()
+    pipeline.nodes["p:1"].failures = [FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "message larger than max")]
+    with pytest.raises(GatewayError) as caught:
+        pipeline.generate()
+    assert caught.value.status == 500 and len(pipeline.called("Prefill")) == 1
+
+
+def test_a_prompt_plus_max_tokens_over_the_context_gets_a_400_naming_both_before_any_prefill():
+    pipeline = FakePipeline(max_model_len=10)
+    assert [e.token_ids for e in pipeline.generate(max_tokens=7)] == [[100], [101]]  # 3 + 7 fits exactly
+    with pytest.raises(GatewayError) as caught:
+        pipeline.generate(max_tokens=8)
+    error = caught.value
+    assert error.status == 400 and error.code == "context_length_exceeded" and error.param == "prompt"
+    assert "maximum context length is 10 tokens" in error.message and "11 tokens (3 in the prompt, 8 in the completion)" in error.message
+    assert len(pipeline.called("Prefill")) == 1  # only the request that fit
+
+
+class Hanging:
+    """A prefill call that runs until cancelled (a long prompt, or a hung node)."""
+
+    def __init__(self) -> None:
+        self.started, self.cancelled = threading.Event(), threading.Event()
+
+    def result(self):
+        self.started.set()
+        self.cancelled.wait(10)
+        raise grpc.FutureCancelledError()
+
+    def cancel(self) -> bool:
+        self.cancelled.set()
+        return True
+
+
+def _hang_prefill(pipeline: FakePipeline, address: str) -> Hanging:
+    hanging = Hanging()
+    pipeline.nodes[address].hanging.append(hanging)
+    return hanging
+
+
+def test_a_client_that_leaves_mid_prefill_cancels_the_call_and_nothing_is_retried():
+    pipeline = FakePipeline()
+    hanging = _hang_prefill(pipeline, "p:1")
+    calls, outcome = InFlightCalls(), []
+
+    def run() -> None:
+        try:
+            list(pipeline.run({"prompt": "x"}, SamplingParams(max_tokens=8), calls=calls))
+        except RequestCancelledError as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert hanging.started.wait(5)
+    calls.cancel()  # what the HTTP handler does when its client disconnects
+    thread.join(5)
+    assert hanging.cancelled.is_set() and len(outcome) == 1
+    assert len(pipeline.called("Prefill")) == 1 and pipeline.called("Decode") == []
+    assert pipeline.num_retries == 0 and pipeline.membership.nodes("prefill")[0].info.grpc_address == "p:1"
+
+
+def test_a_prefill_call_cancelled_for_its_node_is_that_nodes_failure_and_retried():
+    pipeline = FakePipeline()
+    hanging = _hang_prefill(pipeline, "p:1")
+    threading.Timer(0.2, hanging.cancel).start()  # as the watchdog does when the node leaves the cluster
+    assert [e.token_ids for e in pipeline.generate()] == [[100], [101]]
+    assert [a for a, _ in pipeline.called("Prefill")] == ["p:1", "p:2"] and pipeline.num_retries == 1

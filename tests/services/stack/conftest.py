@@ -2,14 +2,16 @@
 
 ``launch_stack`` starts one more stack (any ``tessera serve`` flags) for tests that need their own
 topology or break things on purpose; ``stop_stack`` stops it. The ``stack`` fixture is the default
-one-node-per-role stack, shared by a module. A stack makes its own internal secret unless
-``launch_stack`` is given one (to call its nodes directly, or add a node by hand).
+one-node-per-role stack, shared by the session, with an internal secret the tests know (to call
+its nodes directly). Any other stack makes its own internal secret unless ``launch_stack`` is
+given one (to call its nodes directly, or add a node by hand).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -144,13 +146,13 @@ def otlp_receiver():
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory, tiny_model, repo_root, otlp_receiver):
-    """The default stack, shared by test_stack_e2e and test_stack_api; its spans go to a
-    JSON-lines directory and, over OTLP, to a receiver."""
+    """The default stack, shared by test_stack_e2e, test_stack_api and test_stack_isolation; its
+    spans go to a JSON-lines directory and, over OTLP, to a receiver."""
     otlp = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.endpoint,
         "OTEL_EXPORTER_OTLP_INSECURE": "true",
         "OTEL_BSP_SCHEDULE_DELAY": "200",  # ms: spans arrive while the test waits, not 5 s later
     }
-    running = launch_stack(tmp_path_factory.mktemp("stack"), repo_root, env={**os.environ, **otlp})
+    running = launch_stack(tmp_path_factory.mktemp("stack"), repo_root, env={**os.environ, **otlp}, internal_secret=secrets.token_hex(16))
     yield running
     stop_stack(running)

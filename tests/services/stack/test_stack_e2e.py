@@ -170,7 +170,7 @@ def test_public_grpc_generate_streams_tokens(stack, oracle):
 
 
 def test_internal_calls_without_the_stack_secret_are_refused(stack):
-    """The launcher made one internal secret for this stack and gave it to every role: a caller
+    """The stack has one internal secret, given to every role: a caller
     without it cannot use an encoder's Encode or a prefill node's ExportKV, while requests through
     the gateway (which has it) are served, and the nodes export their tensor-drop counters."""
     from protos.gen import pb, rpc

@@ -1,0 +1,67 @@
+"""Linear layers with weights prepacked once for oneDNN, for float32 on CPU.
+
+Why: MKL's sgemm packs the weight matrix into its blocked layout on every call. With many input
+rows (a prefill) the packing is amortized; with a few (a decode step of 4 or 16 streams) it is
+most of the call. The LM head of the small built-in model, a 768 x 151,936 float32 matrix, took
+80 ms for 4 rows against 19 ms for 1 (one thread); prepacked for oneDNN it takes 54-60 ms, and
+16 rows 90 ms instead of 130-159 ms (benchmarks/decode_step_bench.py; docs/benchmarks.md).
+vLLM's CPU backend prepacks its weights for oneDNN for the same reason.
+
+Numerics: oneDNN sums in another order than MKL, so logits differ in the last bits (about 1e-4
+on logits of magnitude ~100 in the built-in models), as they already do between batch sizes;
+greedy outputs stay equal to transformers' on the oracle tests.
+
+The op is ``torch.ops.mkldnn._linear_pointwise`` (what torch.compile's CPU freezing emits), so
+``packing_available`` checks it exists and works before anything relies on it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+
+@functools.cache
+def packing_available() -> bool:
+    """Whether this torch build can prepack linear weights for oneDNN (and gets it right)."""
+    try:
+        weight, x = torch.randn(8, 4), torch.randn(2, 4)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        out = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except (AttributeError, RuntimeError):
+        return False
+    return bool(torch.allclose(out, x @ weight.t(), atol=1e-5))
+
+
+class PackedLinear(nn.Module):
+    """``F.linear(x, weight, bias)`` for 2-D float32 ``x`` on CPU. One row (a decode step of one
+    stream) runs MKL's matrix-vector product on the plain [in, out] weight, which beats oneDNN
+    there; more rows run oneDNN on the prepacked weight. Both copies are kept."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, weight_t: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None))
+        # [in, out], contiguous: x @ weight_t is the fast single-row path (a caller may share its own).
+        self.register_buffer("weight_t", weight.detach().t().contiguous() if weight_t is None else weight_t)
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            out = torch.mm(x, self.weight_t)
+            return out if self.bias is None else out.add_(self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Replace every float32 ``nn.Linear`` under ``module`` by a PackedLinear; returns how many."""
+    num_packed = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear) and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+            setattr(module, name, PackedLinear(child.weight, child.bias))
+            num_packed += 1
+        else:
+            num_packed += pack_linears(child)
+    return num_packed

@@ -1,0 +1,68 @@
+"""Per-node admission: a node holds at most ``max_pending_requests`` calls queued or running.
+
+Past that, a call is refused at once with RESOURCE_EXHAUSTED and the OVERLOADED_KEY trailer, which
+the gateway reads as "busy, not broken": it tries another node of the role (without quarantining
+this one), or answers 429 with Retry-After. Refusing at the door keeps a node's queue, and so the
+latency of everything in it, bounded; without it a burst would queue without limit and the
+requests at the back would run out of their deadline in line, after using memory all along.
+
+Servicers run on one asyncio event loop, so checking and reserving are one step (no lock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import grpc
+
+from services.transport.grpc_server import OVERLOADED_KEY
+
+# Far above what normal traffic queues on one node (an engine batches up to max_num_seqs, 256 by
+# default), so only a real pile-up is refused.
+DEFAULT_MAX_PENDING_REQUESTS = 256
+
+
+@dataclass(slots=True)
+class NodeAdmission:
+    role: str
+    max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
+    num_pending: int = 0  # calls admitted and not yet finished
+    num_refused: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_pending_requests < 1:
+            raise ValueError(f"max_pending_requests must be at least 1, got {self.max_pending_requests}")
+
+    def try_admit(self) -> bool:
+        if self.num_pending >= self.max_pending_requests:
+            self.num_refused += 1
+            return False
+        self.num_pending += 1
+        return True
+
+    def release(self) -> None:
+        self.num_pending -= 1
+
+    @asynccontextmanager
+    async def admitted(self, context: grpc.aio.ServicerContext, *, on_refused: Callable[[], None] = lambda: None) -> AsyncIterator[None]:
+        """Hold a place for the call's whole duration (streams included). A full node refuses the
+        call: ``on_refused`` runs (to drop what was sent ahead for it), then the call fails."""
+        if not self.try_admit():
+            on_refused()
+            message = f"the {self.role} node is at its limit of {self.max_pending_requests} requests queued or running"
+            await abort_overloaded(context, self.role, message)
+        try:
+            yield
+        finally:
+            self.release()
+
+    def counters(self) -> dict[str, float]:
+        return {"node_requests_pending": float(self.num_pending), "node_requests_refused_total": float(self.num_refused)}
+
+
+async def abort_overloaded(context: grpc.aio.ServicerContext, node: str, message: str) -> None:
+    """Refuse a call because ``node`` ("role", or "role=grpc_address") is busy; raises."""
+    context.set_trailing_metadata(((OVERLOADED_KEY, node),))
+    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)

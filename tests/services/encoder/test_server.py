@@ -1,0 +1,85 @@
+"""The Encode servicer over a stand-in node: calls take turns, a call that goes away while waiting
+its turn (cancelled, or past its deadline) is never encoded, and an encode that fails fails its
+own call only, as the request's error (500, with the status trailer: never retried elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+import pytest
+
+from protos.gen import pb, rpc
+from services.encoder.node import EncodeItem, EncodeResult
+from services.encoder.server import EncodeServicer
+from services.transport.grpc_server import HTTP_STATUS_KEY
+from services.transport.node_admission import NodeAdmission
+from tests.aio_server import serving
+
+
+class StandInNode:
+    """Encodes by name: "slow" waits for ``release``, "poison" raises like a shape mismatch."""
+
+    data_address = "tcp://127.0.0.1:9"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.encoded: list[str] = []
+
+    def encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
+        name = items[0].mm_hash
+        self.encoded.append(name)
+        if name == "poison":
+            raise RuntimeError("shape '[4, 1280]' is invalid for input of size 1000")
+        if name == "slow":
+            self.release.wait(10)
+        return EncodeResult([], len(items), 0)
+
+    def counters(self) -> dict[str, float]:
+        return {}
+
+
+def _request(name: str) -> pb.EncodeRequest:
+    return pb.EncodeRequest(items=[pb.MmItem(mm_hash=name, length=4, grid_thw=[1, 4, 4])], target_data_address="tcp://127.0.0.1:9")
+
+
+def test_calls_that_go_away_while_waiting_their_turn_are_never_encoded():
+    async def scenario() -> None:
+        node, admission = StandInNode(), NodeAdmission("encoder")
+        servicer = EncodeServicer(node, admission)  # type: ignore[arg-type]
+        async with serving(lambda server: rpc.add_EncodeServicer_to_server(servicer, server)) as channel:
+            stub = rpc.EncodeStub(channel)
+            running = asyncio.ensure_future(stub.Encode(_request("slow")))
+            while node.encoded != ["slow"]:
+                await asyncio.sleep(0.01)
+            cancelled = asyncio.ensure_future(stub.Encode(_request("cancelled")))
+            expiring = stub.Encode(_request("expired"), timeout=0.3)
+            while admission.num_pending < 3:
+                await asyncio.sleep(0.01)
+            cancelled.cancel()
+            with pytest.raises(grpc.aio.AioRpcError) as expired:
+                await expiring
+            assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            node.release.set()
+            assert (await running).num_encoded == 1
+            assert (await stub.Encode(_request("next"), timeout=5)).num_encoded == 1
+            assert node.encoded == ["slow", "next"] and admission.num_pending == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_encode_fails_its_own_call_as_the_requests_error_and_the_next_call_is_served():
+    async def scenario() -> None:
+        node = StandInNode()
+        servicer = EncodeServicer(node, NodeAdmission("encoder"))  # type: ignore[arg-type]
+        async with serving(lambda server: rpc.add_EncodeServicer_to_server(servicer, server)) as channel:
+            stub = rpc.EncodeStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await stub.Encode(_request("poison"), timeout=5)
+            assert failed.value.code() == grpc.StatusCode.INTERNAL
+            assert (HTTP_STATUS_KEY, "500") in tuple(failed.value.trailing_metadata())
+            assert "encoding failed for this request: shape" in failed.value.details()
+            assert (await stub.Encode(_request("healthy"), timeout=5)).num_encoded == 1
+
+    asyncio.run(scenario())
