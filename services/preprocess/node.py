@@ -30,6 +30,8 @@ from shared.liveness import Liveness
 from shared.models.registry import ModelRef
 from shared.types import MmHash
 
+MAX_MIRRORS = 64  # encoders mirrored at once (the least recently used one goes first)
+
 
 @dataclass(frozen=True, slots=True)
 class PixelTransfer:
@@ -69,9 +71,9 @@ class PreprocessNode:
         with self._working():
             result = self.preprocessor.preprocess(body, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched)
             self.num_images_skipped += sum(1 for item in result.mm_items if item.image.pixel_values is None)
-            mirror = self._mirror(encoder_id)
+            mirror = self._mirror(encoder_id) if encoder_address else None
             sent = skipped = 0
-            for item in result.mm_items if encoder_address else ():
+            for item in result.mm_items if mirror is not None else ():
                 if item.image.pixel_values is None:
                     continue  # not processed: the encoder the index named holds its embeddings
                 if not force_send and mirror.get(item.mm_hash):
@@ -152,9 +154,15 @@ class PreprocessNode:
         return self._watch.busy() if self._watch is not None else contextlib.nullcontext()
 
     def _mirror(self, encoder_id: str) -> BoundedMemo[str, bool]:
-        mirror = self._encoder_to_mirror.get(encoder_id)
+        """The mirror of one encoder, most recently used last. Encoders come and go in an elastic
+        cluster, so at most MAX_MIRRORS are kept: dropping one only costs resending pixels that
+        encoder may already hold (a mirror is a hint; a miss is always safe)."""
+        mirror = self._encoder_to_mirror.pop(encoder_id, None)
         if mirror is None:
-            mirror = self._encoder_to_mirror[encoder_id] = BoundedMemo(self.mirror_entries)
+            mirror = BoundedMemo(self.mirror_entries)
+            while len(self._encoder_to_mirror) >= MAX_MIRRORS:
+                del self._encoder_to_mirror[next(iter(self._encoder_to_mirror))]
+        self._encoder_to_mirror[encoder_id] = mirror
         return mirror
 
     def _send_pixels(self, mm_hash: MmHash, image, address: str) -> int:

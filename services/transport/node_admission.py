@@ -19,9 +19,11 @@ import grpc
 
 from services.transport.grpc_server import OVERLOADED_KEY
 
-# Far above what normal traffic queues on one node (an engine batches up to max_num_seqs, 256 by
-# default), so only a real pile-up is refused.
-DEFAULT_MAX_PENDING_REQUESTS = 256
+# The gateway's own admission default (--max-num-requests): everything one gateway admits may sit
+# on one node of a role, as in the one-command stack, without a 429 a vLLM user would not get
+# (300 concurrent streams on a 1/1/1 stack got 44 refusals at 256). Only a pile-up from several
+# gateways, or a node that stopped draining, is refused.
+DEFAULT_MAX_PENDING_REQUESTS = 2048
 
 
 @dataclass(slots=True)

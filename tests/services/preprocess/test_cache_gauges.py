@@ -33,3 +33,19 @@ def test_gauges_follow_the_caches_and_stay_within_budget(tiny_model):
     finally:
         inbox.close()
         node.close()
+
+
+def test_only_encoders_fed_get_a_mirror_and_their_number_is_bounded(tiny_model, monkeypatch):
+    monkeypatch.setattr("services.preprocess.node.MAX_MIRRORS", 2)
+    node = PreprocessNode(tiny_model, PreprocessConfig(), mirror_entries=4)
+    inbox = TensorInbox("tcp://127.0.0.1:0")
+    try:
+        body = chat_case(encode_image(make_image(56, 56, seed=0)), "What is it?").body
+        node.preprocess(body, encoder_id="", encoder_address="")  # routed later: no encoder yet
+        assert node._encoder_to_mirror == {}
+        for encoder_id in ("a", "b", "a", "c"):  # c joins: b, the least recently used, goes
+            node.preprocess(body, encoder_id=encoder_id, encoder_address=inbox.address)
+        assert list(node._encoder_to_mirror) == ["a", "c"]
+    finally:
+        inbox.close()
+        node.close()

@@ -109,3 +109,25 @@ def test_a_send_to_a_peer_that_never_reads_times_out_instead_of_blocking():
     finally:
         sender.close()
         silent.close()
+
+
+def test_unclaimed_messages_expire_and_the_inbox_reports_what_it_holds():
+    inbox = TensorInbox("tcp://127.0.0.1:0", max_age_s=0.3, capacity_bytes=1 << 20)
+    sender = TensorSender()
+    try:
+        sender.send(inbox.address, "orphan", {"x": torch.zeros(256)})  # nobody will wait for it
+        deadline = time.monotonic() + 5
+        while inbox.counters()["tensor_inbox_cache_used_bytes"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert inbox.counters()["tensor_inbox_cache_used_bytes"] == 1024
+        assert inbox.counters()["tensor_inbox_cache_capacity_bytes"] == 1 << 20
+        while inbox.counters()["tensor_messages_expired_total"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert inbox.counters()["tensor_messages_expired_total"] == 1
+        assert inbox.counters()["tensor_inbox_cache_used_bytes"] == 0
+        assert inbox.wait("orphan", 0.01) is None
+        sender.send(inbox.address, "fresh", {"x": torch.ones(4)})  # and it goes on receiving
+        assert inbox.wait("fresh", 5) is not None
+    finally:
+        sender.close()
+        inbox.close()
