@@ -35,10 +35,18 @@ def packing_available() -> bool:
     return bool(torch.allclose(out, x @ weight.t(), atol=1e-5))
 
 
+# oneDNN builds and caches a primitive (with its own buffers) per input shape: prefills of every
+# length would each add one, and a prefill node's RSS grew without end (the soak: +18% in 3
+# minutes). So only the few-row shapes of decode steps, where packing pays, go to oneDNN: at most
+# MAX_PACKED_ROWS - 1 shapes per layer. Longer inputs amortize MKL's packing anyway.
+MAX_PACKED_ROWS = 64
+
+
 class PackedLinear(nn.Module):
     """``F.linear(x, weight, bias)`` for 2-D float32 ``x`` on CPU. One row (a decode step of one
     stream) runs MKL's matrix-vector product on the plain [in, out] weight, which beats oneDNN
-    there; more rows run oneDNN on the prepacked weight. Both copies are kept."""
+    there, and so do more than MAX_PACKED_ROWS rows (prefills); between the two, oneDNN runs on
+    the prepacked weight. Both copies are kept."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, weight_t: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -49,7 +57,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1:
+        if x.shape[0] == 1 or x.shape[0] > MAX_PACKED_ROWS:
             out = torch.mm(x, self.weight_t)
             return out if self.bias is None else out.add_(self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
