@@ -1,4 +1,5 @@
-"""The decode node exports the engine node's cache gauges: KV pool, prefix blocks, embeddings."""
+"""The decode node exports the engine node's cache gauges: KV pool, prefix blocks, embeddings, and
+its tensor inbox's bytes held."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ def test_an_idle_decode_node_reports_its_budgets_and_nothing_used(tiny_model):
     )
     try:
         usage = {u.cache: (u.unit, u.used, u.capacity) for u in cache_usage(node.counters())}
-        assert usage == {"kv": ("blocks", 0.0, 32.0), "prefix": ("blocks", 0.0, 32.0), "embedding": ("rows", 0.0, 256.0)}
+        assert usage == {
+            "kv": ("blocks", 0.0, 32.0),
+            "prefix": ("blocks", 0.0, 32.0),
+            "embedding": ("rows", 0.0, 256.0),
+            "tensor_inbox": ("bytes", 0.0, float(node.inbox.capacity_bytes)),
+        }
     finally:
         node.close()

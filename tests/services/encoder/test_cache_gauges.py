@@ -15,13 +15,16 @@ def test_rows_held_follow_the_cache_and_stay_within_budget(tiny_model):
     preprocess = PreprocessNode(tiny_model, PreprocessConfig())
     sink = TensorInbox("tcp://127.0.0.1:0")  # stands in for a prefill node's inbox
     try:
-        assert [(u.cache, u.unit, u.used, u.capacity) for u in cache_usage(encoder.counters())] == [("encoder", "rows", 0.0, 10.0)]
+        assert [(u.cache, u.unit, u.used, u.capacity) for u in cache_usage(encoder.counters())] == [
+            ("encoder", "rows", 0.0, 10.0),
+            ("tensor_inbox", "bytes", 0.0, float(encoder.inbox.capacity_bytes)),  # pixels waiting to be encoded
+        ]
         for seed in range(4):  # 56x56: 4 rows each, so at most 2 fit
             body = chat_case(encode_image(make_image(56, 56, seed=seed)), "What is it?").body
             result, _ = preprocess.preprocess(body, encoder_id="e", encoder_address=encoder.data_address)
             item = result.mm_items[0]
             encoder.encode([EncodeItem(item.mm_hash, item.placeholder.length, item.image.grid_thw)], sink.address)
-            (usage,) = cache_usage(encoder.counters())
+            (usage,) = [u for u in cache_usage(encoder.counters()) if u.cache == "encoder"]
             assert usage.used <= usage.capacity
         assert usage.used == 8 == sum(e.shape[0] for e in encoder.store.values())
     finally:
