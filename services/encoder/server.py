@@ -31,6 +31,11 @@ class EncodeServicer(rpc.EncodeServicer):
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
         items = [EncodeItem(MmHash(i.mm_hash), i.length, tuple(i.grid_thw)) for i in request.items]
         async with self.admission.admitted(context), self._turn:
+            # A call whose deadline passed while it waited its turn is not encoded: gRPC cancels
+            # its task too, but under load that may land only after the turn was taken.
+            remaining = context.time_remaining()
+            if remaining is not None and remaining <= 0:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "the call's deadline passed while it waited its turn")
             try:
                 result = await asyncio.to_thread(self.node.encode, items, request.target_data_address)
             except Exception as exc:
