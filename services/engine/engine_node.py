@@ -31,9 +31,10 @@ class EngineNode:
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
+        load_vision: bool = False,
     ) -> None:
         self.publisher = publisher
-        self.loop = EngineLoop(lambda: Engine(model, config, load_vision=False), after_step=self._publish_kv, liveness=liveness)
+        self.loop = EngineLoop(lambda: Engine(model, config, load_vision=load_vision), after_step=self._publish_kv, liveness=liveness)
         self.engine = self.loop.engine  # touch it only through self.loop.call once serving
         self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
         self.inbox = TensorInbox(data_bind, auth=channel_auth)

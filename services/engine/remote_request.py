@@ -3,7 +3,10 @@ decode nodes): token ids and image identities only, M-RoPE positions recomputed 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+import torch
 
 from services.engine.request import MmFeature, Request
 from services.engine.sampling import SamplingParams
@@ -19,8 +22,17 @@ class PromptItem:
 
 
 def build_request(
-    request_id: str, token_ids: list[int], items: list[PromptItem], sampling: SamplingParams, cache_salt: str | None, merge_size: int
+    request_id: str,
+    token_ids: list[int],
+    items: list[PromptItem],
+    sampling: SamplingParams,
+    cache_salt: str | None,
+    merge_size: int,
+    pixels: Mapping[MmHash, torch.Tensor] | None = None,
 ) -> Request:
+    """``pixels``: images this node encodes itself (it has a vision tower); every other image's
+    embeddings must be in its encoder cache before the request is scheduled."""
+    pixels = pixels or {}
     positions, delta = mrope_positions(len(token_ids), [i.placeholder for i in items], [i.grid_thw for i in items], merge_size)
     return Request(
         request_id=request_id,
@@ -28,6 +40,6 @@ def build_request(
         sampling=sampling,
         mrope_positions=positions,
         mrope_delta=delta,
-        mm_features=[MmFeature(i.mm_hash, i.placeholder, i.grid_thw, None) for i in items],
+        mm_features=[MmFeature(i.mm_hash, i.placeholder, i.grid_thw, pixels.get(i.mm_hash)) for i in items],
         cache_salt=cache_salt,
     )

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 
 from services.gateway.openai_api import Generation
-from services.gateway.pipeline import TokenEvent
+from services.gateway.token_events import TokenEvent
 
 OpenEvents = Callable[[Generation], AsyncIterator[TokenEvent]]
 

@@ -12,7 +12,6 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from services.gateway.completion_protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
-from services.gateway.pipeline import TokenLogprob
 from services.gateway.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -26,6 +25,7 @@ from services.gateway.protocol import (
     TopLogprob,
     Usage,
 )
+from services.gateway.token_events import TokenLogprob
 
 # JSON has no -inf; OpenAI reports a token the model gives no chance as -9999.
 MIN_LOGPROB = -9999.0

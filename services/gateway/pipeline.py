@@ -1,9 +1,10 @@
 """The request path across roles, as plain Python over gRPC stubs, with failover and migration.
 
-One attempt: preprocess (skipping the image processor for images a live encoder holds) -> route
-(one index lookup) -> pixels to the chosen encoder, only for images it lacks -> prefill on the
-chosen node (it pulls missing embeddings from the chosen encoder, and prefix KV from the peer the
-route names when that beats recomputing) -> decode, streaming token events.
+One attempt (each call in stages.py): preprocess (skipping the image processor for images a live
+encoder holds) -> route (one index lookup) -> pixels of the images the chosen encoder lacks, to
+that encoder or, when the router chose so, to the prefill node that encodes them itself ->
+prefill on the chosen node (it pulls missing embeddings from the chosen encoder, and prefix KV
+from the peer the route names when that beats recomputing) -> decode, streaming token events.
 
 Failover, in this one place (servicers never retry): a call that fails because a node did
 (UNAVAILABLE, a deadline, a draining node's refusal, or a prefill naming the encoder that failed
@@ -18,58 +19,35 @@ A request gives up with a 503 when a role has no live node left, or after ``max_
 failures. Errors about the request itself (4xx) are never retried. A request has one deadline
 (``timeout_s`` from its arrival, retries included): every call gets what is left of it as its
 gRPC deadline, which the called node sees too, and a request out of time ends with a 504.
-
-Missing pixels (the preprocess node's mirror said the encoder had an image it has since evicted)
-are resent once from the processor cache, or by re-running preprocessing with force_send_pixels.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import grpc
 from opentelemetry import trace
 
 from protos.gen import pb, rpc
 from services.engine.sampling import SamplingParams
-from services.engine.sampling_wire import sampling_to_pb
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.context_length import DEFAULT_MAX_MODEL_LEN, check_context_length
 from services.gateway.errors import GatewayError
-from services.gateway.failures import Attempts, NodeFailure, NodeOverloaded, classify_rpc_error, remaining_s, trailing_value
+from services.gateway.failures import Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
 from services.gateway.in_flight import InFlightCalls, RequestCancelledError
+from services.gateway.stages import Attempt, Stages
+from services.gateway.token_events import TokenEvent
 from services.router.route_attributes import route_attributes
 from services.router.router import NoLiveNodeError, Route, Router
-from services.transport.grpc_server import MISSING_PIXELS_KEY
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
 _STUBS = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill": rpc.PrefillStub, "decode": rpc.DecodeStub}
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprob:
-    token: str
-    logprob: float
-    top: tuple[tuple[str, float], ...]  # most likely first
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    token_ids: list[int]
-    text: str  # full text so far
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the sampling asked for them
 
 
 class Pipeline:
@@ -100,6 +78,7 @@ class Pipeline:
         self.num_migrations = 0
         self.num_busy_refusals = 0  # calls a busy node refused (tried elsewhere, or a 429)
         self.route_observers: list[Callable[[Route], None]] = []  # e.g. the routing-latency histogram
+        self.stages = Stages(router, self.stub, self.data_address, self.watchdog, clock)
 
     def stub(self, role: str, address: str):
         key = (role, address)
@@ -125,8 +104,11 @@ class Pipeline:
             return state.info.data_address
         data = self._data_addresses.get(address)  # static lists: ask the node itself
         if data is None:
-            data = self._call(role, address, self.stub(role, address).Stats, pb.StatsRequest(), self.connect_timeout_s).data_address
-            self._data_addresses[address] = data
+            try:
+                data = self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s, metadata=outgoing_metadata())
+            except grpc.RpcError as exc:
+                raise classify_rpc_error(role, address, exc) from None
+            data = self._data_addresses[address] = data.data_address
         return data
 
     def run(
@@ -162,41 +144,20 @@ class Pipeline:
                 if preprocess_address is None:
                     preprocess_address = self._pick_preprocess(attempts.excluded)
                 if prep is None:
-                    prep = self._preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
+                    prep = self.stages.preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
                     param = "messages" if "messages" in body else "prompt"
                     check_context_length(len(prep.prompt_token_ids), sampling.max_tokens, self.max_model_len, param=param)
                 route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
+                current = Attempt(f"{request_id}-{attempt}", preprocess_address, body, route, deadline, calls)
                 if lacking:
-                    self._ensure_pixels(preprocess_address, body, lacking, route.encoder, force=False, deadline=deadline)
-                with self.membership.in_flight(route.encoder, route.prefill, route.decode):
-                    prefill = self._prefill(
-                        f"{request_id}-{attempt}",
-                        preprocess_address,
-                        body,
-                        prep,
-                        sampling,
-                        cache_salt,
-                        route,
-                        emitted,
-                        deadline=deadline,
-                        calls=calls,
-                    )
+                    self.stages.push_images(current, lacking)
+                encoder = (route.encoder,) if _uses_encoder(prep, route) else ()
+                with self.membership.in_flight(*encoder, route.prefill, route.decode):
+                    prefill = self.stages.prefill(current, prep, sampling, cache_salt, emitted)
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
                 _trace_prefill(prep, prefill)
                 with self.membership.in_flight(route.decode):
-                    for event in self._decode(
-                        f"{request_id}-{attempt}",
-                        prep,
-                        sampling,
-                        cache_salt,
-                        route,
-                        prefill,
-                        emitted,
-                        stream,
-                        cached_tokens,
-                        deadline=deadline,
-                        calls=calls,
-                    ):
+                    for event in self.stages.decode(current, prep, sampling, cache_salt, prefill, emitted, stream, cached_tokens):
                         emitted.extend(event.token_ids)
                         yield event
                         if event.finished:
@@ -231,7 +192,6 @@ class Pipeline:
         if failure.role == "decode" and migrating:
             self.num_migrations += 1
 
-    # -- stages -------------------------------------------------------------------------------
     def _pick_preprocess(self, excluded: set[str]) -> str:
         nodes = self.membership.nodes("preprocess", exclude=frozenset(excluded))
         if not nodes:
@@ -239,7 +199,8 @@ class Pipeline:
         return nodes[next(self._turns) % len(nodes)].info.grpc_address
 
     def _route(self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str], attempt: int) -> tuple[Route, list[MmHash]]:
-        """The route, and the request's images its encoder lacks (their pixels must be pushed)."""
+        """The route, and the request's images neither its encoder nor its prefill node holds
+        (their pixels must be pushed)."""
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
         with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
@@ -249,143 +210,7 @@ class Pipeline:
             )
         for observe in self.route_observers:
             observe(route)
-        return route, [h for h, _ in images if h not in route.images_on_encoder]
-
-    def _preprocess(
-        self, address: str, body: dict, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
-    ) -> pb.PreprocessResponse:
-        with_index = self.router.index is not None
-        request = pb.PreprocessRequest(
-            request_json=json.dumps(body),
-            skip_indexed_pixels=skip_indexed and with_index,
-            block_size=self.router.block_size if with_index else 0,
-            cache_salt=cache_salt or "",
-        )
-        return self._call("preprocess", address, self.stub("preprocess", address).Preprocess, request, self._remaining_s(deadline))
-
-    def _ensure_pixels(
-        self, preprocess_address: str, body: dict, mm_hashes: list[MmHash], encoder: str, *, force: bool, deadline: float
-    ) -> None:
-        """Push these images' pixels to ``encoder``. Pixels preprocess does not hold (it skipped
-        them because the index said an encoder had them, or evicted them, or another preprocess
-        node made them) are made by running preprocessing again without skipping, then pushed."""
-        not_found = [MmHash(h) for h in self._push_pixels(preprocess_address, mm_hashes, encoder, force=force, deadline=deadline).not_found]
-        if not_found:
-            self._preprocess(preprocess_address, body, skip_indexed=False, deadline=deadline)
-            if self._push_pixels(preprocess_address, not_found, encoder, force=force, deadline=deadline).not_found:
-                raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
-
-    def _push_pixels(
-        self, preprocess_address: str, mm_hashes: list[MmHash], encoder: str, *, force: bool, deadline: float
-    ) -> pb.ResendPixelsResponse:
-        request = pb.ResendPixelsRequest(
-            mm_hashes=mm_hashes, encoder_id=encoder, encoder_data_address=self.data_address("encoder", encoder), force=force
-        )
-        return self._call(
-            "preprocess", preprocess_address, self.stub("preprocess", preprocess_address).ResendPixels, request, self._remaining_s(deadline)
-        )
-
-    def _prefill(
-        self,
-        request_id,
-        preprocess_address,
-        body,
-        prep,
-        sampling,
-        cache_salt,
-        route: Route,
-        emitted: list[int],
-        *,
-        deadline: float,
-        calls: InFlightCalls,
-    ) -> pb.PrefillResponse:
-        request = pb.PrefillRequest(
-            request_id=request_id,
-            prompt_token_ids=prep.prompt_token_ids,
-            mm_items=prep.mm_items,
-            cache_salt=cache_salt or "",
-            decode_data_address=self.data_address("decode", route.decode),
-            sampling=sampling_to_pb(sampling),
-            encoder_address=route.encoder,
-            kv_sources=[pb.KVSource(grpc_address=a, num_tokens=n) for a, n in kv_sources(route)],
-            prior_output_token_ids=emitted,
-        )
-        stub = self.stub("prefill", route.prefill)
-        for attempt in range(2):
-            try:
-                call = stub.Prefill.future(request, timeout=self._remaining_s(deadline), metadata=outgoing_metadata())
-                with self.watchdog.watching(call, route.prefill), calls.tracking(call):
-                    return call.result()
-            except grpc.FutureCancelledError:  # by the watchdog (its node left the cluster), or for the client
-                raise NodeFailure("prefill", route.prefill, "the call was cancelled") from None
-            except grpc.RpcError as exc:
-                missing = trailing_value(exc, MISSING_PIXELS_KEY)
-                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or attempt == 1:
-                    raise classify_rpc_error("prefill", route.prefill, exc) from None
-                # The encoder lost images our mirror thought it had: push them again.
-                missing_hashes = [MmHash(h) for h in missing.split(",")]
-                self._ensure_pixels(preprocess_address, body, missing_hashes, route.encoder, force=True, deadline=deadline)
-        raise AssertionError("unreachable")
-
-    def _decode(
-        self,
-        request_id,
-        prep,
-        sampling,
-        cache_salt,
-        route: Route,
-        prefill,
-        emitted: list[int],
-        stream: bool,
-        cached_tokens: int,
-        *,
-        deadline: float,
-        calls: InFlightCalls,
-    ) -> Iterator[TokenEvent]:
-        decode_request = pb.DecodeRequest(
-            request_id=request_id,
-            prompt_token_ids=prep.prompt_token_ids,
-            first_token_id=prefill.first_token_id,
-            mrope_delta=prefill.mrope_delta,
-            sampling=sampling_to_pb(sampling),
-            num_cached_tokens=cached_tokens,
-            mm_items=prep.mm_items,
-            cache_salt=cache_salt or "",
-            stream=stream,
-            prior_output_token_ids=emitted,
-        )
-        if prefill.HasField("first_token_logprob"):
-            decode_request.first_token_logprob.CopyFrom(prefill.first_token_logprob)
-        chunks = self._call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, self._remaining_s(deadline))
-        prompt_tokens = len(prep.prompt_token_ids)
-        try:
-            with self.watchdog.watching(chunks, route.decode), calls.tracking(chunks):
-                for chunk in chunks:
-                    logprobs = tuple(
-                        TokenLogprob(lp.token, lp.logprob, tuple(zip(lp.top_tokens, lp.top_logprobs))) for lp in chunk.logprobs
-                    )
-                    yield TokenEvent(
-                        list(chunk.token_ids),
-                        chunk.text,
-                        chunk.finished,
-                        chunk.finish_reason or None,
-                        prompt_tokens,
-                        cached_tokens,
-                        logprobs,
-                    )
-        except grpc.RpcError as exc:
-            raise classify_rpc_error("decode", route.decode, exc) from None
-        finally:
-            chunks.cancel()  # no-op when complete; frees the decode node's KV when abandoned
-
-    def _remaining_s(self, deadline: float) -> float:
-        return remaining_s(deadline, self.clock())
-
-    def _call(self, role: str, address: str, method, request, timeout: float):
-        try:
-            return method(request, timeout=timeout, metadata=outgoing_metadata())
-        except grpc.RpcError as exc:
-            raise classify_rpc_error(role, address, exc) from None
+        return route, [h for h, _ in images if h not in route.images_on_encoder and h not in route.images_on_prefill]
 
 
 def _trace_prefill(prep: pb.PreprocessResponse, prefill: pb.PrefillResponse) -> None:
@@ -399,9 +224,7 @@ def _trace_prefill(prep: pb.PreprocessResponse, prefill: pb.PrefillResponse) -> 
     )
 
 
-def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:
-    """Peers holding a longer prefix than the chosen prefill node, longest first (the prefill
-    node pulls from the longest only, and decides whether that beats recomputing)."""
-    own = route.prefix_tokens_by_node.get(route.prefill, 0)
-    better = [(a, n) for a, n in route.prefix_tokens_by_node.items() if a != route.prefill and n > own]
-    return sorted(better, key=lambda item: (-item[1], item[0]))[:limit]
+def _uses_encoder(prep: pb.PreprocessResponse, route: Route) -> bool:
+    """Whether the prefill node may pull embeddings from the route's encoder: the encoder's load
+    counts only such requests, which adaptive dispatch weighs."""
+    return any(item.mm_hash not in route.local_encode and item.mm_hash not in route.images_on_prefill for item in prep.mm_items)

@@ -21,8 +21,8 @@ from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChoiceResult, Formatter, usage_of
 from services.gateway.openai_api import ApiRequest, Generation
-from services.gateway.pipeline import TokenEvent
 from services.gateway.state import GatewayState
+from services.gateway.token_events import TokenEvent
 
 
 async def respond(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> JSONResponse | StreamingResponse:

@@ -22,7 +22,7 @@ from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
-from services.router.scoring import POLICIES
+from services.router.scoring import ENCODE_DISPATCHES, POLICIES
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
 from shared.index.backend import create_index
 from shared.models.registry import ModelRef
@@ -51,6 +51,10 @@ class Settings(InternalPlaneSettings):
     decode_address: str = ""
     default_max_tokens: int = 256
     routing_policy: str = "cache_aware"
+    # Where images the chosen encoder lacks are encoded: "adaptive" (on a prefill node with its
+    # own vision tower when the encoder tier's queue would cost more; services/router/scoring.py),
+    # "encoder" (always the encoder tier) or "prefill" (the prefill node whenever it can encode).
+    encode_dispatch: str = "adaptive"
     cache_lookups: bool = True  # off: the index serves membership only (a no-reuse baseline)
     request_timeout_s: float = 300.0
     max_node_failures: int = 4  # per request, before it fails with 503
@@ -70,6 +74,8 @@ class Settings(InternalPlaneSettings):
             )
         if self.routing_policy not in POLICIES:
             raise ValueError(f"routing_policy must be one of {', '.join(POLICIES)}, got {self.routing_policy!r}")
+        if self.encode_dispatch not in ENCODE_DISPATCHES:
+            raise ValueError(f"encode_dispatch must be one of {', '.join(ENCODE_DISPATCHES)}, got {self.encode_dispatch!r}")
         if self.index_ttl_s <= 0 or self.max_node_failures < 0 or self.drain_timeout_s < 0 or self.max_num_requests < 1:
             raise ValueError("index_ttl_s must be positive, max_node_failures and drain_timeout_s >= 0, max_num_requests >= 1")
 
@@ -92,7 +98,13 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_mod
         index, static if index is None else None, refresh_s=min(1.0, config.index_ttl_s / 3), quarantine_s=config.index_ttl_s
     )
     membership.start()
-    router = Router(membership, policy=config.routing_policy, index=index if config.cache_lookups else None, block_size=block_size)
+    router = Router(
+        membership,
+        policy=config.routing_policy,
+        index=index if config.cache_lookups else None,
+        block_size=block_size,
+        encode_dispatch=config.encode_dispatch,
+    )
     return Pipeline(
         router,
         timeout_s=config.request_timeout_s,

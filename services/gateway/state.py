@@ -11,7 +11,8 @@ from services.gateway.event_bridge import iterate_in_thread
 from services.gateway.in_flight import InFlightCalls
 from services.gateway.metrics import GatewayMetrics, RoleCounters
 from services.gateway.openai_api import Generation
-from services.gateway.pipeline import Pipeline, TokenEvent
+from services.gateway.pipeline import Pipeline
+from services.gateway.token_events import TokenEvent
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class GatewayState:
             "gateway_migrations_total": float(self.pipeline.num_migrations),
             "gateway_node_busy_refusals_total": float(self.pipeline.num_busy_refusals),
             "gateway_index_errors_total": float(router.num_index_failures),
+            "gateway_local_encode_routes_total": float(router.num_local_encodes),
             # 1 while the index's circuit breaker holds calls back (routing without cache lookups).
             "gateway_index_breaker_open": float(breaker is not None and breaker.state != "closed"),
         }

@@ -19,6 +19,9 @@ class Settings(NodeSettings):
     kv_pull_overhead_ms: float = 5.0
     kv_pull_timeout_s: float = 10.0
     prefill_ms_per_token: float = 0.7  # initial estimate; refined from measured prefills
+    # Load the vision tower too, so the router may have this node encode a request's images
+    # itself while the encoder tier is queued (adaptive dispatch, services/router/scoring.py).
+    local_encode: bool = True
 
     def __post_init__(self) -> None:
         NodeSettings.__post_init__(self)
@@ -46,8 +49,9 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         kv_pull_timeout_s=settings.kv_pull_timeout_s,
         prefill_s_per_token=settings.prefill_ms_per_token / 1000,
         channel_auth=channel_auth,
+        local_encode=settings.local_encode,
     )
-    node.publisher = node_publisher("prefill", settings, model.model_id, node.data_address, node.load, liveness)
+    node.publisher = node_publisher("prefill", settings, model.model_id, node.data_address, node.load, liveness, can_encode=node.can_encode)
     lifecycle = node_lifecycle(
         "prefill", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters, admission=admission
     )

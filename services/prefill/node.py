@@ -6,10 +6,12 @@ peer the router named (kv_pull.py decides whether that beats recomputing). Pulle
 under their block hashes as ordinary cached blocks, so the normal prefix lookup adopts them; a
 failed or late pull simply leaves them to be recomputed.
 
-Embeddings: the node keeps its own embedding cache (the engine's encoder cache, with no vision
-tower behind it). Items it lacks are pulled from the encoder node, which pushes them to this
-node's inbox. Claims and imports run on the engine thread, and each holds a reference for the
-request, so nothing it needs can be evicted before the request is scheduled.
+Embeddings: the node keeps its own embedding cache (the engine's encoder cache). Items it lacks
+are pulled from the encoder node, which pushes them to this node's inbox. Claims and imports run
+on the engine thread, and each holds a reference for the request, so nothing it needs can be
+evicted before the request is scheduled. With ``local_encode`` the engine also holds the vision
+tower: images the router chose to encode here arrive as pixels, ride on the request, and the
+engine encodes them in its step under its encoder budget, exactly as the one-process engine does.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import uuid
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
 
+import torch
+
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
@@ -29,7 +33,9 @@ from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.engine.sampling import TokenLogprobs
+from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate
+from services.prefill.local_pixels import LocalEncodeUnavailableError, take_pixels
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSendTimeoutError
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
@@ -76,8 +82,12 @@ class PrefillNode(EngineNode):
         kv_pull_timeout_s: float = 10.0,
         prefill_s_per_token: float = 0.0007,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
+        local_encode: bool = False,
     ) -> None:
-        super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth)
+        self.embedding_index = EmbeddingIndex()  # touched on the engine thread only (set before it starts)
+        super().__init__(
+            model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth, load_vision=local_encode
+        )
         text = self.engine.runner.checkpoint.text
         self.pull_cost = PullCostModel(
             kv_bytes_per_token(text.num_layers, text.num_kv_heads, text.head_dim, self.engine.runner.kv_caches[0][0].element_size()),
@@ -95,6 +105,7 @@ class PrefillNode(EngineNode):
         self._pulls_lock = threading.Lock()
         self._mm_hash_to_pull: dict[MmHash, threading.Event] = {}
         self.num_embeddings_pulled = 0
+        self.num_local_encodes = 0  # images whose pixels came here to be encoded by this node
         self.num_tokens_computed = 0
         self.num_cached_tokens = 0
 
@@ -102,6 +113,8 @@ class PrefillNode(EngineNode):
         """Reference the items this node already holds; returns those it lacks."""
 
         def claim(engine: Engine) -> list[PromptItem]:
+            for item in items:  # every image reaching this node passes here, on the engine thread
+                self.embedding_index.remember_grid(item.mm_hash, item.grid_thw)
             return [i for i in items if not engine.encoder_cache.check_and_update_cache(request_id, i.mm_hash)]
 
         return self.loop.call(claim).result()
@@ -154,6 +167,19 @@ class PrefillNode(EngineNode):
             self.num_embeddings_pulled += 1
         if missing:
             raise EmbeddingsUnavailableError(missing)
+
+    @property
+    def can_encode(self) -> bool:
+        return self.engine.runner.vision is not None
+
+    def receive_pixels(self, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem]) -> dict[MmHash, torch.Tensor]:
+        """Pixels pushed here for ``items`` (the images the router chose this node to encode), for
+        those among ``lacking``: see local_pixels.take_pixels."""
+        if items and not self.can_encode:
+            raise LocalEncodeUnavailableError("this prefill node has no vision tower (started with --local-encode false)")
+        pixels = take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.embedding_wait_s, merge_size=self.merge_size)
+        self.num_local_encodes += len(pixels)
+        return pixels
 
     def release(self, request_id: str, items: list[PromptItem]) -> None:
         self.loop.call(lambda engine: engine.encoder_cache.free_request(request_id, [i.mm_hash for i in items]))
@@ -231,6 +257,14 @@ class PrefillNode(EngineNode):
         self.loop.unsubscribe(request_id)
         self.loop.call(lambda engine: engine.abort(request_id))
 
+    def _publish_kv(self, engine: Engine) -> None:
+        """Engine-thread hook after every step: KV blocks, then the embeddings held here."""
+        super()._publish_kv(engine)
+        if self.publisher is not None:
+            events = self.embedding_index.changes(engine.runner.encoder_outputs)
+            if events is not None:
+                self.publisher.record(events)
+
     def _ship_kv(self, request: Request, block_ids: list[int]) -> None:
         """Engine-thread hook: push the prompt's KV pages before the blocks are released."""
         target = self._decode_targets.pop(request.request_id, None)
@@ -247,6 +281,7 @@ class PrefillNode(EngineNode):
     def counters(self) -> dict[str, float]:
         return {
             "prefill_embeddings_pulled_total": float(self.num_embeddings_pulled),
+            "prefill_images_encoded_locally_total": float(self.num_local_encodes),
             "prefill_kv_bytes_sent_total": float(self.sender.num_bytes_sent),
             "prefill_tokens_computed_total": float(self.num_tokens_computed),
             "prefix_cached_tokens_total": float(self.num_cached_tokens),

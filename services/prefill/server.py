@@ -1,5 +1,6 @@
-"""gRPC Prefill service: pulls missing embeddings from the encoder the gateway names and, when
-worth it, prefix KV from a peer, then runs PrefillNode. Also serves KVPeer, so other prefill nodes
+"""gRPC Prefill service: pulls missing embeddings from the encoder the gateway names (or takes
+the pixels of images the router chose this node to encode itself) and, when worth it, prefix KV
+from a peer, then runs PrefillNode. Also serves KVPeer, so other prefill nodes
 can pull from it. An encoder that fails is named in the error (FAILED_NODE_KEY): the gateway
 retries the request on another one; this servicer never retries by itself. A call that goes away
 (cancelled, or past its deadline) aborts its engine request; a node at its limit of calls refuses
@@ -19,6 +20,7 @@ from services.engine.remote_request import PromptItem, build_request
 from services.engine.sampling import SamplingError
 from services.engine.sampling_wire import logprobs_to_pb, sampling_from_pb
 from services.prefill.kv_pull import KVSource
+from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMismatchError
 from services.prefill.node import EmbeddingsUnavailableError, PrefillNode, PrefillResult
 from services.transport.convert import item_from_pb, item_to_pb
 from services.transport.grpc_server import (
@@ -110,7 +112,15 @@ class PrefillServicer(rpc.PrefillServicer):
         rid = request.request_id
         lacking = await asyncio.to_thread(self.node.claim_local_embeddings, rid, items)
         encoder = request.encoder_address
+        here = set(request.local_encode_mm_hashes)  # the router chose this node to encode these
         try:
+            pixels = await asyncio.to_thread(
+                self.node.receive_pixels,
+                request.local_pixels_key_prefix,
+                [i for i in items if i.mm_hash in here],
+                [i for i in lacking if i.mm_hash in here],
+            )
+            lacking = [i for i in lacking if i.mm_hash not in here]
             if lacking:
                 if not encoder:
                     await abort_with(
@@ -120,7 +130,7 @@ class PrefillServicer(rpc.PrefillServicer):
             # A migrated request's answer so far is computed like prompt text (same positions).
             token_ids = [*request.prompt_token_ids, *request.prior_output_token_ids]
             engine_request = build_request(
-                rid, token_ids, items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size
+                rid, token_ids, items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size, pixels
             )
             sources = [KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources]
             num_pulled = await self._pull_kv(engine_request, sources) if sources else 0
@@ -128,6 +138,13 @@ class PrefillServicer(rpc.PrefillServicer):
         except grpc.aio.AioRpcError as exc:
             self.node.release(rid, items)
             await fail_like_encoder(context, exc, encoder)
+        except MissingPixelsError as exc:
+            self.node.release(rid, items)
+            context.set_trailing_metadata(((MISSING_PIXELS_KEY, ",".join(exc.missing)),))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except (LocalEncodeUnavailableError, PixelsMismatchError) as exc:  # this request's own failure
+            self.node.release(rid, items)
+            await abort_with(context, grpc.StatusCode.INTERNAL, str(exc), 500)
         except EmbeddingsUnavailableError as exc:
             self.node.release(rid, items)
             await abort_with(context, grpc.StatusCode.UNAVAILABLE, f"{exc} from encoder {encoder}", None, failed_node=("encoder", encoder))

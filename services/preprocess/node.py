@@ -87,22 +87,25 @@ class PreprocessNode:
             return result, PixelTransfer(sent, skipped)
 
     def resend(
-        self, mm_hashes: list[MmHash], *, encoder_id: str, encoder_address: str, force: bool = True
+        self, mm_hashes: list[MmHash], *, encoder_id: str, encoder_address: str, force: bool = True, key_prefix: str = ""
     ) -> tuple[list[MmHash], PixelTransfer]:
         """Push cached pixels to an encoder; without ``force``, skip those the mirror says it
-        holds. Returns (hashes no longer cached here, bytes sent and skipped)."""
+        holds. With ``key_prefix`` the target is a prefill node encoding them itself: every image
+        is sent, keyed ``key_prefix + mm_hash``, and no mirror records it (the node keeps
+        embeddings, not pixels). Returns (hashes no longer cached here, bytes sent and skipped)."""
         with self._working():
             not_found, sent, skipped = [], 0, 0
-            mirror = self._mirror(encoder_id)
+            mirror = None if key_prefix else self._mirror(encoder_id)
             for mm_hash in mm_hashes:
                 image = self.preprocessor.processor_cache.get(mm_hash)
                 if image is None:
                     not_found.append(mm_hash)
-                elif not force and mirror.get(mm_hash):
+                elif mirror is not None and not force and mirror.get(mm_hash):
                     skipped += image.num_bytes
                 else:
-                    sent += self._send_pixels(mm_hash, image, encoder_address)
-                    mirror.put(mm_hash, True)
+                    sent += self._send_pixels(mm_hash, image, encoder_address, key=key_prefix + mm_hash)
+                    if mirror is not None:
+                        mirror.put(mm_hash, True)
             self.num_pixel_bytes_sent += sent
             self.num_pixel_bytes_skipped += skipped
             return not_found, PixelTransfer(sent, skipped)
@@ -165,8 +168,8 @@ class PreprocessNode:
         self._encoder_to_mirror[encoder_id] = mirror
         return mirror
 
-    def _send_pixels(self, mm_hash: MmHash, image, address: str) -> int:
-        return self.sender.send(address, mm_hash, {"pixel_values": image.pixel_values}, {"grid_thw": list(image.grid_thw)})
+    def _send_pixels(self, mm_hash: MmHash, image, address: str, *, key: str | None = None) -> int:
+        return self.sender.send(address, key or mm_hash, {"pixel_values": image.pixel_values}, {"grid_thw": list(image.grid_thw)})
 
     def close(self) -> None:
         self.sender.close()

@@ -68,9 +68,11 @@ class PreprocessServicer(rpc.PreprocessServicer):
                 encoder_id=request.encoder_id,
                 encoder_address=request.encoder_data_address,
                 force=request.force,
+                key_prefix=request.key_prefix,
             )
-        except TensorSendTimeoutError as exc:  # the encoder's inbox is not draining: it is the failed node
-            await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), None, failed_node=("encoder", request.encoder_id))
+        except TensorSendTimeoutError as exc:  # the target's inbox is not draining: it is the failed node
+            role = "prefill" if request.key_prefix else "encoder"
+            await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), None, failed_node=(role, request.encoder_id))
         return pb.ResendPixelsResponse(
             not_found=not_found, pixel_bytes_sent=transfer.num_bytes_sent, pixel_bytes_skipped=transfer.num_bytes_skipped
         )

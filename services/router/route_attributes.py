@@ -18,6 +18,8 @@ def route_attributes(route: Route, *, policy: str, num_images: int, num_prompt_t
         "tessera.route.decode": route.decode,
         "tessera.route.images": num_images,
         "tessera.route.images_on_encoder": len(route.images_on_encoder),
+        "tessera.route.images_encoded_on_prefill": len(route.local_encode),
+        "tessera.route.images_on_prefill": len(route.images_on_prefill),
         "tessera.route.prompt_tokens": num_prompt_tokens,
         "tessera.route.prefill_prefix_tokens": prefill_prefix,
         "tessera.route.decision_ms": round(route.decision_s * 1e3, 3),
@@ -34,6 +36,8 @@ def route_reason(route: Route, *, policy: str, num_images: int, num_prompt_token
     parts = []
     if num_images:
         parts.append(f"encoder holds {len(route.images_on_encoder)}/{num_images} images")
+    if route.local_encode:
+        parts.append(f"prefill encodes {len(route.local_encode)} image(s) itself (the encoder tier is queued)")
     prefix = route.prefix_tokens_by_node.get(route.prefill, 0)
     if route.prefix_tokens_by_node or policy == "cache_aware":
         parts.append(f"prefill holds {prefix}/{num_prompt_tokens} prompt tokens")

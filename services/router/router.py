@@ -7,7 +7,8 @@ the static or last-known nodes with no cached work, so cache_aware degrades to t
 the other policies still work. Decode placement ignores caches (the prompt's KV is shipped from
 prefill): cache_aware places decode least-loaded. Whatever the policy, when cache lookups are on
 the route reports how many leading prompt tokens each live prefill and decode node holds, so the
-caller can pull a prefix from a peer instead of recomputing it.
+caller can pull a prefix from a peer instead of recomputing it. Adaptive dispatch (scoring.py)
+then says whether the chosen prefill node encodes the images the chosen encoder lacks.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ import time
 from dataclasses import dataclass, field
 
 from services.router.membership import Membership
-from services.router.scoring import POLICIES, Candidate, choose, image_tokens_per_node, prefix_tokens_per_node
+from services.router.scoring import (
+    ENCODE_DISPATCHES,
+    POLICIES,
+    Candidate,
+    choose,
+    encode_on_prefill,
+    image_tokens_per_node,
+    prefill_tokens_per_node,
+    prefix_tokens_per_node,
+)
 from shared.hashing import MmSpan
 from shared.hashing import block_hashes as compute_block_hashes
 from shared.index.backend import CacheIndex
@@ -41,6 +51,10 @@ class Route:
     # blocks -> leading prompt tokens it holds (block_size * leading blocks); empty without an index.
     prefix_tokens_by_node: dict[str, int]
     decision_s: float
+    # Images the prefill node encodes itself (adaptive dispatch): their pixels go to it, not to
+    # the encoder. Empty: every image the encoder lacks is encoded there.
+    local_encode: frozenset[MmHash] = frozenset()
+    images_on_prefill: frozenset[MmHash] = frozenset()  # embeddings the chosen prefill node holds, per the index
 
 
 @dataclass(slots=True)
@@ -49,12 +63,17 @@ class Router:
     policy: str = "cache_aware"
     index: CacheIndex | None = None  # None: no cache lookups (the membership may still use one)
     block_size: int = 16
+    encode_dispatch: str = "adaptive"
     _turns: itertools.count = field(default_factory=itertools.count)
     num_index_failures: int = 0
+    num_local_encodes: int = 0  # requests whose images the prefill node was chosen to encode
+    mean_call_tokens: float = 0.0  # moving average of the image tokens per request sent to encoders
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown routing policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.encode_dispatch not in ENCODE_DISPATCHES:
+            raise ValueError(f"unknown encode dispatch {self.encode_dispatch!r}; choose one of {', '.join(ENCODE_DISPATCHES)}")
 
     def route(
         self,
@@ -84,15 +103,34 @@ class Router:
         mm_holders = (
             {h: {self._address(n, lookup): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
         )
-        encoder = choose(
-            self.policy, self._candidates("encoder", exclude), image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key
-        )
+        encoders = self._candidates("encoder", exclude)
+        encoder = choose(self.policy, encoders, image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key)
         prefix_tokens = self._prefix_tokens_by_node(lookup)
-        prefill = choose(self.policy, self._candidates("prefill", exclude), prefix_tokens, turn=turn, tie_key=tie_key)
+        prefills = self._candidates("prefill", exclude)
+        prefill_tokens = prefill_tokens_per_node(prefix_tokens, mm_holders, images)
+        prefill = choose(self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key)
         decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
         decode = choose(decode_policy, self._candidates("decode", exclude), {}, turn=turn)
         held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
-        return Route(encoder, prefill, decode, held, prefix_tokens, time.perf_counter() - started)
+        on_prefill = frozenset(h for h, holders in mm_holders.items() if prefill in holders)
+        new = [h for h, _ in images if h not in held and h not in on_prefill]
+        local = self._local_encode(new, image_tokens, _find(encoders, encoder), _find(prefills, prefill))
+        return Route(encoder, prefill, decode, held, prefix_tokens, time.perf_counter() - started, local, on_prefill)
+
+    def _local_encode(
+        self, new: list[MmHash], image_tokens: dict[MmHash, int], encoder: Candidate, prefill: Candidate
+    ) -> frozenset[MmHash]:
+        """The images (those the encoder lacks) the prefill node encodes itself, and the moving
+        average of the image tokens sent to encoders that the decision weighs queued calls by."""
+        num_new_tokens = sum(image_tokens[h] for h in set(new))
+        if num_new_tokens == 0:
+            return frozenset()
+        mean = self.mean_call_tokens or float(num_new_tokens)
+        if encode_on_prefill(self.encode_dispatch, num_new_tokens, encoder, prefill, mean):
+            self.num_local_encodes += 1
+            return frozenset(new)
+        self.mean_call_tokens = 0.9 * mean + 0.1 * num_new_tokens
+        return frozenset()
 
     def _prefix_tokens_by_node(self, lookup: LookupResult | None) -> dict[str, int]:
         if lookup is None:
@@ -121,9 +159,16 @@ class Router:
         nodes = self.membership.nodes(role, exclude=exclude)
         if not nodes:
             raise NoLiveNodeError(role)
-        return [Candidate(s.info.grpc_address, max(s.load, self.membership.num_in_flight(s.info.grpc_address)), s.kv_usage) for s in nodes]
+        return [
+            Candidate(s.info.grpc_address, max(s.load, self.membership.num_in_flight(s.info.grpc_address)), s.kv_usage, s.info.can_encode)
+            for s in nodes
+        ]
 
     @staticmethod
     def _address(node_id: str, lookup: LookupResult | None) -> str:
         state: NodeState | None = lookup.nodes.get(node_id) if lookup is not None else None
         return state.info.grpc_address if state is not None else node_id
+
+
+def _find(candidates: list[Candidate], node_id: str) -> Candidate:
+    return next(c for c in candidates if c.node_id == node_id)

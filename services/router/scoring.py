@@ -6,7 +6,9 @@ For each candidate node n of a role:
 
   cached_tokens(n)  work n already holds for this request, in tokens:
                       encoder: sum of the embedding rows of the request's images n holds
-                      prefill: block_size * (leading prompt blocks n holds, up to the first miss)
+                      prefill: block_size * (leading prompt blocks n holds, up to the first miss),
+                               plus the embedding rows of the images n holds that end beyond
+                               that prefix (their encode is saved)
   load(n)           requests queued or running on n (from its heartbeat)
   kv_usage(n)       fraction of n's KV pages in use, 0..1
   LOAD_WEIGHT       tokens of work one queued request is worth (a full prefill of a typical
@@ -17,6 +19,21 @@ For each candidate node n of a role:
   load(n) is the larger of n's heartbeat load (every gateway's requests, up to ttl/3 old) and the
   requests this gateway has in flight on n (exact, current): between heartbeats a burst would
   otherwise see equal stale loads and pile onto one node.
+
+Adaptive dispatch: where the images the chosen encoder e lacks are encoded, when the chosen
+prefill node p has its own vision tower. With s seconds per image token and T the request's
+image tokens e lacks:
+
+    cost_on_encoder = load(e) * mean_call_tokens * s + T * s   e's queue ahead, then the encode
+    cost_on_prefill = T * s * (1 + load(p))                     p's cores are shared with its
+                                                                load(p) queued or running requests
+    encode on p  iff  cost_on_prefill < cost_on_encoder  <=>  T * load(p) < load(e) * mean_call_tokens
+
+  mean_call_tokens  the mean image tokens of the requests routed to encoders (the router's moving
+                    average): what one call queued on e is assumed to cost
+  s cancels, so the rule needs no calibration. An idle encoder (load 0) always wins, so an
+  unloaded cluster keeps the encode/prefill split; the shipping of embeddings, which only
+  favours p, is left out, so the rule leans towards the encoder tier.
 
 Policies: cache_aware takes the highest score; least_loaded the lowest load, cycling through
 equally loaded nodes with ``turn``; round_robin cycles.
@@ -30,10 +47,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.hashing import digest_hex
+from shared.types import PlaceholderRange
 
 LOAD_WEIGHT = 256.0
 KV_WEIGHT = 128.0
 POLICIES = ("cache_aware", "round_robin", "least_loaded")
+# Where images are encoded: "adaptive" by the rule above; "encoder" always on the encoder tier;
+# "prefill" on the prefill node whenever it can encode (tests, or encoder-light deployments).
+ENCODE_DISPATCHES = ("adaptive", "encoder", "prefill")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +62,7 @@ class Candidate:
     node_id: str
     load: float
     kv_usage: float
+    can_encode: bool = False  # a prefill node with its own vision tower
 
 
 def score(candidate: Candidate, cached_tokens: int) -> float:
@@ -69,10 +91,35 @@ def choose(
     raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
 
 
+def encode_on_prefill(dispatch: str, num_new_tokens: int, encoder: Candidate, prefill: Candidate, mean_call_tokens: float) -> bool:
+    """Whether ``prefill`` encodes the request's ``num_new_tokens`` image tokens that ``encoder``
+    lacks, by the adaptive dispatch rule in this module's header."""
+    if dispatch not in ENCODE_DISPATCHES:
+        raise ValueError(f"unknown encode dispatch {dispatch!r}; choose one of {', '.join(ENCODE_DISPATCHES)}")
+    if num_new_tokens <= 0 or not prefill.can_encode or dispatch == "encoder":
+        return False
+    if dispatch == "prefill":
+        return True
+    return num_new_tokens * prefill.load < encoder.load * mean_call_tokens
+
+
 def prefix_tokens_per_node(node_to_num_prefix_blocks: Mapping[str, int], block_size: int) -> dict[str, int]:
     """Leading prompt blocks each node holds (up to its first missing block, as the index counts
     them), in tokens."""
     return {node_id: num_blocks * block_size for node_id, num_blocks in node_to_num_prefix_blocks.items() if num_blocks > 0}
+
+
+def prefill_tokens_per_node(
+    prefix_tokens: Mapping[str, int], mm_holders: Mapping[str, Mapping[str, object]], images: Sequence[tuple[str, PlaceholderRange]]
+) -> dict[str, int]:
+    """cached_tokens of each prefill node: its leading prompt tokens, plus the rows of the images
+    whose embeddings it holds and whose placeholder its prefix does not cover."""
+    out = dict(prefix_tokens)
+    for mm_hash, placeholder in images:
+        for node_id in mm_holders.get(mm_hash, {}):
+            if placeholder.offset + placeholder.length > prefix_tokens.get(node_id, 0):
+                out[node_id] = out.get(node_id, 0) + placeholder.length
+    return out
 
 
 def image_tokens_per_node(mm_holders: Mapping[str, Mapping[str, object]], image_tokens: Mapping[str, int]) -> dict[str, int]:

@@ -64,15 +64,17 @@ def node_auth(settings: NodeSettings) -> tuple[InternalAuth, ChannelAuth]:
 
 
 def node_publisher(
-    role: str, settings: NodeSettings, namespace: str, data_address: str, load_fn: LoadFn, liveness: Liveness
+    role: str, settings: NodeSettings, namespace: str, data_address: str, load_fn: LoadFn, liveness: Liveness, *, can_encode: bool = False
 ) -> IndexPublisher | None:
     """The node's membership in the index (None without one): registered under its advertised
-    addresses, heartbeating only while ``liveness`` holds."""
+    addresses, heartbeating only while ``liveness`` holds. ``can_encode``: a prefill node with
+    its own vision tower, which the router may ask to encode images."""
     if not settings.index_url:
         return None
     grpc_address = advertise(settings.grpc_address, settings.advertise_host)
     data = advertise(data_address, settings.advertise_host) if data_address else ""
-    info = NodeInfo(node_id=settings.node_id or f"{role}@{grpc_address}", role=role, grpc_address=grpc_address, data_address=data)
+    node_id = settings.node_id or f"{role}@{grpc_address}"
+    info = NodeInfo(node_id=node_id, role=role, grpc_address=grpc_address, data_address=data, can_encode=can_encode)
     index = create_index(settings.index_url, namespace=namespace)
     return IndexPublisher(index, info, ttl_s=settings.index_ttl_s, load_fn=load_fn, alive_fn=liveness.is_alive)
 

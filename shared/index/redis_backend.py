@@ -3,7 +3,8 @@
 Key layout, under the namespace prefix P = "tessera:{namespace}:":
   P epochs            INTEGER  the last epoch handed out, to any node (INCR on registration)
   P epoch:{node}      INTEGER  the node's current epoch
-  P node:{node}       HASH     role, grpc, data, epoch, load, kv_usage; expires after the TTL
+  P node:{node}       HASH     role, grpc, data, encodes ("1": a prefill node that can run the
+                               vision tower itself), epoch, load, kv_usage; expires after the TTL
   P nodes             SET      registered node ids (lookup skips those whose key expired;
                                live_nodes prunes them with their epoch key)
 Epochs come from one counter for all nodes, so a node id registered again after its records were
@@ -108,13 +109,14 @@ return 1
 """
 
 
-# KEYS: epochs counter, epoch key, node key, nodes set; ARGV: role, grpc, data, ttl_ms, node id.
+# KEYS: epochs counter, epoch key, node key, nodes set; ARGV: role, grpc, data, ttl_ms, node id,
+# encodes.
 # One atomic step, so a concurrent prune never sees the node half-registered.
 REGISTER_SCRIPT = """
 local epoch = redis.call('INCR', KEYS[1])
 redis.call('SET', KEYS[2], epoch)
 redis.call('DEL', KEYS[3])
-redis.call('HSET', KEYS[3], 'role', ARGV[1], 'grpc', ARGV[2], 'data', ARGV[3], 'epoch', epoch, 'load', 0, 'kv_usage', 0)
+redis.call('HSET', KEYS[3], 'role', ARGV[1], 'grpc', ARGV[2], 'data', ARGV[3], 'encodes', ARGV[6], 'epoch', epoch, 'load', 0, 'kv_usage', 0)
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 redis.call('SADD', KEYS[4], ARGV[5])
 return epoch
@@ -175,7 +177,11 @@ class RedisIndex:
         p = self.prefix
         keys = [p + "epochs", p + f"epoch:{node.node_id}", p + f"node:{node.node_id}", p + "nodes"]
         try:
-            return int(self._register(keys=keys, args=[node.role, node.grpc_address, node.data_address, int(ttl_s * 1000), node.node_id]))
+            return int(
+                self._register(
+                    keys=keys, args=[node.role, node.grpc_address, node.data_address, int(ttl_s * 1000), node.node_id, int(node.can_encode)]
+                )
+            )
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
 
@@ -241,5 +247,5 @@ class RedisIndex:
 
 
 def _node_state(node_id: str, fields: dict[str, str]) -> NodeState:
-    info = NodeInfo(node_id, fields.get("role", ""), fields.get("grpc", ""), fields.get("data", ""))
+    info = NodeInfo(node_id, fields.get("role", ""), fields.get("grpc", ""), fields.get("data", ""), fields.get("encodes") == "1")
     return NodeState(info, int(fields["epoch"]), float(fields.get("load", 0)), float(fields.get("kv_usage", 0)))

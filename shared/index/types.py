@@ -17,6 +17,7 @@ class NodeInfo:
     role: str  # encoder | prefill | decode | preprocess
     grpc_address: str
     data_address: str = ""
+    can_encode: bool = False  # a prefill node with its own vision tower (adaptive dispatch)
 
 
 @dataclass(frozen=True, slots=True)

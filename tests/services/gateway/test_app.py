@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.gateway.app import create_app
 from services.gateway.errors import GatewayError
-from services.gateway.pipeline import TokenEvent
+from services.gateway.token_events import TokenEvent
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -41,7 +41,7 @@ class FakePipeline:
     error: GatewayError | None = None
     fail_after: int = 0
     membership: FakeMembership = field(default_factory=FakeMembership)
-    router: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(index=None, num_index_failures=0))
+    router: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(index=None, num_index_failures=0, num_local_encodes=0))
     calls: list = field(default_factory=list)
     route_observers: list = field(default_factory=list)
     num_retries: int = 0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.gateway.formatters import ChatFormatter, ChoiceResult, CompletionFormatter, usage_of
-from services.gateway.pipeline import TokenLogprob
+from services.gateway.token_events import TokenLogprob
 
 
 def test_usage_counts_each_prompt_once_and_every_choice_completion():

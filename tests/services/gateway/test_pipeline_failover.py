@@ -15,7 +15,9 @@ from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.gateway.pipeline import Pipeline
 from services.router.membership import Membership
 from services.router.router import Router
-from services.transport.grpc_server import FAILED_NODE_KEY, HTTP_STATUS_KEY, OVERLOADED_KEY
+from services.transport.grpc_server import FAILED_NODE_KEY, HTTP_STATUS_KEY, MISSING_PIXELS_KEY, OVERLOADED_KEY
+from shared.index.memory_backend import InProcessIndex
+from shared.index.types import NodeInfo
 from tests.fake_clock import FakeClock
 
 PROMPT = [11, 12, 13]
@@ -76,6 +78,7 @@ class FakeNode:
         self.failures: list[grpc.RpcError] = []
         self.streams: list[Stream] = []
         self.hanging: list = []  # prefill calls to hand out (recorded) before real ones
+        self.mm_items: list[pb.MmItem] = []  # the images a preprocess node reports
 
     def _record(self, method: str, request):
         self.calls.append((method, self.address, request))
@@ -84,7 +87,11 @@ class FakeNode:
 
     def Preprocess(self, request, timeout=None, metadata=None):
         self._record("Preprocess", request)
-        return pb.PreprocessResponse(prompt_token_ids=PROMPT)
+        return pb.PreprocessResponse(prompt_token_ids=PROMPT, mm_items=self.mm_items)
+
+    def ResendPixels(self, request, timeout=None, metadata=None):
+        self._record("ResendPixels", request)
+        return pb.ResendPixelsResponse()
 
     def Stats(self, request, timeout=None, metadata=None):
         return pb.StatsResponse(data_address=f"tcp://{self.address}")
@@ -119,9 +126,8 @@ class FakeNode:
 
 
 class FakePipeline(Pipeline):
-    def __init__(self, **kwargs) -> None:
-        membership = Membership(None, NODES)
-        super().__init__(Router(membership, policy="round_robin"), **kwargs)
+    def __init__(self, router: Router | None = None, **kwargs) -> None:
+        super().__init__(router or Router(Membership(None, NODES), policy="round_robin"), **kwargs)
         self.calls: list = []
         self.nodes = {a: FakeNode(a, self.calls) for addresses in NODES.values() for a in addresses}
 
@@ -224,15 +230,16 @@ def test_the_watchdog_cancels_calls_to_nodes_that_left_the_cluster():
 
 def test_every_call_gets_what_is_left_of_one_request_deadline():
     clock, timeouts = FakeClock(), []
+    pipeline = FakePipeline(timeout_s=30.0, clock=clock)
+    call = pipeline.stages.call
 
-    class Timed(FakePipeline):
-        def _call(self, role, address, method, request, timeout):
-            if not isinstance(request, pb.StatsRequest):
-                timeouts.append(timeout)
-                clock.now += 4.0  # each stage takes 4 s
-            return super()._call(role, address, method, request, timeout)
+    def timed(role, address, method, request, deadline):
+        timeouts.append(pipeline.stages.remaining_s(deadline))
+        clock.now += 4.0  # each stage takes 4 s
+        return call(role, address, method, request, deadline)
 
-    Timed(timeout_s=30.0, clock=clock).generate()
+    pipeline.stages.call = timed
+    pipeline.generate()
     assert timeouts == [30.0, 26.0]  # preprocess, then decode: one budget, not 30 s per stage
 
 
@@ -356,3 +363,53 @@ def test_a_prefill_call_cancelled_for_its_node_is_that_nodes_failure_and_retried
     threading.Timer(0.2, hanging.cancel).start()  # as the watchdog does when the node leaves the cluster
     assert [e.token_ids for e in pipeline.generate()] == [[100], [101]]
     assert [a for a, _ in pipeline.called("Prefill")] == ["p:1", "p:2"] and pipeline.num_retries == 1
+
+
+IMAGE_ITEM = pb.MmItem(mm_hash="img", offset=1, length=4, grid_thw=[1, 4, 4])
+
+
+def pipeline_encoding_on_prefill() -> FakePipeline:
+    """A cluster whose prefill nodes hold a vision tower, routed with encode_dispatch="prefill"."""
+    index = InProcessIndex()
+    for role, addresses in NODES.items():
+        for address in addresses:
+            info = NodeInfo(f"{role}@{address}", role, address, f"tcp://{address}", can_encode=role == "prefill")
+            index.register_node(info, ttl_s=60)
+    membership = Membership(index)
+    membership.refresh()
+    pipeline = FakePipeline(Router(membership, policy="round_robin", index=index, encode_dispatch="prefill"))
+    for address in NODES["preprocess"]:
+        pipeline.nodes[address].mm_items = [IMAGE_ITEM]
+    return pipeline
+
+
+def test_images_a_prefill_node_encodes_have_their_pixels_pushed_to_it_per_attempt():
+    pipeline = pipeline_encoding_on_prefill()
+    pipeline.generate()
+    [(_, push)] = pipeline.called("ResendPixels")
+    [(prefill_address, prefill)] = pipeline.called("Prefill")
+    assert push.encoder_id == prefill_address and push.encoder_data_address == f"tcp://{prefill_address}"
+    assert push.key_prefix.startswith("px/") and push.force and list(push.mm_hashes) == ["img"]
+    assert list(prefill.local_encode_mm_hashes) == ["img"] and prefill.local_pixels_key_prefix == push.key_prefix
+
+
+def test_pixels_a_prefill_node_reports_missing_are_pushed_to_it_again():
+    pipeline = pipeline_encoding_on_prefill()
+    missing = FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "pixels never arrived", ((MISSING_PIXELS_KEY, "img"),))
+    for address in NODES["prefill"]:
+        pipeline.nodes[address].failures = [missing]
+    assert [e.token_ids for e in pipeline.generate()] == [[100], [101]]
+    pushes = [request for _, request in pipeline.called("ResendPixels")]
+    assert len(pushes) == 2 and len({(p.encoder_id, p.key_prefix) for p in pushes}) == 1
+    assert pipeline.num_retries == 0  # resent within the attempt, not failed over
+
+
+def test_images_without_a_prefill_node_that_encodes_go_to_the_encoder():
+    pipeline = FakePipeline()
+    for address in NODES["preprocess"]:
+        pipeline.nodes[address].mm_items = [IMAGE_ITEM]
+    pipeline.generate()
+    [(_, push)] = pipeline.called("ResendPixels")
+    [(_, prefill)] = pipeline.called("Prefill")
+    assert push.encoder_id == prefill.encoder_address and push.key_prefix == "" and not push.force
+    assert list(prefill.local_encode_mm_hashes) == []

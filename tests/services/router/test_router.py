@@ -10,7 +10,7 @@ from services.router.router import NoLiveNodeError, Router
 from services.router.scoring import POLICIES
 from shared.hashing import MmSpan, block_hashes
 from shared.index.memory_backend import InProcessIndex
-from shared.index.types import IndexEvents, IndexUnavailableError, NodeInfo
+from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
 from shared.types import MmHash, PlaceholderRange
 
 BLOCK = 4
@@ -122,3 +122,50 @@ def test_this_gateways_requests_in_flight_count_as_load_before_any_heartbeat_sho
     router = router_over(index_holding({}), policy="least_loaded")
     with router.membership.in_flight("d:1"), router.membership.in_flight("d:1"), router.membership.in_flight("d:2"):
         assert {router.route(TOKENS, [IMAGE]).decode for _ in range(3)} == {"d:2"}
+
+
+def _index_with_a_queued_encoder(*, can_encode: bool, encoder_load: float) -> InProcessIndex:
+    index = InProcessIndex()
+    for node_id in ALL_NODES:
+        role, address = node_id.split("@")
+        epoch = index.register_node(NodeInfo(node_id, role, address, can_encode=role == "prefill" and can_encode), ttl_s=60)
+        load = encoder_load if role == "encoder" else 0.0
+        index.heartbeat(node_id, epoch, load=load, kv_usage=0.0, ttl_s=60)
+    return index
+
+
+def test_images_go_to_a_prefill_node_that_can_encode_while_the_encoders_are_queued():
+    index = _index_with_a_queued_encoder(can_encode=True, encoder_load=4)
+    router = router_over(index)
+    route = router.route(TOKENS, [IMAGE])
+    assert route.local_encode == {IMAGE[0]} and router.num_local_encodes == 1
+
+
+def test_images_stay_on_the_encoder_tier_when_it_is_idle_or_prefill_cannot_encode():
+    assert router_over(_index_with_a_queued_encoder(can_encode=True, encoder_load=0)).route(TOKENS, [IMAGE]).local_encode == set()
+    assert router_over(_index_with_a_queued_encoder(can_encode=False, encoder_load=4)).route(TOKENS, [IMAGE]).local_encode == set()
+    fixed = router_over(_index_with_a_queued_encoder(can_encode=True, encoder_load=4), encode_dispatch="encoder")
+    assert fixed.route(TOKENS, [IMAGE]).local_encode == set()
+
+
+def test_an_image_the_chosen_encoder_holds_is_never_encoded_again():
+    index = _index_with_a_queued_encoder(can_encode=True, encoder_load=4)
+    for node_id in ("encoder@e:1", "encoder@e:2"):
+        epoch = index.live_nodes()[node_id].epoch
+        index.publish(node_id, epoch, IndexEvents(mm_stored={IMAGE[0]: MmEntry(12, (1, 4, 12), 12 * 64)}))
+    route = router_over(index, encode_dispatch="prefill").route(TOKENS, [IMAGE])
+    assert route.images_on_encoder == {IMAGE[0]} and route.local_encode == set()
+
+
+def test_an_unknown_encode_dispatch_is_refused():
+    with pytest.raises(ValueError, match="unknown encode dispatch"):
+        router_over(InProcessIndex(), encode_dispatch="gpu")
+
+
+def test_an_image_the_prefill_node_holds_needs_no_encoder_and_draws_the_request():
+    index = _index_with_a_queued_encoder(can_encode=True, encoder_load=4)
+    epoch = index.live_nodes()["prefill@p:2"].epoch
+    index.publish("prefill@p:2", epoch, IndexEvents(mm_stored={IMAGE[0]: MmEntry(12, (1, 4, 12), 12 * 64)}))
+    route = router_over(index).route(TOKENS, [IMAGE])
+    assert route.prefill == "p:2" and route.images_on_prefill == {IMAGE[0]}
+    assert route.local_encode == set() and route.images_on_encoder == set()

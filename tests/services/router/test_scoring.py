@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from services.router.scoring import LOAD_WEIGHT, Candidate, choose, image_tokens_per_node, prefix_tokens_per_node
+from services.router.scoring import (
+    LOAD_WEIGHT,
+    Candidate,
+    choose,
+    encode_on_prefill,
+    image_tokens_per_node,
+    prefill_tokens_per_node,
+    prefix_tokens_per_node,
+)
+from shared.types import PlaceholderRange
 
 
 def nodes(*specs):
@@ -60,3 +69,49 @@ def test_ties_spread_by_rendezvous_hashing_and_are_stable():
 def test_least_loaded_cycles_through_equally_loaded_nodes():
     candidates = [Candidate("a", 0.0, 0.0), Candidate("b", 0.0, 0.0), Candidate("c", 2.0, 0.0)]
     assert [choose("least_loaded", candidates, {}, turn=t) for t in range(4)] == ["a", "b", "a", "b"]
+
+
+def encoder(load: float) -> Candidate:
+    return Candidate("e", load, 0.0)
+
+
+def prefill(load: float, *, can_encode: bool = True) -> Candidate:
+    return Candidate("p", load, 0.0, can_encode)
+
+
+def test_an_idle_encoder_always_encodes():
+    assert not encode_on_prefill("adaptive", 256, encoder(0), prefill(0), mean_call_tokens=256)
+
+
+def test_a_queued_encoder_sends_images_to_an_idle_prefill_node():
+    assert encode_on_prefill("adaptive", 256, encoder(1), prefill(0), mean_call_tokens=256)
+
+
+def test_the_prefill_nodes_own_load_weighs_against_encoding_there():
+    # T * load(p) < load(e) * mean: 256 * 2 < 3 * 256 encodes there, 256 * 3 < 3 * 256 does not.
+    assert encode_on_prefill("adaptive", 256, encoder(3), prefill(2), mean_call_tokens=256)
+    assert not encode_on_prefill("adaptive", 256, encoder(3), prefill(3), mean_call_tokens=256)
+    # A small image moves sooner than a large one at the same loads.
+    assert encode_on_prefill("adaptive", 64, encoder(3), prefill(3), mean_call_tokens=256)
+    assert not encode_on_prefill("adaptive", 1024, encoder(3), prefill(1), mean_call_tokens=256)
+
+
+def test_a_prefill_node_without_a_vision_tower_never_encodes():
+    assert not encode_on_prefill("adaptive", 256, encoder(50), prefill(0, can_encode=False), mean_call_tokens=256)
+    assert not encode_on_prefill("prefill", 256, encoder(0), prefill(0, can_encode=False), mean_call_tokens=256)
+
+
+def test_fixed_dispatches_and_nothing_to_encode():
+    assert not encode_on_prefill("encoder", 256, encoder(50), prefill(0), mean_call_tokens=256)
+    assert encode_on_prefill("prefill", 256, encoder(0), prefill(9), mean_call_tokens=256)
+    assert not encode_on_prefill("prefill", 0, encoder(0), prefill(0), mean_call_tokens=256)
+    with pytest.raises(ValueError, match="unknown encode dispatch"):
+        encode_on_prefill("anywhere", 256, encoder(0), prefill(0), mean_call_tokens=256)
+
+
+def test_a_prefill_node_holding_an_images_embeddings_beyond_its_prefix_holds_that_work_too():
+    images = [("x", PlaceholderRange(10, 20)), ("y", PlaceholderRange(40, 8))]
+    holders = {"x": {"p1": None, "p2": None}, "y": {"p2": None}}
+    # p1's 32-token prefix covers x (ends at 30): nothing added. p2 holds both beyond its prefix.
+    assert prefill_tokens_per_node({"p1": 32}, holders, images) == {"p1": 32, "p2": 28}
+    assert prefill_tokens_per_node({}, {}, images) == {}

@@ -80,6 +80,15 @@ def test_live_nodes_are_the_cluster_with_their_advertised_addresses(index):
     assert live["enc"].info == node("enc", "encoder") and live["pre"].info.role == "preprocess"
 
 
+def test_a_prefill_node_that_encodes_says_so_in_its_record(index):
+    encodes = NodeInfo("pf", "prefill", "pf.example:50061", "tcp://pf.example:50071", can_encode=True)
+    index.register_node(encodes, ttl_s=30)
+    index.register_node(node("plain"), ttl_s=30)
+    live = index.live_nodes()
+    assert live["pf"].info == encodes and not live["plain"].info.can_encode
+    assert index.lookup([], []).nodes["pf"].info.can_encode
+
+
 def test_a_deregistered_node_and_its_entries_are_gone_at_once(index):
     epoch = index.register_node(node("draining"), ttl_s=30)
     index.publish("draining", epoch, blocks(0))

@@ -1,0 +1,216 @@
+"""One request's call to each role, shaped from the request and its route; pipeline.py chains
+them and owns failover. Every call gets what is left of the request's deadline as its gRPC
+deadline, and a gRPC error leaves here classified (services/gateway/failures.py).
+
+Pixels go where the route says images are encoded: to the chosen encoder (keyed by mm_hash, with
+the preprocess node's mirror skipping what that encoder already holds), or, for the images the
+router chose the prefill node to encode itself, to the prefill node under a key per request
+attempt. Pixels preprocess no longer holds are made by running preprocessing again without
+skipping; pixels a node reports missing at prefill time are pushed again once, forced.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from protos.gen import pb
+from services.engine.sampling import SamplingParams
+from services.engine.sampling_wire import sampling_to_pb
+from services.gateway.call_watchdog import CallWatchdog
+from services.gateway.errors import GatewayError
+from services.gateway.failures import NodeFailure, classify_rpc_error, remaining_s, trailing_value
+from services.gateway.in_flight import InFlightCalls
+from services.gateway.token_events import TokenEvent, TokenLogprob
+from services.router.router import Route, Router
+from services.transport.grpc_server import MISSING_PIXELS_KEY
+from shared.tracing import outgoing_metadata
+from shared.types import MmHash
+
+
+@dataclass(frozen=True, slots=True)
+class PixelTarget:
+    role: str  # "encoder", or "prefill" for a prefill node encoding the images itself
+    address: str
+    key_prefix: str = ""  # data-plane keys are key_prefix + mm_hash; "" for an encoder
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What one attempt's calls share: its id, the nodes and deadline, the client's calls."""
+
+    request_id: str
+    preprocess_address: str
+    body: dict
+    route: Route
+    deadline: float
+    calls: InFlightCalls
+
+    def encoder_target(self) -> PixelTarget:
+        return PixelTarget("encoder", self.route.encoder)
+
+    def prefill_target(self) -> PixelTarget:
+        return PixelTarget("prefill", self.route.prefill, key_prefix=f"px/{self.request_id}/")
+
+
+class Stages:
+    def __init__(
+        self,
+        router: Router,
+        stub: Callable[[str, str], object],
+        data_address: Callable[[str, str], str],
+        watchdog: CallWatchdog,
+        clock: Callable[[], float],
+    ) -> None:
+        self.router = router
+        self.stub = stub
+        self.data_address = data_address
+        self.watchdog = watchdog
+        self.clock = clock
+
+    def preprocess(
+        self, address: str, body: dict, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
+    ) -> pb.PreprocessResponse:
+        with_index = self.router.index is not None
+        request = pb.PreprocessRequest(
+            request_json=json.dumps(body),
+            skip_indexed_pixels=skip_indexed and with_index,
+            block_size=self.router.block_size if with_index else 0,
+            cache_salt=cache_salt or "",
+        )
+        return self.call("preprocess", address, self.stub("preprocess", address).Preprocess, request, deadline)
+
+    def push_images(self, attempt: Attempt, lacking: list[MmHash]) -> None:
+        """Pixels of the images the chosen encoder lacks, each to where it will be encoded."""
+        here = [h for h in lacking if h in attempt.route.local_encode]
+        there = [h for h in lacking if h not in attempt.route.local_encode]
+        if there:
+            self.ensure_pixels(attempt, there, attempt.encoder_target(), force=False)
+        if here:
+            self.ensure_pixels(attempt, here, attempt.prefill_target(), force=True)
+
+    def ensure_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> None:
+        """Push these images' pixels to ``target``. Pixels preprocess does not hold (it skipped
+        them because the index said an encoder had them, or evicted them, or another preprocess
+        node made them) are made by running preprocessing again without skipping, then pushed."""
+        not_found = [MmHash(h) for h in self._push_pixels(attempt, mm_hashes, target, force=force).not_found]
+        if not_found:
+            self.preprocess(attempt.preprocess_address, attempt.body, skip_indexed=False, deadline=attempt.deadline)
+            if self._push_pixels(attempt, not_found, target, force=force).not_found:
+                raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
+
+    def _push_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> pb.ResendPixelsResponse:
+        request = pb.ResendPixelsRequest(
+            mm_hashes=mm_hashes,
+            encoder_id=target.address,
+            encoder_data_address=self.data_address(target.role, target.address),
+            force=force,
+            key_prefix=target.key_prefix,
+        )
+        address = attempt.preprocess_address
+        return self.call("preprocess", address, self.stub("preprocess", address).ResendPixels, request, attempt.deadline)
+
+    def prefill(
+        self, attempt: Attempt, prep: pb.PreprocessResponse, sampling: SamplingParams, cache_salt: str | None, emitted: list[int]
+    ) -> pb.PrefillResponse:
+        route = attempt.route
+        request = pb.PrefillRequest(
+            request_id=attempt.request_id,
+            prompt_token_ids=prep.prompt_token_ids,
+            mm_items=prep.mm_items,
+            cache_salt=cache_salt or "",
+            decode_data_address=self.data_address("decode", route.decode),
+            sampling=sampling_to_pb(sampling),
+            encoder_address=route.encoder,
+            kv_sources=[pb.KVSource(grpc_address=a, num_tokens=n) for a, n in kv_sources(route)],
+            prior_output_token_ids=emitted,
+            local_encode_mm_hashes=sorted(route.local_encode),
+            local_pixels_key_prefix=attempt.prefill_target().key_prefix if route.local_encode else "",
+        )
+        stub = self.stub("prefill", route.prefill)
+        for resent in (False, True):
+            try:
+                call = stub.Prefill.future(request, timeout=self.remaining_s(attempt.deadline), metadata=outgoing_metadata())
+                with self.watchdog.watching(call, route.prefill), attempt.calls.tracking(call):
+                    return call.result()
+            except grpc.FutureCancelledError:  # by the watchdog (its node left the cluster), or for the client
+                raise NodeFailure("prefill", route.prefill, "the call was cancelled") from None
+            except grpc.RpcError as exc:
+                missing = trailing_value(exc, MISSING_PIXELS_KEY)
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or resent:
+                    raise classify_rpc_error("prefill", route.prefill, exc) from None
+                # The node that encodes them lacks their pixels (the encoder evicted images our
+                # mirror thought it had, or a push to the prefill node came late): push again.
+                missing_hashes = [MmHash(h) for h in missing.split(",")]
+                for target, hashes in _by_target(attempt, missing_hashes):
+                    self.ensure_pixels(attempt, hashes, target, force=True)
+        raise AssertionError("unreachable")
+
+    def decode(
+        self,
+        attempt: Attempt,
+        prep: pb.PreprocessResponse,
+        sampling: SamplingParams,
+        cache_salt: str | None,
+        prefill: pb.PrefillResponse,
+        emitted: list[int],
+        stream: bool,
+        cached_tokens: int,
+    ) -> Iterator[TokenEvent]:
+        route = attempt.route
+        decode_request = pb.DecodeRequest(
+            request_id=attempt.request_id,
+            prompt_token_ids=prep.prompt_token_ids,
+            first_token_id=prefill.first_token_id,
+            mrope_delta=prefill.mrope_delta,
+            sampling=sampling_to_pb(sampling),
+            num_cached_tokens=cached_tokens,
+            mm_items=prep.mm_items,
+            cache_salt=cache_salt or "",
+            stream=stream,
+            prior_output_token_ids=emitted,
+        )
+        if prefill.HasField("first_token_logprob"):
+            decode_request.first_token_logprob.CopyFrom(prefill.first_token_logprob)
+        chunks = self.call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, attempt.deadline)
+        prompt_tokens = len(prep.prompt_token_ids)
+        try:
+            with self.watchdog.watching(chunks, route.decode), attempt.calls.tracking(chunks):
+                for chunk in chunks:
+                    logprobs = tuple(
+                        TokenLogprob(lp.token, lp.logprob, tuple(zip(lp.top_tokens, lp.top_logprobs))) for lp in chunk.logprobs
+                    )
+                    finish_reason = chunk.finish_reason or None
+                    yield TokenEvent(
+                        list(chunk.token_ids), chunk.text, chunk.finished, finish_reason, prompt_tokens, cached_tokens, logprobs
+                    )
+        except grpc.RpcError as exc:
+            raise classify_rpc_error("decode", route.decode, exc) from None
+        finally:
+            chunks.cancel()  # no-op when complete; frees the decode node's KV when abandoned
+
+    def remaining_s(self, deadline: float) -> float:
+        return remaining_s(deadline, self.clock())
+
+    def call(self, role: str, address: str, method, request, deadline: float):
+        try:
+            return method(request, timeout=self.remaining_s(deadline), metadata=outgoing_metadata())
+        except grpc.RpcError as exc:
+            raise classify_rpc_error(role, address, exc) from None
+
+
+def _by_target(attempt: Attempt, mm_hashes: list[MmHash]) -> list[tuple[PixelTarget, list[MmHash]]]:
+    here = [h for h in mm_hashes if h in attempt.route.local_encode]
+    there = [h for h in mm_hashes if h not in attempt.route.local_encode]
+    return [(t, hs) for t, hs in ((attempt.prefill_target(), here), (attempt.encoder_target(), there)) if hs]
+
+
+def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:
+    """Peers holding a longer prefix than the chosen prefill node, longest first (the prefill
+    node pulls from the longest only, and decides whether that beats recomputing)."""
+    own = route.prefix_tokens_by_node.get(route.prefill, 0)
+    better = [(a, n) for a, n in route.prefix_tokens_by_node.items() if a != route.prefill and n > own]
+    return sorted(better, key=lambda item: (-item[1], item[0]))[:limit]

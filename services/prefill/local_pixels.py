@@ -1,0 +1,59 @@
+"""Pixels of the images a prefill node encodes itself (the router's adaptive dispatch).
+
+The gateway pushes them before the Prefill call, keyed by the request attempt (key_prefix +
+mm_hash), so concurrent requests for one image never take each other's message. Each message is
+claimed: the pixels of images still lacking ride on the request to the engine, which encodes them
+in its step; those of images that got cached here meanwhile are dropped. A tensor that does not
+match its image's grid and placeholder is refused before it can reach (and fail) an engine step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.engine.remote_request import PromptItem
+from services.transport.tensor_channel import TensorInbox
+from shared.types import MmHash
+
+
+class MissingPixelsError(RuntimeError):
+    """Pixels of images this node was asked to encode never arrived (the caller resends them)."""
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(f"pixels for {len(missing)} image(s) to encode here never arrived")
+        self.missing = missing
+
+
+class LocalEncodeUnavailableError(RuntimeError):
+    """Asked to encode on a node that has no vision tower."""
+
+
+class PixelsMismatchError(ValueError):
+    """A pixel tensor that does not fit its image's grid and placeholder."""
+
+
+def take_pixels(
+    inbox: TensorInbox, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem], *, wait_s: float, merge_size: int
+) -> dict[MmHash, torch.Tensor]:
+    """The pixels of ``items`` that are among ``lacking``, by mm_hash. Raises MissingPixelsError
+    naming those whose pixels did not arrive within ``wait_s``, and PixelsMismatchError for a
+    tensor that does not fit its image."""
+    wanted = {i.mm_hash for i in lacking}
+    pixels: dict[MmHash, torch.Tensor] = {}
+    missing: list[str] = []
+    for item in items:
+        message = inbox.wait(key_prefix + item.mm_hash, wait_s if item.mm_hash in wanted else 0.0)
+        if item.mm_hash not in wanted:
+            continue
+        if message is None:
+            missing.append(item.mm_hash)
+            continue
+        values = message.tensors.get("pixel_values")
+        t, h, w = item.grid_thw
+        num_patches = t * h * w
+        if values is None or values.dim() != 2 or values.shape[0] != num_patches or item.placeholder.length * merge_size**2 != num_patches:
+            raise PixelsMismatchError(f"pixels of image {item.mm_hash} do not match its grid {tuple(item.grid_thw)} and placeholder")
+        pixels[item.mm_hash] = values
+    if missing:
+        raise MissingPixelsError(missing)
+    return pixels
