@@ -32,6 +32,21 @@ class CacheUsage:
         return self.used / self.capacity if self.capacity > 0 else 0.0
 
 
+def cache_counters(cache: str, *, hits: float, misses: float, evictions: float) -> dict[str, float]:
+    """Lookups that hit and missed, and entries evicted, since the node started, as
+
+        <cache>_cache_hits_total   <cache>_cache_misses_total   <cache>_cache_evictions_total
+
+    in the cache's lookup unit (images for the processor, encoder and embedding caches, prompt
+    tokens for the prefix cache, as vLLM counts its prefix-cache queries and hits; evictions in
+    the cache's entries). Hit rate = hits / (hits + misses)."""
+    return {
+        f"{cache}_cache_hits_total": float(hits),
+        f"{cache}_cache_misses_total": float(misses),
+        f"{cache}_cache_evictions_total": float(evictions),
+    }
+
+
 def cache_gauges(cache: str, unit: str, used: float, capacity: float) -> dict[str, float]:
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")

@@ -1,7 +1,9 @@
 """Cache hit rates over a run, from the deltas of an endpoint's Prometheus /metrics.
 
-Tessera (the gateway's cluster view): processor = hits / (hits + misses); encoder = cache hits /
-(cache hits + items encoded); prefix = cached prompt tokens / (cached + computed). vLLM: prefix =
+Tessera (the gateway's cluster view): every cache reports ``tessera_<cache>_cache_hits_total`` and
+``..._misses_total`` (shared/cache_gauges.py), and its rate is hits / (hits + misses): processor,
+encoder and prefill embeddings in images, prefix in prompt tokens, remote KV in blocks pulled from
+peers. vLLM: prefix =
 ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` (both in tokens). A rate
 whose counters did not move (no such work in the run) is absent, not zero.
 """
@@ -15,9 +17,8 @@ Counters = dict[str, float]
 
 # rate name -> (hits counter, other counters that with hits make the total)
 TESSERA_RATES = {
-    "processor": ("tessera_processor_cache_hits_total", ("tessera_processor_cache_misses_total",)),
-    "encoder": ("tessera_encoder_cache_hits_total", ("tessera_encoder_items_encoded_total",)),
-    "prefix": ("tessera_prefix_cached_tokens_total", ("tessera_prefill_tokens_computed_total",)),
+    cache: (f"tessera_{cache}_cache_hits_total", (f"tessera_{cache}_cache_misses_total",))
+    for cache in ("processor", "encoder", "embedding", "prefix", "remote_kv")
 }
 VLLM_PREFIX = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 

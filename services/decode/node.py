@@ -109,4 +109,5 @@ class DecodeNode(EngineNode):
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
             **self.inbox.counters(),
             **self.cache_gauges(),
+            **self.queue_time_counters(),
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from services.encoder.batching import DEFAULT_MAX_BATCH_ROWS
 from services.engine.config import EngineConfig
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
@@ -14,7 +15,14 @@ from shared.models.registry import ModelRef
 
 @dataclass(frozen=True, slots=True)
 class Settings(NodeSettings):
-    pass
+    # Concurrent Encode calls run as one vision-tower pass while their embedding rows fit this
+    # (services/encoder/batching.py); a larger call still runs, alone.
+    max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
+
+    def __post_init__(self) -> None:
+        NodeSettings.__post_init__(self)
+        if self.max_batch_rows < 1:
+            raise ValueError("max_batch_rows must be at least 1")
 
 
 def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, preprocess_config) -> None:
@@ -34,12 +42,12 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     )
 
     def load() -> tuple[float, float]:
-        # Encode calls wait their turn in the servicer (so a cancelled one leaves the line): the
-        # admitted calls are the node's queue, and its load.
+        # Encode calls wait for their batch in the servicer (so a cancelled one leaves the line):
+        # the admitted calls are the node's queue, and its load.
         return float(admission.num_pending), 0.0
 
     node.publisher = node_publisher("encoder", settings, model.model_id, node.data_address, load, liveness)
     lifecycle = node_lifecycle(
         "encoder", settings, node.publisher, liveness, close=node.close, load_fn=load, counters_fn=node.counters, admission=admission
     )
-    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission))
+    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission, max_batch_rows=settings.max_batch_rows))

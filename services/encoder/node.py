@@ -1,9 +1,11 @@
 """Encoder node: turns pixels into embeddings once per mm_hash and ships them to prefill nodes.
 
-Per Encode call, for each item: cache hit -> ship; else take its pixels from the data-plane inbox
-(the preprocess node pushed them, unless its sender-cache mirror said we already had them) ->
-encode (batched) -> cache -> ship. Items with neither embeddings nor pixels are reported missing;
-the caller resends pixels and retries. The cache is an EncoderCacheManager whose entries are
+Per batch of Encode calls (the servicer batches concurrent calls, services/encoder/batching.py),
+for each call's items: cache hit -> ship; else take its pixels from the data-plane inbox (the
+preprocess node pushed them, unless its sender-cache mirror said we already had them) -> one
+vision-tower pass over every new image of the batch -> cache -> ship each call's embeddings to
+its own target. Items with neither embeddings nor pixels are reported missing; the caller resends
+pixels and retries. The cache is an EncoderCacheManager whose entries are
 never referenced between calls, so eviction is LRU over whole items within a row budget.
 """
 
@@ -18,8 +20,9 @@ from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.model.checkpoint import load_config, load_weights
 from services.engine.model.vision import VisionEncoder, build_vision_tower
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
-from shared.cache_gauges import cache_gauges
+from shared.cache_gauges import cache_counters, cache_gauges
 from shared.compute_thread import ComputeThread
+from shared.flat_histogram import FlatHistogram
 from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
 from shared.liveness import Liveness
@@ -34,6 +37,16 @@ class EncodeItem:
     mm_hash: MmHash
     num_embeds: int
     grid_thw: tuple[int, int, int]
+
+
+@dataclass(slots=True)
+class CallPlan:
+    """One call's images within a batch: cache hits, images to encode, images lacking pixels."""
+
+    hits: list[MmHash]
+    encoding: list[MmHash]
+    missing: list[str]
+    ready: dict[MmHash, torch.Tensor]  # embeddings of the hits
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,50 +80,88 @@ class EncoderNode:
         self.publisher = publisher
         self._pending_lock = threading.Lock()
         self.num_pending = 0  # Encode calls queued or running: this node's load
+        self.queue_time = FlatHistogram("queue_seconds")  # a call's wait for its batch (the servicer observes it)
+        self.num_batches = 0  # vision-tower passes
 
     @property
     def data_address(self) -> str:
         return self.inbox.address
 
     def encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
+        """One call's items, encoded and shipped to ``target_address`` (raises its failure)."""
+        [result] = self.encode_batch([(items, target_address)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
+        """Several calls' items in one vision-tower pass; each call's result, or its own failure."""
         with self._pending_lock:
-            self.num_pending += 1
+            self.num_pending += len(calls)
         try:
-            return self.compute.run(self._encode, items, target_address)
+            return self.compute.run(self._encode_batch, calls)
         finally:
             with self._pending_lock:
-                self.num_pending -= 1
+                self.num_pending -= len(calls)
 
     def load(self) -> tuple[float, float]:
         """(calls queued or running, 0: no KV pool), for heartbeats."""
         return float(self.num_pending), 0.0
 
-    def _encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
-        # Runs only on the compute thread, one call at a time: no lock needed.
-        ready: dict[str, torch.Tensor] = {}
-        to_encode: list[tuple[EncodeItem, torch.Tensor]] = []
-        missing: list[str] = []
-        for item in items:
-            if item.mm_hash in ready or any(e.mm_hash == item.mm_hash for e, _ in to_encode):
+    def _encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
+        # Runs only on the compute thread, one batch at a time: no lock needed.
+        # 1. Per call, in order: cache hits, pixels to encode, or missing. An image another call
+        #    of the batch already brings pixels for is encoded once (its pixels come once: the
+        #    preprocess node's mirror skips the second push).
+        to_encode: dict[MmHash, tuple[EncodeItem, torch.Tensor]] = {}
+        plans = [_plan_call(items, self, to_encode) for items, _ in calls]
+        # 2. One pass over every image to encode; if it fails, each call's images alone, so an
+        #    input that breaks the tower fails only the calls that brought it.
+        encoded, failed = self._encode_all(to_encode, plans)
+        # 3. Ship each call's embeddings to its own target.
+        results: list[EncodeResult | Exception] = []
+        for (_, target), plan in zip(calls, plans):
+            error = next((failed[h] for h in plan.encoding if h in failed), None)
+            if error is not None:
+                results.append(error)
                 continue
-            if self.cache.check_and_update_cache(_OWNER, item.mm_hash):
-                self.cache.free_encoder_input(_OWNER, item.mm_hash)  # refresh its LRU position
-                ready[item.mm_hash] = self.store[item.mm_hash]
-                self.num_cache_hits += 1
+            try:
+                for mm_hash in plan.hits + plan.encoding:
+                    embeds = plan.ready.get(mm_hash)
+                    if embeds is None:
+                        embeds = encoded[mm_hash]
+                    self.sender.send(target, mm_hash, {"embeds": embeds}, {"rows": embeds.shape[0]})
+            except Exception as exc:  # a target that does not drain fails its own call only
+                results.append(exc)
                 continue
-            message = self.inbox.wait(item.mm_hash, self.pixel_wait_s)
-            if message is None:
-                missing.append(item.mm_hash)
-            else:
-                to_encode.append((item, message.tensors["pixel_values"]))
-        if to_encode:
-            outputs = self.vision.encode([p for _, p in to_encode], [i.grid_thw for i, _ in to_encode])
-            for (item, _), embeds in zip(to_encode, outputs):
-                ready[item.mm_hash] = embeds
-                self._cache(item.mm_hash, embeds, item.grid_thw)
-        for mm_hash, embeds in ready.items():
-            self.sender.send(target_address, mm_hash, {"embeds": embeds}, {"rows": embeds.shape[0]})
-        return EncodeResult(missing, len(to_encode), len(items) - len(to_encode) - len(missing))
+            results.append(EncodeResult(plan.missing, len(plan.encoding), len(plan.hits)))
+        return results
+
+    def _encode_all(
+        self, to_encode: dict[MmHash, tuple[EncodeItem, torch.Tensor]], plans: list[CallPlan]
+    ) -> tuple[dict[MmHash, torch.Tensor], dict[MmHash, Exception]]:
+        encoded: dict[MmHash, torch.Tensor] = {}
+        failed: dict[MmHash, Exception] = {}
+        try:
+            encoded.update(self._run_tower(list(to_encode), to_encode))
+        except Exception:
+            for plan in plans:  # one call's new images at a time
+                own = [h for h in plan.encoding if h not in encoded and h not in failed]
+                try:
+                    encoded.update(self._run_tower(own, to_encode))
+                except Exception as exc:
+                    failed.update(dict.fromkeys(own, exc))
+        for mm_hash, embeds in encoded.items():
+            self._cache(mm_hash, embeds, to_encode[mm_hash][0].grid_thw)
+        return encoded, failed
+
+    def _run_tower(self, mm_hashes: list[MmHash], to_encode: dict[MmHash, tuple[EncodeItem, torch.Tensor]]) -> dict[MmHash, torch.Tensor]:
+        if not mm_hashes:
+            return {}
+        pixels = [to_encode[h][1] for h in mm_hashes]
+        outputs = self.vision.encode(pixels, [to_encode[h][0].grid_thw for h in mm_hashes])
+        self.num_batches += 1
+        return dict(zip(mm_hashes, outputs))
 
     def _cache(self, mm_hash: MmHash, embeds: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
         if not self.cache.can_allocate(embeds.shape[0]):
@@ -128,10 +179,11 @@ class EncoderNode:
     def counters(self) -> dict[str, float]:
         return {
             "encoder_items_encoded_total": float(self.vision.num_items_encoded),
-            "encoder_cache_hits_total": float(self.num_cache_hits),
+            **cache_counters("encoder", hits=self.num_cache_hits, misses=self.vision.num_items_encoded, evictions=self.cache.num_evictions),
             "encoder_cache_rows": float(self.cache.cache_size - self.cache.num_free_slots),
             "encoder_embedding_bytes_sent_total": float(self.sender.num_bytes_sent),
             **self.inbox.counters(),
+            **self.queue_time.counters(),
             **cache_gauges("encoder", "rows", self.cache.cache_size - self.cache.num_free_slots, self.cache.cache_size),
         }
 
@@ -141,6 +193,29 @@ class EncoderNode:
         self.compute.close()
         self.inbox.close()
         self.sender.close()
+
+
+def _plan_call(items: list[EncodeItem], node: EncoderNode, to_encode: dict[MmHash, tuple[EncodeItem, torch.Tensor]]) -> CallPlan:
+    plan = CallPlan([], [], [], {})
+    for item in items:
+        if item.mm_hash in plan.ready or item.mm_hash in plan.encoding:
+            continue
+        if item.mm_hash in to_encode:  # another call of the batch brought its pixels
+            plan.encoding.append(item.mm_hash)
+            continue
+        if node.cache.check_and_update_cache(_OWNER, item.mm_hash):
+            node.cache.free_encoder_input(_OWNER, item.mm_hash)  # refresh its LRU position
+            plan.ready[item.mm_hash] = node.store[item.mm_hash]
+            plan.hits.append(item.mm_hash)
+            node.num_cache_hits += 1
+            continue
+        message = node.inbox.wait(item.mm_hash, node.pixel_wait_s)
+        if message is None:
+            plan.missing.append(item.mm_hash)
+        else:
+            to_encode[item.mm_hash] = (item, message.tensors["pixel_values"])
+            plan.encoding.append(item.mm_hash)
+    return plan
 
 
 def _build_vision(model: ModelRef, device: str) -> VisionEncoder:

@@ -25,6 +25,7 @@ class EncoderCacheManager:
         self.freeable: OrderedDict[MmHash, int] = OrderedDict()
         self.num_freeable_slots = 0
         self._evicted: list[MmHash] = []
+        self.num_evictions = 0  # items evicted, ever (a counter for metrics)
 
     def __contains__(self, mm_hash: MmHash) -> bool:
         return mm_hash in self.mm_hash_to_requests
@@ -55,6 +56,7 @@ class EncoderCacheManager:
             self.num_freeable_slots -= size
             self.num_free_slots += size
             self._evicted.append(victim)
+            self.num_evictions += 1
         self.mm_hash_to_requests[mm_hash] = {request_id}
         self.mm_hash_to_num_embeds[mm_hash] = num_embeds
         self.num_free_slots -= num_embeds

@@ -50,14 +50,20 @@ class EngineNode:
         pool = self.engine.kv.pool
         return float(len(self.engine.scheduler.running) + len(self.engine.scheduler.waiting)), 1.0 - pool.num_free_blocks / pool.num_blocks
 
+    def queue_time_counters(self) -> dict[str, float]:
+        """The engine's queue-time histogram (arrival to first scheduled step), flattened."""
+        return self.engine.scheduler.queue_time.counters()
+
     def cache_gauges(self) -> dict[str, float]:
         """The KV pool (blocks held by requests; blocks holding cached prefix KV, held or free) and
-        the embedding cache. Read from the gRPC thread: plain int reads, at worst one step stale."""
+        the embedding cache, with their evictions. Read from the gRPC thread: plain int reads, at worst one step stale."""
         pool, embeddings = self.engine.kv.pool, self.engine.encoder_cache
         return {
             **cache_gauges("kv", "blocks", pool.num_blocks - pool.num_free_blocks, pool.num_blocks),
             **cache_gauges("prefix", "blocks", len(pool.hash_to_block), pool.num_blocks),
             **cache_gauges("embedding", "rows", embeddings.cache_size - embeddings.num_free_slots, embeddings.cache_size),
+            "prefix_cache_evictions_total": float(pool.num_evictions),
+            "embedding_cache_evictions_total": float(embeddings.num_evictions),
         }
 
     def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:

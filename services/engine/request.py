@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +56,8 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_preemptions: int = 0
     output_text: str = ""
+    arrival_s: float = field(default_factory=time.monotonic)  # when this node built the request
+    first_scheduled_s: float | None = None  # its first engine step: arrival to this is its queue time
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -16,6 +16,7 @@ disable_chunked_mm_input, a range never ends inside an image's span.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.kv.block_pool import KVBlock
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.request import Request, RequestStatus
+from shared.flat_histogram import FlatHistogram
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.queue_time = FlatHistogram("queue_seconds")  # arrival to first scheduled step, per request
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
@@ -106,7 +109,15 @@ class Scheduler:
             self.running.append(request)
             scheduled.append(ScheduledRequest(request, num_new, encode))
             budget -= num_new
+        self._record_queue_times(scheduled)
         return SchedulerOutput(scheduled, preempted)
+
+    def _record_queue_times(self, scheduled: list[ScheduledRequest]) -> None:
+        now = time.monotonic()
+        for item in scheduled:
+            if item.request.first_scheduled_s is None:
+                item.request.first_scheduled_s = now
+                self.queue_time.observe(now - item.request.arrival_s)
 
     def finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status

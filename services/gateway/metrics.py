@@ -1,6 +1,7 @@
 """The gateway's /metrics, with prometheus_client: its own request counter and latency histograms
 (TTFT, inter-token latency, end-to-end), plus, gathered at scrape time with the Stats RPC, every
-live node's counters summed per name and a ``tessera_node_up`` per node. All names start
+live node's counters summed per name, its histograms (each role's queue time,
+``tessera_queue_seconds{role}``) summed per role, and a ``tessera_node_up`` per node. All names start
 ``tessera_``. Each node also serves its own metrics (services/transport/metrics_http.py) for a
 Prometheus that scrapes pods directly; this view is the one-URL summary of the whole cluster."""
 
@@ -9,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from shared.flat_histogram import HistogramSample, histogram_samples
 
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -70,13 +73,23 @@ class _ClusterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         merged: dict[str, float] = {}
+        # Histograms (shared/flat_histogram.py) are summed per role, bucket by bucket.
+        name_to_role_samples: dict[str, dict[str, HistogramSample]] = {}
         up = GaugeMetricFamily("tessera_node_up", "A node that answered the scrape's Stats call", labels=["role", "address"])
         for node, counters in sorted(self.role_counters().items()):
-            for name, value in counters.items():
-                merged[name] = merged.get(name, 0.0) + value
             role, _, address = node.partition("@")
+            samples, rest = histogram_samples(counters)
+            for name, value in rest.items():
+                merged[name] = merged.get(name, 0.0) + value
+            for name, sample in samples.items():
+                name_to_role_samples.setdefault(name, {}).setdefault(role, HistogramSample()).add(sample)
             up.add_metric([role, address], 1.0)
         yield up
+        for name, role_to_sample in sorted(name_to_role_samples.items()):
+            family = HistogramMetricFamily(f"tessera_{name}", "Summed over each role's live nodes", labels=["role"])
+            for role, sample in sorted(role_to_sample.items()):
+                family.add_metric([role], sample.sorted_buckets(), sum_value=sample.sum)
+            yield family
         for name, value in sorted(merged.items()):
             help_text = "Summed over the live nodes"
             family = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily

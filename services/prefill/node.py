@@ -37,6 +37,7 @@ from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate
 from services.prefill.local_pixels import LocalEncodeUnavailableError, take_pixels
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSendTimeoutError
+from shared.cache_gauges import cache_counters
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.models.registry import ModelRef
@@ -106,6 +107,9 @@ class PrefillNode(EngineNode):
         self._mm_hash_to_pull: dict[MmHash, threading.Event] = {}
         self.num_embeddings_pulled = 0
         self.num_local_encodes = 0  # images whose pixels came here to be encoded by this node
+        self.num_embedding_hits = 0  # images of a request found in the embedding cache (claims)
+        self.num_embedding_misses = 0
+        self.num_kv_blocks_pull_missed = 0  # blocks a pull was planned for but did not bring
         self.num_tokens_computed = 0
         self.num_cached_tokens = 0
 
@@ -115,7 +119,10 @@ class PrefillNode(EngineNode):
         def claim(engine: Engine) -> list[PromptItem]:
             for item in items:  # every image reaching this node passes here, on the engine thread
                 self.embedding_index.remember_grid(item.mm_hash, item.grid_thw)
-            return [i for i in items if not engine.encoder_cache.check_and_update_cache(request_id, i.mm_hash)]
+            lacking = [i for i in items if not engine.encoder_cache.check_and_update_cache(request_id, i.mm_hash)]
+            self.num_embedding_hits += len(items) - len(lacking)
+            self.num_embedding_misses += len(lacking)
+            return lacking
 
         return self.loop.call(claim).result()
 
@@ -198,21 +205,24 @@ class PrefillNode(EngineNode):
             return None
         return PullPlan(source, hashes[wanted.start : wanted.stop], f"kv-{uuid.uuid4().hex}")
 
-    def record_pull_failure(self) -> None:
+    def record_pull_failure(self, plan: PullPlan, num_blocks_missed: int | None = None) -> None:
         self.num_kv_pull_failures += 1
+        self.num_kv_blocks_pull_missed += len(plan.hashes) if num_blocks_missed is None else num_blocks_missed
 
     def receive_kv(self, plan: PullPlan, num_blocks: int) -> int:
         """Wait for the pages the source announced and file them as cached blocks; returns the
         number imported (0 on timeout: the prompt is then recomputed)."""
         if num_blocks == 0:
+            self.num_kv_blocks_pull_missed += len(plan.hashes)
             return 0  # the source no longer held them: nothing was sent
         pages = self.receive_pages(plan.transfer_id, self.kv_pull_timeout_s)
         if pages is None:
-            self.record_pull_failure()
+            self.record_pull_failure(plan)
             return 0
         hashes = plan.hashes[:num_blocks]
         imported = self.loop.call(lambda engine: connector.import_blocks(engine, hashes, pages)).result()
         self.num_kv_blocks_pulled += imported
+        self.num_kv_blocks_pull_missed += len(plan.hashes) - imported
         return imported
 
     def start_prefill(self, request: Request, decode_address: str) -> Future:
@@ -279,6 +289,7 @@ class PrefillNode(EngineNode):
             log.warning("KV pages of %s not delivered: %s", request.request_id, exc)
 
     def counters(self) -> dict[str, float]:
+        pool, embeddings = self.engine.kv.pool, self.engine.encoder_cache
         return {
             "prefill_embeddings_pulled_total": float(self.num_embeddings_pulled),
             "prefill_images_encoded_locally_total": float(self.num_local_encodes),
@@ -288,9 +299,18 @@ class PrefillNode(EngineNode):
             "prefill_kv_blocks_pulled_total": float(self.num_kv_blocks_pulled),
             "prefill_kv_pull_failures_total": float(self.num_kv_pull_failures),
             "engine_requests_aborted_total": float(self.engine.num_aborted),
+            # Hit rates: prefix in prompt tokens, embeddings in images, remote KV in blocks pulled
+            # from a peer against blocks a planned pull did not bring (no evictions: not a store).
+            **cache_counters("prefix", hits=self.num_cached_tokens, misses=self.num_tokens_computed, evictions=pool.num_evictions),
+            **cache_counters(
+                "embedding", hits=self.num_embedding_hits, misses=self.num_embedding_misses, evictions=embeddings.num_evictions
+            ),
+            "remote_kv_cache_hits_total": float(self.num_kv_blocks_pulled),
+            "remote_kv_cache_misses_total": float(self.num_kv_blocks_pull_missed),
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
             **self.inbox.counters(),
             **self.cache_gauges(),
+            **self.queue_time_counters(),
         }
 
 

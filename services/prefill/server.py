@@ -72,7 +72,7 @@ class PrefillServicer(rpc.PrefillServicer):
                 metadata=outgoing_metadata(),
             )
         except grpc.aio.AioRpcError:
-            self.node.record_pull_failure()
+            self.node.record_pull_failure(plan)
             return 0
         imported = await asyncio.to_thread(self.node.receive_kv, plan, reply.num_blocks)
         return imported * self.node.engine.config.block_size

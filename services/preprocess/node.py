@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass
 
 from services.preprocess.config import PreprocessConfig
@@ -23,7 +24,8 @@ from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, 
 from services.preprocess.processor_cache import BoundedMemo
 from services.preprocess.request_parsing import parse_request
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSender
-from shared.cache_gauges import cache_gauges
+from shared.cache_gauges import cache_counters, cache_gauges
+from shared.flat_histogram import FlatHistogram
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError
 from shared.liveness import Liveness
@@ -63,6 +65,7 @@ class PreprocessNode:
         self.num_pixel_bytes_skipped = 0
         self.num_requests = 0
         self.num_waiting = 0  # calls waiting for or holding the lock: this node's load
+        self.queue_time = FlatHistogram("queue_seconds")  # a call's wait for the lock
 
     def preprocess(
         self, body: object, *, encoder_id: str, encoder_address: str, force_send: bool = False, skip_indexed: bool = False
@@ -124,8 +127,7 @@ class PreprocessNode:
     def counters(self) -> dict[str, float]:
         stats = self.preprocessor.processor_cache.stats
         return {
-            "processor_cache_hits_total": float(stats.num_hits),
-            "processor_cache_misses_total": float(stats.num_misses),
+            **cache_counters("processor", hits=stats.num_hits, misses=stats.num_misses, evictions=stats.num_evictions),
             "processor_cache_bytes": float(stats.num_bytes),
             "pixel_bytes_sent_total": float(self.num_pixel_bytes_sent),
             "pixel_bytes_skipped_total": float(self.num_pixel_bytes_skipped),
@@ -133,6 +135,7 @@ class PreprocessNode:
             "preprocess_images_skipped_total": float(self.num_images_skipped),
             **self.preprocessor.cache_gauges(),
             **self._mirror_gauges(),
+            **self.queue_time.counters(),
         }
 
     def _mirror_gauges(self) -> dict[str, float]:
@@ -147,8 +150,10 @@ class PreprocessNode:
     @contextlib.contextmanager
     def _working(self):
         self.num_waiting += 1  # approximate under concurrency; only a load signal
+        queued_at = time.monotonic()
         try:
             with self._lock, self._busy():
+                self.queue_time.observe(time.monotonic() - queued_at)
                 yield
         finally:
             self.num_waiting -= 1

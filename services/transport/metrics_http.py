@@ -4,7 +4,8 @@ container or pod can be scraped, and an autoscaler can read its queue.
 ``tessera_node_queue_depth`` is the work queued or running on the node (requests for prefill and
 decode, encode calls for encoders, preprocess calls): what its latency grows with, and the metric
 the HorizontalPodAutoscalers in deploy/kubernetes scale on. The node's Stats counters follow as
-``tessera_<name>``.
+``tessera_<name>``, and its histograms (shared/flat_histogram.py) as Prometheus histograms, such
+as ``tessera_queue_seconds``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+
+from shared.flat_histogram import histogram_samples
 
 
 class NodeCollector(Collector):
@@ -26,7 +29,12 @@ class NodeCollector(Collector):
         depth = GaugeMetricFamily("tessera_node_queue_depth", "work queued or running on this node", labels=["role"])
         depth.add_metric([self.role], self.queue_depth())
         yield depth
-        for name, value in sorted(self.counters().items()):
+        samples, rest = histogram_samples(self.counters())
+        for name, sample in sorted(samples.items()):
+            histogram = HistogramMetricFamily(f"tessera_{name}", f"{self.role} node histogram {name}", labels=["role"])
+            histogram.add_metric([self.role], sample.sorted_buckets(), sum_value=sample.sum)
+            yield histogram
+        for name, value in sorted(rest.items()):
             kind = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
             family = kind(f"tessera_{name}", f"{self.role} node statistic {name}", labels=["role"])
             family.add_metric([self.role], value)

@@ -79,6 +79,7 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.hash_to_block: dict[BlockHash, KVBlock] = {}
         self.events: list[BlockStored | BlockEvicted] = []
+        self.num_evictions = 0  # cached blocks whose hash was dropped to reuse the block, ever
 
     @property
     def num_free_blocks(self) -> int:
@@ -150,4 +151,5 @@ class BlockPool:
         if self.hash_to_block.get(block.block_hash) is block:
             del self.hash_to_block[block.block_hash]
         self.events.append(BlockEvicted(block.block_hash, block.block_id))
+        self.num_evictions += 1
         block.block_hash = None

@@ -34,8 +34,9 @@ def test_hit_rates_from_counter_deltas_for_tessera_and_vllm():
     after = {
         "tessera_processor_cache_hits_total": 13,
         "tessera_processor_cache_misses_total": 6,
-        "tessera_prefix_cached_tokens_total": 30,
-        "tessera_prefill_tokens_computed_total": 10,
+        "tessera_prefix_cache_hits_total": 30,
+        "tessera_prefix_cache_misses_total": 10,
+        "tessera_remote_kv_cache_hits_total": 0,  # no pulls in the run: no rate
     }
     assert cache_rates.hit_rates(before, after) == {"processor": 0.75, "prefix": 0.75}
     assert cache_rates.hit_rates({}, {"vllm:prefix_cache_hits_total": 1, "vllm:prefix_cache_queries_total": 4}) == {"prefix": 0.25}

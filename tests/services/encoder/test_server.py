@@ -1,6 +1,7 @@
-"""The Encode servicer over a stand-in node: calls take turns, a call that goes away while waiting
-its turn (cancelled, or past its deadline) is never encoded, and an encode that fails fails its
-own call only, as the request's error (500, with the status trailer: never retried elsewhere)."""
+"""The Encode servicer over a stand-in node: calls that arrive while a batch runs make up the next
+batch, a call that goes away while waiting (cancelled, or past its deadline) is never encoded,
+and an encode that fails fails its own call only, as the request's error (500, with the status
+trailer: never retried elsewhere)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,22 @@ class StandInNode:
     """Encodes by name: "slow" waits for ``release``, "poison" raises like a shape mismatch."""
 
     data_address = "tcp://127.0.0.1:9"
+    queue_time = None
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.encoded: list[str] = []
+        self.batches: list[list[str]] = []
+
+    def encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
+        self.batches.append([items[0].mm_hash for items, _ in calls])
+        results: list[EncodeResult | Exception] = []
+        for items, target in calls:
+            try:
+                results.append(self.encode(items, target))
+            except Exception as exc:
+                results.append(exc)
+        return results
 
     def encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
         name = items[0].mm_hash
@@ -65,6 +78,29 @@ def test_calls_that_go_away_while_waiting_their_turn_are_never_encoded():
             assert (await running).num_encoded == 1
             assert (await stub.Encode(_request("next"), timeout=5)).num_encoded == 1
             assert node.encoded == ["slow", "next"] and admission.num_pending == 0
+
+    asyncio.run(scenario())
+
+
+def test_calls_arriving_while_a_batch_runs_make_up_the_next_batch():
+    async def scenario() -> None:
+        node = StandInNode()
+        servicer = EncodeServicer(node, NodeAdmission("encoder"))  # type: ignore[arg-type]
+        async with serving(lambda server: rpc.add_EncodeServicer_to_server(servicer, server)) as channel:
+            stub = rpc.EncodeStub(channel)
+            running = asyncio.ensure_future(stub.Encode(_request("slow")))
+            while node.encoded != ["slow"]:
+                await asyncio.sleep(0.01)
+            waiting = [asyncio.ensure_future(stub.Encode(_request(name), timeout=10)) for name in ("a", "poison", "b")]
+            while len(servicer.batcher._line) < 3:
+                await asyncio.sleep(0.01)
+            node.release.set()
+            await running
+            outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+            assert [o.num_encoded for o in (outcomes[0], outcomes[2])] == [1, 1]
+            assert isinstance(outcomes[1], grpc.aio.AioRpcError) and outcomes[1].code() == grpc.StatusCode.INTERNAL
+            assert node.batches == [["slow"], ["a", "poison", "b"]]
+            assert servicer.batcher.counters() == {"encoder_batches_total": 2.0, "encoder_calls_batched_total": 4.0}
 
     asyncio.run(scenario())
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.gateway.metrics import GatewayMetrics
+from shared.flat_histogram import FlatHistogram
 
 
 def parse(text: bytes) -> dict:
@@ -53,3 +54,26 @@ def test_series_names_keep_their_total_suffix_in_the_text():
     """Tests and benchmarks read these exact series names."""
     text = GatewayMetrics(lambda: {"gateway@self": {"gateway_migrations_total": 2.0}}).render().decode()
     assert "tessera_gateway_migrations_total 2.0" in text.splitlines()
+
+
+def test_node_histograms_are_summed_per_role_bucket_by_bucket():
+    first, second, encoder = (FlatHistogram("queue_seconds", (0.1, 1.0)) for _ in range(3))
+    for histogram, seconds in ((first, 0.05), (first, 2.0), (second, 0.5), (encoder, 0.01)):
+        histogram.observe(seconds)
+    metrics = GatewayMetrics(
+        lambda: {
+            "prefill@a:1": {**first.counters(), "prefill_tokens_computed_total": 5.0},
+            "prefill@a:2": second.counters(),
+            "encoder@b:1": encoder.counters(),
+        }
+    )
+    family = parse(metrics.render())["tessera_queue_seconds"]
+    assert family.type == "histogram"
+    samples = {(s.name, s.labels["role"], s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("tessera_queue_seconds_bucket", "prefill", "0.1")] == 1.0
+    assert samples[("tessera_queue_seconds_bucket", "prefill", "1.0")] == 2.0
+    assert samples[("tessera_queue_seconds_bucket", "prefill", "+Inf")] == 3.0
+    assert samples[("tessera_queue_seconds_count", "prefill", None)] == 3.0
+    assert samples[("tessera_queue_seconds_sum", "prefill", None)] == 2.55
+    assert samples[("tessera_queue_seconds_count", "encoder", None)] == 1.0
+    assert "tessera_queue_seconds_sum" not in parse(metrics.render())  # not also a flat series

@@ -54,3 +54,36 @@ def _embeddings(node: PrefillNode, num_rows: int):
     import torch
 
     return torch.randn(num_rows, node.engine.runner.checkpoint.text.hidden_size, generator=torch.Generator().manual_seed(0))
+
+
+def test_hit_miss_and_eviction_counters(tiny_model):
+    """Embeddings count in images, prefix lookups in prompt tokens; a second image evicts the
+    first from an embedding cache that holds one, and its prompt's blocks evict cached ones from
+    a pool that holds one prompt."""
+    preprocessor = Preprocessor(tiny_model)
+    preps = [preprocessor.preprocess(chat_case(encode_image(make_image(112, 112, seed=s)), "What is it?").body) for s in (5, 6)]
+    num_rows = preps[0].mm_items[0].placeholder.length
+    num_blocks = -(-len(preps[0].prompt_token_ids) // BLOCK)
+    config = EngineConfig(
+        block_size=BLOCK, num_kv_blocks=num_blocks + 1, encoder_cache_tokens=num_rows, max_encoder_tokens_per_step=num_rows
+    )
+    node = PrefillNode(tiny_model, config, data_bind="tcp://127.0.0.1:0")
+    sink = TensorInbox("tcp://127.0.0.1:0")
+    try:
+        for request_id, prep in (("a1", preps[0]), ("a2", preps[0]), ("b1", preps[1])):
+            items = [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items]
+            for item in node.claim_local_embeddings(request_id, items):
+                embeds = _embeddings(node, item.placeholder.length)
+                node.loop.call(lambda engine, r=request_id, i=item, e=embeds: connector.import_embeddings(engine, r, i.mm_hash, e)).result()
+            request = build_request(request_id, list(prep.prompt_token_ids), items, SamplingParams(max_tokens=1), None, node.merge_size)
+            node.prefill(request, sink.address)
+        counters = node.loop.call(lambda engine: node.counters()).result()
+        assert [counters[f"embedding_cache_{kind}_total"] for kind in ("hits", "misses", "evictions")] == [1.0, 2.0, 1.0]
+        num_prompt_tokens = len(preps[0].prompt_token_ids)
+        cached = (num_prompt_tokens - 1) // BLOCK * BLOCK  # a2 reuses a1's full blocks (the last token is always computed)
+        assert counters["prefix_cache_hits_total"] == cached
+        assert counters["prefix_cache_misses_total"] == 2 * num_prompt_tokens + len(preps[1].prompt_token_ids) - cached
+        assert counters["prefix_cache_evictions_total"] >= 1
+    finally:
+        sink.close()
+        node.close()

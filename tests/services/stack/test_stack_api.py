@@ -178,7 +178,13 @@ def test_metrics_parse_with_prometheus_client_and_the_histograms_move(stack):
 
     def histogram_counts() -> dict[str, float]:
         families = text_string_to_metric_families(httpx.get(url, timeout=30).text)
-        return {s.name: s.value for f in families if f.type == "histogram" for s in f.samples if s.name.endswith("_count")}
+        return {
+            s.name + (f"{{{s.labels['role']}}}" if "role" in s.labels else ""): s.value
+            for f in families
+            if f.type == "histogram"
+            for s in f.samples
+            if s.name.endswith("_count")
+        }
 
     before = histogram_counts()
     list(client_for(stack).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Count."}], stream=True, **GREEDY))
@@ -187,6 +193,10 @@ def test_metrics_parse_with_prometheus_client_and_the_histograms_move(stack):
     assert after["tessera_e2e_latency_seconds_count"] == before["tessera_e2e_latency_seconds_count"] + 1
     assert after["tessera_inter_token_latency_seconds_count"] - before["tessera_inter_token_latency_seconds_count"] == 11  # 12 tokens
     assert after["tessera_route_decision_seconds_count"] == before["tessera_route_decision_seconds_count"] + 1
+    # Each role's queue time, one observation per call it ran (a text prompt: no encode).
+    for role in ("preprocess", "prefill", "decode"):
+        name = f"tessera_queue_seconds_count{{{role}}}"
+        assert after[name] == before.get(name, 0.0) + 1, role
 
 
 def test_tessera_bench_runs_every_workload_against_the_stack(stack, tmp_path):

@@ -1,0 +1,110 @@
+"""Cross-request batching of Encode calls, under a row budget.
+
+Calls line up here in arrival order. One worker at a time takes the head of the line: every call
+still waited for, in order, while their embedding rows fit ``max_batch_rows`` (the first call is
+always taken, whatever its size), and hands them to the node as one batch, one vision-tower pass
+over all their new images. Calls that went away while they waited (cancelled, or past their
+deadline) leave the line and are never encoded for nobody. While a batch runs, new calls line up
+for the next one, so under load the batches grow by themselves and the tower's matrix products
+get more rows; an idle node encodes a lone call at once, with no waiting for company.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shared.flat_histogram import FlatHistogram
+
+if TYPE_CHECKING:  # the node imports torch; the role's settings import this module before torch
+    from services.encoder.node import EncodeItem, EncodeResult
+
+DEFAULT_MAX_BATCH_ROWS = 16384
+
+RunBatch = Callable[[list[tuple[list["EncodeItem"], str]]], list["EncodeResult | Exception"]]
+
+
+class DeadlinePassedError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class QueuedCall:
+    items: list[EncodeItem]
+    target: str
+    future: asyncio.Future
+    queued_at: float
+    deadline: float | None  # time.monotonic() after which nobody waits for it
+
+    @property
+    def num_rows(self) -> int:
+        return sum(item.num_embeds for item in self.items)
+
+
+class EncodeBatcher:
+    def __init__(self, run_batch: RunBatch, *, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS, queue_time: FlatHistogram | None = None):
+        if max_batch_rows < 1:
+            raise ValueError("max_batch_rows must be at least 1")
+        self.run_batch = run_batch
+        self.max_batch_rows = max_batch_rows
+        self.queue_time = queue_time
+        self.num_batches = 0
+        self.num_calls_batched = 0
+        self._line: deque[QueuedCall] = deque()
+        self._worker: asyncio.Task | None = None
+
+    async def encode(self, items: list[EncodeItem], target: str, *, timeout_s: float | None = None) -> EncodeResult:
+        """The call's result once its batch ran. Raises the call's own failure, or
+        DeadlinePassedError when it waited past ``timeout_s``."""
+        now = time.monotonic()
+        call = QueuedCall(items, target, asyncio.get_running_loop().create_future(), now, None if timeout_s is None else now + timeout_s)
+        self._line.append(call)
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._work())
+        return await call.future  # cancelling the caller cancels the future: the worker skips it
+
+    def take_batch(self, now: float) -> list[QueuedCall]:
+        batch: list[QueuedCall] = []
+        num_rows = 0
+        while self._line:
+            call = self._line[0]
+            if call.future.done():  # its caller went away
+                self._line.popleft()
+                continue
+            if call.deadline is not None and call.deadline <= now:
+                self._line.popleft()
+                call.future.set_exception(DeadlinePassedError("the call's deadline passed while it waited for a batch"))
+                continue
+            if batch and num_rows + call.num_rows > self.max_batch_rows:
+                break
+            self._line.popleft()
+            batch.append(call)
+            num_rows += call.num_rows
+        return batch
+
+    async def _work(self) -> None:
+        while batch := self.take_batch(time.monotonic()):
+            started = time.monotonic()
+            if self.queue_time is not None:
+                for call in batch:
+                    self.queue_time.observe(started - call.queued_at)
+            self.num_batches += 1
+            self.num_calls_batched += len(batch)
+            try:
+                results = await asyncio.to_thread(self.run_batch, [(call.items, call.target) for call in batch])
+            except Exception as exc:  # the node itself failed: every call of the batch gets it
+                results = [exc] * len(batch)
+            for call, result in zip(batch, results):
+                if call.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    call.future.set_exception(result)
+                else:
+                    call.future.set_result(result)
+
+    def counters(self) -> dict[str, float]:
+        return {"encoder_batches_total": float(self.num_batches), "encoder_calls_batched_total": float(self.num_calls_batched)}

@@ -1,0 +1,86 @@
+"""The Encode batcher's line: a row budget per batch (a call larger than it still runs, alone),
+calls that went away or ran out of time leave the line, and each call gets its own outcome."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.encoder.batching import DeadlinePassedError, EncodeBatcher
+from services.encoder.node import EncodeItem, EncodeResult
+from shared.flat_histogram import FlatHistogram
+from shared.types import MmHash
+
+
+def items(name: str, num_rows: int) -> list[EncodeItem]:
+    return [EncodeItem(MmHash(name), num_rows, (1, 2, 2 * num_rows))]
+
+
+def queue(batcher: EncodeBatcher, *calls: tuple[str, int], deadline: float | None = None) -> list[asyncio.Future]:
+    """Line calls up without starting the worker (take_batch is driven by hand)."""
+    from services.encoder.batching import QueuedCall
+
+    loop = asyncio.get_running_loop()
+    futures = []
+    for name, num_rows in calls:
+        future = loop.create_future()
+        batcher._line.append(QueuedCall(items(name, num_rows), "tcp://x", future, 0.0, deadline))
+        futures.append(future)
+    return futures
+
+
+def names(batch) -> list[str]:
+    return [call.items[0].mm_hash for call in batch]
+
+
+def test_batches_fill_up_to_the_row_budget_in_arrival_order():
+    async def scenario() -> None:
+        batcher = EncodeBatcher(lambda calls: [], max_batch_rows=100)
+        queue(batcher, ("a", 60), ("b", 40), ("c", 10), ("huge", 500), ("d", 5))
+        assert names(batcher.take_batch(now=1.0)) == ["a", "b"]
+        assert names(batcher.take_batch(now=1.0)) == ["c"]  # "huge" does not fit beside it
+        assert names(batcher.take_batch(now=1.0)) == ["huge"]  # alone, over the budget
+        assert names(batcher.take_batch(now=1.0)) == ["d"]
+        assert batcher.take_batch(now=1.0) == []
+
+    asyncio.run(scenario())
+
+
+def test_calls_that_went_away_or_ran_out_of_time_leave_the_line():
+    async def scenario() -> None:
+        batcher = EncodeBatcher(lambda calls: [])
+        [gone, kept] = queue(batcher, ("gone", 4), ("kept", 4))
+        [late] = queue(batcher, ("late", 4), deadline=5.0)
+        gone.cancel()
+        assert names(batcher.take_batch(now=6.0)) == ["kept"]
+        with pytest.raises(DeadlinePassedError):
+            late.result()
+        kept.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_each_call_gets_its_own_result_or_failure_and_queue_time_is_recorded():
+    seen: list[list[str]] = []
+
+    def run_batch(calls):
+        seen.append([call_items[0].mm_hash for call_items, _ in calls])
+        return [RuntimeError("bad pixels") if call_items[0].mm_hash == "bad" else EncodeResult([], 1, 0) for call_items, _ in calls]
+
+    async def scenario() -> None:
+        histogram = FlatHistogram("queue_seconds")
+        batcher = EncodeBatcher(run_batch, queue_time=histogram)
+        outcomes = await asyncio.gather(
+            batcher.encode(items("ok", 4), "tcp://x"), batcher.encode(items("bad", 4), "tcp://x"), return_exceptions=True
+        )
+        assert isinstance(outcomes[0], EncodeResult) and isinstance(outcomes[1], RuntimeError)
+        assert histogram.counters()["queue_seconds_count"] == 2.0
+
+    asyncio.run(scenario())
+    assert seen == [["ok", "bad"]]  # both lined up before the worker ran: one batch
+
+
+def test_a_budget_below_one_row_is_refused():
+    with pytest.raises(ValueError):
+        EncodeBatcher(lambda calls: [], max_batch_rows=0)

@@ -1,0 +1,63 @@
+"""The encoder node runs a batch of calls as one vision-tower pass: each call gets its own
+images' embeddings (as if encoded alone), an image two calls share is encoded once, and an input
+that breaks the tower fails only the call that brought it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.encoder.node import EncodeItem, EncoderNode
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.node import PreprocessNode
+from services.transport.tensor_channel import TensorInbox, TensorSender
+from tests.factories import chat_case, encode_image, make_image
+
+
+@pytest.fixture()
+def setup(tiny_model):
+    encoder = EncoderNode(tiny_model, data_bind="tcp://127.0.0.1:0", cache_tokens=4096, pixel_wait_s=1.0)
+    preprocess = PreprocessNode(tiny_model, PreprocessConfig())
+    sinks = [TensorInbox("tcp://127.0.0.1:0") for _ in range(2)]  # stand in for two prefill nodes
+    yield encoder, preprocess, sinks
+    for closable in (*sinks, preprocess, encoder):
+        closable.close()
+
+
+def push(preprocess: PreprocessNode, encoder: EncoderNode, seed: int, size: tuple[int, int]) -> tuple[EncodeItem, torch.Tensor]:
+    """An image's pixels pushed to the encoder, as the preprocess node does; and those pixels."""
+    body = chat_case(encode_image(make_image(*size, seed=seed)), "What is it?").body
+    result, _ = preprocess.preprocess(body, encoder_id="e", encoder_address=encoder.data_address)
+    item = result.mm_items[0]
+    return EncodeItem(item.mm_hash, item.placeholder.length, item.image.grid_thw), item.image.pixel_values
+
+
+def test_a_batch_is_one_pass_and_each_call_gets_its_own_embeddings(setup):
+    encoder, preprocess, sinks = setup
+    (a, pixels_a), (b, pixels_b) = push(preprocess, encoder, 1, (56, 84)), push(preprocess, encoder, 2, (84, 56))
+    results = encoder.encode_batch([([a], sinks[0].address), ([b, a], sinks[1].address)])
+    assert [(r.num_encoded, r.num_cache_hits, r.missing_pixels) for r in results] == [(1, 0, []), (2, 0, [])]
+    assert encoder.num_batches == 1 and encoder.vision.num_items_encoded == 2  # "a" once, for both calls
+    first_a = sinks[0].wait(a.mm_hash, 5).tensors["embeds"]
+    assert torch.equal(first_a, sinks[1].wait(a.mm_hash, 5).tensors["embeds"])
+    batched_b = sinks[1].wait(b.mm_hash, 5).tensors["embeds"]
+    # The same images encoded one at a time: equal within float32 noise.
+    [alone_a] = encoder.compute.run(encoder.vision.encode, [pixels_a], [a.grid_thw])
+    [alone_b] = encoder.compute.run(encoder.vision.encode, [pixels_b], [b.grid_thw])
+    torch.testing.assert_close(first_a, alone_a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched_b, alone_b, atol=1e-5, rtol=1e-5)
+
+
+def test_pixels_that_break_the_tower_fail_only_their_own_call(setup):
+    encoder, preprocess, sinks = setup
+    good, _ = push(preprocess, encoder, 3, (56, 56))
+    bad = EncodeItem("bad-image", 4, (1, 4, 4))
+    sender = TensorSender()
+    try:
+        sender.send(encoder.data_address, "bad-image", {"pixel_values": torch.zeros(5, 3)}, {"grid_thw": [1, 4, 4]})
+        results = encoder.encode_batch([([good], sinks[0].address), ([bad], sinks[1].address)])
+    finally:
+        sender.close()
+    assert results[0].num_encoded == 1 and isinstance(results[1], Exception)
+    assert sinks[0].wait(good.mm_hash, 5) is not None
+    assert encoder.vision.num_items_encoded == 1  # the shared pass failed; the good image then ran alone
