@@ -238,10 +238,12 @@ def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
     while True:
         result = index.lookup([item.mm_hash], hashes)
         holders = {nid.split("@")[0] for nid, n in result.node_to_num_prefix_blocks.items() if n == len(hashes)}
-        if (result.mm_holders[item.mm_hash] and holders == {"prefill", "decode"}) or time.monotonic() > deadline:
+        mm_holders = sorted(nid.split("@")[0] for nid in result.mm_holders[item.mm_hash])
+        if (mm_holders == ["encoder", "prefill"] and holders == {"prefill", "decode"}) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert [nid.split("@")[0] for nid in result.mm_holders[item.mm_hash]] == ["encoder"]
+    # The encoder that made the embeddings, and the prefill node that pulled them: both hold them.
+    assert mm_holders == ["encoder", "prefill"]
     assert result.mm_holders[item.mm_hash][next(iter(result.mm_holders[item.mm_hash]))].num_tokens == item.placeholder.length
     assert holders == {"prefill", "decode"}  # both hold every full prompt block
     assert {state.info.role for state in result.nodes.values()} == {"preprocess", "encoder", "prefill", "decode"}
