@@ -45,7 +45,13 @@ class GenerateServicer(rpc.GenerateServicer):
             sent, completion_tokens = "", 0
             calls = InFlightCalls()
             context.add_callback(calls.cancel)  # runs when the call ends: a cancelled one stops its work on the nodes
-            events = self.pipeline.run(generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt, calls=calls)
+            events = self.pipeline.run(
+                generation.preprocess_body,
+                generation.sampling,
+                cache_salt=generation.cache_salt,
+                calls=calls,
+                fit_max_tokens=generation.fit_max_tokens,
+            )
             for event in events:
                 completion_tokens += len(event.token_ids)
                 delta = event.text[len(sent) :]

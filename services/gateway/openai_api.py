@@ -28,6 +28,9 @@ class Generation:
     preprocess_body: dict
     sampling: SamplingParams
     cache_salt: str | None
+    # max_tokens was not given: the default shrinks to the context the prompt leaves (as vLLM
+    # does), instead of failing a long prompt that the default alone would push over the limit.
+    fit_max_tokens: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +51,8 @@ def to_chat_request(
                 if "uuid" in part:
                     part["uuid"] = tenant.image_uuid(part["uuid"])
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
-    return _fan_out(request, [{"messages": messages}], max_tokens, tenant)
+    fit = request.max_completion_tokens is None and request.max_tokens is None
+    return _fan_out(request, [{"messages": messages}], max_tokens, tenant, fit_max_tokens=fit)
 
 
 def to_completion_request(request: CompletionRequest, *, served_model: str, tenant: Tenant | None = None) -> ApiRequest:
@@ -63,7 +67,7 @@ def to_completion_request(request: CompletionRequest, *, served_model: str, tena
         {"prompt": prompt, "images": images} if isinstance(prompt, str) else {"prompt_token_ids": prompt, "images": images}
         for prompt in request.prompts()
     ]
-    return _fan_out(request, bodies, request.max_tokens or 16, tenant)
+    return _fan_out(request, bodies, request.max_tokens or 16, tenant, fit_max_tokens=request.max_tokens is None)
 
 
 def parse_chat_request(body: object, *, served_model: str, default_max_tokens: int, tenant: Tenant | None = None) -> ApiRequest:
@@ -75,7 +79,9 @@ def parse_chat_request(body: object, *, served_model: str, default_max_tokens: i
     return to_chat_request(request, served_model=served_model, default_max_tokens=default_max_tokens, tenant=tenant)
 
 
-def _fan_out(request: ChatCompletionRequest | CompletionRequest, bodies: list[dict], max_tokens: int, tenant: Tenant | None) -> ApiRequest:
+def _fan_out(
+    request: ChatCompletionRequest | CompletionRequest, bodies: list[dict], max_tokens: int, tenant: Tenant | None, *, fit_max_tokens: bool
+) -> ApiRequest:
     cache_salt = tenant.cache_salt(request.cache_salt) if tenant is not None else request.cache_salt
     generations = tuple(
         Generation(
@@ -84,6 +90,7 @@ def _fan_out(request: ChatCompletionRequest | CompletionRequest, bodies: list[di
             preprocess_body=body,
             sampling=_sampling(request, max_tokens, choice=i),
             cache_salt=cache_salt,
+            fit_max_tokens=fit_max_tokens,
         )
         for prompt_index, body in enumerate(bodies)
         for i in range(request.n)

@@ -27,6 +27,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import grpc
 from opentelemetry import trace
@@ -41,7 +42,7 @@ from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.gateway.stages import Attempt, Stages
 from services.gateway.token_events import TokenEvent
 from services.router.route_attributes import route_attributes
-from services.router.router import NoLiveNodeError, Route, Router
+from services.router.router import NoLiveNodeError, Route, Router, local_encode_key
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
 from shared.tracing import outgoing_metadata, tracer
@@ -120,18 +121,27 @@ class Pipeline:
         request_id: str | None = None,
         stream: bool = True,
         calls: InFlightCalls | None = None,
+        fit_max_tokens: bool = False,
     ) -> Iterator[TokenEvent]:
         """Token events: one per token when ``stream``, else just the first and the last of each
         decode node (the last carries every token since that node's first). ``calls.cancel()``
         (the client went away) cancels the call in flight and ends the run with
-        RequestCancelledError."""
+        RequestCancelledError. ``fit_max_tokens`` (the client gave no max_tokens): the default
+        shrinks to the context the prompt leaves, as vLLM does."""
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
-            yield from self._run(body, sampling, cache_salt, request_id, stream, calls or InFlightCalls())
+            yield from self._run(body, sampling, cache_salt, request_id, stream, calls or InFlightCalls(), fit_max_tokens)
 
     def _run(
-        self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, calls: InFlightCalls
+        self,
+        body: dict,
+        sampling: SamplingParams,
+        cache_salt: str | None,
+        request_id: str,
+        stream: bool,
+        calls: InFlightCalls,
+        fit_max_tokens: bool,
     ) -> Iterator[TokenEvent]:
         attempts = Attempts(self.max_failures)
         deadline = self.clock() + self.timeout_s  # one budget for the whole request, every retry included
@@ -146,13 +156,17 @@ class Pipeline:
                 if prep is None:
                     prep = self.stages.preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
                     param = "messages" if "messages" in body else "prompt"
+                    room = self.max_model_len - len(prep.prompt_token_ids)
+                    if fit_max_tokens and 1 <= room < sampling.max_tokens:
+                        sampling = replace(sampling, max_tokens=room)
                     check_context_length(len(prep.prompt_token_ids), sampling.max_tokens, self.max_model_len, param=param)
                 route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
                 current = Attempt(f"{request_id}-{attempt}", preprocess_address, body, route, deadline, calls)
                 if lacking:
                     self.stages.push_images(current, lacking)
                 encoder = (route.encoder,) if _uses_encoder(prep, route) else ()
-                with self.membership.in_flight(*encoder, route.prefill, route.decode):
+                local = (local_encode_key(route.prefill),) if route.local_encode else ()
+                with self.membership.in_flight(*encoder, *local, route.prefill, route.decode):
                     prefill = self.stages.prefill(current, prep, sampling, cache_salt, emitted)
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
                 _trace_prefill(prep, prefill)

@@ -55,7 +55,12 @@ class GatewayState:
                 self.num_in_flight += 1
             try:
                 yield from self.pipeline.run(
-                    generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt, stream=stream, calls=calls
+                    generation.preprocess_body,
+                    generation.sampling,
+                    cache_salt=generation.cache_salt,
+                    stream=stream,
+                    calls=calls,
+                    fit_max_tokens=generation.fit_max_tokens,
                 )
             finally:
                 with self._lock:

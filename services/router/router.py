@@ -160,7 +160,13 @@ class Router:
         if not nodes:
             raise NoLiveNodeError(role)
         return [
-            Candidate(s.info.grpc_address, max(s.load, self.membership.num_in_flight(s.info.grpc_address)), s.kv_usage, s.info.can_encode)
+            Candidate(
+                s.info.grpc_address,
+                max(s.load, self.membership.num_in_flight(s.info.grpc_address)),
+                s.kv_usage,
+                s.info.can_encode,
+                busy=max(s.load, self.membership.num_in_flight(local_encode_key(s.info.grpc_address))),
+            )
             for s in nodes
         ]
 
@@ -168,6 +174,12 @@ class Router:
     def _address(node_id: str, lookup: LookupResult | None) -> str:
         state: NodeState | None = lookup.nodes.get(node_id) if lookup is not None else None
         return state.info.grpc_address if state is not None else node_id
+
+
+def local_encode_key(address: str) -> str:
+    """The membership's in-flight key for the local encodes this gateway has running on a
+    prefill node (adaptive dispatch weighs them, not the node's other calls)."""
+    return f"local-encode@{address}"
 
 
 def _find(candidates: list[Candidate], node_id: str) -> Candidate:

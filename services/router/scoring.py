@@ -25,9 +25,13 @@ prefill node p has its own vision tower. With s seconds per image token and T th
 image tokens e lacks:
 
     cost_on_encoder = load(e) * mean_call_tokens * s + T * s   e's queue ahead, then the encode
-    cost_on_prefill = T * s * (1 + load(p))                     p's cores are shared with its
-                                                                load(p) queued or running requests
-    encode on p  iff  cost_on_prefill < cost_on_encoder  <=>  T * load(p) < load(e) * mean_call_tokens
+    cost_on_prefill = T * s * (1 + busy(p))                     p's cores are shared with the
+                                                                busy(p) requests computing there
+    encode on p  iff  cost_on_prefill < cost_on_encoder  <=>  T * busy(p) < load(e) * mean_call_tokens
+
+  busy(p)           the larger of p's engine queue (requests queued or running in its engine, from
+                    its heartbeat) and this gateway's local encodes in flight on p; not load(p),
+                    which counts every call on p, and most of those wait on the encoder tier
 
   mean_call_tokens  the mean image tokens of the requests routed to encoders (the router's moving
                     average): what one call queued on e is assumed to cost
@@ -63,6 +67,7 @@ class Candidate:
     load: float
     kv_usage: float
     can_encode: bool = False  # a prefill node with its own vision tower
+    busy: float = 0.0  # a prefill node's busy(p) of the adaptive dispatch rule
 
 
 def score(candidate: Candidate, cached_tokens: int) -> float:
@@ -100,7 +105,7 @@ def encode_on_prefill(dispatch: str, num_new_tokens: int, encoder: Candidate, pr
         return False
     if dispatch == "prefill":
         return True
-    return num_new_tokens * prefill.load < encoder.load * mean_call_tokens
+    return num_new_tokens * prefill.busy < encoder.load * mean_call_tokens
 
 
 def prefix_tokens_per_node(node_to_num_prefix_blocks: Mapping[str, int], block_size: int) -> dict[str, int]:

@@ -51,7 +51,7 @@ class FakePipeline:
     def stats(self):
         return []
 
-    def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True, calls=None):
+    def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True, calls=None, fit_max_tokens=False):
         self.calls.append((body, sampling, cache_salt, stream))
         text = ""
         for i, word in enumerate(self.words):

@@ -44,6 +44,12 @@ def test_defaults_and_field_mapping():
     assert sampling(top_k=-1).top_k == 0  # vLLM's "disabled"
 
 
+def test_only_a_defaulted_max_tokens_may_shrink_to_fit_the_context():
+    assert parse().generations[0].fit_max_tokens
+    assert not parse(max_tokens=9).generations[0].fit_max_tokens
+    assert not parse(max_completion_tokens=9).generations[0].fit_max_tokens
+
+
 def test_a_temperature_below_the_epsilon_is_greedy():
     assert sampling(temperature=1e-38).temperature == 0.0
     assert sampling(temperature=1e-6).is_greedy

@@ -413,3 +413,14 @@ def test_images_without_a_prefill_node_that_encodes_go_to_the_encoder():
     [(_, prefill)] = pipeline.called("Prefill")
     assert push.encoder_id == prefill.encoder_address and push.key_prefix == "" and not push.force
     assert list(prefill.local_encode_mm_hashes) == []
+
+
+def test_a_defaulted_max_tokens_shrinks_to_the_context_the_prompt_leaves():
+    pipeline = FakePipeline(max_model_len=10)  # the fake prompt has 3 tokens: 7 left
+    list(pipeline.run({"prompt": "x"}, SamplingParams(max_tokens=256, temperature=0.0), fit_max_tokens=True))
+    [(_, prefill)] = pipeline.called("Prefill")
+    [(_, decode)] = pipeline.called("Decode")
+    assert prefill.sampling.max_tokens == decode.sampling.max_tokens == 7
+    with pytest.raises(GatewayError) as caught:  # asked for explicitly: never shrunk
+        list(pipeline.run({"prompt": "x"}, SamplingParams(max_tokens=256, temperature=0.0)))
+    assert caught.value.status == 400 and "maximum context length is 10 tokens" in caught.value.message

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.router.membership import Membership
-from services.router.router import NoLiveNodeError, Router
+from services.router.router import NoLiveNodeError, Router, local_encode_key
 from services.router.scoring import POLICIES
 from shared.hashing import MmSpan, block_hashes
 from shared.index.memory_backend import InProcessIndex
@@ -169,3 +169,12 @@ def test_an_image_the_prefill_node_holds_needs_no_encoder_and_draws_the_request(
     route = router_over(index).route(TOKENS, [IMAGE])
     assert route.prefill == "p:2" and route.images_on_prefill == {IMAGE[0]}
     assert route.local_encode == set() and route.images_on_encoder == set()
+
+
+def test_calls_waiting_on_the_encoder_do_not_make_a_prefill_node_busy_but_its_local_encodes_do():
+    router = router_over(_index_with_a_queued_encoder(can_encode=True, encoder_load=1))
+    with router.membership.in_flight("p:1", "p:2", "p:1", "p:2"):  # calls there wait on the encoder tier
+        assert router.route(TOKENS, [IMAGE]).local_encode == {IMAGE[0]}
+    with router.membership.in_flight(local_encode_key("p:1"), local_encode_key("p:2")):
+        # One local encode running on each: T * 1 is not below 1 * mean_call_tokens (= T).
+        assert router.route(TOKENS, [IMAGE]).local_encode == set()

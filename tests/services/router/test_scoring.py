@@ -75,8 +75,9 @@ def encoder(load: float) -> Candidate:
     return Candidate("e", load, 0.0)
 
 
-def prefill(load: float, *, can_encode: bool = True) -> Candidate:
-    return Candidate("p", load, 0.0, can_encode)
+def prefill(busy: float, *, can_encode: bool = True) -> Candidate:
+    """A prefill node whose engine is that busy, with many more calls on it (waiting on encoders)."""
+    return Candidate("p", busy + 10, 0.0, can_encode, busy=busy)
 
 
 def test_an_idle_encoder_always_encodes():
