@@ -1,73 +1,132 @@
-"""Typed configuration from CLI flags and environment variables, for any frozen dataclass.
+"""Typed configuration from CLI flags and environment variables, for any frozen dataclass, read
+with pydantic-settings.
 
 Precedence: CLI flag > ``<PREFIX><FIELD>`` environment variable > the dataclass default.
-Values are parsed by the field's annotation: bool (1/0, true/false, yes/no, on/off), int, float,
-str, Path (expanded, resolved), tuple[str, ...] (comma-separated), each optionally ``| None``.
-Validation stays in each dataclass's ``__post_init__``.
+Each settings dataclass gets a pydantic-settings model with the same fields (built once, cached),
+which reads the environment and parses every value by the field's annotation: bool (1/0,
+true/false, yes/no, on/off), int, float, str, Path (expanded, resolved), tuple[str, ...]
+(comma-separated), each optionally ``| None``. The dataclass is then built from the model's
+values, so validation across fields stays in each dataclass's ``__post_init__``, and the flag and
+variable names are the ones they always were: ``--block-size`` and ``TESSERA_ENGINE_BLOCK_SIZE``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import typing
 from collections.abc import Mapping
-from dataclasses import fields
+from contextvars import ContextVar
+from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, BeforeValidator, ValidationError, create_model
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 T = TypeVar("T")
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
     group = parser.add_argument_group(title)
-    for f in fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        if _base_type(f.type) == "bool":
+    for name, annotation in _field_types(cls).items():
+        flag = "--" + name.replace("_", "-")
+        if _base(annotation) is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         else:
-            group.add_argument(flag, default=None, help="comma-separated" if _base_type(f.type).startswith("tuple") else None)
+            group.add_argument(flag, default=None, help="comma-separated" if _base(annotation) is tuple else None)
 
 
 def dataclass_from_sources(
     cls: type[T], env_prefix: str, args: argparse.Namespace | None = None, env: Mapping[str, str] | None = None, **overrides
 ) -> T:
-    env = os.environ if env is None else env
-    values: dict[str, object] = {}
-    for f in fields(cls):
-        raw = getattr(args, f.name, None) if args is not None else None
-        if raw is None:
-            raw = env.get(env_prefix + f.name.upper())
-        if raw is not None:
-            values[f.name] = parse_value(f.name, f.type, raw)
-    values.update(overrides)
-    return cls(**values)
-
-
-def _base_type(annotation: object) -> str:
-    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
-    return text.replace("| None", "").strip()
-
-
-def parse_value(name: str, annotation: object, raw: object) -> object:
-    if not isinstance(raw, str):
-        return raw
-    text, kind = raw.strip(), _base_type(annotation)
+    """``cls`` from its flags in ``args``, then ``env`` (default: the process environment), then
+    its defaults; ``overrides`` win over all. Raises ValueError naming a value that does not parse."""
+    model = _settings_model(cls, env_prefix)
+    flags = {name: value for name in _field_types(cls) if (value := getattr(args, name, None) if args is not None else None) is not None}
+    token = _ENVIRONMENT.set(env)
     try:
-        if kind == "bool":
-            if text.lower() in _TRUE:
-                return True
-            if text.lower() in _FALSE:
-                return False
-            raise ValueError(text)
-        if kind == "int":
-            return int(text)
-        if kind == "float":
-            return float(text)
-        if kind == "Path":
-            return Path(text).expanduser().resolve()
-        if kind.startswith("tuple"):
-            return tuple(part.strip() for part in text.split(",") if part.strip())
-        return text
-    except ValueError:
-        raise ValueError(f"invalid value for {name}: {raw!r}") from None
+        settings = model(**flags)
+    except ValidationError as exc:
+        name = str(exc.errors()[0]["loc"][0])
+        source = os.environ if env is None else env
+        raise ValueError(f"invalid value for {name}: {flags.get(name, source.get(env_prefix + name.upper()))!r}") from None
+    finally:
+        _ENVIRONMENT.reset(token)
+    values = {name: getattr(settings, name) for name in _field_types(cls)}
+    return cls(**{**values, **overrides})
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+@functools.cache
+def _settings_model(cls: type, env_prefix: str) -> type[BaseSettings]:
+    definitions: dict[str, Any] = {}
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else (f.default_factory() if f.default_factory is not MISSING else ...)
+        definitions[f.name] = (_pydantic_type(_field_types(cls)[f.name]), default)
+    base = type(f"{cls.__name__}Sources", (_Sources,), {"model_config": SettingsConfigDict(env_prefix=env_prefix)})
+    return create_model(f"{cls.__name__}Settings", __base__=base, **definitions)
+
+
+# The environment a caller passed to dataclass_from_sources (tests; a launcher building a role's
+# settings), for the duration of that call; None: the process environment.
+_ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("tessera_settings_environment", default=None)
+
+
+class _Environment(EnvSettingsSource):
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        mapping = _ENVIRONMENT.get()
+        if mapping is None:
+            return super()._load_env_vars()
+        return {key.lower(): value for key, value in mapping.items()}  # the sources are case-insensitive
+
+
+class _Sources(BaseSettings):
+    """Flags (passed as init values), then the environment; no .env or secrets files."""
+
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        return init_settings, _Environment(settings_cls)
+
+
+def _base(annotation: Any) -> Any:
+    """The annotation without ``| None``, as a runtime class (tuple for tuple[str, ...])."""
+    args = (
+        [a for a in typing.get_args(annotation) if a is not type(None)]
+        if typing.get_origin(annotation) in (typing.Union, _UnionType)
+        else []
+    )
+    inner = args[0] if args else annotation
+    return typing.get_origin(inner) or inner
+
+
+def _pydantic_type(annotation: Any) -> Any:
+    """The field's type for pydantic, with the parsing our flags and variables have always had."""
+    base = _base(annotation)
+    optional = type(None) in typing.get_args(annotation)
+    if base is tuple:
+        kind: Any = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_comma_separated)]
+    elif base is Path:
+        kind = Annotated[Path, AfterValidator(lambda p: p.expanduser().resolve())]
+    elif base is str:
+        kind = Annotated[str, BeforeValidator(lambda v: v.strip() if isinstance(v, str) else v)]
+    else:
+        kind = Annotated[base, BeforeValidator(lambda v: v.strip() if isinstance(v, str) else v)]
+    return kind | None if optional else kind
+
+
+def _comma_separated(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+_UnionType = type(int | None)

@@ -22,6 +22,7 @@ from services.transport.grpc_server import Lifecycle, abort_with, new_server, se
 from services.transport.internal_auth import InternalAuth
 from services.transport.kv_peer import add_kv_peer
 from services.transport.node_admission import NodeAdmission, abort_overloaded
+from shared.process_stats import process_counters
 
 
 class DecodeServicer(rpc.DecodeServicer):
@@ -87,7 +88,7 @@ class DecodeServicer(rpc.DecodeServicer):
                 self.node.abort(request.request_id)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        counters = {**self.node.counters(), **self.admission.counters()}
+        counters = {**self.node.counters(), **self.admission.counters(), **process_counters()}
         return pb.StatsResponse(role="decode", pid=os.getpid(), counters=counters, data_address=self.node.data_address)
 
 

@@ -19,6 +19,7 @@ from services.encoder.node import EncodeItem, EncoderNode
 from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
+from shared.process_stats import process_counters
 from shared.types import MmHash
 
 
@@ -42,7 +43,7 @@ class EncodeServicer(rpc.EncodeServicer):
         return pb.EncodeResponse(missing_pixels=result.missing_pixels, num_encoded=result.num_encoded, num_cache_hits=result.num_cache_hits)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        counters = {**self.node.counters(), **self.batcher.counters(), **self.admission.counters()}
+        counters = {**self.node.counters(), **self.batcher.counters(), **self.admission.counters(), **process_counters()}
         return pb.StatsResponse(role="encoder", pid=os.getpid(), counters=counters, data_address=self.node.data_address)
 
 

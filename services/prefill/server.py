@@ -36,6 +36,7 @@ from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
 from services.transport.kv_peer import add_kv_peer
 from services.transport.node_admission import NodeAdmission, abort_overloaded
+from shared.process_stats import process_counters
 from shared.tracing import outgoing_metadata
 
 
@@ -181,7 +182,7 @@ class PrefillServicer(rpc.PrefillServicer):
         return self.node.finish_prefill(engine_request, output, time.perf_counter() - started)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        counters = {**self.node.counters(), **self.admission.counters()}
+        counters = {**self.node.counters(), **self.admission.counters(), **process_counters()}
         return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=counters, data_address=self.node.data_address)
 
 

@@ -19,6 +19,7 @@ from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
 from services.transport.tensor_channel import TensorSendTimeoutError
 from shared.hashing import MmSpan, block_hashes
+from shared.process_stats import process_counters
 from shared.types import MmHash
 
 
@@ -78,7 +79,9 @@ class PreprocessServicer(rpc.PreprocessServicer):
         )
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        return pb.StatsResponse(role="preprocess", pid=os.getpid(), counters={**self.node.counters(), **self.admission.counters()})
+        return pb.StatsResponse(
+            role="preprocess", pid=os.getpid(), counters={**self.node.counters(), **self.admission.counters(), **process_counters()}
+        )
 
 
 async def serve(node: PreprocessNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:

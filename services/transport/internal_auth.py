@@ -34,6 +34,7 @@ from pathlib import Path
 import grpc
 
 from services.transport.api_key_auth import OPEN_METHODS
+from shared import process_stats
 
 SECRET_ENV = "TESSERA_INTERNAL_SECRET"
 TOKEN_METADATA_KEY = "tessera-internal-token"
@@ -136,6 +137,10 @@ class InternalTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, token: str) -> None:
         self._token = token.encode()
         self.num_refused = 0
+        process_stats.register(self)  # the node's Stats count refusals
+
+    def counters(self) -> dict[str, float]:
+        return {"internal_calls_refused_total": float(self.num_refused)}
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)

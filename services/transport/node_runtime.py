@@ -18,6 +18,7 @@ from shared.index.backend import create_index
 from shared.index.publisher import IndexPublisher
 from shared.index.types import NodeInfo
 from shared.liveness import DEFAULT_STALL_S, Liveness
+from shared.process_stats import process_counters
 
 LoadFn = Callable[[], tuple[float, float]]
 
@@ -95,7 +96,7 @@ def node_lifecycle(
             from services.transport.metrics_http import NodeCollector, start_metrics_server
 
             host, _ = split_host_port(settings.grpc_address)
-            counters = lambda: {**counters_fn(), **admission.counters()}  # noqa: E731
+            counters = lambda: {**counters_fn(), **admission.counters(), **process_counters()}  # noqa: E731
             start_metrics_server(host, settings.metrics_port, NodeCollector(role, lambda: load_fn()[0], counters))
         if publisher is not None:
             publisher.start()

@@ -17,6 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from shared import process_stats
+from shared.flat_histogram import FlatHistogram
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
 from shared.types import BlockHash, MmHash
@@ -24,6 +26,7 @@ from shared.types import BlockHash, MmHash
 log = logging.getLogger("tessera.index")
 
 LoadFn = Callable[[], tuple[float, float]]  # -> (load, kv_usage)
+PUBLISH_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class IndexPublisher:
@@ -52,6 +55,8 @@ class IndexPublisher:
         self._stopped = threading.Event()
         self.num_publish_failures = 0
         self.num_heartbeats_withheld = 0
+        self.publish_time = FlatHistogram("index_publish_seconds", PUBLISH_BUCKETS_S)  # one batch: one round trip
+        process_stats.register(self)  # the node's Stats carry the index's health as this node sees it
         self._thread = threading.Thread(target=self._run, name="index-publisher", daemon=True)
 
     def start(self) -> None:
@@ -138,7 +143,9 @@ class IndexPublisher:
                     batch, self._pending = self._pending, IndexEvents()
                 if not batch.is_empty():
                     try:
+                        started = time.monotonic()
                         self.index.publish(self.node.node_id, self.epoch, batch)
+                        self.publish_time.observe(time.monotonic() - started)
                     except IndexUnavailableError:
                         with self._lock:  # keep it; the snapshot on re-registration covers it
                             self._pending = batch
@@ -150,10 +157,19 @@ class IndexPublisher:
                 self.epoch = None
                 self._stopped.wait(min(1.0, self.ttl_s / 3))
 
+    def counters(self) -> dict[str, float]:
+        return {
+            "index_publish_failures_total": float(self.num_publish_failures),
+            "index_heartbeats_withheld_total": float(self.num_heartbeats_withheld),
+            **self.publish_time.counters(),
+        }
+
     def _register(self) -> None:
         epoch = self.index.register_node(self.node, ttl_s=self.ttl_s)
         with self._lock:
             snapshot = IndexEvents(mm_stored=dict(self._mm_holdings), kv_stored=dict(self._kv_holdings))
             self._pending = IndexEvents()
+        started = time.monotonic()
         self.index.publish(self.node.node_id, epoch, snapshot)
+        self.publish_time.observe(time.monotonic() - started)
         self.epoch = epoch

@@ -58,3 +58,17 @@ def test_preprocess_validation():
         PreprocessConfig(min_pixels=10, max_pixels=5)
     with pytest.raises(ValueError, match="must be positive"):
         PreprocessConfig(max_images_per_request=0)
+
+
+def test_role_settings_come_from_flags_then_tessera_serve_variables(monkeypatch):
+    from services.stack.roles import role_settings
+
+    monkeypatch.setenv("TESSERA_SERVE_MAX_BATCH_ROWS", "512")
+    monkeypatch.setenv("TESSERA_SERVE_LOCAL_ENCODE", "off")
+    encoder = role_settings("encoder", argparse.Namespace(max_pending_requests="7"))
+    assert encoder.max_batch_rows == 512 and encoder.max_pending_requests == 7
+    assert not role_settings("prefill", argparse.Namespace()).local_encode
+    assert role_settings("prefill", argparse.Namespace(local_encode="yes")).local_encode  # a flag beats the variable
+    monkeypatch.setenv("TESSERA_SERVE_MAX_BATCH_ROWS", "many")
+    with pytest.raises(ValueError, match="invalid value for max_batch_rows: 'many'"):
+        role_settings("encoder", argparse.Namespace())

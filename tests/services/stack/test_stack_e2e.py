@@ -193,6 +193,8 @@ def test_internal_calls_without_the_stack_secret_are_refused(stack):
     metrics = stack.metrics()
     for reason in ("malformed", "unauthenticated", "inbox_full"):
         assert metrics[f"tessera_tensor_messages_dropped_{reason}_total"] == 0
+    assert metrics["tessera_internal_calls_refused_total"] >= len(calls)  # refused, and counted
+    assert metrics["tessera_index_publish_failures_total"] == 0
 
 
 def test_killed_role_fails_fast_with_503_and_restart_restores_service(stack):

@@ -37,6 +37,8 @@ def test_events_are_published_in_batches_and_evictions_cancel_stores():
         result = index.lookup([MmHash("x"), MmHash("y")], [BlockHash("b")])
         assert result.mm_holders[MmHash("x")] == {"enc": ENTRY} and result.mm_holders[MmHash("y")] == {}
         assert result.node_to_num_prefix_blocks == {"enc": 1}
+        counters = publisher.counters()
+        assert counters["index_publish_seconds_count"] >= 1 and counters["index_publish_failures_total"] == 0
         time.sleep(2.5)  # heartbeats keep the node alive past its TTL
         assert "enc" in index.lookup([], []).nodes
     finally:
