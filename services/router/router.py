@@ -166,6 +166,7 @@ class Router:
                 s.kv_usage,
                 s.info.can_encode,
                 busy=max(s.load, self.membership.num_in_flight(local_encode_key(s.info.grpc_address))),
+                queue=self.membership.num_in_flight(s.info.grpc_address),
             )
             for s in nodes
         ]

@@ -24,10 +24,14 @@ Adaptive dispatch: where the images the chosen encoder e lacks are encoded, when
 prefill node p has its own vision tower. With s seconds per image token and T the request's
 image tokens e lacks:
 
-    cost_on_encoder = load(e) * mean_call_tokens * s + T * s   e's queue ahead, then the encode
+    cost_on_encoder = queue(e) * mean_call_tokens * s + T * s  e's queue ahead, then the encode
     cost_on_prefill = T * s * (1 + busy(p))                     p's cores are shared with the
                                                                 busy(p) requests computing there
-    encode on p  iff  cost_on_prefill < cost_on_encoder  <=>  T * busy(p) < load(e) * mean_call_tokens
+    encode on p  iff  cost_on_prefill < cost_on_encoder  <=>  T * busy(p) < queue(e) * mean_call_tokens
+
+  queue(e)          the calls this gateway has in flight that use e (exact and current; e's
+                    heartbeat load is up to ttl/3 old, and a stale one would send images to
+                    prefill nodes while e sits idle). With several gateways each sees its share.
 
   busy(p)           the larger of p's engine queue (requests queued or running in its engine, from
                     its heartbeat) and this gateway's local encodes in flight on p; not load(p),
@@ -35,7 +39,7 @@ image tokens e lacks:
 
   mean_call_tokens  the mean image tokens of the requests routed to encoders (the router's moving
                     average): what one call queued on e is assumed to cost
-  s cancels, so the rule needs no calibration. An idle encoder (load 0) always wins, so an
+  s cancels, so the rule needs no calibration. An idle encoder (queue 0) always wins, so an
   unloaded cluster keeps the encode/prefill split; the shipping of embeddings, which only
   favours p, is left out, so the rule leans towards the encoder tier.
 
@@ -68,6 +72,7 @@ class Candidate:
     kv_usage: float
     can_encode: bool = False  # a prefill node with its own vision tower
     busy: float = 0.0  # a prefill node's busy(p) of the adaptive dispatch rule
+    queue: float = 0.0  # an encoder's queue(e) of the adaptive dispatch rule
 
 
 def score(candidate: Candidate, cached_tokens: int) -> float:
@@ -105,7 +110,7 @@ def encode_on_prefill(dispatch: str, num_new_tokens: int, encoder: Candidate, pr
         return False
     if dispatch == "prefill":
         return True
-    return num_new_tokens * prefill.busy < encoder.load * mean_call_tokens
+    return num_new_tokens * prefill.busy < encoder.queue * mean_call_tokens
 
 
 def prefix_tokens_per_node(node_to_num_prefix_blocks: Mapping[str, int], block_size: int) -> dict[str, int]:

@@ -3,6 +3,8 @@ from the membership (live nodes only, minus the ones a request saw fail)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from services.router.membership import Membership
@@ -124,32 +126,43 @@ def test_this_gateways_requests_in_flight_count_as_load_before_any_heartbeat_sho
         assert {router.route(TOKENS, [IMAGE]).decode for _ in range(3)} == {"d:2"}
 
 
-def _index_with_a_queued_encoder(*, can_encode: bool, encoder_load: float) -> InProcessIndex:
+def _cluster(*, can_encode: bool, encoder_heartbeat_load: float = 0.0) -> InProcessIndex:
+    """Every node of STATIC live; prefill nodes with a vision tower when ``can_encode``."""
     index = InProcessIndex()
     for node_id in ALL_NODES:
         role, address = node_id.split("@")
         epoch = index.register_node(NodeInfo(node_id, role, address, can_encode=role == "prefill" and can_encode), ttl_s=60)
-        load = encoder_load if role == "encoder" else 0.0
+        load = encoder_heartbeat_load if role == "encoder" else 0.0
         index.heartbeat(node_id, epoch, load=load, kv_usage=0.0, ttl_s=60)
     return index
 
 
+def _queued(router: Router, num_calls: int) -> contextlib.ExitStack:
+    """``num_calls`` of this gateway's calls in flight on every encoder."""
+    stack = contextlib.ExitStack()
+    for _ in range(num_calls):
+        stack.enter_context(router.membership.in_flight("e:1", "e:2"))
+    return stack
+
+
 def test_images_go_to_a_prefill_node_that_can_encode_while_the_encoders_are_queued():
-    index = _index_with_a_queued_encoder(can_encode=True, encoder_load=4)
-    router = router_over(index)
-    route = router.route(TOKENS, [IMAGE])
+    router = router_over(_cluster(can_encode=True))
+    with _queued(router, 4):
+        route = router.route(TOKENS, [IMAGE])
     assert route.local_encode == {IMAGE[0]} and router.num_local_encodes == 1
 
 
 def test_images_stay_on_the_encoder_tier_when_it_is_idle_or_prefill_cannot_encode():
-    assert router_over(_index_with_a_queued_encoder(can_encode=True, encoder_load=0)).route(TOKENS, [IMAGE]).local_encode == set()
-    assert router_over(_index_with_a_queued_encoder(can_encode=False, encoder_load=4)).route(TOKENS, [IMAGE]).local_encode == set()
-    fixed = router_over(_index_with_a_queued_encoder(can_encode=True, encoder_load=4), encode_dispatch="encoder")
-    assert fixed.route(TOKENS, [IMAGE]).local_encode == set()
+    assert router_over(_cluster(can_encode=True)).route(TOKENS, [IMAGE]).local_encode == set()
+    # A heartbeat's load may be ttl/3 old: alone it never sends images away from an idle encoder.
+    assert router_over(_cluster(can_encode=True, encoder_heartbeat_load=4)).route(TOKENS, [IMAGE]).local_encode == set()
+    for router in (router_over(_cluster(can_encode=False)), router_over(_cluster(can_encode=True), encode_dispatch="encoder")):
+        with _queued(router, 4):
+            assert router.route(TOKENS, [IMAGE]).local_encode == set()
 
 
 def test_an_image_the_chosen_encoder_holds_is_never_encoded_again():
-    index = _index_with_a_queued_encoder(can_encode=True, encoder_load=4)
+    index = _cluster(can_encode=True)
     for node_id in ("encoder@e:1", "encoder@e:2"):
         epoch = index.live_nodes()[node_id].epoch
         index.publish(node_id, epoch, IndexEvents(mm_stored={IMAGE[0]: MmEntry(12, (1, 4, 12), 12 * 64)}))
@@ -163,18 +176,20 @@ def test_an_unknown_encode_dispatch_is_refused():
 
 
 def test_an_image_the_prefill_node_holds_needs_no_encoder_and_draws_the_request():
-    index = _index_with_a_queued_encoder(can_encode=True, encoder_load=4)
+    index = _cluster(can_encode=True)
     epoch = index.live_nodes()["prefill@p:2"].epoch
     index.publish("prefill@p:2", epoch, IndexEvents(mm_stored={IMAGE[0]: MmEntry(12, (1, 4, 12), 12 * 64)}))
-    route = router_over(index).route(TOKENS, [IMAGE])
+    router = router_over(index)
+    with _queued(router, 4):
+        route = router.route(TOKENS, [IMAGE])
     assert route.prefill == "p:2" and route.images_on_prefill == {IMAGE[0]}
     assert route.local_encode == set() and route.images_on_encoder == set()
 
 
 def test_calls_waiting_on_the_encoder_do_not_make_a_prefill_node_busy_but_its_local_encodes_do():
-    router = router_over(_index_with_a_queued_encoder(can_encode=True, encoder_load=1))
-    with router.membership.in_flight("p:1", "p:2", "p:1", "p:2"):  # calls there wait on the encoder tier
+    router = router_over(_cluster(can_encode=True))
+    with _queued(router, 1), router.membership.in_flight("p:1", "p:2", "p:1", "p:2"):  # these wait on the encoder tier
         assert router.route(TOKENS, [IMAGE]).local_encode == {IMAGE[0]}
-    with router.membership.in_flight(local_encode_key("p:1"), local_encode_key("p:2")):
-        # One local encode running on each: T * 1 is not below 1 * mean_call_tokens (= T).
-        assert router.route(TOKENS, [IMAGE]).local_encode == set()
+        with router.membership.in_flight(local_encode_key("p:1"), local_encode_key("p:2")):
+            # One local encode running on each: T * 1 is not below 1 * mean_call_tokens (= T).
+            assert router.route(TOKENS, [IMAGE]).local_encode == set()

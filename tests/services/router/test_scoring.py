@@ -71,8 +71,9 @@ def test_least_loaded_cycles_through_equally_loaded_nodes():
     assert [choose("least_loaded", candidates, {}, turn=t) for t in range(4)] == ["a", "b", "a", "b"]
 
 
-def encoder(load: float) -> Candidate:
-    return Candidate("e", load, 0.0)
+def encoder(queue: float) -> Candidate:
+    """An encoder with that many of this gateway's calls on it (its heartbeat may say otherwise)."""
+    return Candidate("e", 0.0, 0.0, queue=queue)
 
 
 def prefill(busy: float, *, can_encode: bool = True) -> Candidate:

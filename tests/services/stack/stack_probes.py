@@ -58,10 +58,11 @@ def mm_hash_of(preprocessor: Preprocessor, case) -> str:
     return preprocessor.preprocess(case.body).mm_items[0].mm_hash
 
 
-def served_holders(index, mm_hashes: list[str]) -> dict[str, set[str]]:
-    """mm_hash -> the node ids the index serves as holders (live heartbeat, current epoch)."""
+def served_holders(index, mm_hashes: list[str], role: str = "encoder") -> dict[str, set[str]]:
+    """mm_hash -> the node ids of ``role`` the index serves as holders (live heartbeat, current
+    epoch). Prefill nodes publish the embeddings they hold too; these tests follow encoders."""
     result = index.lookup(mm_hashes, [])
-    return {h: set(result.mm_holders[h]) for h in mm_hashes}
+    return {h: {n for n in result.mm_holders[h] if n in result.nodes and result.nodes[n].info.role == role} for h in mm_hashes}
 
 
 def is_serving(address: str) -> bool:
