@@ -32,19 +32,19 @@ class CacheUsage:
         return self.used / self.capacity if self.capacity > 0 else 0.0
 
 
-def cache_counters(cache: str, *, hits: float, misses: float, evictions: float) -> dict[str, float]:
+def cache_counters(cache: str, *, hits: float, misses: float, evictions: float | None = None) -> dict[str, float]:
     """Lookups that hit and missed, and entries evicted, since the node started, as
 
         <cache>_cache_hits_total   <cache>_cache_misses_total   <cache>_cache_evictions_total
 
     in the cache's lookup unit (images for the processor, encoder and embedding caches, prompt
     tokens for the prefix cache, as vLLM counts its prefix-cache queries and hits; evictions in
-    the cache's entries). Hit rate = hits / (hits + misses)."""
-    return {
-        f"{cache}_cache_hits_total": float(hits),
-        f"{cache}_cache_misses_total": float(misses),
-        f"{cache}_cache_evictions_total": float(evictions),
-    }
+    the cache's entries; None: reported elsewhere, or nothing to evict). Hit rate = hits /
+    (hits + misses)."""
+    counters = {f"{cache}_cache_hits_total": float(hits), f"{cache}_cache_misses_total": float(misses)}
+    if evictions is not None:
+        counters[f"{cache}_cache_evictions_total"] = float(evictions)
+    return counters
 
 
 def cache_gauges(cache: str, unit: str, used: float, capacity: float) -> dict[str, float]:

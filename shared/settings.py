@@ -116,8 +116,6 @@ def _pydantic_type(annotation: Any) -> Any:
         kind: Any = Annotated[tuple[str, ...], NoDecode, BeforeValidator(_comma_separated)]
     elif base is Path:
         kind = Annotated[Path, AfterValidator(lambda p: p.expanduser().resolve())]
-    elif base is str:
-        kind = Annotated[str, BeforeValidator(lambda v: v.strip() if isinstance(v, str) else v)]
     else:
         kind = Annotated[base, BeforeValidator(lambda v: v.strip() if isinstance(v, str) else v)]
     return kind | None if optional else kind

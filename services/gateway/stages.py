@@ -85,12 +85,10 @@ class Stages:
 
     def push_images(self, attempt: Attempt, lacking: list[MmHash]) -> None:
         """Pixels of the images the chosen encoder lacks, each to where it will be encoded."""
-        here = [h for h in lacking if h in attempt.route.local_encode]
-        there = [h for h in lacking if h not in attempt.route.local_encode]
-        if there:
-            self.ensure_pixels(attempt, there, attempt.encoder_target(), force=False)
-        if here:
-            self.ensure_pixels(attempt, here, attempt.prefill_target(), force=True)
+        for target, hashes in _by_target(attempt, lacking):
+            # An encoder's pushes may be skipped by the preprocess node's mirror; a prefill
+            # node's never are (it keeps embeddings, not pixels).
+            self.ensure_pixels(attempt, hashes, target, force=target.role == "prefill")
 
     def ensure_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> None:
         """Push these images' pixels to ``target``. Pixels preprocess does not hold (it skipped

@@ -289,7 +289,6 @@ class PrefillNode(EngineNode):
             log.warning("KV pages of %s not delivered: %s", request.request_id, exc)
 
     def counters(self) -> dict[str, float]:
-        pool, embeddings = self.engine.kv.pool, self.engine.encoder_cache
         return {
             "prefill_embeddings_pulled_total": float(self.num_embeddings_pulled),
             "prefill_images_encoded_locally_total": float(self.num_local_encodes),
@@ -300,13 +299,11 @@ class PrefillNode(EngineNode):
             "prefill_kv_pull_failures_total": float(self.num_kv_pull_failures),
             "engine_requests_aborted_total": float(self.engine.num_aborted),
             # Hit rates: prefix in prompt tokens, embeddings in images, remote KV in blocks pulled
-            # from a peer against blocks a planned pull did not bring (no evictions: not a store).
-            **cache_counters("prefix", hits=self.num_cached_tokens, misses=self.num_tokens_computed, evictions=pool.num_evictions),
-            **cache_counters(
-                "embedding", hits=self.num_embedding_hits, misses=self.num_embedding_misses, evictions=embeddings.num_evictions
-            ),
-            "remote_kv_cache_hits_total": float(self.num_kv_blocks_pulled),
-            "remote_kv_cache_misses_total": float(self.num_kv_blocks_pull_missed),
+            # from a peer against blocks a planned pull did not bring (not a store: no evictions).
+            # Evictions of the prefix and embedding caches come with cache_gauges.
+            **cache_counters("prefix", hits=self.num_cached_tokens, misses=self.num_tokens_computed),
+            **cache_counters("embedding", hits=self.num_embedding_hits, misses=self.num_embedding_misses),
+            **cache_counters("remote_kv", hits=self.num_kv_blocks_pulled, misses=self.num_kv_blocks_pull_missed),
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
             **self.inbox.counters(),
             **self.cache_gauges(),

@@ -159,17 +159,13 @@ class Router:
         nodes = self.membership.nodes(role, exclude=exclude)
         if not nodes:
             raise NoLiveNodeError(role)
-        return [
-            Candidate(
-                s.info.grpc_address,
-                max(s.load, self.membership.num_in_flight(s.info.grpc_address)),
-                s.kv_usage,
-                s.info.can_encode,
-                busy=max(s.load, self.membership.num_in_flight(local_encode_key(s.info.grpc_address))),
-                queue=self.membership.num_in_flight(s.info.grpc_address),
-            )
-            for s in nodes
-        ]
+        return [self._candidate(s) for s in nodes]
+
+    def _candidate(self, state: NodeState) -> Candidate:
+        address = state.info.grpc_address
+        in_flight = self.membership.num_in_flight(address)
+        busy = max(state.load, self.membership.num_in_flight(local_encode_key(address)))
+        return Candidate(address, max(state.load, in_flight), state.kv_usage, state.info.can_encode, busy=busy, queue=in_flight)
 
     @staticmethod
     def _address(node_id: str, lookup: LookupResult | None) -> str:
