@@ -1,23 +1,68 @@
 """PyTorch reference attention over the paged KV cache (CPU and GPU).
 
-Per request: gather its context K/V through the block table and run
-scaled-dot-product attention (grouped-query heads shared natively) with a causal mask aligned to the end of the context (new token j
-of n sits at absolute position context_len - n + j).
+Prefill rows (a request with several new tokens): per request, gather its context K/V through
+the block table and run scaled-dot-product attention (grouped-query heads shared natively) with
+a causal mask aligned to the end of the context (new token j of n sits at absolute position
+context_len - n + j).
+
+Decode rows (one new token): batched. A per-request loop costs a few torch calls per request per
+layer, which at a few hundred streams is most of a decode step (300 streams of the tiny model:
+about 10,000 small calls a step). Decode requests are sorted by context length and cut into
+groups; each group is one gather of its blocks padded to the group's longest context and one
+SDPA call whose mask hides each row's padding. A group closes when padding would more than double
+its gathered keys, or they would pass MAX_GROUP_KEYS rows (the gather's memory bound).
+The plan (groups, block indices, masks) is made once per step in ``prepare`` and shared by all
+layers.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from kernels.attention import AttentionBatch
 
+MAX_GROUP_KEYS = 65536  # padded keys one decode group may gather (per layer, for K and V each)
+
+
+@dataclass(slots=True)
+class _DecodeGroup:
+    rows: torch.Tensor  # [B] query rows of the group's requests
+    blocks: torch.Tensor  # [B, max_blocks] block ids, padded with each row's first block
+    mask: torch.Tensor  # [B, 1, 1, max_blocks * block_size] True where the key is in context
+
+
+@dataclass(slots=True)
+class _PrefillRow:
+    start: int
+    end: int
+    context_len: int
+    blocks: torch.Tensor  # the request's block ids covering its context
+
 
 class TorchReferenceBackend:
     name = "torch"
 
+    def __init__(self) -> None:
+        self._num_groups = 1
+        self._decode_groups: list[_DecodeGroup] = []
+        self._prefill_rows: list[_PrefillRow] = []
+
     def prepare(self, batch: AttentionBatch, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         self._num_groups = num_heads // num_kv_heads
+        device = batch.slot_mapping.device
+        decodes: list[int] = []
+        self._prefill_rows = []
+        for i in range(batch.num_reqs):
+            start, end, ctx = batch.query_start_loc[i], batch.query_start_loc[i + 1], batch.context_lens[i]
+            if end - start == 1:
+                decodes.append(i)
+                continue
+            blocks = torch.tensor(batch.block_tables[i][: -(-ctx // batch.block_size)], dtype=torch.long, device=device)
+            self._prefill_rows.append(_PrefillRow(start, end, ctx, blocks))
+        self._decode_groups = [_decode_group(batch, group, device) for group in _group_by_length(batch, decodes)]
 
     def write_kv(self, k_cache, v_cache, k, v, batch: AttentionBatch) -> None:
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -26,26 +71,66 @@ class TorchReferenceBackend:
 
     def attend(self, q, k_cache, v_cache, batch: AttentionBatch, scale: float) -> torch.Tensor:
         out = torch.empty_like(q)
-        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        for i in range(batch.num_reqs):
-            start, end = batch.query_start_loc[i], batch.query_start_loc[i + 1]
-            num_new, ctx = end - start, batch.context_lens[i]
-            num_blocks = -(-ctx // batch.block_size)
-            blocks = torch.tensor(batch.block_tables[i][:num_blocks], dtype=torch.long, device=q.device)
-            keys = k_cache.index_select(0, blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
-            values = v_cache.index_select(0, blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
-            query = q[start:end].transpose(0, 1)  # [H, n, D]
-            mask = None
-            if num_new > 1:
-                positions = torch.arange(ctx - num_new, ctx, device=q.device)
-                mask = torch.arange(ctx, device=q.device)[None, :] <= positions[:, None]
-            attn = F.scaled_dot_product_attention(
-                query,
-                keys.transpose(0, 1),
-                values.transpose(0, 1),
-                attn_mask=mask,
-                scale=scale,
-                enable_gqa=self._num_groups > 1,
-            )
-            out[start:end] = attn.transpose(0, 1)
+        for row in self._prefill_rows:
+            out[row.start : row.end] = self._attend_prefill(q[row.start : row.end], k_cache, v_cache, row, scale)
+        for group in self._decode_groups:
+            out[group.rows] = self._attend_decode(q.index_select(0, group.rows), k_cache, v_cache, group, scale)
         return out
+
+    def _attend_prefill(self, q, k_cache, v_cache, row: _PrefillRow, scale: float) -> torch.Tensor:
+        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        ctx, num_new = row.context_len, row.end - row.start
+        keys = k_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
+        values = v_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
+        positions = torch.arange(ctx - num_new, ctx, device=q.device)
+        mask = torch.arange(ctx, device=q.device)[None, :] <= positions[:, None]
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=self._num_groups > 1
+        )
+        return attn.transpose(0, 1)
+
+    def _attend_decode(self, q, k_cache, v_cache, group: _DecodeGroup, scale: float) -> torch.Tensor:
+        num_rows, num_blocks = group.blocks.shape
+        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        shape = (num_rows, num_blocks * k_cache.shape[1], num_kv_heads, head_dim)
+        keys = k_cache[group.blocks].reshape(shape).transpose(1, 2)  # [B, kv_heads, L, D]
+        values = v_cache[group.blocks].reshape(shape).transpose(1, 2)
+        attn = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys, values, attn_mask=group.mask, scale=scale, enable_gqa=self._num_groups > 1
+        )  # [B, heads, 1, D]
+        return attn.squeeze(2)
+
+
+def _group_by_length(batch: AttentionBatch, decodes: list[int]) -> list[list[int]]:
+    """Decode requests by ascending context, cut where padding to the group's longest context
+    would more than double its keys or pass MAX_GROUP_KEYS."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for i in sorted(decodes, key=lambda i: batch.context_lens[i]):
+        ctx = batch.context_lens[i]
+        padded = (len(current) + 1) * ctx  # sorted: this one is the group's longest
+        if current and (padded > 2 * (total + ctx) or padded > MAX_GROUP_KEYS):
+            groups.append(current)
+            current, total = [], 0
+        current.append(i)
+        total += ctx
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _decode_group(batch: AttentionBatch, requests: list[int], device: torch.device) -> _DecodeGroup:
+    size = batch.block_size
+    num_blocks = -(-max(batch.context_lens[i] for i in requests) // size)
+    tables = []
+    for i in requests:
+        own = batch.block_tables[i][: -(-batch.context_lens[i] // size)]
+        tables.append(own + [own[0]] * (num_blocks - len(own)))  # padding: any valid block, masked out
+    contexts = torch.tensor([batch.context_lens[i] for i in requests], device=device)
+    mask = torch.arange(num_blocks * size, device=device)[None, :] < contexts[:, None]
+    return _DecodeGroup(
+        rows=torch.tensor([batch.query_start_loc[i] for i in requests], dtype=torch.long, device=device),
+        blocks=torch.tensor(tables, dtype=torch.long, device=device),
+        mask=mask[:, None, None, :],
+    )

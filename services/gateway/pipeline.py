@@ -42,7 +42,7 @@ from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.gateway.stages import Attempt, Stages
 from services.gateway.token_events import TokenEvent
 from services.router.route_attributes import route_attributes
-from services.router.router import NoLiveNodeError, Route, Router, local_encode_key
+from services.router.router import NoLiveNodeError, Route, Router
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
 from shared.tracing import outgoing_metadata, tracer
@@ -162,11 +162,10 @@ class Pipeline:
                     check_context_length(len(prep.prompt_token_ids), sampling.max_tokens, self.max_model_len, param=param)
                 route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
                 current = Attempt(f"{request_id}-{attempt}", preprocess_address, body, route, deadline, calls)
-                if lacking:
-                    self.stages.push_images(current, lacking)
-                encoder = (route.encoder,) if _uses_encoder(prep, route) else ()
-                local = (local_encode_key(route.prefill),) if route.local_encode else ()
-                with self.membership.in_flight(*encoder, *local, route.prefill, route.decode):
+                assert route.reservation is not None  # routed with reserve=True, released here
+                with route.reservation:
+                    if lacking:
+                        self.stages.push_images(current, lacking)
                     prefill = self.stages.prefill(current, prep, sampling, cache_salt, emitted)
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
                 _trace_prefill(prep, prefill)
@@ -218,7 +217,9 @@ class Pipeline:
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
         with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
-            route = self.router.route(list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes, exclude=frozenset(excluded))
+            route = self.router.route(
+                list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes, exclude=frozenset(excluded), reserve=True
+            )
             span.set_attributes(
                 route_attributes(route, policy=self.router.policy, num_images=len(images), num_prompt_tokens=len(prep.prompt_token_ids))
             )
@@ -236,9 +237,3 @@ def _trace_prefill(prep: pb.PreprocessResponse, prefill: pb.PrefillResponse) -> 
             "tessera.preprocess.pixel_bytes_skipped": prep.pixel_bytes_skipped,
         }
     )
-
-
-def _uses_encoder(prep: pb.PreprocessResponse, route: Route) -> bool:
-    """Whether the prefill node may pull embeddings from the route's encoder: the encoder's load
-    counts only such requests, which adaptive dispatch weighs."""
-    return any(item.mm_hash not in route.local_encode and item.mm_hash not in route.images_on_prefill for item in prep.mm_items)

@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError, NodeInfo, NodeState
@@ -96,18 +95,18 @@ class Membership:
     def num_in_flight(self, address: str) -> int:
         return self._address_to_num_in_flight.get(address, 0)
 
-    @contextmanager
-    def in_flight(self, *addresses: str) -> Iterator[None]:
-        """Count this gateway's work on ``addresses`` while the block runs (a load signal)."""
+    def in_flight(self, *addresses: str) -> InFlight:
+        """Count this gateway's work on ``addresses`` until released (a load signal); use it as
+        a context manager, or release it by hand when the work ends elsewhere."""
         with self._lock:
             for address in addresses:
                 self._address_to_num_in_flight[address] = self._address_to_num_in_flight.get(address, 0) + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                for address in addresses:
-                    self._address_to_num_in_flight[address] -= 1
+        return InFlight(self, addresses)
+
+    def _release(self, addresses: tuple[str, ...]) -> None:
+        with self._lock:
+            for address in addresses:
+                self._address_to_num_in_flight[address] -= 1
 
     def report_failure(self, address: str) -> None:
         state = self.find(address)
@@ -151,3 +150,25 @@ class Membership:
             self._address_to_quarantine.pop(state.info.grpc_address, None)
             return False
         return True
+
+
+class InFlight:
+    """This gateway's count of one piece of work on some nodes; released once, however often
+    ``release`` is called (a with-block's exit and a failure path may both do it)."""
+
+    __slots__ = ("_addresses", "_membership")
+
+    def __init__(self, membership: Membership, addresses: tuple[str, ...]) -> None:
+        self._membership: Membership | None = membership
+        self._addresses = addresses
+
+    def release(self) -> None:
+        membership, self._membership = self._membership, None
+        if membership is not None:
+            membership._release(self._addresses)
+
+    def __enter__(self) -> InFlight:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()

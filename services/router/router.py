@@ -14,10 +14,11 @@ then says whether the chosen prefill node encodes the images the chosen encoder 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from services.router.membership import Membership
+from services.router.membership import InFlight, Membership
 from services.router.scoring import (
     ENCODE_DISPATCHES,
     POLICIES,
@@ -55,6 +56,9 @@ class Route:
     # the encoder. Empty: every image the encoder lacks is encoded there.
     local_encode: frozenset[MmHash] = frozenset()
     images_on_prefill: frozenset[MmHash] = frozenset()  # embeddings the chosen prefill node holds, per the index
+    # With route(reserve=True): this gateway's in-flight count of the route's work on its nodes,
+    # taken with the decision; the caller releases it when its prefill ends.
+    reservation: InFlight | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +72,7 @@ class Router:
     num_index_failures: int = 0
     num_local_encodes: int = 0  # requests whose images the prefill node was chosen to encode
     mean_call_tokens: float = 0.0  # moving average of the image tokens per request sent to encoders
+    _decide_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -82,11 +87,14 @@ class Router:
         cache_salt: str | None = None,
         block_hashes: list[BlockHash] | None = None,
         exclude: frozenset[str] = frozenset(),
+        *,
+        reserve: bool = False,
     ) -> Route:
         """``block_hashes``: the prompt's block hashes when the caller already has them (they must
         be shared.hashing.block_hashes of the same tokens, images and salt at this block_size).
         ``exclude``: gRPC addresses of nodes that already failed this request. Raises
-        NoLiveNodeError when a role has no candidate left."""
+        NoLiveNodeError when a role has no candidate left. ``reserve``: count the route's work
+        as in flight on its nodes (``Route.reservation``) in the same step as the decision."""
         started = time.perf_counter()
         turn = next(self._turns)
         hashes: list[BlockHash] = []
@@ -103,19 +111,26 @@ class Router:
         mm_holders = (
             {h: {self._address(n, lookup): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
         )
-        encoders = self._candidates("encoder", exclude)
-        encoder = choose(self.policy, encoders, image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key)
         prefix_tokens = self._prefix_tokens_by_node(lookup)
-        prefills = self._candidates("prefill", exclude)
         prefill_tokens = prefill_tokens_per_node(prefix_tokens, mm_holders, images)
-        prefill = choose(self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key)
-        decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
-        decode = choose(decode_policy, self._candidates("decode", exclude), {}, turn=turn)
-        held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
-        on_prefill = frozenset(h for h, holders in mm_holders.items() if prefill in holders)
-        new = [h for h, _ in images if h not in held and h not in on_prefill]
-        local = self._local_encode(new, image_tokens, _find(encoders, encoder), _find(prefills, prefill))
-        return Route(encoder, prefill, decode, held, prefix_tokens, time.perf_counter() - started, local, on_prefill)
+        # Decide and count the work in one step: requests of a burst (cold images arriving
+        # together) each see the load of those routed before them. Counted only after their
+        # pixels were pushed, all of them saw the same idle encoder and queued there.
+        with self._decide_lock:
+            encoders = self._candidates("encoder", exclude)
+            encoder = choose(self.policy, encoders, image_tokens_per_node(mm_holders, image_tokens), turn=turn, tie_key=tie_key)
+            prefills = self._candidates("prefill", exclude)
+            prefill = choose(self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key)
+            decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
+            decode = choose(decode_policy, self._candidates("decode", exclude), {}, turn=turn)
+            held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
+            on_prefill = frozenset(h for h, holders in mm_holders.items() if prefill in holders)
+            new = [h for h, _ in images if h not in held and h not in on_prefill]
+            local = self._local_encode(new, image_tokens, _find(encoders, encoder), _find(prefills, prefill))
+            route = Route(encoder, prefill, decode, held, prefix_tokens, time.perf_counter() - started, local, on_prefill)
+            if not reserve:
+                return route
+            return replace(route, reservation=self.membership.in_flight(*work_keys(route, [h for h, _ in images])))
 
     def _local_encode(
         self, new: list[MmHash], image_tokens: dict[MmHash, int], encoder: Candidate, prefill: Candidate
@@ -171,6 +186,16 @@ class Router:
     def _address(node_id: str, lookup: LookupResult | None) -> str:
         state: NodeState | None = lookup.nodes.get(node_id) if lookup is not None else None
         return state.info.grpc_address if state is not None else node_id
+
+
+def work_keys(route: Route, mm_hashes: list[MmHash]) -> list[str]:
+    """The membership's in-flight keys a routed request counts on until its prefill ends: the
+    encoder only when the prefill node may pull embeddings from it (adaptive dispatch weighs the
+    encoder's queue by such requests), the prefill node's local encodes when it encodes some."""
+    uses_encoder = any(h not in route.local_encode and h not in route.images_on_prefill for h in mm_hashes)
+    encoder = [route.encoder] if uses_encoder else []
+    local = [local_encode_key(route.prefill)] if route.local_encode else []
+    return [*encoder, *local, route.prefill, route.decode]
 
 
 def local_encode_key(address: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels import torch_backend
 from kernels.attention import AttentionBatch
 from kernels.selector import available_backends, create_backend
 
@@ -23,11 +24,13 @@ def _dense_reference(qs, ks, vs, scale):
     return torch.cat(outs)
 
 
-def _case(device, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4):
+# (context length, new tokens): a prefill, a chunk after a cached prefix, two decodes.
+MIXED = [(9, 9), (13, 5), (7, 1), (16, 1)]
+
+
+def _case(device, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, shapes=MIXED):
     gen = torch.Generator().manual_seed(0)
-    # (context length, new tokens): a prefill, a chunk after a cached prefix, two decodes.
-    shapes = [(9, 9), (13, 5), (7, 1), (16, 1)]
-    num_blocks = 32
+    num_blocks = sum(-(-ctx // block_size) for ctx, _ in shapes) + 8
     k_cache = torch.zeros(num_blocks, block_size, num_kv_heads, head_dim)
     v_cache = torch.zeros_like(k_cache)
     free = list(torch.randperm(num_blocks, generator=gen).tolist())
@@ -66,6 +69,22 @@ def test_backend_matches_dense_attention(name):
     out = backend.attend(q, k_cache, v_cache, batch, scale=16**-0.5)
     expected = _dense_reference(qs, ks, vs, 16**-0.5)
     torch.testing.assert_close(out.cpu().float(), expected, atol=2e-3 if name == "flashinfer" else 1e-5, rtol=1e-3)
+
+
+@pytest.mark.parametrize("max_group_keys", [65536, 24])
+def test_torch_backend_batches_decodes_of_every_length(monkeypatch, max_group_keys):
+    """Decode rows are attended in padded groups (cut where padding would double the keys, or at
+    MAX_GROUP_KEYS): short and long contexts side by side, in any order, beside a prefill, must
+    equal dense attention row by row."""
+    monkeypatch.setattr(torch_backend, "MAX_GROUP_KEYS", max_group_keys)
+    shapes = [(1, 1), (23, 1), (5, 5), (2, 1), (3, 1), (17, 1), (4, 1), (40, 1), (9, 1), (6, 2), (12, 1)]
+    q, k_cache, v_cache, k_new, v_new, batch, qs, ks, vs = _case(torch.device("cpu"), shapes=shapes)
+    backend = create_backend("torch", torch.device("cpu"))
+    backend.prepare(batch, num_heads=4, num_kv_heads=2, head_dim=16)
+    assert len(backend._decode_groups) > 1  # the lengths force several groups
+    backend.write_kv(k_cache, v_cache, k_new, v_new, batch)
+    out = backend.attend(q, k_cache, v_cache, batch, scale=16**-0.5)
+    torch.testing.assert_close(out, _dense_reference(qs, ks, vs, 16**-0.5), atol=1e-5, rtol=1e-3)
 
 
 def test_factory_chooses_in_one_place():

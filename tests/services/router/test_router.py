@@ -193,3 +193,33 @@ def test_calls_waiting_on_the_encoder_do_not_make_a_prefill_node_busy_but_its_lo
         with router.membership.in_flight(local_encode_key("p:1"), local_encode_key("p:2")):
             # One local encode running on each: T * 1 is not below 1 * mean_call_tokens (= T).
             assert router.route(TOKENS, [IMAGE]).local_encode == set()
+
+
+def test_a_burst_routed_before_any_call_starts_spreads_its_images_over_encoders_and_prefill_nodes():
+    """Requests routed with reserve=True count on their nodes at once: the third and fourth cold
+    image of a burst see both encoders queued and are encoded on a prefill node."""
+    router = router_over(_cluster(can_encode=True))
+    images = [(MmHash(f"cold-{i}"), PlaceholderRange(8, 12)) for i in range(4)]
+    routes = [router.route(TOKENS, [image], reserve=True) for image in images]
+    assert [bool(r.local_encode) for r in routes] == [False, False, True, True]
+    assert {r.encoder for r in routes[:2]} == {"e:1", "e:2"}
+    assert {r.prefill for r in routes[2:]} == {"p:1", "p:2"}  # one local encode each
+    for route in routes:
+        assert route.reservation is not None
+        route.reservation.release()
+        route.reservation.release()  # a second release is a no-op
+    assert all(router.membership.num_in_flight(a) == 0 for a in ("e:1", "e:2", "p:1", "p:2", "d:1", "d:2"))
+    assert router.membership.num_in_flight(local_encode_key("p:1")) == 0
+
+
+def test_a_route_reserves_only_the_nodes_its_work_uses():
+    router = router_over(_cluster(can_encode=True))
+    with _queued(router, 4):
+        route = router.route(TOKENS, [IMAGE], reserve=True)
+        assert route.local_encode == {IMAGE[0]} and route.reservation is not None
+        with route.reservation:  # the prefill node encodes the image: the encoder is not counted
+            assert router.membership.num_in_flight(route.encoder) == 4
+            assert router.membership.num_in_flight(local_encode_key(route.prefill)) == 1
+            assert router.membership.num_in_flight(route.prefill) == router.membership.num_in_flight(route.decode) == 1
+        assert router.membership.num_in_flight(route.prefill) == 0
+    assert router.route(TOKENS, [IMAGE]).reservation is None  # reserve=False: nothing counted
