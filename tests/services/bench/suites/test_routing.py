@@ -1,15 +1,18 @@
 """The routing suite's pure parts: its workload (the shared_images workload with N images x Q
-questions), its client summary and server counters, its --policies check."""
+questions), its client summary and server counters, its --policies check; and (slow) one policy
+on a tiny 2/2/2 stack."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
 from services.bench import suites
 from services.bench.runner import RequestRecord
 from services.bench.suites import routing
+from services.cli.main import main
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -56,3 +59,16 @@ def test_policies_are_checked_when_parsed(capsys):
     with pytest.raises(SystemExit):
         _args("--policies", "fastest")
     assert "choose from" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_routing_suite_on_one_policy(tmp_path, capsys):
+    out = tmp_path / "routing.json"
+    argv = ["--model", "tiny", "--policies", "cache_aware", "--images", "2", "--questions", "2", "--max-tokens", "4"]
+    argv += ["--image-size", "64x64", "--warmup", "1", "--router-decisions", "10", "--log-dir", str(tmp_path), "--out", str(out)]
+    assert main(["bench", "--suite", "routing", *argv]) == 0
+    assert "ttft p50 ms" in capsys.readouterr().out
+    result = json.loads(out.read_text())
+    (row,) = result["results"]
+    assert row["policy"] == "cache_aware" and row["requests"] == 4 and row["errors"] == 0 and row["prompt_tokens"] > 0
+    assert row["encoder_runs_per_image"] >= 1 and result["router_decision"]["decisions"] == 10
