@@ -4,7 +4,8 @@ Requests go out in workload order, at most ``concurrency`` at a time, round-robi
 endpoints, each a streamed chat completion of exactly ``max_tokens`` tokens (``ignore_eos``, which
 vLLM accepts too), so every system generates the same amount. A request's TTFT is its first
 non-empty content chunk. Times are seconds from the run's start, so a run can be plotted over
-time. A progress bar shows completions (off when stderr is not a terminal, or on request).
+time. A progress bar shows completions (off when stderr is not a terminal, or on request). With a
+deadline, requests not done by then are cancelled and recorded as failed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class RequestRecord:
     ttft_s: float | None = None  # from this request's start
     end_s: float | None = None  # from the run's start
     num_tokens: int = 0
+    prompt_tokens: int = 0  # as the endpoint's usage counts them
     error: str | None = None
 
 
@@ -45,6 +47,7 @@ class RunSettings:
     max_tokens: int = 16
     timeout_s: float = 600.0
     progress: bool = True
+    deadline_s: float | None = None  # for the whole run; None: wait for every request
 
 
 async def run_workload(requests: list[BenchRequest], endpoints: list[Endpoint], settings: RunSettings) -> tuple[list[RequestRecord], float]:
@@ -64,10 +67,22 @@ async def run_workload(requests: list[BenchRequest], endpoints: list[Endpoint], 
                 progress.update(1)
                 return record
 
-        records = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        tasks = [asyncio.ensure_future(one(i, r)) for i, r in enumerate(requests)]
+        done, late = await asyncio.wait(tasks, timeout=settings.deadline_s) if tasks else (set(), set())
         wall_s = time.perf_counter() - started
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
     progress.close()
-    return list(records), wall_s
+    records = [
+        task.result() if task in done else _late(i, request, endpoints, wall_s) for i, (task, request) in enumerate(zip(tasks, requests))
+    ]
+    return records, wall_s
+
+
+def _late(index: int, request: BenchRequest, endpoints: list[Endpoint], wall_s: float) -> RequestRecord:
+    """A request the run's deadline cut off (waiting for its turn, or streaming)."""
+    return RequestRecord(index, endpoints[index % len(endpoints)].base_url, request.first_touch, wall_s, error="run deadline passed")
 
 
 async def _stream(client: openai.AsyncOpenAI, model: str, request: BenchRequest, max_tokens: int, record: RequestRecord, t0: float) -> None:
@@ -86,6 +101,7 @@ async def _stream(client: openai.AsyncOpenAI, model: str, request: BenchRequest,
                 record.ttft_s = time.perf_counter() - t0 - record.start_s
             if chunk.usage is not None:
                 record.num_tokens = chunk.usage.completion_tokens
+                record.prompt_tokens = chunk.usage.prompt_tokens
         record.end_s = time.perf_counter() - t0
     except (openai.APIError, httpx.HTTPError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"

@@ -50,8 +50,10 @@ def build_workload(name: str, spec: WorkloadSpec) -> list[BenchRequest]:
     return WORKLOADS[name](spec)[: spec.num_requests]
 
 
-def shared_images(spec: WorkloadSpec) -> list[BenchRequest]:
-    num_images = max(1, spec.num_requests // 4)
+def shared_images(spec: WorkloadSpec, num_images: int | None = None) -> list[BenchRequest]:
+    """``num_images`` images (default: a quarter of the requests), every round asking one
+    question of each, in a shuffled order."""
+    num_images = num_images or max(1, spec.num_requests // 4)
     images = [image_url(synthetic_image(*spec.image_size, seed=spec.seed * 1000 + i)) for i in range(num_images)]
     rng = random.Random(spec.seed)
     requests: list[BenchRequest] = []

@@ -1,11 +1,19 @@
 """``tessera bench``: run a named workload against the local stack (started for the run) or any
 OpenAI-compatible endpoint(s), print a summary table, and write JSON plus a PNG figure; or put
-earlier runs side by side with ``--compare``.
+earlier runs side by side with ``--compare``; or run a suite, a measurement that is not an HTTP
+workload (services/bench/suites/), with ``--suite NAME`` followed by that suite's own arguments.
 
     tessera bench --workload shared_images --requests 32 --concurrency 4
     tessera bench --workload cold_images --base-url http://127.0.0.1:8100/v1 --label vllm
     tessera bench --workload shared_images --model small --peer vllm        # and vLLM-CPU, same run
     tessera bench --compare runs/tessera.json runs/vllm.json --out runs/compare
+    tessera bench --suite router --prompt-tokens 4096 --decisions 2000     # every argument after NAME is the suite's
+    tessera bench --suite engine --help                                     # a suite's own arguments
+
+Suites: concurrency, decode_step, e2e, elastic, engine, preprocess, router, routing, soak (the
+scripts in benchmarks/ run the same, ``python benchmarks/router_bench.py`` being
+``tessera bench --suite router``). Every argument after ``--suite NAME`` is the suite's; the other
+``tessera bench`` options do not apply to a suite.
 """
 
 from __future__ import annotations
@@ -13,16 +21,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
+import sys
 import time
 from pathlib import Path
 
-from services.bench import cache_rates, plots, report, targets
+from services.bench import cache_rates, plots, report, suites, targets
 from services.bench.runner import Endpoint, RunSettings, run_workload, served_model
 from services.bench.workloads import WORKLOADS, WorkloadSpec, build_workload
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    cmd = subparsers.add_parser("bench", help="benchmark a workload against the local stack or OpenAI-compatible endpoints")
+    cmd = subparsers.add_parser(
+        "bench",
+        help="benchmark a workload against the local stack or OpenAI-compatible endpoints, or run a benchmark suite",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cmd.add_argument(
+        "--suite",
+        nargs=argparse.REMAINDER,
+        metavar="NAME [ARGS]",
+        help=f"run a suite ({', '.join(suites.SUITES)}) with the arguments that follow (`--suite NAME --help`: its own)",
+    )
     cmd.add_argument("--workload", choices=[*WORKLOADS, "all"], default="shared_images")
     cmd.add_argument("--requests", type=int, default=32, help="requests per workload")
     cmd.add_argument("--concurrency", type=int, default=4, help="requests in flight at once")
@@ -45,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.suite is not None:
+        return run_suite(args.suite)
     if args.compare:
         runs = [report.load(path) for path in args.compare]
         print(report.table(runs))
@@ -67,6 +89,18 @@ def run(args: argparse.Namespace) -> int:
             stem = args.out / f"{ours.workload}-compare-{time.strftime('%Y%m%d-%H%M%S')}"
             print(f"figure: {plots.plot([ours, theirs], stem.with_suffix('.png'))}")
     return 0
+
+
+def run_suite(argv: list[str]) -> int:
+    """``--suite NAME ARGS...``: NAME's parser reads ARGS (``--help`` included), then NAME runs."""
+    if not argv or argv[0] not in suites.SUITES:
+        named = f" (not {argv[0]!r})" if argv else ""
+        print(f"tessera bench --suite: error: name one of {', '.join(suites.SUITES)}{named}", file=sys.stderr)
+        return 2
+    name, suite_argv = argv[0], argv[1:]
+    args = suites.parser(name).parse_args(suite_argv)
+    args.suite_argv = suite_argv
+    return int(suites.load(name).run(args) or 0)
 
 
 def _run_target(target: targets.Target, names: list[str], args: argparse.Namespace) -> list[report.Run]:

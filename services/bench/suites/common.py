@@ -1,0 +1,45 @@
+"""What the suites share: where results go, the command and machine lines of a result's JSON,
+and writing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def command(args) -> str:
+    """How this run was asked for, as ``tessera bench --suite NAME ...``."""
+    return shlex.join(["tessera", "bench", "--suite", args.suite, *args.suite_argv])
+
+
+def machine(**extra) -> dict:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), **extra}
+
+
+def write_json(path: Path, result: dict, indent: int = 2) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=indent) + "\n")
+    print(f"wrote {path}")
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``"448x448"`` -> (448, 448)."""
+    width, height = (int(v) for v in text.lower().split("x"))
+    return width, height
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def usage_error(args, message: str) -> int:
+    """What argparse does with a bad combination of flags: the message, exit status 2."""
+    print(f"tessera bench --suite {args.suite}: error: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,112 @@
+"""Router decision time: block hashing, one index lookup and scoring, for a long prompt, against
+a real Redis-protocol server on loopback (embedded Valkey by default, or --index-url).
+
+    tessera bench --suite router [--prompt-tokens 4096] [--decisions 2000]
+Prints percentiles and writes JSON (default benchmarks/results/router.json). The headline row is
+Router.route as the gateway calls it (the router hashes the prompt); the second passes the block
+hashes precomputed (Router.route(..., block_hashes=...)), as a caller that already has them can.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from services.bench.report import percentile
+from services.bench.suites.common import RESULTS, command, ms, write_json
+from services.router.membership import Membership
+from services.router.router import Router
+from services.stack.launcher import free_port
+from services.stack.redis_server import embedded_valkey_binary, start_redis_server
+from shared.hashing import MmSpan, block_hashes
+from shared.index.backend import create_index
+from shared.index.types import IndexEvents, MmEntry, NodeInfo
+from shared.types import MmHash, PlaceholderRange
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index-url", default=None, help="default: start an embedded Valkey on loopback")
+    parser.add_argument("--prompt-tokens", type=int, default=4096)
+    parser.add_argument("--decisions", type=int, default=2000)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=RESULTS / "router.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.index_url:
+        result = decision_times(args.index_url, args.prompt_tokens, args.decisions, args.block_size)
+    else:
+        with embedded_valkey() as url:
+            result = decision_times(url, args.prompt_tokens, args.decisions, args.block_size)
+    print(f"{'prompt tokens':>14} {'blocks':>7} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{result['prompt_tokens']:>14} {result['blocks']:>7} {result['p50_ms']:>8.3f} {result['p99_ms']:>8.3f}")
+    given = result["hashes_given"]
+    print(f"{'(hashes given)':>14} {result['blocks']:>7} {given['p50_ms']:>8.3f} {given['p99_ms']:>8.3f}")
+    machine = {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+    write_json(args.out, {"benchmark": "router", "command": command(args), "machine": machine, "results": result})
+    return 0
+
+
+@contextlib.contextmanager
+def embedded_valkey() -> Iterator[str]:
+    """A Valkey of its own on a free loopback port, for one measurement; its URL."""
+    process, url = start_redis_server(embedded_valkey_binary(), free_port())
+    try:
+        yield url
+    finally:
+        process.kill()  # no persistence: nothing to flush
+        process.wait()
+
+
+def decision_times(index_url: str, prompt_tokens: int, decisions: int, block_size: int) -> dict:
+    """Two prefill nodes holding all and half of the prompt's prefix, an encoder holding its
+    image; the route is checked once, then timed ``decisions`` times both ways."""
+    index = create_index(index_url, namespace="router-bench")
+    nodes = {role: [f"127.0.0.1:{5000 + 10 * k + i}" for i in range(2)] for k, role in enumerate(("encoder", "prefill", "decode"))}
+    epochs = {}
+    for role, addresses in nodes.items():
+        for address in addresses:
+            node_id = f"{role}@{address}"
+            epochs[node_id] = index.register_node(NodeInfo(node_id, role, address), ttl_s=600)
+    tokens = list(range(prompt_tokens))
+    image = (MmHash("f" * 64), PlaceholderRange(100, 1024))
+    hashes = block_hashes(tokens, block_size, [MmSpan(image[0], image[1])])
+    # One prefill node holds the whole prefix, the other half of it; one encoder holds the image.
+    index.publish(
+        f"prefill@{nodes['prefill'][0]}", epochs[f"prefill@{nodes['prefill'][0]}"], IndexEvents(kv_stored={h: "device" for h in hashes})
+    )
+    index.publish(
+        f"prefill@{nodes['prefill'][1]}",
+        epochs[f"prefill@{nodes['prefill'][1]}"],
+        IndexEvents(kv_stored={h: "device" for h in hashes[: len(hashes) // 2]}),
+    )
+    index.publish(
+        f"encoder@{nodes['encoder'][1]}",
+        epochs[f"encoder@{nodes['encoder'][1]}"],
+        IndexEvents(mm_stored={image[0]: MmEntry(1024, (1, 64, 64), 1024 * 768 * 4)}),
+    )
+    router = Router(Membership(index), index=index, block_size=block_size)
+    route = router.route(tokens, [image])
+    assert route.prefill == nodes["prefill"][0] and route.encoder == nodes["encoder"][1], route
+    expected = {nodes["prefill"][0]: len(hashes) * block_size, nodes["prefill"][1]: len(hashes) // 2 * block_size}
+    assert route.prefix_tokens_by_node == {a: n for a, n in expected.items() if n}, route
+    result = {"prompt_tokens": prompt_tokens, "blocks": len(hashes), "decisions": decisions}
+    result.update(_timed(lambda: router.route(tokens, [image]), decisions))
+    result["hashes_given"] = _timed(lambda: router.route(tokens, [image], block_hashes=hashes), decisions)
+    return result
+
+
+def _timed(decide, decisions: int) -> dict:
+    for _ in range(min(50, decisions)):  # warm up: script cache, connection, allocator
+        decide()
+    times = []
+    for _ in range(decisions):
+        started = time.perf_counter()
+        decide()
+        times.append(time.perf_counter() - started)
+    return {"p50_ms": ms(percentile(times, 0.50)), "p99_ms": ms(percentile(times, 0.99)), "mean_ms": statistics.mean(times) * 1e3}
