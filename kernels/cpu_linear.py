@@ -18,6 +18,8 @@ The op is ``torch.ops.mkldnn._linear_pointwise`` (what torch.compile's CPU freez
 from __future__ import annotations
 
 import functools
+import statistics
+import time
 
 import torch
 from torch import nn
@@ -47,16 +49,25 @@ PACKED_ROW_BUCKETS = (2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
 MAX_PACKED_ROWS = PACKED_ROW_BUCKETS[-1]
 
 
+# One row: MKL's matrix-vector product beat oneDNN on the machine this was first measured on
+# (an LM-head step 69 ms on oneDNN against 48 ms), and oneDNN beat MKL on another (an AMD EPYC:
+# 11.8 against 15.9 ms, one thread). Which wins depends on the CPU, so a weight this large (where
+# a step's time is reading it) is timed both ways once, when packed; smaller ones stay on MKL,
+# where the two are within a few microseconds.
+CALIBRATE_MIN_BYTES = 32 << 20
+NUM_CALIBRATION_RUNS = 5
+
+
 def packed_rows(num_rows: int) -> int:
     """The bucket ``num_rows`` (2..MAX_PACKED_ROWS) is padded up to."""
     return next(b for b in PACKED_ROW_BUCKETS if b >= num_rows)
 
 
 class PackedLinear(nn.Module):
-    """``F.linear(x, weight, bias)`` for 2-D float32 ``x`` on CPU. One row (a decode step of one
-    stream) runs MKL's matrix-vector product on the plain [in, out] weight, which beats oneDNN
-    there, and so do more than MAX_PACKED_ROWS rows (prefills); between the two, oneDNN runs on
-    the prepacked weight. Both copies are kept."""
+    """``F.linear(x, weight, bias)`` for 2-D float32 ``x`` on CPU. More than MAX_PACKED_ROWS rows
+    (prefills) run MKL on the plain [in, out] weight, and so does one row (a decode step of one
+    stream) unless this weight was timed faster on oneDNN (``one_row_packed``); between the two,
+    oneDNN runs on the prepacked weight. Both copies are kept."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, weight_t: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -65,17 +76,38 @@ class PackedLinear(nn.Module):
         # [in, out], contiguous: x @ weight_t is the fast single-row path (a caller may share its own).
         self.register_buffer("weight_t", weight.detach().t().contiguous() if weight_t is None else weight_t)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.one_row_packed = weight.numel() * weight.element_size() >= CALIBRATE_MIN_BYTES and self._packed_wins_one_row()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 1 or x.shape[0] > MAX_PACKED_ROWS:
+        num_rows = x.shape[0]
+        if num_rows == 1 and self.one_row_packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        if num_rows == 1 or num_rows > MAX_PACKED_ROWS:
             out = torch.mm(x, self.weight_t)
             return out if self.bias is None else out.add_(self.bias)
-        num_rows = x.shape[0]
         padded = packed_rows(num_rows)
         if padded != num_rows:
             x = torch.cat([x, x.new_zeros(padded - num_rows, x.shape[1])])
         out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
         return out if padded == num_rows else out[:num_rows]
+
+    @torch.inference_mode()
+    def _packed_wins_one_row(self) -> bool:
+        """Whether oneDNN's one-row product on the packed weight is faster than MKL's on the
+        plain one, median of a few timed runs each after one untimed."""
+        x = torch.zeros(1, self.in_features)
+
+        def median_s(fn) -> float:
+            fn()
+            times = []
+            for _ in range(NUM_CALIBRATION_RUNS):
+                started = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - started)
+            return statistics.median(times)
+
+        packed = median_s(lambda: torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, None, "none", [], ""))
+        return packed < median_s(lambda: torch.mm(x, self.weight_t))
 
 
 def pack_linears(module: nn.Module) -> int:

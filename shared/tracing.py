@@ -49,6 +49,8 @@ class JsonLinesSpanExporter(SpanExporter):
                     "parent_id": format(span.parent.span_id, "016x") if span.parent else None,
                     "start_ns": span.start_time,
                     "end_ns": span.end_time,
+                    "attributes": dict(span.attributes or {}),
+                    "events": [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events],
                 }
                 out.write(json.dumps(record) + "\n")
         return SpanExportResult.SUCCESS

@@ -9,6 +9,7 @@ import functools
 import os
 
 import grpc
+from opentelemetry import trace
 
 from protos.gen import pb, rpc
 from services.decode.coalesce import OutputCoalescer
@@ -60,9 +61,12 @@ class DecodeServicer(rpc.DecodeServicer):
             try:
                 to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
                 first_logprobs = logprobs_from_pb(request.first_token_logprob) if request.HasField("first_token_logprob") else None
+                span = trace.get_current_span()
                 pages = await asyncio.to_thread(self.node.wait_for_pages, request.request_id)
+                span.add_event("kv_pages_received")
                 adopted = self.node.adopt(engine_request, request.first_token_id, pages, to_client, first_logprobs)
                 await asyncio.wrap_future(adopted)
+                span.add_event("adopted")
             except KVTransferTimeoutError as exc:
                 await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
             except KVPagesExhaustedError as exc:

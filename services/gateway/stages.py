@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry import trace
 
 from protos.gen import pb
 from services.engine.sampling import SamplingParams
@@ -177,7 +178,9 @@ class Stages:
         prompt_tokens = len(prep.prompt_token_ids)
         try:
             with self.watchdog.watching(chunks, route.decode), attempt.calls.tracking(chunks):
-                for chunk in chunks:
+                for number, chunk in enumerate(chunks):
+                    if number == 0:
+                        trace.get_current_span().add_event("first_decode_chunk")
                     logprobs = tuple(
                         TokenLogprob(lp.token, lp.logprob, tuple(zip(lp.top_tokens, lp.top_logprobs))) for lp in chunk.logprobs
                     )

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from kernels import cpu_linear
 from kernels.cpu_linear import MAX_PACKED_ROWS, PACKED_ROW_BUCKETS, PackedLinear, pack_linears, packed_rows, packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build cannot prepack for oneDNN")
@@ -34,3 +35,22 @@ def test_pack_linears_replaces_every_float32_linear():
     assert pack_linears(model) == 2
     assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
     torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("one_row_packed", [True, False])
+def test_a_large_weight_is_timed_for_one_row_and_either_path_equals_f_linear(monkeypatch, one_row_packed):
+    monkeypatch.setattr(cpu_linear, "CALIBRATE_MIN_BYTES", 96 * 48 * 4)  # this weight counts as large
+    timed = []
+    monkeypatch.setattr(PackedLinear, "_packed_wins_one_row", lambda self: timed.append(self) or one_row_packed)
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(96, 48), torch.randn(96), torch.randn(1, 48)
+    linear = PackedLinear(weight, bias)
+    assert len(timed) == 1 and linear.one_row_packed is one_row_packed
+    torch.testing.assert_close(linear(x), F.linear(x, weight, bias), atol=1e-4, rtol=1e-4)
+    small = PackedLinear(torch.randn(8, 4), None)  # below the size: never timed, one row on MKL
+    assert len(timed) == 1 and not small.one_row_packed
+
+
+def test_the_one_row_timing_runs_both_paths():
+    linear = PackedLinear(torch.randn(64, 32), None)
+    assert linear._packed_wins_one_row() in (True, False)

@@ -41,11 +41,13 @@ def test_a_batch_is_one_pass_and_each_call_gets_its_own_embeddings(setup):
     first_a = sinks[0].wait(a.mm_hash, 5).tensors["embeds"]
     assert torch.equal(first_a, sinks[1].wait(a.mm_hash, 5).tensors["embeds"])
     batched_b = sinks[1].wait(b.mm_hash, 5).tensors["embeds"]
-    # The same images encoded one at a time: equal within float32 noise.
+    # The same images encoded one at a time: equal within float32 noise. The noise depends on the
+    # CPU's kernels (the batch's longer rows are summed in another order): up to 2e-5 seen on an
+    # AMD EPYC, on values of about 1, so 1e-4 rather than 1e-5.
     [alone_a] = encoder.compute.run(encoder.vision.encode, [pixels_a], [a.grid_thw])
     [alone_b] = encoder.compute.run(encoder.vision.encode, [pixels_b], [b.grid_thw])
-    torch.testing.assert_close(first_a, alone_a, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(batched_b, alone_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(first_a, alone_a, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(batched_b, alone_b, atol=1e-4, rtol=1e-4)
 
 
 def test_pixels_that_break_the_tower_fail_only_their_own_call(setup):
