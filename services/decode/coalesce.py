@@ -1,10 +1,10 @@
 """Which of a request's outputs cross the process boundary.
 
 A streaming client needs every token as it is made. A non-streaming one needs only the first
-(gateway TTFT) and the last; every output in between would wake the gRPC thread and the gateway
-for nothing, and on a 2-core machine that CPU is taken from the decode step itself. So for a
-non-streaming request the outputs in between are folded into the next one forwarded: its
-``new_token_ids`` then carries every token since the previous forwarded output.
+(gateway TTFT; the servicer sends it before adoption, outside this) and the last; every output in
+between would wake the gRPC thread and the gateway for nothing, and on a 2-core machine that CPU
+is taken from the decode step itself. So for a non-streaming request the engine's outputs are
+folded into the last one: its ``new_token_ids`` then carries every token since the first.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ class OutputCoalescer:
         self._every_output = every_output
         self._pending: list[int] = []
         self._pending_logprobs: list[TokenLogprobs] = []
-        self._num_forwarded = 0
 
     def __call__(self, output: RequestOutput | BaseException) -> None:
         if isinstance(output, BaseException):
@@ -34,7 +33,6 @@ class OutputCoalescer:
             return
         self._pending.extend(output.new_token_ids)
         self._pending_logprobs.extend(output.new_logprobs)
-        if self._every_output or output.finished or self._num_forwarded == 0:
+        if self._every_output or output.finished:
             self._forward(replace(output, new_token_ids=self._pending, new_logprobs=self._pending_logprobs))
             self._pending, self._pending_logprobs = [], []
-            self._num_forwarded += 1

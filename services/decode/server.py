@@ -16,6 +16,7 @@ from services.decode.coalesce import OutputCoalescer
 from services.decode.node import DecodeNode, KVTransferTimeoutError
 from services.engine.connector import KVPagesExhaustedError
 from services.engine.engine import RequestRejectedError
+from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem, build_request
 from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
 from services.transport.convert import item_from_pb
@@ -58,38 +59,47 @@ class DecodeServicer(rpc.DecodeServicer):
         queue: asyncio.Queue = asyncio.Queue()
         finished = False
         try:
+            span = trace.get_current_span()
             try:
-                to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
-                first_logprobs = logprobs_from_pb(request.first_token_logprob) if request.HasField("first_token_logprob") else None
-                span = trace.get_current_span()
                 pages = await asyncio.to_thread(self.node.wait_for_pages, request.request_id)
                 span.add_event("kv_pages_received")
-                adopted = self.node.adopt(engine_request, request.first_token_id, pages, to_client, first_logprobs)
-                await asyncio.wrap_future(adopted)
-                span.add_event("adopted")
+                first_logprobs = logprobs_from_pb(request.first_token_logprob) if request.HasField("first_token_logprob") else None
+                first = self.node.first_output(engine_request, request.first_token_id, first_logprobs)
             except KVTransferTimeoutError as exc:
                 await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
-            except KVPagesExhaustedError as exc:
-                await abort_overloaded(context, "decode", str(exc))
             except RequestRejectedError as exc:  # it can never run here (too long for the model or the KV pool)
                 await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), 400)
+            # The first token goes out now, before adoption waits for the engine's step in progress.
+            finished = first.finished
+            yield self._chunk(first)
+            if finished:
+                return
+            try:
+                to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
+                await asyncio.wrap_future(self.node.adopt(engine_request, pages, to_client))
+                span.add_event("adopted")
+            except KVPagesExhaustedError as exc:  # after the first token: the gateway continues on another node
+                await abort_overloaded(context, "decode", str(exc))
             while not finished:
                 output = await queue.get()
                 if isinstance(output, BaseException):
                     await abort_with(context, grpc.StatusCode.INTERNAL, f"decode failed: {output}", 500)
                 finished = output.finished
-                yield pb.DecodeChunk(
-                    token_ids=output.new_token_ids,
-                    text=output.text,
-                    finished=finished,
-                    finish_reason=output.finish_reason or "",
-                    logprobs=[logprobs_to_pb(lp, self.token_text) for lp in output.new_logprobs],
-                )
+                yield self._chunk(output)
         finally:
             if not finished:
                 # The client went away, its deadline passed (grpc.aio cancels this task either
                 # way), or it failed: stop it, which frees its KV pages.
                 self.node.abort(request.request_id)
+
+    def _chunk(self, output: RequestOutput) -> pb.DecodeChunk:
+        return pb.DecodeChunk(
+            token_ids=output.new_token_ids,
+            text=output.text,
+            finished=output.finished,
+            finish_reason=output.finish_reason or "",
+            logprobs=[logprobs_to_pb(lp, self.token_text) for lp in output.new_logprobs],
+        )
 
     async def Stats(self, request, context) -> pb.StatsResponse:
         counters = {**self.node.counters(), **self.admission.counters(), **process_counters()}

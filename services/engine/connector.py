@@ -10,7 +10,6 @@ import torch
 
 from services.engine.engine import Engine, RequestRejectedError
 from services.engine.kv_pages import KVPages, num_blocks
-from services.engine.output_processor import RequestOutput
 from services.engine.request import Request, RequestStatus
 from shared.types import BlockHash, MmHash
 
@@ -33,24 +32,16 @@ def import_embeddings(engine: Engine, request_id: str, mm_hash: MmHash, embeds: 
     return True
 
 
-def import_prefilled(engine: Engine, request: Request, first_token: int, pages: KVPages) -> RequestOutput | None:
-    """Adopt a request whose prompt KV was computed elsewhere, continuing from its first token.
+def import_prefilled(engine: Engine, request: Request, pages: KVPages) -> None:
+    """Adopt a request whose prompt KV was computed elsewhere. Its first token (sampled where the
+    prompt was prefilled) is already the last of ``output_token_ids`` and did not finish it.
     Every block it may ever need is reserved now, so it can never be preempted (a decode node
-    could not recompute a prompt whose images it does not hold). Returns the final output if the
-    first token already finishes the request.
+    could not recompute a prompt whose images it does not hold).
 
-    A migrated request arrives with ``output_token_ids`` already holding the answer sent so far:
-    ``pages`` then cover the prompt and those tokens, and ``first_token`` follows them.
+    A migrated request arrives with ``output_token_ids`` also holding the answer sent before the
+    migration: ``pages`` then cover the prompt and those tokens, the first token excepted.
     """
-    engine.check_admissible(request)
-    vocab_size = engine.runner.checkpoint.text.vocab_size
-    if not 0 <= first_token < vocab_size:
-        raise RequestRejectedError(f"first token id {first_token} is outside the vocabulary of {vocab_size}")
-    num_known_tokens = request.num_tokens  # all of them have KV in the pages
-    status = engine.outputs.append_token(request, first_token)
-    if status is not None:
-        request.status = status
-        return engine.outputs.snapshot(request, [first_token])
+    num_known_tokens = request.num_tokens - 1  # all but the first token have KV in the pages
     if not engine.kv.allocate(request, request.num_prompt_tokens + request.sampling.max_tokens):
         raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
     table = engine.kv.block_table(request)
@@ -63,7 +54,6 @@ def import_prefilled(engine: Engine, request: Request, first_token: int, pages: 
     request.status = RequestStatus.RUNNING
     engine.requests[request.request_id] = request
     engine.scheduler.running.append(request)
-    return None
 
 
 def read_pages(engine: Engine, block_ids: list[int]) -> KVPages:

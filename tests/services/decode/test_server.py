@@ -120,7 +120,8 @@ def test_a_node_out_of_kv_pages_refuses_a_stream_as_busy_and_a_cancelled_stream_
     async def scenario(stub, prefill: PrefillNode, decode: DecodeNode, admission: NodeAdmission) -> None:
         aborted = decode.counters()["engine_requests_aborted_total"]
         holder = stub.Decode(_decode_request("holder", 3, await _prefill(prefill, decode, "holder", 3)))
-        await holder.read()  # adopted: its pages for prompt + max_tokens are reserved
+        await holder.read()  # its first token, sent before adoption
+        await holder.read()  # the engine's first: adopted, its pages for prompt + max_tokens are reserved
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             async for _ in stub.Decode(_decode_request("refused", 4, await _prefill(prefill, decode, "refused", 4)), timeout=30):
                 pass
