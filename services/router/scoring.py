@@ -31,7 +31,9 @@ image tokens e lacks:
 
   queue(e)          the calls this gateway has in flight that use e (exact and current; e's
                     heartbeat load is up to ttl/3 old, and a stale one would send images to
-                    prefill nodes while e sits idle). With several gateways each sees its share.
+                    prefill nodes while e sits idle), counted from the routing decision itself,
+                    so the requests of a burst each see the ones routed before them. With
+                    several gateways each sees its share.
 
   busy(p)           the larger of p's engine queue (requests queued or running in its engine, from
                     its heartbeat) and this gateway's local encodes in flight on p; not load(p),
