@@ -115,12 +115,12 @@ class PrefillServicer(rpc.PrefillServicer):
         encoder = request.encoder_address
         here = set(request.local_encode_mm_hashes)  # the router chose this node to encode these
         try:
+            lacking_here = [i for i in lacking if i.mm_hash in here]
             pixels = await asyncio.to_thread(
-                self.node.receive_pixels,
-                request.local_pixels_key_prefix,
-                [i for i in items if i.mm_hash in here],
-                [i for i in lacking if i.mm_hash in here],
+                self.node.receive_pixels, request.local_pixels_key_prefix, [i for i in items if i.mm_hash in here], lacking_here
             )
+            if pixels:
+                await asyncio.to_thread(self.node.encode_here, rid, lacking_here, pixels)
             lacking = [i for i in lacking if i.mm_hash not in here]
             if lacking:
                 if not encoder:
@@ -130,9 +130,8 @@ class PrefillServicer(rpc.PrefillServicer):
                 await self._fetch_embeddings(rid, lacking, encoder, context)
             # A migrated request's answer so far is computed like prompt text (same positions).
             token_ids = [*request.prompt_token_ids, *request.prior_output_token_ids]
-            engine_request = build_request(
-                rid, token_ids, items, sampling_from_pb(request.sampling), request.cache_salt or None, self.node.merge_size, pixels
-            )
+            sampling = sampling_from_pb(request.sampling)
+            engine_request = build_request(rid, token_ids, items, sampling, request.cache_salt or None, self.node.merge_size)
             sources = [KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources]
             num_pulled = await self._pull_kv(engine_request, sources) if sources else 0
             result = await self._run_engine(engine_request, request.decode_data_address)

@@ -1,8 +1,9 @@
 """A prefill node that encodes an image itself (the router's adaptive dispatch): the pixels pushed
-to its inbox ride on the request, its engine encodes them in-step, and the first token equals
-transformers' greedy one. The embeddings stay in its cache for later requests; pixels that never
-arrive are reported missing (the gateway pushes them again); a node without a vision tower says
-so instead of failing its engine step."""
+to its inbox are encoded by its own tower beside the engine (not inside an engine step), and the
+first token equals transformers' greedy one; concurrent requests for one image encode it once.
+The embeddings stay in its cache for later requests; pixels that never arrive are reported
+missing (the gateway pushes them again); a node without a vision tower says so instead of
+failing its engine step."""
 
 from __future__ import annotations
 
@@ -99,6 +100,28 @@ def test_a_prefill_node_encodes_pushed_pixels_itself_and_matches_the_oracle(node
     assert encoding.counters()["prefill_images_encoded_locally_total"] == 1.0
     assert encoding.engine.runner.vision.num_items_encoded == 1
     assert sink.wait("local-1", 10) is not None and sink.wait("local-2", 10) is not None  # KV shipped both times
+
+
+def test_concurrent_requests_for_one_image_encode_it_once_and_both_match_the_oracle(nodes, inputs, oracle):
+    encoding, _, sink, sender = nodes
+    expected = oracle.generate(inputs, 1).token_ids[0]
+    encoded_before = encoding.engine.runner.vision.num_items_encoded
+
+    async def scenario(stub) -> None:
+        for rid in ("twin-1", "twin-2"):
+            sender.send(
+                encoding.data_address,
+                f"px/{rid}/img-twin",
+                {"pixel_values": inputs.pixel_values},
+                {"grid_thw": inputs.image_grid_thw[0].tolist()},
+            )
+        firsts = await asyncio.gather(
+            *(stub.Prefill(_request(rid, inputs, sink, "img-twin", local=True), timeout=120) for rid in ("twin-1", "twin-2"))
+        )
+        assert [f.first_token_id for f in firsts] == [expected, expected]
+
+    _run(encoding, scenario)
+    assert encoding.engine.runner.vision.num_items_encoded == encoded_before + 1
 
 
 def test_pixels_that_never_arrive_are_reported_missing(nodes, inputs):
