@@ -95,18 +95,22 @@ class Membership:
     def num_in_flight(self, address: str) -> int:
         return self._address_to_num_in_flight.get(address, 0)
 
-    def in_flight(self, *addresses: str) -> InFlight:
-        """Count this gateway's work on ``addresses`` until released (a load signal); use it as
-        a context manager, or release it by hand when the work ends elsewhere."""
+    def in_flight(self, *addresses: str, amounts: Mapping[str, int] | None = None) -> InFlight:
+        """Count this gateway's work on ``addresses`` (one each), and ``amounts`` (key -> how
+        much, e.g. prompt tokens), until released (a load signal); use it as a context manager,
+        or release it by hand when the work ends elsewhere."""
+        counted: dict[str, int] = dict(amounts or {})
+        for address in addresses:
+            counted[address] = counted.get(address, 0) + 1
         with self._lock:
-            for address in addresses:
-                self._address_to_num_in_flight[address] = self._address_to_num_in_flight.get(address, 0) + 1
-        return InFlight(self, addresses)
+            for key, amount in counted.items():
+                self._address_to_num_in_flight[key] = self._address_to_num_in_flight.get(key, 0) + amount
+        return InFlight(self, counted)
 
-    def _release(self, addresses: tuple[str, ...]) -> None:
+    def _release(self, counted: Mapping[str, int]) -> None:
         with self._lock:
-            for address in addresses:
-                self._address_to_num_in_flight[address] -= 1
+            for key, amount in counted.items():
+                self._address_to_num_in_flight[key] -= amount
 
     def report_failure(self, address: str) -> None:
         state = self.find(address)
@@ -156,16 +160,16 @@ class InFlight:
     """This gateway's count of one piece of work on some nodes; released once, however often
     ``release`` is called (a with-block's exit and a failure path may both do it)."""
 
-    __slots__ = ("_addresses", "_membership")
+    __slots__ = ("_counted", "_membership")
 
-    def __init__(self, membership: Membership, addresses: tuple[str, ...]) -> None:
+    def __init__(self, membership: Membership, counted: Mapping[str, int]) -> None:
         self._membership: Membership | None = membership
-        self._addresses = addresses
+        self._counted = counted
 
     def release(self) -> None:
         membership, self._membership = self._membership, None
         if membership is not None:
-            membership._release(self._addresses)
+            membership._release(self._counted)
 
     def __enter__(self) -> InFlight:
         return self

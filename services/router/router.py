@@ -130,7 +130,8 @@ class Router:
             route = Route(encoder, prefill, decode, held, prefix_tokens, time.perf_counter() - started, local, on_prefill)
             if not reserve:
                 return route
-            return replace(route, reservation=self.membership.in_flight(*work_keys(route, [h for h, _ in images])))
+            pending = {pending_tokens_key(prefill): max(0, len(token_ids) - prefix_tokens.get(prefill, 0))}
+            return replace(route, reservation=self.membership.in_flight(*work_keys(route, [h for h, _ in images]), amounts=pending))
 
     def _local_encode(
         self, new: list[MmHash], image_tokens: dict[MmHash, int], encoder: Candidate, prefill: Candidate
@@ -180,7 +181,9 @@ class Router:
         address = state.info.grpc_address
         in_flight = self.membership.num_in_flight(address)
         busy = max(state.load, self.membership.num_in_flight(local_encode_key(address)))
-        return Candidate(address, max(state.load, in_flight), state.kv_usage, state.info.can_encode, busy=busy, queue=in_flight)
+        pending = self.membership.num_in_flight(pending_tokens_key(address))
+        load = max(state.load, in_flight)
+        return Candidate(address, load, state.kv_usage, state.info.can_encode, busy=busy, queue=in_flight, pending_tokens=pending)
 
     @staticmethod
     def _address(node_id: str, lookup: LookupResult | None) -> str:
@@ -196,6 +199,12 @@ def work_keys(route: Route, mm_hashes: list[MmHash]) -> list[str]:
     encoder = [route.encoder] if uses_encoder else []
     local = [local_encode_key(route.prefill)] if route.local_encode else []
     return [*encoder, *local, route.prefill, route.decode]
+
+
+def pending_tokens_key(address: str) -> str:
+    """The membership's in-flight key for the prompt tokens this gateway's requests routed to a
+    prefill node have yet to prefill there (adaptive dispatch weighs them)."""
+    return f"pending-tokens@{address}"
 
 
 def local_encode_key(address: str) -> str:

@@ -26,8 +26,10 @@ image tokens e lacks:
 
     cost_on_encoder = queue(e) * mean_call_tokens * s + T * s  e's queue ahead, then the encode
     cost_on_prefill = T * s * (1 + busy(p))                     p's cores are shared with the
-                                                                busy(p) requests computing there
-    encode on p  iff  cost_on_prefill < cost_on_encoder  <=>  T * busy(p) < queue(e) * mean_call_tokens
+                      + R * pending(p) * s                      busy(p) requests computing there,
+                                                                and p owes the prefills in flight
+    encode on p  iff  cost_on_prefill < cost_on_encoder
+                 <=>  T * busy(p) + R * pending(p) < queue(e) * mean_call_tokens
 
   queue(e)          the calls this gateway has in flight that use e (exact and current; e's
                     heartbeat load is up to ttl/3 old, and a stale one would send images to
@@ -39,11 +41,22 @@ image tokens e lacks:
                     its heartbeat) and this gateway's local encodes in flight on p; not load(p),
                     which counts every call on p, and most of those wait on the encoder tier
 
+  pending(p)        prompt tokens p has yet to prefill for this gateway's requests routed to it
+                    (each request's prompt less the prefix p holds), also counted from the
+                    decision. Every one of them lands on p's cores whichever way its images go,
+                    so an image encoded on p waits behind them. Without this term a burst of four
+                    cold images on a 1/1/1 stack went two to p, which then had two encodes and
+                    four prefills to run while e idled (traces: the last finished at 3.1 s)
+
+  R                 PREFILL_TO_ENCODE_COST: what a prompt token costs to prefill, in image tokens
+                    encoded (small model, one core: 0.28 s for a 300-token prefill, 0.65 s to
+                    encode a 256-token image: about 0.4)
+
   mean_call_tokens  the mean image tokens of the requests routed to encoders (the router's moving
                     average): what one call queued on e is assumed to cost
-  s cancels, so the rule needs no calibration. An idle encoder (queue 0) always wins, so an
-  unloaded cluster keeps the encode/prefill split; the shipping of embeddings, which only
-  favours p, is left out, so the rule leans towards the encoder tier.
+  s cancels. An idle encoder (queue 0) always wins, so an unloaded cluster keeps the
+  encode/prefill split; the shipping of embeddings, which only favours p, is left out, so the
+  rule leans towards the encoder tier.
 
 Policies: cache_aware takes the highest score; least_loaded the lowest load, cycling through
 equally loaded nodes with ``turn``; round_robin cycles.
@@ -65,6 +78,7 @@ POLICIES = ("cache_aware", "round_robin", "least_loaded")
 # Where images are encoded: "adaptive" by the rule above; "encoder" always on the encoder tier;
 # "prefill" on the prefill node whenever it can encode (tests, or encoder-light deployments).
 ENCODE_DISPATCHES = ("adaptive", "encoder", "prefill")
+PREFILL_TO_ENCODE_COST = 0.4
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +89,7 @@ class Candidate:
     can_encode: bool = False  # a prefill node with its own vision tower
     busy: float = 0.0  # a prefill node's busy(p) of the adaptive dispatch rule
     queue: float = 0.0  # an encoder's queue(e) of the adaptive dispatch rule
+    pending_tokens: float = 0.0  # a prefill node's pending(p) of the adaptive dispatch rule
 
 
 def score(candidate: Candidate, cached_tokens: int) -> float:
@@ -112,7 +127,8 @@ def encode_on_prefill(dispatch: str, num_new_tokens: int, encoder: Candidate, pr
         return False
     if dispatch == "prefill":
         return True
-    return num_new_tokens * prefill.busy < encoder.queue * mean_call_tokens
+    prefill_cost = num_new_tokens * prefill.busy + PREFILL_TO_ENCODE_COST * prefill.pending_tokens
+    return prefill_cost < encoder.queue * mean_call_tokens
 
 
 def prefix_tokens_per_node(node_to_num_prefix_blocks: Mapping[str, int], block_size: int) -> dict[str, int]:

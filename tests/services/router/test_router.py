@@ -8,7 +8,7 @@ import contextlib
 import pytest
 
 from services.router.membership import Membership
-from services.router.router import NoLiveNodeError, Router, local_encode_key
+from services.router.router import NoLiveNodeError, Router, local_encode_key, pending_tokens_key
 from services.router.scoring import POLICIES
 from shared.hashing import MmSpan, block_hashes
 from shared.index.memory_backend import InProcessIndex
@@ -199,7 +199,7 @@ def test_a_burst_routed_before_any_call_starts_spreads_its_images_over_encoders_
     """Requests routed with reserve=True count on their nodes at once: the third and fourth cold
     image of a burst see both encoders queued and are encoded on a prefill node."""
     router = router_over(_cluster(can_encode=True))
-    images = [(MmHash(f"cold-{i}"), PlaceholderRange(8, 12)) for i in range(4)]
+    images = [(MmHash(f"cold-{i}"), PlaceholderRange(8, 28)) for i in range(4)]
     routes = [router.route(TOKENS, [image], reserve=True) for image in images]
     assert [bool(r.local_encode) for r in routes] == [False, False, True, True]
     assert {r.encoder for r in routes[:2]} == {"e:1", "e:2"}
@@ -210,6 +210,25 @@ def test_a_burst_routed_before_any_call_starts_spreads_its_images_over_encoders_
         route.reservation.release()  # a second release is a no-op
     assert all(router.membership.num_in_flight(a) == 0 for a in ("e:1", "e:2", "p:1", "p:2", "d:1", "d:2"))
     assert router.membership.num_in_flight(local_encode_key("p:1")) == 0
+
+
+def test_a_prefill_node_owing_the_burst_s_prefills_takes_one_image_not_half_of_them():
+    """One encoder and one prefill node (a 1/1/1 stack), four cold images at once: every prompt
+    is prefilled on p whatever happens to its image, so p takes one image and e three. Weighing
+    only p's local encodes, it took two, and p then had two encodes and four prefills to run."""
+    index = InProcessIndex()
+    for node_id, role in (("encoder@e:1", "encoder"), ("prefill@p:1", "prefill"), ("decode@d:1", "decode")):
+        epoch = index.register_node(NodeInfo(node_id, role, node_id.split("@")[1], can_encode=role == "prefill"), ttl_s=60)
+        index.heartbeat(node_id, epoch, load=0.0, kv_usage=0.0, ttl_s=60)
+    router = router_over(index)
+    images = [(MmHash(f"cold-{i}"), PlaceholderRange(8, 28)) for i in range(4)]
+    routes = [router.route(TOKENS, [image], reserve=True) for image in images]
+    assert [bool(r.local_encode) for r in routes] == [False, True, False, False]
+    assert router.membership.num_in_flight(pending_tokens_key("p:1")) == 4 * len(TOKENS)
+    for route in routes:
+        assert route.reservation is not None
+        route.reservation.release()
+    assert router.membership.num_in_flight(pending_tokens_key("p:1")) == 0
 
 
 def test_a_route_reserves_only_the_nodes_its_work_uses():

@@ -6,6 +6,7 @@ import pytest
 
 from services.router.scoring import (
     LOAD_WEIGHT,
+    PREFILL_TO_ENCODE_COST,
     Candidate,
     choose,
     encode_on_prefill,
@@ -76,9 +77,10 @@ def encoder(queue: float) -> Candidate:
     return Candidate("e", 0.0, 0.0, queue=queue)
 
 
-def prefill(busy: float, *, can_encode: bool = True) -> Candidate:
-    """A prefill node whose engine is that busy, with many more calls on it (waiting on encoders)."""
-    return Candidate("p", busy + 10, 0.0, can_encode, busy=busy)
+def prefill(busy: float, *, can_encode: bool = True, pending_tokens: float = 0.0) -> Candidate:
+    """A prefill node whose engine is that busy, with many more calls on it (waiting on encoders)
+    and ``pending_tokens`` of prompts routed to it still to prefill."""
+    return Candidate("p", busy + 10, 0.0, can_encode, busy=busy, pending_tokens=pending_tokens)
 
 
 def test_an_idle_encoder_always_encodes():
@@ -96,6 +98,16 @@ def test_the_prefill_nodes_own_load_weighs_against_encoding_there():
     # A small image moves sooner than a large one at the same loads.
     assert encode_on_prefill("adaptive", 64, encoder(3), prefill(3), mean_call_tokens=256)
     assert not encode_on_prefill("adaptive", 1024, encoder(3), prefill(1), mean_call_tokens=256)
+
+
+def test_the_prompt_tokens_a_prefill_node_owes_weigh_against_encoding_there():
+    # R * pending(p) < queue(e) * mean: 0.4 * 600 = 240 < 256 encodes there; 0.4 * 700 = 280 does not.
+    assert PREFILL_TO_ENCODE_COST == 0.4
+    assert encode_on_prefill("adaptive", 256, encoder(1), prefill(0, pending_tokens=600), mean_call_tokens=256)
+    assert not encode_on_prefill("adaptive", 256, encoder(1), prefill(0, pending_tokens=700), mean_call_tokens=256)
+    # ... on top of its local encodes: 256 * 1 + 0.4 * 600 = 496 < 2 * 256 does, with 700 not.
+    assert encode_on_prefill("adaptive", 256, encoder(2), prefill(1, pending_tokens=600), mean_call_tokens=256)
+    assert not encode_on_prefill("adaptive", 256, encoder(2), prefill(1, pending_tokens=700), mean_call_tokens=256)
 
 
 def test_a_prefill_node_without_a_vision_tower_never_encodes():
