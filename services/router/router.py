@@ -180,7 +180,7 @@ class Router:
     def _candidate(self, state: NodeState) -> Candidate:
         address = state.info.grpc_address
         in_flight = self.membership.num_in_flight(address)
-        busy = max(state.load, self.membership.num_in_flight(local_encode_key(address)))
+        busy = self.membership.num_in_flight(local_encode_key(address))
         pending = self.membership.num_in_flight(pending_tokens_key(address))
         load = max(state.load, in_flight)
         return Candidate(address, load, state.kv_usage, state.info.can_encode, busy=busy, queue=in_flight, pending_tokens=pending)

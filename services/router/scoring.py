@@ -37,9 +37,10 @@ image tokens e lacks:
                     so the requests of a burst each see the ones routed before them. With
                     several gateways each sees its share.
 
-  busy(p)           the larger of p's engine queue (requests queued or running in its engine, from
-                    its heartbeat) and this gateway's local encodes in flight on p; not load(p),
-                    which counts every call on p, and most of those wait on the encoder tier
+  busy(p)           this gateway's local encodes in flight on p (exact and current, like
+                    queue(e): p's heartbeat engine queue is up to ttl/3 old, and a stale one
+                    from a finished warm-up kept a whole burst of images off an idle p); not
+                    load(p), which counts every call on p, most of them waiting on encoders
 
   pending(p)        prompt tokens p has yet to prefill for this gateway's requests routed to it
                     (each request's prompt less the prefix p holds), also counted from the

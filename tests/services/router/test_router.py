@@ -242,3 +242,14 @@ def test_a_route_reserves_only_the_nodes_its_work_uses():
             assert router.membership.num_in_flight(route.prefill) == router.membership.num_in_flight(route.decode) == 1
         assert router.membership.num_in_flight(route.prefill) == 0
     assert router.route(TOKENS, [IMAGE]).reservation is None  # reserve=False: nothing counted
+
+
+def test_a_stale_prefill_heartbeat_does_not_keep_images_off_an_idle_prefill_node():
+    """A prefill node's heartbeat load may be ttl/3 old (a warm-up that just finished): busy(p)
+    counts only this gateway's local encodes on it, which are exact."""
+    index = _cluster(can_encode=True)
+    for node_id in ("prefill@p:1", "prefill@p:2"):
+        index.heartbeat(node_id, index.live_nodes()[node_id].epoch, load=4.0, kv_usage=0.0, ttl_s=60)
+    router = router_over(index)
+    with _queued(router, 1):
+        assert router.route(TOKENS, [IMAGE]).local_encode == {IMAGE[0]}
