@@ -66,6 +66,13 @@ class DecodeNode(EngineNode):
             request.status = status
         return engine.outputs.snapshot(request, [first_token], [first_token_logprobs] if first_token_logprobs is not None else [])
 
+    def can_adopt(self, request: Request) -> bool:
+        """Whether the KV pool has room for the request now, read off the engine thread (an int
+        read; the engine thread's ``adopt`` decides). Checked before the first token goes out, so
+        a node out of pages refuses the stream as busy before the client saw anything of it."""
+        needed = self.engine.kv.blocks_needed(request.num_prompt_tokens + request.sampling.max_tokens)
+        return self.engine.kv.pool.can_allocate(needed)
+
     def adopt(self, request: Request, pages: KVPages, on_output: Callable[[RequestOutput | BaseException], None]) -> Future:
         """Take over a request whose first output was made (``first_output``, unfinished) on the
         engine thread, and stream its next outputs to ``on_output`` (called on the engine thread;

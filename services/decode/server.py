@@ -65,6 +65,10 @@ class DecodeServicer(rpc.DecodeServicer):
                 span.add_event("kv_pages_received")
                 first_logprobs = logprobs_from_pb(request.first_token_logprob) if request.HasField("first_token_logprob") else None
                 first = self.node.first_output(engine_request, request.first_token_id, first_logprobs)
+                if not first.finished and not self.node.can_adopt(engine_request):
+                    raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
+            except KVPagesExhaustedError as exc:
+                await abort_overloaded(context, "decode", str(exc))
             except KVTransferTimeoutError as exc:
                 await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
             except RequestRejectedError as exc:  # it can never run here (too long for the model or the KV pool)
@@ -78,7 +82,7 @@ class DecodeServicer(rpc.DecodeServicer):
                 to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
                 await asyncio.wrap_future(self.node.adopt(engine_request, pages, to_client))
                 span.add_event("adopted")
-            except KVPagesExhaustedError as exc:  # after the first token: the gateway continues on another node
+            except KVPagesExhaustedError as exc:  # taken since can_adopt: the gateway continues elsewhere
                 await abort_overloaded(context, "decode", str(exc))
             while not finished:
                 output = await queue.get()

@@ -122,10 +122,12 @@ def test_a_node_out_of_kv_pages_refuses_a_stream_as_busy_and_a_cancelled_stream_
         holder = stub.Decode(_decode_request("holder", 3, await _prefill(prefill, decode, "holder", 3)))
         await holder.read()  # its first token, sent before adoption
         await holder.read()  # the engine's first: adopted, its pages for prompt + max_tokens are reserved
+        received = []
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            async for _ in stub.Decode(_decode_request("refused", 4, await _prefill(prefill, decode, "refused", 4)), timeout=30):
-                pass
+            async for chunk in stub.Decode(_decode_request("refused", 4, await _prefill(prefill, decode, "refused", 4)), timeout=30):
+                received.append(chunk)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert received == []  # refused before its first token went out
         assert (OVERLOADED_KEY, "decode") in tuple(refused.value.trailing_metadata())
         assert "no free KV pages" in refused.value.details()
         holder.cancel()  # the client went away mid-stream
