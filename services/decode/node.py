@@ -62,8 +62,9 @@ class DecodeNode(EngineNode):
         if not 0 <= first_token < vocab_size:
             raise RequestRejectedError(f"first token id {first_token} is outside the vocabulary of {vocab_size}")
         status = engine.outputs.append_token(request, first_token)
-        if status is not None:
+        if status is not None:  # done at its first token: never adopted, counted here
             request.status = status
+            self.loop.call(self._count_first_token)
         return engine.outputs.snapshot(request, [first_token], [first_token_logprobs] if first_token_logprobs is not None else [])
 
     def can_adopt(self, request: Request) -> bool:
@@ -92,10 +93,14 @@ class DecodeNode(EngineNode):
             except BaseException:
                 self.loop.unsubscribe(request.request_id)
                 raise
-            self.num_requests += 1
-            self.num_tokens_generated += 1  # the first token, sent before adoption
+            self._count_first_token(engine)
 
         return self.loop.call(adopt)
+
+    def _count_first_token(self, engine: Engine) -> None:
+        """Engine thread (the counters' one writer): a request taken on, with its first token."""
+        self.num_requests += 1
+        self.num_tokens_generated += 1
 
     def abort(self, request_id: str) -> None:
         self.loop.unsubscribe(request_id)

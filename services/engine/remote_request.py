@@ -3,10 +3,7 @@ decode nodes): token ids and image identities only, M-RoPE positions recomputed 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
 
 from services.engine.request import MmFeature, Request
 from services.engine.sampling import SamplingParams
@@ -28,11 +25,10 @@ def build_request(
     sampling: SamplingParams,
     cache_salt: str | None,
     merge_size: int,
-    pixels: Mapping[MmHash, torch.Tensor] | None = None,
 ) -> Request:
-    """``pixels``: images this node encodes itself (it has a vision tower); every other image's
-    embeddings must be in its encoder cache before the request is scheduled."""
-    pixels = pixels or {}
+    """A request computed from token ids and image items alone: every image's embeddings must be
+    in the node's encoder cache before the request is scheduled (pulled from an encoder, or
+    encoded by the node's own tower beside its engine)."""
     positions, delta = mrope_positions(len(token_ids), [i.placeholder for i in items], [i.grid_thw for i in items], merge_size)
     return Request(
         request_id=request_id,
@@ -40,6 +36,6 @@ def build_request(
         sampling=sampling,
         mrope_positions=positions,
         mrope_delta=delta,
-        mm_features=[MmFeature(i.mm_hash, i.placeholder, i.grid_thw, pixels.get(i.mm_hash)) for i in items],
+        mm_features=[MmFeature(i.mm_hash, i.placeholder, i.grid_thw, None) for i in items],
         cache_salt=cache_salt,
     )

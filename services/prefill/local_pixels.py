@@ -2,9 +2,9 @@
 
 The gateway pushes them before the Prefill call, keyed by the request attempt (key_prefix +
 mm_hash), so concurrent requests for one image never take each other's message. Each message is
-claimed: the pixels of images still lacking are encoded by the node's own tower beside the engine
-(PrefillNode.encode_here); those of images that got cached here meanwhile are dropped. A tensor that does not
-match its image's grid and placeholder is refused before it can reach (and fail) an engine step.
+claimed: the pixels of images still lacking are encoded by the node's own tower beside the
+engine (PrefillNode.encode_here); those of images that got cached here meanwhile are dropped. A
+tensor that does not match its image's grid and placeholder is refused before it is encoded.
 """
 
 from __future__ import annotations
