@@ -27,6 +27,7 @@ from pathlib import Path
 
 from services.bench import cache_rates, plots, report, suites, targets
 from services.bench.runner import Endpoint, RunSettings, run_workload, served_model
+from services.bench.suites.common import image_size
 from services.bench.workloads import WORKLOADS, WorkloadSpec, build_workload
 
 
@@ -105,7 +106,7 @@ def run_suite(argv: list[str]) -> int:
 
 def _run_target(target: targets.Target, names: list[str], args: argparse.Namespace) -> list[report.Run]:
     """Every named workload against one target, after ``--warmup`` requests of their own images."""
-    width, height = (int(v) for v in args.image_size.lower().split("x"))
+    width, height = image_size(args.image_size)
     settings = RunSettings(concurrency=args.concurrency, max_tokens=args.max_tokens, progress=not args.no_progress)
     runs = []
     with target.open() as base_urls:
