@@ -1,11 +1,13 @@
 """Linear layers with weights prepacked once for oneDNN, for float32 on CPU.
 
-Why: MKL's sgemm packs the weight matrix into its blocked layout on every call. With many input
-rows (a prefill) the packing is amortized; with a few (a decode step of 4 or 16 streams) it is
-most of the call. The LM head of the small built-in model, a 768 x 151,936 float32 matrix, took
-80 ms for 4 rows against 19 ms for 1 (one thread); prepacked for oneDNN it takes 54-60 ms, and
-16 rows 90 ms instead of 130-159 ms (benchmarks/decode_step_bench.py; docs/benchmarks.md).
-vLLM's CPU backend prepacks its weights for oneDNN for the same reason.
+Why, for few rows: MKL's sgemm packs the weight matrix into its blocked layout on every call.
+With many input rows (a prefill) the packing is amortized; with a few (a decode step of 4 or 16
+streams) it is most of the call. The LM head of the small built-in model, a 768 x 151,936 float32
+matrix, took 80 ms for 4 rows against 19 ms for 1 (one thread); prepacked for oneDNN it takes
+54-60 ms, and 16 rows 90 ms instead of 130-159 ms (benchmarks/decode_step_bench.py;
+docs/benchmarks.md). vLLM's CPU backend prepacks its weights for oneDNN for the same reason.
+Why, for many rows: on some CPUs (AMD's) MKL runs AVX2 code where oneDNN runs AVX-512, 2.3x
+slower on prefills and vision-tower passes; which path wins is timed per weight shape.
 
 Numerics: oneDNN sums in another order than MKL, so logits differ in the last bits (about 1e-4
 on logits of magnitude ~100 in the built-in models), as they already do between batch sizes;
@@ -41,35 +43,45 @@ def packing_available() -> bool:
 
 # oneDNN builds and caches a primitive (with its own buffers) per input shape: prefills of every
 # length would each add one, and a prefill node's RSS grew without end (the soak: +18% in 3
-# minutes). So only the few-row shapes of decode steps, where packing pays, go to oneDNN, and
-# their row counts are padded up to one of a few buckets: at most len(PACKED_ROW_BUCKETS) shapes
-# per layer, all seen within the first busy minute. (Without buckets, each of the 63 row counts
+# minutes). So the row counts oneDNN sees are padded up to a few buckets: fine ones for the few
+# rows of decode steps, steps of 64 for longer inputs (prefill chunks, vision-tower passes), which
+# run in pieces of at most MAX_PIECE_ROWS rows. That is at most len(PACKED_ROW_BUCKETS) shapes per
+# weight, all seen within the first busy minute. (Without buckets, each of the 63 few-row counts
 # was a shape, and a prefill node that meets short suffixes only now and then kept adding them
-# for minutes: +5% RSS over a 10-minute soak.) Zero rows cost little at these sizes, where
-# reading the weight dominates; longer inputs amortize MKL's packing anyway.
-PACKED_ROW_BUCKETS = (2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
-MAX_PACKED_ROWS = PACKED_ROW_BUCKETS[-1]
+# for minutes: +5% RSS over a 10-minute soak.) Padding rows cost little: at most 63 per piece,
+# and reading the weight dominates at few rows; pieces of 512 rows run within 5% of one product.
+FEW_ROW_BUCKETS = (2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
+MAX_FEW_ROWS = FEW_ROW_BUCKETS[-1]
+MAX_PIECE_ROWS = 512
+PACKED_ROW_BUCKETS = FEW_ROW_BUCKETS + tuple(range(2 * MAX_FEW_ROWS, MAX_PIECE_ROWS + 1, MAX_FEW_ROWS))
 
-
-# One row: MKL's matrix-vector product beat oneDNN on the machine this was first measured on
-# (an LM-head step 69 ms on oneDNN against 48 ms), and oneDNN beat MKL on another (an AMD EPYC:
-# 11.8 against 15.9 ms, one thread). Which wins depends on the CPU, so a weight this large (where
-# a step's time is reading it) is timed both ways once, when packed; smaller ones stay on MKL,
-# where the two are within a few microseconds.
+# Which path wins depends on the CPU, so it is timed, once per weight shape and row class, when a
+# weight is packed:
+#   * one row (a decode step of one stream): MKL's matrix-vector product beat oneDNN on the machine
+#     this was first measured on (an LM-head step 69 ms on oneDNN against 48 ms), and oneDNN beat
+#     MKL on another (an AMD EPYC: 11.8 against 15.9 ms, one thread). Only weights this large are
+#     timed (a step's time is reading them); smaller ones stay on MKL, within microseconds.
+#   * many rows (prefill, vision tower): on that AMD EPYC, MKL runs its AVX2 code (110 GFLOP/s on
+#     one thread) where oneDNN runs AVX-512 (250 GFLOP/s): a 1024x512 by 512x2048 product took
+#     19.5 ms against 8.3. Timed at TIMED_MANY_ROWS rows for every weight shape.
+#   * 2..64 rows: oneDNN, whose prepacked weight saves MKL's per-call packing.
 CALIBRATE_MIN_BYTES = 32 << 20
+TIMED_MANY_ROWS = 256
+TIMED_OUT_FEATURES = 4096
 NUM_CALIBRATION_RUNS = 7
+_packed_wins_by_shape: dict[tuple[int, int, int], bool] = {}  # (out, in, rows timed) -> oneDNN faster
 
 
 def packed_rows(num_rows: int) -> int:
-    """The bucket ``num_rows`` (2..MAX_PACKED_ROWS) is padded up to."""
+    """The bucket ``num_rows`` (2..MAX_PIECE_ROWS) is padded up to."""
     return next(b for b in PACKED_ROW_BUCKETS if b >= num_rows)
 
 
 class PackedLinear(nn.Module):
-    """``F.linear(x, weight, bias)`` for 2-D float32 ``x`` on CPU. More than MAX_PACKED_ROWS rows
-    (prefills) run MKL on the plain [in, out] weight, and so does one row (a decode step of one
-    stream) unless this weight was timed faster on oneDNN (``one_row_packed``); between the two,
-    oneDNN runs on the prepacked weight. Both copies are kept."""
+    """``F.linear(x, weight, bias)`` for 2-D float32 ``x`` on CPU. One row runs on the faster of
+    oneDNN and MKL for this weight (``one_row_packed``), 2..64 rows on oneDNN, and more rows on
+    the faster of the two (``many_rows_packed``), in pieces of at most MAX_PIECE_ROWS. Both copies
+    of the weight are kept: the prepacked one, and the plain [in, out] one for MKL."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, weight_t: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -78,30 +90,54 @@ class PackedLinear(nn.Module):
         # [in, out], contiguous: x @ weight_t is the fast single-row path (a caller may share its own).
         self.register_buffer("weight_t", weight.detach().t().contiguous() if weight_t is None else weight_t)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        self.one_row_packed = weight.numel() * weight.element_size() >= CALIBRATE_MIN_BYTES and self._packed_wins_one_row()
+        self.one_row_packed = weight.numel() * weight.element_size() >= CALIBRATE_MIN_BYTES and self._packed_wins(1)
+        self.many_rows_packed = self._packed_wins(TIMED_MANY_ROWS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.shape[0]
-        if num_rows == 1 and self.one_row_packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-        if num_rows == 1 or num_rows > MAX_PACKED_ROWS:
-            out = torch.mm(x, self.weight_t)
-            return out if self.bias is None else out.add_(self.bias)
-        padded = packed_rows(num_rows)
+        if num_rows == 1:
+            return self._packed(x) if self.one_row_packed else self._mkl(x)
+        if num_rows <= MAX_FEW_ROWS or (self.many_rows_packed and num_rows <= MAX_PIECE_ROWS):
+            return self._packed(x)
+        if not self.many_rows_packed:
+            return self._mkl(x)
+        return torch.cat([self._packed(piece) for piece in x.split(MAX_PIECE_ROWS)])
+
+    def _mkl(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.mm(x, self.weight_t)
+        return out if self.bias is None else out.add_(self.bias)
+
+    def _packed(self, x: torch.Tensor) -> torch.Tensor:
+        """oneDNN on the prepacked weight, ``x``'s rows padded up to their bucket (one row: none)."""
+        num_rows = x.shape[0]
+        padded = num_rows if num_rows == 1 else packed_rows(num_rows)
         if padded != num_rows:
             x = torch.cat([x, x.new_zeros(padded - num_rows, x.shape[1])])
         out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
         return out if padded == num_rows else out[:num_rows]
 
+    def _packed_wins(self, num_rows: int) -> bool:
+        """Whether oneDNN is faster than MKL for this weight's shape at ``num_rows`` rows, timed
+        once per shape in this process."""
+        key = (self.out_features, self.in_features, num_rows)
+        if key not in _packed_wins_by_shape:
+            _packed_wins_by_shape[key] = self._time_paths(num_rows)
+        return _packed_wins_by_shape[key]
+
     @torch.inference_mode()
-    def _packed_wins_one_row(self) -> bool:
-        """Whether oneDNN's one-row product on the packed weight is faster than MKL's on the
-        plain one. The two are timed in turns, and each keeps its fastest run: a node times this
-        while the other roles load beside it, and interference only ever adds time."""
-        x = torch.zeros(1, self.in_features)
+    def _time_paths(self, num_rows: int) -> bool:
+        """The two paths timed in turns, each keeping its fastest run: a node times this while
+        the other roles load beside it, and interference only ever adds time. One row is timed on
+        the whole weight (its time is reading it); many rows on at most TIMED_OUT_FEATURES of its
+        outputs, where the arithmetic decides (a whole LM head would take seconds)."""
+        packed, weight_t = self.packed_weight, self.weight_t
+        if num_rows > 1 and self.out_features > TIMED_OUT_FEATURES:
+            weight_t = self.weight_t[:, :TIMED_OUT_FEATURES].contiguous()
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight_t.t().contiguous(), None)
+        x = torch.zeros(num_rows, self.in_features)
         paths = {
-            "oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, None, "none", [], ""),
-            "MKL": lambda: torch.mm(x, self.weight_t),
+            "oneDNN": lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""),
+            "MKL": lambda: torch.mm(x, weight_t),
         }
         fastest = dict.fromkeys(paths, float("inf"))
         for run in paths.values():
@@ -112,13 +148,36 @@ class PackedLinear(nn.Module):
                 run()
                 fastest[name] = min(fastest[name], time.perf_counter() - started)
         log.info(
-            "one-row product of a %dx%d weight: oneDNN %.1f ms, MKL %.1f ms",
-            self.out_features,
+            "%d-row product of a %dx%d weight: oneDNN %.2f ms, MKL %.2f ms",
+            num_rows,
+            weight_t.shape[1],
             self.in_features,
             fastest["oneDNN"] * 1e3,
             fastest["MKL"] * 1e3,
         )
         return fastest["oneDNN"] < fastest["MKL"]
+
+
+class PackedPatchConv(nn.Module):
+    """A convolution whose kernel equals its stride, applied to inputs of exactly one kernel each
+    (a vision tower's patch embedding: [N, C, T, P, P] -> [N, E, 1, 1, 1]) is a linear product
+    over the flattened patch, run here as a PackedLinear. Why: oneDNN's direct 3-D convolution
+    took 38 ms for 1024 patches of a 2x14x14x3 kernel, the same product as a linear 5 ms."""
+
+    def __init__(self, conv: nn.Conv3d | nn.Conv2d) -> None:
+        super().__init__()
+        if tuple(conv.kernel_size) != tuple(conv.stride) or conv.groups != 1 or any(p != 0 for p in conv.padding):
+            raise ValueError("only a non-overlapping, unpadded, ungrouped convolution is a linear product over patches")
+        self.kernel_size = tuple(conv.kernel_size)
+        self.in_channels = conv.in_channels
+        self.register_buffer("weight", conv.weight.detach())  # read by callers for its dtype
+        self.linear = PackedLinear(conv.weight.detach().reshape(conv.out_channels, -1), conv.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[1:]) != (self.in_channels, *self.kernel_size):
+            raise ValueError(f"expected inputs of one kernel each, {(self.in_channels, *self.kernel_size)}, got {tuple(x.shape[1:])}")
+        out = self.linear(x.reshape(x.shape[0], -1))
+        return out.reshape(x.shape[0], -1, *([1] * len(self.kernel_size)))
 
 
 def pack_linears(module: nn.Module) -> int:

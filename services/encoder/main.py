@@ -37,6 +37,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         data_bind=settings.data_address,
         cache_tokens=engine_config.encoder_cache_tokens,
         device=engine_config.device,
+        prepack=engine_config.prepack_weights,
         liveness=liveness,
         channel_auth=channel_auth,
     )

@@ -64,13 +64,14 @@ class EncoderNode:
         data_bind: str,
         cache_tokens: int,
         device: str = "cpu",
+        prepack: bool = True,
         pixel_wait_s: float = 2.0,
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
     ) -> None:
         self.compute = ComputeThread("encoder-compute", liveness=liveness)  # builds the tower and runs every encode
-        self.vision = self.compute.run(_build_vision, model, device)
+        self.vision = self.compute.run(_build_vision, model, device, prepack)
         self.cache = EncoderCacheManager(cache_tokens)
         self.store: dict[MmHash, torch.Tensor] = {}
         self.inbox = TensorInbox(data_bind, auth=channel_auth)
@@ -218,8 +219,8 @@ def _plan_call(items: list[EncodeItem], node: EncoderNode, to_encode: dict[MmHas
     return plan
 
 
-def _build_vision(model: ModelRef, device: str) -> VisionEncoder:
+def _build_vision(model: ModelRef, device: str, prepack: bool) -> VisionEncoder:
     checkpoint = load_config(model.path)
     _, vision_weights = load_weights(model.path, torch.float32)
     merge = checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
-    return VisionEncoder(build_vision_tower(checkpoint, vision_weights, torch.float32, torch.device(device)), merge)
+    return VisionEncoder(build_vision_tower(checkpoint, vision_weights, torch.float32, torch.device(device), prepack=prepack), merge)
