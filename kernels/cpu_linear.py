@@ -77,6 +77,19 @@ def packed_rows(num_rows: int) -> int:
     return next(b for b in PACKED_ROW_BUCKETS if b >= num_rows)
 
 
+def onednn_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` [N, in] times a weight prepacked by ``_reorder_linear_weight`` (plus ``bias``) on
+    oneDNN: N padded up to its bucket, in pieces of at most MAX_PIECE_ROWS rows."""
+    num_rows = x.shape[0]
+    if num_rows > MAX_PIECE_ROWS:
+        return torch.cat([onednn_linear(piece, packed_weight, bias) for piece in x.split(MAX_PIECE_ROWS)])
+    padded = num_rows if num_rows == 1 else packed_rows(num_rows)
+    if padded != num_rows:
+        x = torch.cat([x, x.new_zeros(padded - num_rows, x.shape[1])])
+    out = torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+    return out if padded == num_rows else out[:num_rows]
+
+
 class PackedLinear(nn.Module):
     """``F.linear(x, weight, bias)`` for 2-D float32 ``x`` on CPU. One row runs on the faster of
     oneDNN and MKL for this weight (``one_row_packed``), 2..64 rows on oneDNN, and more rows on
@@ -95,26 +108,12 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num_rows = x.shape[0]
-        if num_rows == 1:
-            return self._packed(x) if self.one_row_packed else self._mkl(x)
-        if num_rows <= MAX_FEW_ROWS or (self.many_rows_packed and num_rows <= MAX_PIECE_ROWS):
-            return self._packed(x)
-        if not self.many_rows_packed:
-            return self._mkl(x)
-        return torch.cat([self._packed(piece) for piece in x.split(MAX_PIECE_ROWS)])
+        packed = self.one_row_packed if num_rows == 1 else num_rows <= MAX_FEW_ROWS or self.many_rows_packed
+        return onednn_linear(x, self.packed_weight, self.bias) if packed else self._mkl(x)
 
     def _mkl(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.mm(x, self.weight_t)
         return out if self.bias is None else out.add_(self.bias)
-
-    def _packed(self, x: torch.Tensor) -> torch.Tensor:
-        """oneDNN on the prepacked weight, ``x``'s rows padded up to their bucket (one row: none)."""
-        num_rows = x.shape[0]
-        padded = num_rows if num_rows == 1 else packed_rows(num_rows)
-        if padded != num_rows:
-            x = torch.cat([x, x.new_zeros(padded - num_rows, x.shape[1])])
-        out = torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-        return out if padded == num_rows else out[:num_rows]
 
     def _packed_wins(self, num_rows: int) -> bool:
         """Whether oneDNN is faster than MKL for this weight's shape at ``num_rows`` rows, timed

@@ -104,12 +104,14 @@ class Engine:
         return outputs
 
     def _sample(self, result) -> tuple[dict[str, int | SamplingError], dict[str, TokenLogprobs | None]]:
+        token_for: dict[str, int | SamplingError] = dict(result.greedy_token_for)
         if not result.requests:
-            return {}, {}
+            return token_for, {}
         ids, params = [r.request_id for r in result.requests], [r.sampling for r in result.requests]
         sampled = self.sampler.sample(result.logits, ids, params)
+        token_for.update(zip(ids, sampled))
         token_ids = [t if isinstance(t, int) else 0 for t in sampled]  # a failed row's logprobs are never read
-        return dict(zip(ids, sampled)), dict(zip(ids, Sampler.logprobs(result.logits, token_ids, params)))
+        return token_for, dict(zip(ids, Sampler.logprobs(result.logits, token_ids, params)))
 
     def _append(self, request: Request, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
         status = self.outputs.append_token(request, token)

@@ -5,7 +5,7 @@ logits of every request whose scheduled range reaches its last token (it samples
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,8 +25,9 @@ from shared.types import MmHash
 
 @dataclass(slots=True)
 class StepLogits:
-    requests: list[Request]
+    requests: list[Request]  # those whose sampling reads logits (sampled, or asking for logprobs)
     logits: torch.Tensor  # [len(requests), vocab] float32
+    greedy_token_for: dict[str, int] = field(default_factory=dict)  # request id -> token: the others
 
 
 class ModelRunner:
@@ -39,7 +40,7 @@ class ModelRunner:
         self.decoder.load(text_weights)
         self.decoder.to(self.device).eval()
         if config.prepack_weights and self.device.type == "cpu" and packing_available():
-            self.decoder.pack_for_cpu()
+            self.decoder.pack_for_cpu(screen_greedy=config.screen_greedy)
         merge = self.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
         # A prefill node receives embeddings from an encoder node and loads no vision tower.
         self.vision: VisionEncoder | None = None
@@ -106,8 +107,20 @@ class ModelRunner:
         hidden = self.decoder(embeds, torch.cat(positions, dim=1).to(self.device), self.kv_caches, batch, self.backend)
         if not sample_rows:
             return StepLogits([], torch.empty(0))
-        logits = self.decoder.compute_logits(hidden[torch.tensor(sample_rows, device=self.device)])
-        return StepLogits(sample_requests, logits.cpu())
+        return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests)
+
+    def _sample_inputs(self, hidden: torch.Tensor, requests: list[Request]) -> StepLogits:
+        """Logits for the rows whose sampling reads them; a greedy row that asks for no logprobs
+        only needs its argmax, which the decoder finds without the float32 logits where it can."""
+        wants_logits = [not (r.sampling.is_greedy and r.sampling.logprobs is None) for r in requests]
+        greedy = [row for row, wants in enumerate(wants_logits) if not wants]
+        full = [row for row, wants in enumerate(wants_logits) if wants]
+        greedy_token_for = {}
+        if greedy:
+            tokens = self.decoder.greedy_tokens(hidden[greedy] if full else hidden)
+            greedy_token_for = {requests[row].request_id: token for row, token in zip(greedy, tokens)}
+        logits = self.decoder.compute_logits(hidden[full] if greedy else hidden) if full else torch.empty(0)
+        return StepLogits([requests[row] for row in full], logits.cpu(), greedy_token_for)
 
     def _run_encoder(self, step: SchedulerOutput) -> None:
         pending: dict[MmHash, tuple[torch.Tensor, tuple[int, int, int]]] = {}

@@ -17,6 +17,7 @@ from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionBatch
 from kernels.cpu_linear import PackedLinear, pack_linears
+from kernels.screened_argmax import ScreenedArgmax, screening_available
 from services.engine.model.checkpoint import TextConfig
 
 
@@ -115,13 +116,13 @@ class TextDecoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = MRotaryEmbedding(config)
-        # The LM head is kept transposed, [hidden, vocab], contiguous: on CPU, x @ W^T with W^T
-        # materialized runs a batch of 8 rows about 2x faster than F.linear(x, W). With tied
-        # embeddings the same tensor also serves embedding lookups (column gather), so the
-        # vocabulary matrix is stored once.
-        self.lm_head_t = nn.Parameter(torch.empty(config.hidden_size, config.vocab_size), requires_grad=False)
+        # The vocabulary matrix [vocab, hidden], stored once: the LM head, and with tied embeddings
+        # the embedding table too (a row gather). Kept in this layout, not transposed, so that the
+        # screened argmax (kernels/screened_argmax.py) gathers its candidate tokens as rows.
+        self.lm_head_weight = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
         self.embed_tokens: nn.Embedding | None = None
         self.lm_head: PackedLinear | None = None  # set by pack_for_cpu
+        self.greedy_head: ScreenedArgmax | None = None  # set by pack_for_cpu
         if not config.tie_word_embeddings:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
 
@@ -131,25 +132,28 @@ class TextDecoder(nn.Module):
         head = state.pop("lm_head.weight", None)
         if head is None and not self.config.tie_word_embeddings:
             raise ValueError("checkpoint has no lm_head.weight and does not tie embeddings")
-        state["lm_head_t"] = (embed if self.config.tie_word_embeddings or head is None else head).t().contiguous()
+        state["lm_head_weight"] = embed if self.config.tie_word_embeddings or head is None else head
         if self.embed_tokens is not None:
             state["embed_tokens.weight"] = embed
         missing, unexpected = self.load_state_dict(state, strict=False)
         if missing or unexpected:
             raise ValueError(f"weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
-    def pack_for_cpu(self) -> None:
+    def pack_for_cpu(self, *, screen_greedy: bool = True) -> None:
         """Prepack every linear weight, the LM head's included, for oneDNN (kernels/cpu_linear.py):
         decode steps of several streams no longer repack the weights on every call. The plain
-        [hidden, vocab] head stays, for single-row steps and embedding lookups; the packed copy
-        costs one more vocabulary matrix of memory."""
+        head stays, for embedding lookups and MKL; the packed copy costs one more vocabulary
+        matrix of memory. ``screen_greedy``: a bfloat16 copy too (half a matrix more), for
+        greedy tokens at half the reading (kernels/screened_argmax.py)."""
         pack_linears(self.layers)
-        self.lm_head = PackedLinear(self.lm_head_t.detach().t(), None, weight_t=self.lm_head_t.detach())
+        self.lm_head = PackedLinear(self.lm_head_weight.detach(), None, weight_t=self.lm_head_weight.detach().t())
+        if screen_greedy and screening_available():
+            self.greedy_head = ScreenedArgmax(self.lm_head_weight.detach())
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:
             return self.embed_tokens(token_ids)
-        return self.lm_head_t.index_select(1, token_ids).t()
+        return F.embedding(token_ids, self.lm_head_weight)
 
     def forward(
         self,
@@ -170,4 +174,10 @@ class TextDecoder(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is not None:
             return self.lm_head(hidden).float()
-        return torch.mm(hidden, self.lm_head_t).float()
+        return F.linear(hidden, self.lm_head_weight).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
+        """The argmax token of each row's logits, without the logits where the screen is on."""
+        if self.greedy_head is not None:
+            return self.greedy_head.argmax(hidden)
+        return self.compute_logits(hidden).argmax(dim=-1).tolist()

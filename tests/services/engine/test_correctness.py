@@ -69,3 +69,17 @@ def test_chunked_prefill_with_image_spanning_chunks(make_llm, oracle):
     for disable in (False, True):
         [result] = make_llm(max_num_batched_tokens=64, disable_chunked_mm_input=disable).generate([case.body], GREEDY_16)
         assert_tokens_match(result.token_ids, oracle_tokens(oracle, case), context=f"disable_chunked_mm_input={disable}")
+
+
+@pytest.mark.parametrize("screen_greedy", [True, False], ids=["screened", "float32-head"])
+def test_greedy_tokens_match_oracle_with_and_without_the_screened_head(screen_greedy, make_llm, oracle):
+    cases = _batch_of_8()
+    llm = make_llm(screen_greedy=screen_greedy)
+    results = llm.generate([c.body for c in cases], GREEDY_16)
+    for i, (case, result) in enumerate(zip(cases, results)):
+        assert_tokens_match(result.token_ids, oracle_tokens(oracle, case), context=f"request {i}, screen_greedy={screen_greedy}")
+    head = llm.engine.runner.decoder.greedy_head
+    if screen_greedy and head is not None:
+        assert head.num_rows_screened >= 8 * 16  # every token of every request went through it
+    else:
+        assert head is None

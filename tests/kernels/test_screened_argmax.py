@@ -1,0 +1,73 @@
+"""The screened argmax picks exactly the float32 argmax: on random heads, on near-ties finer than
+bfloat16 can tell apart, on exact ties (the lowest id, as torch.argmax), and on rows it cannot
+screen (NaN, flat logits), which it computes whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from kernels import screened_argmax
+from kernels.screened_argmax import ScreenedArgmax, screening_available
+
+pytestmark = pytest.mark.skipif(not screening_available(), reason="this torch build has no oneDNN bfloat16 products")
+
+
+def float32_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> list[int]:
+    return F.linear(hidden, weight).argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 4, 16, 70])
+def test_random_heads_give_the_float32_argmax(num_rows):
+    torch.manual_seed(num_rows)
+    weight = torch.randn(5000, 64) * 0.3
+    hidden = torch.randn(num_rows, 64) * 3
+    head = ScreenedArgmax(weight)
+    assert head.argmax(hidden) == float32_argmax(hidden, weight)
+    assert head.num_rows_screened == num_rows and head.num_rows_unscreened == 0
+
+
+def test_the_error_bound_holds_for_every_logit():
+    torch.manual_seed(0)
+    weight, hidden = torch.randn(3000, 128), torch.randn(8, 128) * 10
+    head = ScreenedArgmax(weight)
+    approx = torch.ops.mkldnn._linear_pointwise(hidden.bfloat16(), head.packed_bf16, None, "none", [], "").float()
+    exact = hidden.double() @ weight.double().t()
+    error = head.error_per_norm * torch.linalg.vector_norm(hidden, dim=1, keepdim=True)
+    assert bool(((approx.double() - exact).abs() <= error.double()).all())
+
+
+def test_a_near_tie_finer_than_bfloat16_is_decided_in_float32():
+    torch.manual_seed(1)
+    weight = torch.randn(1000, 32)
+    hidden = torch.randn(2, 32)
+    for row, winner in ((0, 10), (1, 700)):
+        # Two tokens whose weights differ below bfloat16's resolution; the later one wins by a hair.
+        weight[winner - 5] = hidden[row] / hidden[row].norm() * 40
+        weight[winner] = weight[winner - 5] * (1 + 2**-12)
+    head = ScreenedArgmax(weight)
+    logits = F.linear(hidden, weight)
+    assert 0 < logits[0, 10] - logits[0, 5] < 2**-8 * logits[0, 10]  # closer than bfloat16 resolves
+    assert head.argmax(hidden) == float32_argmax(hidden, weight) == [10, 700]
+
+
+def test_exact_ties_go_to_the_lowest_token_id():
+    weight = torch.randn(500, 16)
+    weight[[40, 300]] = weight[7] * 3
+    hidden = weight[7].unsqueeze(0).clone()
+    assert ScreenedArgmax(weight).argmax(hidden) == float32_argmax(hidden, weight) == [40]
+
+
+def test_rows_it_cannot_screen_are_computed_whole(monkeypatch):
+    torch.manual_seed(2)
+    weight = torch.randn(400, 16)
+    hidden = torch.randn(3, 16)
+    hidden[1, 4] = float("nan")
+    head = ScreenedArgmax(weight)
+    assert head.argmax(hidden) == float32_argmax(hidden, weight)
+    assert (head.num_rows_screened, head.num_rows_unscreened) == (2, 1)
+    monkeypatch.setattr(screened_argmax, "MAX_CANDIDATES", 0)  # every row has too many
+    flat = torch.randn(2, 16)
+    assert head.argmax(flat) == float32_argmax(flat, weight)
+    assert head.num_rows_unscreened == 3
