@@ -45,7 +45,8 @@ class ModelRunner:
         # A prefill node receives embeddings from an encoder node and loads no vision tower.
         self.vision: VisionEncoder | None = None
         if load_vision:
-            self.vision = VisionEncoder(build_vision_tower(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_weights), merge)
+            tower = build_vision_tower(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_weights)
+            self.vision = VisionEncoder(tower, merge)
         text = self.checkpoint.text
         self.num_kv_blocks = config.resolve_num_kv_blocks(
             num_layers=text.num_layers, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4
