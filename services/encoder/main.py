@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from services.encoder.batching import DEFAULT_MAX_BATCH_ROWS
+from services.encoder.batching import default_max_batch_rows
 from services.engine.config import EngineConfig
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
@@ -16,12 +16,13 @@ from shared.models.registry import ModelRef
 @dataclass(frozen=True, slots=True)
 class Settings(NodeSettings):
     # Concurrent Encode calls run as one vision-tower pass while their embedding rows fit this
-    # (services/encoder/batching.py); a larger call still runs, alone.
-    max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
+    # (services/encoder/batching.py); a larger call still runs, alone. None: the device's
+    # default, one call per pass on CPU and 16384 rows on an accelerator.
+    max_batch_rows: int | None = None
 
     def __post_init__(self) -> None:
         NodeSettings.__post_init__(self)
-        if self.max_batch_rows < 1:
+        if self.max_batch_rows is not None and self.max_batch_rows < 1:
             raise ValueError("max_batch_rows must be at least 1")
 
 
@@ -51,4 +52,4 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     lifecycle = node_lifecycle(
         "encoder", settings, node.publisher, liveness, close=node.close, load_fn=load, counters_fn=node.counters, admission=admission
     )
-    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission, max_batch_rows=settings.max_batch_rows))
+    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission, max_batch_rows=settings.max_batch_rows or default_max_batch_rows(engine_config.device)))

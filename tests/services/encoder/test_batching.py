@@ -84,3 +84,10 @@ def test_each_call_gets_its_own_result_or_failure_and_queue_time_is_recorded():
 def test_a_budget_below_one_row_is_refused():
     with pytest.raises(ValueError):
         EncodeBatcher(lambda calls: [], max_batch_rows=0)
+
+
+def test_the_default_budget_is_one_call_per_pass_on_cpu_and_rows_on_an_accelerator():
+    from services.encoder.batching import CPU_MAX_BATCH_ROWS, DEFAULT_MAX_BATCH_ROWS, default_max_batch_rows
+
+    assert default_max_batch_rows("cpu") == CPU_MAX_BATCH_ROWS == 1
+    assert default_max_batch_rows("cuda") == DEFAULT_MAX_BATCH_ROWS
