@@ -16,6 +16,12 @@ The screen (per row h, weight rows W_j, j over the vocabulary):
      the first largest wins, as torch.argmax picks the lowest index among equal values.
 A row with more than MAX_CANDIDATES candidates (nearly flat logits), or none (a NaN in h), is
 computed whole in float32.
+
+The screen pays where reading the weight dominates: a few rows (decode steps of a few streams).
+Its passes over [rows, vocab] grow with the rows, and at 64 rows it took twice the float32 product
+(small model: 145 against 73 ms), so ``max_rows``, the most rows it is worth, is timed once when
+the head is built (TIMED_ROWS, both ways, each keeping its fastest run); more rows return None
+and the caller runs the float32 product.
 The float32 logits of step 4 are summed in another order than a full product would, so they may
 differ in the last bits, as the oneDNN and MKL paths already do (kernels/cpu_linear.py).
 """
@@ -23,14 +29,21 @@ differ in the last bits, as the oneDNN and MKL paths already do (kernels/cpu_lin
 from __future__ import annotations
 
 import functools
+import logging
+import time
+from collections.abc import Callable
 
 import torch
 
 from kernels.cpu_linear import onednn_linear
 
 ERROR_SCALE = 2.0
+TIMED_ROWS = (1, 2, 4, 8, 16, 32)
+NUM_TIMING_RUNS = 3
 BF16_UNIT_ROUNDOFF = 2.0**-8
 MAX_CANDIDATES = 4096
+
+log = logging.getLogger("tessera.screened_argmax")
 
 
 @functools.cache
@@ -49,8 +62,12 @@ class ScreenedArgmax:
     """argmax_j (h . W_j) for the rows of ``hidden``; ``weight`` is W, [V, H] float32, kept by
     reference (its rows are gathered for the check); holds a bfloat16 prepacked copy of it."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(
+        self, weight: torch.Tensor, *, float32_logits: Callable[[torch.Tensor], torch.Tensor] | None = None, max_rows: int | None = None
+    ) -> None:
         self.weight = weight
+        # The caller's float32 product (a prepacked one), for the fallback rows and the timing.
+        self.float32_logits = float32_logits or (lambda hidden: torch.nn.functional.linear(hidden, weight))
         hidden_size = weight.shape[1]
         self.packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous().bfloat16(), None)
         # C * max_j |W_j|: one bound for every token keeps the screen to a max and a comparison.
@@ -58,6 +75,11 @@ class ScreenedArgmax:
         self.error_per_norm = ERROR_SCALE * (3 * BF16_UNIT_ROUNDOFF + hidden_size * 2.0**-24) * max_row_norm
         self.num_rows_screened = 0
         self.num_rows_unscreened = 0  # rows with too many candidates, or none: computed whole
+        self.max_rows = self._time_max_rows() if max_rows is None else max_rows
+
+    def argmax_or_none(self, hidden: torch.Tensor) -> list[int] | None:
+        """The rows' tokens where the screen is worth it (at most ``max_rows`` rows), else None."""
+        return self.argmax(hidden) if hidden.shape[0] <= self.max_rows else None
 
     @torch.inference_mode()
     def argmax(self, hidden: torch.Tensor) -> list[int]:
@@ -78,5 +100,28 @@ class ScreenedArgmax:
                 tokens[row] = int(ids[best])
         for row in set(range(hidden.shape[0])).difference(screened):  # NaN in h, or flat logits
             self.num_rows_unscreened += 1
-            tokens[row] = int(torch.nn.functional.linear(hidden[row : row + 1], self.weight).argmax())
+            tokens[row] = int(self.float32_logits(hidden[row : row + 1]).argmax())
         return tokens
+
+    @torch.inference_mode()
+    def _time_max_rows(self) -> int:
+        """The most rows (of TIMED_ROWS, up to the first that lost) at which the screen beat the
+        float32 product, timed in turns on random rows; 0 if it never did."""
+        generator = torch.Generator().manual_seed(0)
+        best = 0
+        for num_rows in TIMED_ROWS:
+            hidden = torch.randn(num_rows, self.weight.shape[1], generator=generator)
+            screened, full = float("inf"), float("inf")
+            for _ in range(NUM_TIMING_RUNS):
+                started = time.perf_counter()
+                self.argmax(hidden)
+                screened = min(screened, time.perf_counter() - started)
+                started = time.perf_counter()
+                self.float32_logits(hidden).argmax(dim=1)
+                full = min(full, time.perf_counter() - started)
+            if screened >= full:
+                break
+            best = num_rows
+        self.num_rows_screened = self.num_rows_unscreened = 0
+        log.info("screened greedy head: up to %d rows per step", best)
+        return best

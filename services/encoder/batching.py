@@ -35,6 +35,7 @@ CPU_MAX_BATCH_ROWS = 1
 def default_max_batch_rows(device: str) -> int:
     return CPU_MAX_BATCH_ROWS if device == "cpu" else DEFAULT_MAX_BATCH_ROWS
 
+
 RunBatch = Callable[[list[tuple[list["EncodeItem"], str]]], list["EncodeResult | Exception"]]
 
 

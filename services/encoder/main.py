@@ -52,4 +52,5 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     lifecycle = node_lifecycle(
         "encoder", settings, node.publisher, liveness, close=node.close, load_fn=load, counters_fn=node.counters, admission=admission
     )
-    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission, max_batch_rows=settings.max_batch_rows or default_max_batch_rows(engine_config.device)))
+    max_batch_rows = settings.max_batch_rows or default_max_batch_rows(engine_config.device)
+    asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission, max_batch_rows=max_batch_rows))

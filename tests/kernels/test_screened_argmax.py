@@ -23,15 +23,29 @@ def test_random_heads_give_the_float32_argmax(num_rows):
     torch.manual_seed(num_rows)
     weight = torch.randn(5000, 64) * 0.3
     hidden = torch.randn(num_rows, 64) * 3
-    head = ScreenedArgmax(weight)
+    head = ScreenedArgmax(weight, max_rows=8)
     assert head.argmax(hidden) == float32_argmax(hidden, weight)
     assert head.num_rows_screened == num_rows and head.num_rows_unscreened == 0
+
+
+def test_more_rows_than_it_is_worth_are_left_to_the_caller():
+    weight = torch.randn(300, 16)
+    head = ScreenedArgmax(weight, max_rows=4)
+    assert head.argmax_or_none(torch.randn(5, 16)) is None and head.num_rows_screened == 0
+    hidden = torch.randn(4, 16)
+    assert head.argmax_or_none(hidden) == float32_argmax(hidden, weight)
+
+
+def test_the_rows_worth_screening_are_timed_when_built():
+    head = ScreenedArgmax(torch.randn(20000, 256) * 0.1)
+    assert head.max_rows in (0, *screened_argmax.TIMED_ROWS)
+    assert head.num_rows_screened == 0  # the timing's rows are not counted
 
 
 def test_the_error_bound_holds_for_every_logit():
     torch.manual_seed(0)
     weight, hidden = torch.randn(3000, 128), torch.randn(8, 128) * 10
-    head = ScreenedArgmax(weight)
+    head = ScreenedArgmax(weight, max_rows=8)
     approx = torch.ops.mkldnn._linear_pointwise(hidden.bfloat16(), head.packed_bf16, None, "none", [], "").float()
     exact = hidden.double() @ weight.double().t()
     error = head.error_per_norm * torch.linalg.vector_norm(hidden, dim=1, keepdim=True)
@@ -46,7 +60,7 @@ def test_a_near_tie_finer_than_bfloat16_is_decided_in_float32():
         # Two tokens whose weights differ below bfloat16's resolution; the later one wins by a hair.
         weight[winner - 5] = hidden[row] / hidden[row].norm() * 40
         weight[winner] = weight[winner - 5] * (1 + 2**-12)
-    head = ScreenedArgmax(weight)
+    head = ScreenedArgmax(weight, max_rows=8)
     logits = F.linear(hidden, weight)
     assert 0 < logits[0, 10] - logits[0, 5] < 2**-8 * logits[0, 10]  # closer than bfloat16 resolves
     assert head.argmax(hidden) == float32_argmax(hidden, weight) == [10, 700]
@@ -56,7 +70,7 @@ def test_exact_ties_go_to_the_lowest_token_id():
     weight = torch.randn(500, 16)
     weight[[40, 300]] = weight[7] * 3
     hidden = weight[7].unsqueeze(0).clone()
-    assert ScreenedArgmax(weight).argmax(hidden) == float32_argmax(hidden, weight) == [40]
+    assert ScreenedArgmax(weight, max_rows=8).argmax(hidden) == float32_argmax(hidden, weight) == [40]
 
 
 def test_rows_it_cannot_screen_are_computed_whole(monkeypatch):
@@ -64,7 +78,7 @@ def test_rows_it_cannot_screen_are_computed_whole(monkeypatch):
     weight = torch.randn(400, 16)
     hidden = torch.randn(3, 16)
     hidden[1, 4] = float("nan")
-    head = ScreenedArgmax(weight)
+    head = ScreenedArgmax(weight, max_rows=8)
     assert head.argmax(hidden) == float32_argmax(hidden, weight)
     assert (head.num_rows_screened, head.num_rows_unscreened) == (2, 1)
     monkeypatch.setattr(screened_argmax, "MAX_CANDIDATES", 0)  # every row has too many

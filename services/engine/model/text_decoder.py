@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionBatch
-from kernels.cpu_linear import PackedLinear, pack_linears
+from kernels.cpu_linear import pack_linears
+from kernels.lm_head import ChunkedLmHead
 from kernels.screened_argmax import ScreenedArgmax, screening_available
 from services.engine.model.checkpoint import TextConfig
 
@@ -121,7 +122,7 @@ class TextDecoder(nn.Module):
         # screened argmax (kernels/screened_argmax.py) gathers its candidate tokens as rows.
         self.lm_head_weight = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size), requires_grad=False)
         self.embed_tokens: nn.Embedding | None = None
-        self.lm_head: PackedLinear | None = None  # set by pack_for_cpu
+        self.lm_head: ChunkedLmHead | None = None  # set by pack_for_cpu
         self.greedy_head: ScreenedArgmax | None = None  # set by pack_for_cpu
         if not config.tie_word_embeddings:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -140,15 +141,15 @@ class TextDecoder(nn.Module):
             raise ValueError(f"weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
     def pack_for_cpu(self, *, screen_greedy: bool = True) -> None:
-        """Prepack every linear weight, the LM head's included, for oneDNN (kernels/cpu_linear.py):
-        decode steps of several streams no longer repack the weights on every call. The plain
-        head stays, for embedding lookups and MKL; the packed copy costs one more vocabulary
-        matrix of memory. ``screen_greedy``: a bfloat16 copy too (half a matrix more), for
+        """Prepack every linear weight for oneDNN (kernels/cpu_linear.py; the LM head in vocabulary
+        chunks, kernels/lm_head.py): decode steps of several streams no longer repack the weights
+        on every call. The plain head stays, for embedding lookups; the packed copy costs one
+        more vocabulary matrix of memory. ``screen_greedy``: a bfloat16 copy too (half a matrix more), for
         greedy tokens at half the reading (kernels/screened_argmax.py)."""
         pack_linears(self.layers)
-        self.lm_head = PackedLinear(self.lm_head_weight.detach(), None, weight_t=self.lm_head_weight.detach().t())
+        self.lm_head = ChunkedLmHead(self.lm_head_weight.detach())
         if screen_greedy and screening_available():
-            self.greedy_head = ScreenedArgmax(self.lm_head_weight.detach())
+            self.greedy_head = ScreenedArgmax(self.lm_head_weight.detach(), float32_logits=self.lm_head)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:
@@ -178,6 +179,9 @@ class TextDecoder(nn.Module):
 
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
         """The argmax token of each row's logits, without the logits where the screen is on."""
-        if self.greedy_head is not None:
-            return self.greedy_head.argmax(hidden)
+        tokens = self.greedy_head.argmax_or_none(hidden) if self.greedy_head is not None else None
+        if tokens is not None:
+            return tokens
+        if self.lm_head is not None:
+            return self.lm_head.argmax(hidden)
         return self.compute_logits(hidden).argmax(dim=-1).tolist()
