@@ -60,7 +60,8 @@ PACKED_ROW_BUCKETS = FEW_ROW_BUCKETS + tuple(range(2 * MAX_FEW_ROWS, MAX_PIECE_R
 #   * one row (a decode step of one stream): MKL's matrix-vector product beat oneDNN on the machine
 #     this was first measured on (an LM-head step 69 ms on oneDNN against 48 ms), and oneDNN beat
 #     MKL on another (an AMD EPYC: 11.8 against 15.9 ms, one thread). Only weights this large are
-#     timed (a step's time is reading them); smaller ones stay on MKL, within microseconds.
+#     timed (a step's time is reading them); smaller ones stay on MKL, within microseconds. (The
+#     LM head itself is now kernels/lm_head.py; this covers large layer weights.)
 #   * many rows (prefill, vision tower): on that AMD EPYC, MKL runs its AVX2 code (110 GFLOP/s on
 #     one thread) where oneDNN runs AVX-512 (250 GFLOP/s): a 1024x512 by 512x2048 product took
 #     19.5 ms against 8.3. Timed at TIMED_MANY_ROWS rows for every weight shape.
@@ -96,12 +97,12 @@ class PackedLinear(nn.Module):
     the faster of the two (``many_rows_packed``), in pieces of at most MAX_PIECE_ROWS. Both copies
     of the weight are kept: the prepacked one, and the plain [in, out] one for MKL."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, weight_t: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None))
-        # [in, out], contiguous: x @ weight_t is the fast single-row path (a caller may share its own).
-        self.register_buffer("weight_t", weight.detach().t().contiguous() if weight_t is None else weight_t)
+        # [in, out], contiguous: x @ weight_t is MKL's fast single-row path.
+        self.register_buffer("weight_t", weight.detach().t().contiguous())
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.one_row_packed = weight.numel() * weight.element_size() >= CALIBRATE_MIN_BYTES and self._packed_wins(1)
         self.many_rows_packed = self._packed_wins(TIMED_MANY_ROWS)

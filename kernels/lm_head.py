@@ -22,8 +22,10 @@ VOCAB_CHUNK = 8192
 
 
 class ChunkedLmHead:
-    """``weight`` [V, H] float32 (kept by reference for nothing but its shape); holds one
-    prepacked copy, in chunks of VOCAB_CHUNK rows (the memory of one more vocabulary matrix)."""
+    """Built from ``weight`` [V, H] float32 (not kept); holds one prepacked copy of it, in chunks
+    of VOCAB_CHUNK rows (the memory of one more vocabulary matrix). Every row count runs on oneDNN:
+    one row is not timed against MKL as PackedLinear does, since a greedy single row takes the
+    screen (kernels/screened_argmax.py) and only sampled or logprob rows come here alone."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.vocab_size = weight.shape[0]
