@@ -116,6 +116,13 @@ def mm_hash_of_stable_id(
     )
 
 
+def mm_hash_of_part(image: MmHash, index: int) -> MmHash:
+    """mm_hash of part ``index`` of an image that fills several placeholder spans (Gemma3's
+    Pan-and-Scan: the full view, then each crop). Derived from the image's own mm_hash, so the
+    processor settings that decided the crops are part of every part's identity."""
+    return MmHash(digest_hex({"image": image, "part": index}))
+
+
 # ---------------------------------------------------------------------------------------------
 # Block hashes (prefix KV cache)
 #

@@ -14,7 +14,7 @@ if "TESSERA_HOME" not in os.environ:
 
 import pytest
 
-from shared.models.registry import ModelRef, resolve_model
+from services.models.registry import ModelRef, resolve_model
 
 
 @pytest.fixture(scope="session")

@@ -13,12 +13,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("encoder", "prefill", "decode")
-ABOVE_TRANSPORT = ("engine", "gateway", "router", "stack", "cli", "preprocess", *ROLES)
+ABOVE_TRANSPORT = ("models", "engine", "gateway", "router", "stack", "cli", "preprocess", *ROLES)
 # package (a path under the repository) -> module prefixes it must never import
 FORBIDDEN = {
     "shared": tuple(f"services.{p}" for p in ABOVE_TRANSPORT) + ("services.transport", "kernels"),
     "kernels": ("services",),
     "services/transport": tuple(f"services.{p}" for p in ABOVE_TRANSPORT),
+    # Model families: config, processor, towers and decoders; they know no engine and no role.
+    "services/models": tuple(f"services.{p}" for p in ("engine", "preprocess", "gateway", "router", "stack", "cli", *ROLES)),
     "services/engine": tuple(f"services.{p}" for p in ("gateway", "router", "stack", "cli", *ROLES)),
     "services/preprocess": tuple(f"services.{p}" for p in ("engine", "gateway", "router", "stack", "cli", *ROLES)),
     "services/router": tuple(f"services.{p}" for p in ("gateway", "stack", "cli", *ROLES)),

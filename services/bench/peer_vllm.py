@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.models.registry import ensure_builtin
 from services.stack.launcher import free_port
-from shared.models.registry import ensure_builtin
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "peer"  # the model name run_vllm.sh serves under

@@ -1,4 +1,4 @@
-"""``tessera models build tiny|small [--out DIR]``."""
+"""``tessera models build NAME [--out DIR]``: any built-in of any family."""
 
 from __future__ import annotations
 
@@ -6,16 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from shared.models.build import build_builtin, is_complete_build
-from shared.models.registry import builtin_path
-from shared.models.specs import BUILTIN_SPECS
+from services.models.builtin import build_builtin, is_complete_build
+from services.models.registry import BUILTIN_TO_FAMILY, builtin_path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     models = subparsers.add_parser("models", help="manage built-in models")
     actions = models.add_subparsers(dest="models_command", required=True)
     build = actions.add_parser("build", help="generate a built-in model checkpoint deterministically, offline")
-    build.add_argument("name", choices=sorted(BUILTIN_SPECS))
+    build.add_argument("name", choices=sorted(BUILTIN_TO_FAMILY))
     build.add_argument("--out", type=Path, default=None, help="output directory (default: $TESSERA_HOME/models/NAME)")
     build.add_argument(
         "--if-missing", action="store_true", help="do nothing if a complete build is there (init containers: nodes may be reading it)"
@@ -28,6 +27,6 @@ def run_build(args: argparse.Namespace) -> int:
     if args.if_missing and is_complete_build(out):
         print(out)
         return 0
-    build_builtin(args.name, out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    build_builtin(args.name, BUILTIN_TO_FAMILY[args.name], out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(out)
     return 0

@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from services.models.registry import ModelNotFoundError, resolve_model
 from services.preprocess import PreprocessConfig, PreprocessError, Preprocessor
-from shared.models.registry import ModelNotFoundError, resolve_model
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -6,10 +6,10 @@ import asyncio
 from dataclasses import dataclass
 
 from services.engine.config import EngineConfig
+from services.models.registry import ModelRef
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
 from shared.liveness import Liveness
-from shared.models.registry import ModelRef
 
 
 @dataclass(frozen=True, slots=True)

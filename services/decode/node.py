@@ -15,10 +15,10 @@ from services.engine.kv_pages import KVPages
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from services.engine.sampling import TokenLogprobs
+from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
-from shared.models.registry import ModelRef
 
 
 class KVTransferTimeoutError(RuntimeError):
@@ -58,7 +58,7 @@ class DecodeNode(EngineNode):
         RequestRejectedError for a request that can never run here."""
         engine = self.engine
         engine.check_admissible(request)
-        vocab_size = engine.runner.checkpoint.text.vocab_size
+        vocab_size = engine.runner.checkpoint.shape.vocab_size
         if not 0 <= first_token < vocab_size:
             raise RequestRejectedError(f"first token id {first_token} is outside the vocabulary of {vocab_size}")
         status = engine.outputs.append_token(request, first_token)

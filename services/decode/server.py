@@ -51,7 +51,7 @@ class DecodeServicer(rpc.DecodeServicer):
             items,
             sampling_from_pb(request.sampling),
             request.cache_salt or None,
-            self.node.merge_size,
+            self.node.positions,
         )
         engine_request.num_cached_tokens = request.num_cached_tokens
         engine_request.output_token_ids = list(request.prior_output_token_ids)  # a migrated request

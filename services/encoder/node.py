@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.encoder_cache_manager import EncoderCacheManager
-from services.engine.model.checkpoint import load_config, load_weights
-from services.engine.model.vision import VisionEncoder, build_vision_tower
+from services.models.checkpoint import load_weights
+from services.models.family import VisionEncoder
+from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
 from shared.cache_gauges import cache_counters, cache_gauges
 from shared.compute_thread import ComputeThread
@@ -26,7 +27,6 @@ from shared.flat_histogram import FlatHistogram
 from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
 from shared.liveness import Liveness
-from shared.models.registry import ModelRef
 from shared.types import MmHash
 
 _OWNER = "encoder"
@@ -220,7 +220,6 @@ def _plan_call(items: list[EncodeItem], node: EncoderNode, to_encode: dict[MmHas
 
 
 def _build_vision(model: ModelRef, device: str, prepack: bool) -> VisionEncoder:
-    checkpoint = load_config(model.path)
-    _, vision_weights = load_weights(model.path, torch.float32)
-    merge = checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
-    return VisionEncoder(build_vision_tower(checkpoint, vision_weights, torch.float32, torch.device(device), prepack=prepack), merge)
+    family = model.family
+    _, vision_weights = load_weights(model.path, torch.float32, family.weight_group)
+    return family.build_vision(family.read_config(model.path), vision_weights, torch.float32, torch.device(device), prepack=prepack)

@@ -19,8 +19,8 @@ from services.engine.output_processor import OutputProcessor, RequestOutput
 from services.engine.request import MmFeature, Request, RequestStatus
 from services.engine.sampling import Sampler, SamplingError, SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
+from services.models.registry import ModelRef
 from services.preprocess import PreprocessedRequest
-from shared.models.registry import ModelRef
 
 
 class RequestRejectedError(ValueError):
@@ -147,7 +147,7 @@ class Engine:
     def check_admissible(self, request: Request) -> None:
         # A token id outside the embedding table would fail the whole batch's step, not just this
         # request: nodes take token ids from the wire, so they are checked here, once.
-        vocab_size = self.runner.checkpoint.text.vocab_size
+        vocab_size = self.runner.checkpoint.shape.vocab_size
         token_ids = request.token_ids()
         if token_ids and not 0 <= min(token_ids) <= max(token_ids) < vocab_size:
             bad = next(t for t in token_ids if not 0 <= t < vocab_size)

@@ -4,18 +4,19 @@ exporting cached prefix pages to a peer that pulls them."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
+from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
 from shared.cache_gauges import cache_gauges
 from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
-from shared.models.registry import ModelRef
 from shared.types import BlockHash
 
 log = logging.getLogger("tessera.kv")
@@ -36,7 +37,9 @@ class EngineNode:
         self.publisher = publisher
         self.loop = EngineLoop(lambda: Engine(model, config, load_vision=load_vision), after_step=self._publish_kv, liveness=liveness)
         self.engine = self.loop.engine  # touch it only through self.loop.call once serving
-        self.merge_size = self.engine.runner.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
+        family, checkpoint = model.family, self.engine.runner.checkpoint
+        self.positions = functools.partial(family.positions, checkpoint)  # remote_request.PositionsFn
+        self.pixels_match = functools.partial(family.pixels_match, checkpoint)  # local_pixels.PixelsMatchFn
         self.inbox = TensorInbox(data_bind, auth=channel_auth)
         self.sender = TensorSender(auth=channel_auth)
         self.num_kv_blocks_exported = 0
@@ -89,7 +92,7 @@ class EngineNode:
         if message is None:
             return None
         try:
-            return kv_pages.unpack(message.tensors, message.meta, self.engine.runner.checkpoint.text.num_layers)
+            return kv_pages.unpack(message.tensors, message.meta, self.engine.runner.checkpoint.shape.num_layers)
         except kv_pages.PageFormatError as exc:
             log.error("dropped KV pages %s: %s", key, exc)
             return None

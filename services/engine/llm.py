@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.sampling import SamplingParams
+from services.models.registry import resolve_model
 from services.preprocess import PreprocessConfig, Preprocessor
-from shared.models.registry import resolve_model
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,11 @@ from kernels.cpu_linear import packing_available
 from kernels.selector import create_backend
 from services.engine.config import EngineConfig
 from services.engine.kv.kv_cache_manager import KVCacheManager
-from services.engine.model.checkpoint import load_config, load_weights
-from services.engine.model.text_decoder import TextDecoder
-from services.engine.model.vision import VisionEncoder, build_vision_tower
 from services.engine.request import Request
 from services.engine.scheduler import SchedulerOutput
-from shared.models.registry import ModelRef
+from services.models.checkpoint import load_weights
+from services.models.family import VisionEncoder
+from services.models.registry import ModelRef
 from shared.types import MmHash
 
 
@@ -34,20 +33,18 @@ class ModelRunner:
     def __init__(self, model: ModelRef, config: EngineConfig, *, load_vision: bool = True) -> None:
         self.device = torch.device(config.device)
         self.dtype = torch.float32
-        self.checkpoint = load_config(model.path)
-        text_weights, vision_weights = load_weights(model.path, self.dtype)
-        self.decoder = TextDecoder(self.checkpoint.text)
-        self.decoder.load(text_weights)
+        self.family = model.family
+        self.checkpoint = self.family.read_config(model.path)
+        text_weights, vision_weights = load_weights(model.path, self.dtype, self.family.weight_group)
+        self.decoder = self.family.build_decoder(self.checkpoint, text_weights)
         self.decoder.to(self.device).eval()
         if config.prepack_weights and self.device.type == "cpu" and packing_available():
             self.decoder.pack_for_cpu(screen_greedy=config.screen_greedy)
-        merge = self.checkpoint.raw.get("vision_config", {}).get("spatial_merge_size", 2)
-        # A prefill node receives embeddings from an encoder node and loads no vision tower.
+        # A node that receives embeddings from an encoder node loads no vision tower.
         self.vision: VisionEncoder | None = None
         if load_vision:
-            tower = build_vision_tower(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_weights)
-            self.vision = VisionEncoder(tower, merge)
-        text = self.checkpoint.text
+            self.vision = self.family.build_vision(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_weights)
+        text = self.checkpoint.shape
         self.num_kv_blocks = config.resolve_num_kv_blocks(
             num_layers=text.num_layers, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4
         )

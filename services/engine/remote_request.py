@@ -1,14 +1,20 @@
 """Rebuild an engine Request on a node that received the prompt over the wire (prefill and
-decode nodes): token ids and image identities only, M-RoPE positions recomputed locally."""
+decode nodes): token ids and image identities only, positions recomputed locally by the
+model's family."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
 
 from services.engine.request import MmFeature, Request
 from services.engine.sampling import SamplingParams
-from services.preprocess.mrope import mrope_positions
 from shared.types import MmHash, PlaceholderRange
+
+# (num_tokens, ranges, grids) -> ((3, num_tokens) positions, delta): the family's, for one model.
+PositionsFn = Callable[[int, Sequence[PlaceholderRange], Sequence[tuple[int, int, int]]], tuple[torch.Tensor, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,12 +30,12 @@ def build_request(
     items: list[PromptItem],
     sampling: SamplingParams,
     cache_salt: str | None,
-    merge_size: int,
+    positions_fn: PositionsFn,
 ) -> Request:
     """A request computed from token ids and image items alone: every image's embeddings must be
     in the node's encoder cache before the request is scheduled (pulled from an encoder, or
     encoded by the node's own tower beside its engine)."""
-    positions, delta = mrope_positions(len(token_ids), [i.placeholder for i in items], [i.grid_thw for i in items], merge_size)
+    positions, delta = positions_fn(len(token_ids), [i.placeholder for i in items], [i.grid_thw for i in items])
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),

@@ -20,12 +20,12 @@ from services.gateway.app import create_app
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
+from services.models.registry import ModelRef
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
 from services.router.scoring import ENCODE_DISPATCHES, POLICIES
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
 from shared.index.backend import create_index
-from shared.models.registry import ModelRef
 
 log = logging.getLogger("tessera")
 

@@ -9,11 +9,16 @@ tensor that does not match its image's grid and placeholder is refused before it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from services.engine.remote_request import PromptItem
 from services.transport.tensor_channel import TensorInbox
 from shared.types import MmHash
+
+# (pixel tensor, grid, placeholder length) -> whether they fit: the model family's rule.
+PixelsMatchFn = Callable[[torch.Tensor, tuple[int, int, int], int], bool]
 
 
 class MissingPixelsError(RuntimeError):
@@ -33,7 +38,7 @@ class PixelsMismatchError(ValueError):
 
 
 def take_pixels(
-    inbox: TensorInbox, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem], *, wait_s: float, merge_size: int
+    inbox: TensorInbox, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem], *, wait_s: float, pixels_match: PixelsMatchFn
 ) -> dict[MmHash, torch.Tensor]:
     """The pixels of ``items`` that are among ``lacking``, by mm_hash. Raises MissingPixelsError
     naming those whose pixels did not arrive within ``wait_s``, and PixelsMismatchError for a
@@ -49,9 +54,7 @@ def take_pixels(
             missing.append(item.mm_hash)
             continue
         values = message.tensors.get("pixel_values")
-        t, h, w = item.grid_thw
-        num_patches = t * h * w
-        if values is None or values.dim() != 2 or values.shape[0] != num_patches or item.placeholder.length * merge_size**2 != num_patches:
+        if values is None or not pixels_match(values, item.grid_thw, item.placeholder.length):
             raise PixelsMismatchError(f"pixels of image {item.mm_hash} do not match its grid {tuple(item.grid_thw)} and placeholder")
         pixels[item.mm_hash] = values
     if missing:

@@ -33,6 +33,7 @@ from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.engine.sampling import TokenLogprobs
+from services.models.registry import ModelRef
 from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate
 from services.prefill.local_pixels import LocalEncodeUnavailableError, take_pixels
@@ -40,7 +41,6 @@ from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorS
 from shared.cache_gauges import cache_counters
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
-from shared.models.registry import ModelRef
 from shared.types import BlockHash, MmHash
 
 log = logging.getLogger("tessera")
@@ -89,7 +89,7 @@ class PrefillNode(EngineNode):
         super().__init__(
             model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth, load_vision=local_encode
         )
-        text = self.engine.runner.checkpoint.text
+        text = self.engine.runner.checkpoint.shape
         self.pull_cost = PullCostModel(
             kv_bytes_per_token(text.num_layers, text.num_kv_heads, text.head_dim, self.engine.runner.kv_caches[0][0].element_size()),
             kv_pull_bandwidth_bytes_per_s,
@@ -214,7 +214,7 @@ class PrefillNode(EngineNode):
         those among ``lacking``: see local_pixels.take_pixels."""
         if items and not self.can_encode:
             raise LocalEncodeUnavailableError("this prefill node has no vision tower (started with --local-encode false)")
-        pixels = take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.embedding_wait_s, merge_size=self.merge_size)
+        pixels = take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.embedding_wait_s, pixels_match=self.pixels_match)
         self.num_local_encodes += len(pixels)
         return pixels
 

@@ -131,7 +131,7 @@ class PrefillServicer(rpc.PrefillServicer):
             # A migrated request's answer so far is computed like prompt text (same positions).
             token_ids = [*request.prompt_token_ids, *request.prior_output_token_ids]
             sampling = sampling_from_pb(request.sampling)
-            engine_request = build_request(rid, token_ids, items, sampling, request.cache_salt or None, self.node.merge_size)
+            engine_request = build_request(rid, token_ids, items, sampling, request.cache_salt or None, self.node.positions)
             sources = [KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources]
             num_pulled = await self._pull_kv(engine_request, sources) if sources else 0
             result = await self._run_engine(engine_request, request.decode_data_address)

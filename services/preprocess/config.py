@@ -39,6 +39,10 @@ class PreprocessConfig:
     # Overrides the model's image-processor pixel bounds; part of mm_hash's processor kwargs.
     min_pixels: int | None = None
     max_pixels: int | None = None
+    # Gemma3's Pan-and-Scan: a wide or tall image also gets up to 4 crops, each its own span of
+    # image tokens (off by default, as in transformers); part of mm_hash's processor kwargs.
+    # Families without crops ignore it.
+    pan_and_scan: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_image_bytes", "max_image_pixels", "max_images_per_request", "max_prompt_tokens"):

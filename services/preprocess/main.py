@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
 from shared.index.backend import create_index
 from shared.liveness import Liveness
-from shared.models.registry import ModelRef
 
 
 @dataclass(frozen=True, slots=True)

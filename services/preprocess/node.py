@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import PreprocessError
 from services.preprocess.image_sources import load_image_bytes
@@ -29,7 +30,6 @@ from shared.flat_histogram import FlatHistogram
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError
 from shared.liveness import Liveness
-from shared.models.registry import ModelRef
 from shared.types import MmHash
 
 MAX_MIRRORS = 64  # encoders mirrored at once (the least recently used one goes first)

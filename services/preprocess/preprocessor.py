@@ -1,8 +1,12 @@
 """The preprocessing pipeline. One call turns a request body into model-ready inputs:
 
-  parse -> render prompt (chat template) -> tokenize -> per image: load bytes, decode, mm_hash,
-  processor cache (hit skips the image processor) -> expand placeholders -> check length
-  -> M-RoPE positions
+  parse -> render prompt (chat template) -> per image: load bytes, decode, mm_hash, processor
+  cache (hit skips the image processor) -> the family expands the image markers and tokenizes
+  -> check length -> positions (the family's: M-RoPE or 1-D)
+
+One image may fill several placeholder spans (Gemma3's Pan-and-Scan: the full view, then each
+crop). Each span is its own item downstream, with mm_hash_of_part(image, k) as its identity, so
+encoders, caches and the index treat crops like images.
 
 Skipping pixels: a caller may pass ``indexed_grids``, which names the images whose embeddings a
 live encoder already holds, with their patch grids (the cache index's placeholder metadata). On a
@@ -14,7 +18,6 @@ them while that encoder holds its embeddings; a caller that does need them asks 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,18 +25,16 @@ import blake3
 import torch
 from PIL import Image
 
+from services.models.family import ImageOptions, PlaceholderCountError, ProcessedImage
+from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
-from services.preprocess.errors import InvalidRequestError, PromptTooLongError
+from services.preprocess.errors import InvalidRequestError, PlaceholderMismatchError, PromptTooLongError
 from services.preprocess.image_decode import decode_image
-from services.preprocess.image_processing import ImageProcessor, ProcessedImage
 from services.preprocess.image_sources import load_image_bytes
-from services.preprocess.mrope import mrope_positions
-from services.preprocess.placeholders import expand_placeholders
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
 from services.preprocess.request_parsing import ImageInput, ParsedRequest, parse_request
 from shared.cache_gauges import cache_gauges
-from shared.hashing import mm_hash_of_pixels, mm_hash_of_stable_id
-from shared.models.registry import ModelRef
+from shared.hashing import mm_hash_of_part, mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.types import MmHash, PlaceholderRange
 
 # The images (by mm_hash) that some live encoder holds -> their patch grids (t, h, w).
@@ -84,11 +85,13 @@ class Preprocessor:
         self.model = model
         self.config = config or PreprocessConfig()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model.path))
-        model_config = json.loads((model.path / "config.json").read_text())
-        self.image_token_id: int = model_config["image_token_id"]
-        text_config = model_config.get("text_config", model_config)
-        self.vocab_size: int = text_config["vocab_size"]
-        self.image_processor = ImageProcessor(model.path, min_pixels=self.config.min_pixels, max_pixels=self.config.max_pixels)
+        self.family = model.family
+        self.model_config = self.family.read_config(model.path)
+        self.vocab_size: int = self.model_config.shape.vocab_size
+        options = ImageOptions(
+            min_pixels=self.config.min_pixels, max_pixels=self.config.max_pixels, do_pan_and_scan=self.config.pan_and_scan
+        )
+        self.image_processor = self.family.image_processor(model.path, options)
         self.processor_cache = ProcessorCache(self.config.processor_cache_bytes)
         self._hash_kwargs = self.image_processor.kwargs_for_hash
         # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
@@ -109,7 +112,7 @@ class Preprocessor:
         caller can fetch them outside any lock this call runs under."""
         fetched = fetched or {}
         parsed = parse_request(body, max_images=self.config.max_images_per_request)
-        token_ids = self._tokenize(parsed)
+        prompt = self._prompt(parsed)
         identified = [self._identify(image, fetched) for image in parsed.images]
         cached = [self.processor_cache.get(mm_hash) for mm_hash, _ in identified]
         misses = [mm_hash for (mm_hash, _), hit in zip(identified, cached) if hit is None]
@@ -118,29 +121,39 @@ class Preprocessor:
             self._materialize(image, mm_hash, pil, hit, grids.get(mm_hash), fetched)
             for image, (mm_hash, pil), hit in zip(parsed.images, identified, cached)
         ]
-        expanded, ranges = expand_placeholders(token_ids, self.image_token_id, [h[1].num_tokens for h in hashed])
+        parts_per_image = [self.image_processor.split(image) for _, image, _ in hashed]
+        try:
+            expanded, ranges = self.family.expand_prompt(self.model_config, self.tokenizer, prompt, parts_per_image)
+        except PlaceholderCountError as exc:
+            raise PlaceholderMismatchError(str(exc)) from None
         if len(expanded) > self.config.max_prompt_tokens:
             raise PromptTooLongError(
                 f"prompt is {len(expanded)} tokens after image expansion; the limit is {self.config.max_prompt_tokens}"
             )
-        items = [
-            MmItem(mm_hash=mm_hash, placeholder=placeholder, image=image, processor_cache_hit=hit)
-            for (mm_hash, image, hit), placeholder in zip(hashed, ranges)
+        parts = [
+            (mm_hash if len(image_parts) == 1 else mm_hash_of_part(mm_hash, k), part, hit)
+            for (mm_hash, _, hit), image_parts in zip(hashed, parts_per_image)
+            for k, part in enumerate(image_parts)
         ]
-        positions, delta = mrope_positions(len(expanded), ranges, [item.image.grid_thw for item in items], self.image_processor.merge_size)
+        items = [
+            MmItem(mm_hash=mm_hash, placeholder=placeholder, image=part, processor_cache_hit=hit)
+            for (mm_hash, part, hit), placeholder in zip(parts, ranges)
+        ]
+        positions, delta = self.family.positions(self.model_config, len(expanded), ranges, [item.image.grid_thw for item in items])
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
 
     def render_prompt(self, messages: Sequence[dict]) -> str:
         return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
 
-    def _tokenize(self, parsed: ParsedRequest) -> list[int]:
+    def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
+        """The rendered prompt text, or the request's token ids (checked against the vocabulary);
+        the family tokenizes text together with its image expansion."""
         if parsed.prompt_token_ids is not None:
             bad = [t for t in parsed.prompt_token_ids if t >= self.vocab_size]
             if bad:
                 raise InvalidRequestError(f"prompt_token_ids contains id {bad[0]}, outside the vocabulary of {self.vocab_size}")
             return list(parsed.prompt_token_ids)
-        text = parsed.prompt_text if parsed.prompt_text is not None else self.render_prompt(parsed.template_messages or [])
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return parsed.prompt_text if parsed.prompt_text is not None else self.render_prompt(parsed.template_messages or [])
 
     def _image_bytes(self, reference: str, fetched: Mapping[str, bytes]) -> bytes:
         data = fetched.get(reference)
@@ -183,8 +196,7 @@ class Preprocessor:
         if cached is not None:
             return mm_hash, cached, True
         if indexed_grid is not None:
-            t, h, w = indexed_grid
-            return mm_hash, ProcessedImage(None, (t, h, w), t * h * w // self.image_processor.merge_size**2), False
+            return mm_hash, ProcessedImage(None, indexed_grid, self.image_processor.num_tokens(indexed_grid)), False
         if pil is None:
             pil = decode_image(self._image_bytes(image_input.reference, fetched), self.config)
         processed = self.image_processor.process(pil)

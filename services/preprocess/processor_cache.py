@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from services.preprocess.image_processing import ProcessedImage
+from services.models.family import ProcessedImage
 from shared.types import MmHash
 
 

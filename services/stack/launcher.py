@@ -151,7 +151,7 @@ class Stack:
         self.internal_secret = os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
 
     def start(self) -> None:
-        from shared.models.registry import resolve_model
+        from services.models.registry import resolve_model
 
         resolve_model(self.config.model)  # build a missing built-in once, before the roles start
         if self.config.index_url:

@@ -10,9 +10,9 @@ import logging
 from dataclasses import fields
 
 from services.engine.config import EngineConfig
+from services.models.registry import resolve_model
 from services.preprocess.config import PreprocessConfig
 from shared import cpu_budget
-from shared.models.registry import resolve_model
 from shared.settings import dataclass_from_sources
 from shared.tracing import configure_tracing
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from services.bench.suites.common import RESULTS, command, image_size, machine, write_json
 from services.bench.workloads import user_turn
+from services.models.registry import resolve_model
 from services.preprocess import Preprocessor
 from shared.hashing import mm_hash_of_pixels
-from shared.models.registry import resolve_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -48,7 +48,7 @@ def _sampling() -> SamplingParams:
 
 async def _prefill(prefill: PrefillNode, decode: DecodeNode, request_id: str, seed: int) -> int:
     """Prefill the prompt and ship its KV pages to the decode node; its first token."""
-    request = build_request(request_id, _prompt(seed), [], _sampling(), None, prefill.merge_size)
+    request = build_request(request_id, _prompt(seed), [], _sampling(), None, prefill.positions)
     return (await asyncio.to_thread(prefill.prefill, request, decode.data_address)).first_token_id
 
 

@@ -27,7 +27,7 @@ def test_gauges_after_a_prefill(tiny_model):
         assert _usage(node) == {"kv": (0.0, 64.0), "prefix": (0.0, 64.0), "embedding": (0.0, 512.0)}
         prep = Preprocessor(tiny_model).preprocess(chat_case(encode_image(make_image(112, 112, seed=5)), "What is it?").body)
         items = [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items]
-        request = build_request("r1", list(prep.prompt_token_ids), items, SamplingParams(max_tokens=4), None, node.merge_size)
+        request = build_request("r1", list(prep.prompt_token_ids), items, SamplingParams(max_tokens=4), None, node.positions)
         item = prep.mm_items[0]
         embeds = _embeddings(node, item.placeholder.length)
         node.loop.call(lambda engine: connector.import_embeddings(engine, "r1", item.mm_hash, embeds)).result()
@@ -75,7 +75,7 @@ def test_hit_miss_and_eviction_counters(tiny_model):
             for item in node.claim_local_embeddings(request_id, items):
                 embeds = _embeddings(node, item.placeholder.length)
                 node.loop.call(lambda engine, r=request_id, i=item, e=embeds: connector.import_embeddings(engine, r, i.mm_hash, e)).result()
-            request = build_request(request_id, list(prep.prompt_token_ids), items, SamplingParams(max_tokens=1), None, node.merge_size)
+            request = build_request(request_id, list(prep.prompt_token_ids), items, SamplingParams(max_tokens=1), None, node.positions)
             node.prefill(request, sink.address)
         counters = node.loop.call(lambda engine: node.counters()).result()
         assert [counters[f"embedding_cache_{kind}_total"] for kind in ("hits", "misses", "evictions")] == [1.0, 2.0, 1.0]

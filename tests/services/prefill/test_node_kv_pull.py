@@ -41,7 +41,7 @@ def _request(tiny_model, node: PrefillNode, request_id: str, seed: int):
     case = chat_case(encode_image(make_image(224, 224, seed=seed)), "What is in the picture?")
     prep = _preprocessor(tiny_model).preprocess(case.body)
     items = [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items]
-    request = build_request(request_id, list(prep.prompt_token_ids), items, SamplingParams(max_tokens=4), None, node.merge_size)
+    request = build_request(request_id, list(prep.prompt_token_ids), items, SamplingParams(max_tokens=4), None, node.positions)
     return request, prep
 
 

@@ -75,7 +75,7 @@ def test_client_stable_id_is_honoured_and_skips_decoding_on_hit(preprocessor):
 _CHILD = """
 import json, sys
 from services.preprocess import Preprocessor
-from shared.models.registry import resolve_model
+from services.models.registry import resolve_model
 from tests.factories import image_data_url, make_image
 p = Preprocessor(resolve_model("tiny"))
 IMAGE_PART = {"type": "image_url", "image_url": {"url": image_data_url(make_image(120, 90, seed=7))}}

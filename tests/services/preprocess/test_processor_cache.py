@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.models.family import ProcessedImage
 from services.preprocess import Preprocessor
-from services.preprocess.image_processing import ProcessedImage
 from services.preprocess.processor_cache import ProcessorCache
 from shared.types import MmHash
 from tests.factories import image_data_url, make_image

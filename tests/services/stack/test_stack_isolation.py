@@ -27,9 +27,9 @@ import torch
 from openai import APIStatusError
 
 from protos.gen import pb, rpc
-from services.engine.model.checkpoint import load_config
 from services.engine.sampling import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
+from services.models.qwen2_vl.config import read_config as load_config
 from services.transport.grpc_server import HTTP_STATUS_KEY
 from services.transport.internal_channel import internal_channel
 from services.transport.tensor_channel import ChannelAuth, TensorInbox, TensorSender

@@ -3,32 +3,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from PIL import Image
 
-
-@dataclass(frozen=True, slots=True)
-class ProcessedImage:
-    """One image ready for the vision tower.
-
-    pixel_values: (num_patches, 3 * temporal_patch * patch * patch) float32
-    grid_thw: patch grid (t, h, w) before the 2x2 spatial merge
-    num_tokens: placeholder tokens the image expands to = t*h*w / merge**2
-    """
-
-    pixel_values: torch.Tensor | None  # None: not processed here (an encoder holds its embeddings)
-    grid_thw: tuple[int, int, int]
-    num_tokens: int
-
-    @property
-    def num_bytes(self) -> int:
-        return 0 if self.pixel_values is None else self.pixel_values.numel() * self.pixel_values.element_size()
+from services.models.family import ProcessedImage
 
 
-class ImageProcessor:
+class Qwen2VLImageProcessor:
     def __init__(self, model_dir: Path, *, min_pixels: int | None = None, max_pixels: int | None = None) -> None:
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -61,5 +43,12 @@ class ImageProcessor:
         out = self._hf(images=[image], size=self._size, return_tensors="pt")
         self.num_processed += 1
         grid = tuple(int(x) for x in out["image_grid_thw"][0].tolist())
-        num_tokens = grid[0] * grid[1] * grid[2] // (self.merge_size**2)
-        return ProcessedImage(pixel_values=out["pixel_values"].contiguous(), grid_thw=grid, num_tokens=num_tokens)
+        return ProcessedImage(pixel_values=out["pixel_values"].contiguous(), grid_thw=grid, num_tokens=self.num_tokens(grid))
+
+    def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
+        """t*h*w patches, merged merge_size x merge_size into one token each."""
+        t, h, w = grid_thw
+        return t * h * w // self.merge_size**2
+
+    def split(self, image: ProcessedImage) -> list[ProcessedImage]:
+        return [image]

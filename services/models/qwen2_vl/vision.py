@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 
 from kernels.cpu_linear import PackedPatchConv, pack_linears, packing_available
-from services.engine.model.checkpoint import CheckpointConfig
+from services.models.family import ModelConfig
 
 
 def build_vision_tower(
-    config: CheckpointConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, *, prepack: bool = False
+    config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, *, prepack: bool = False
 ):
     if config.model_type == "qwen2_5_vl":
         from transformers import Qwen2_5_VLConfig

@@ -1,8 +1,10 @@
-"""Resolve a model reference (``tiny``, ``small`` or a checkpoint path) to a local directory.
+"""Resolve a model reference (a built-in name or a checkpoint path) to a local directory and the
+family that serves it.
 
-Built-in models are built on first use into ``$TESSERA_HOME/models/<name>``, under a file lock so
-concurrent processes build once. Any local Qwen2-VL or Qwen2.5-VL checkpoint directory is accepted
-as is; nothing is ever fetched from a hub.
+Adding a family: its folder under ``services/models/`` and one row in ``FAMILIES``. Built-in
+models are built on first use into ``$TESSERA_HOME/models/<name>``, under a file lock so
+concurrent processes build once. Any local checkpoint directory of a supported model type is
+accepted as is; nothing is ever fetched from a hub.
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.models.build import ProgressFn, build_builtin, is_complete_build
-from shared.models.specs import BUILTIN_SPECS
+from services.models.builtin import build_builtin, is_complete_build
+from services.models.family import ModelFamily, ProgressFn
+from services.models.qwen2_vl import FAMILY as QWEN2_VL
 from shared.paths import builtin_models_dir
 
-SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+FAMILIES: tuple[ModelFamily, ...] = (QWEN2_VL,)
+
+MODEL_TYPE_TO_FAMILY: dict[str, ModelFamily] = {model_type: family for family in FAMILIES for model_type in family.model_types}
+BUILTIN_TO_FAMILY: dict[str, ModelFamily] = {name: family for family in FAMILIES for name in family.builtins()}
+SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPE_TO_FAMILY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,10 @@ class ModelRef:
     model_id: str  # stable across nodes: part of every mm_hash
     path: Path
     model_type: str
+
+    @property
+    def family(self) -> ModelFamily:
+        return MODEL_TYPE_TO_FAMILY[self.model_type]
 
 
 class ModelNotFoundError(ValueError):
@@ -43,29 +54,34 @@ def ensure_builtin(name: str, *, progress: ProgressFn = _stderr_progress) -> Pat
     path = builtin_path(name)
     if is_complete_build(path):
         return path
+    family = BUILTIN_TO_FAMILY.get(name)
+    if family is None:
+        raise ModelNotFoundError(f"unknown built-in model {name!r}; choose one of {', '.join(BUILTIN_TO_FAMILY)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not is_complete_build(path):
             progress(f"building built-in model {name!r} into {path}")
-            build_builtin(name, path, progress=progress)
+            build_builtin(name, family, path, progress=progress)
     return path
 
 
 def resolve_model(reference: str, *, model_id: str | None = None, progress: ProgressFn = _stderr_progress) -> ModelRef:
-    if reference in BUILTIN_SPECS:
+    if reference in BUILTIN_TO_FAMILY:
         path = ensure_builtin(reference, progress=progress)
         default_id = f"tessera-{reference}"
     else:
         path = Path(reference).expanduser().resolve()
         if not path.is_dir():
-            raise ModelNotFoundError(f"model {reference!r} is neither a built-in ({', '.join(BUILTIN_SPECS)}) nor a checkpoint directory")
+            raise ModelNotFoundError(
+                f"model {reference!r} is neither a built-in ({', '.join(BUILTIN_TO_FAMILY)}) nor a checkpoint directory"
+            )
         default_id = path.name
     config_file = path / "config.json"
     try:
         model_type = json.loads(config_file.read_text()).get("model_type")
     except (OSError, json.JSONDecodeError) as exc:
         raise ModelNotFoundError(f"{config_file} is missing or unreadable: {exc}") from None
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in MODEL_TYPE_TO_FAMILY:
         raise ModelNotFoundError(f"model type {model_type!r} is not supported (expected {', '.join(SUPPORTED_MODEL_TYPES)})")
     return ModelRef(model_id=model_id or default_id, path=path, model_type=model_type)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from services.preprocess.mrope import mrope_positions
+from services.models.qwen2_vl.mrope import mrope_positions
 from shared.types import PlaceholderRange
 
 

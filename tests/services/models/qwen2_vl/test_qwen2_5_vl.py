@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.models.registry import resolve_model
+from services.models.registry import resolve_model
 from tests.factories import chat_case, encode_image, make_image
 from tests.oracle import ReferenceOracle, assert_tokens_match
 
@@ -14,8 +14,7 @@ def qwen2_5_vl_dir(tmp_path_factory):
     import torch
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from shared.models.build import build_processor_parts
-    from shared.models.specs import BUILTIN_SPECS
+    from services.models.qwen2_vl.builtin import BUILTIN_SPECS, build_processor_parts
     from shared.models.weights import fill_deterministic
 
     out = tmp_path_factory.mktemp("qwen2_5_vl")

@@ -1,4 +1,4 @@
-"""Architectures of the built-in models.
+"""The built-in Qwen2-VL models (``tiny``, ``small``) and how their checkpoints are written.
 
 Both are real Qwen2-VL architectures with small dimensions. Text head_dim is 64 in both so the
 M-RoPE sections keep Qwen2-VL's 16/24/24 proportions (scaled to 8/12/12).
@@ -7,8 +7,10 @@ M-RoPE sections keep Qwen2-VL's 16/24/24 proportions (scaled to 8/12/12).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from shared.models.tokens import VOCAB_SIZE
+from services.models.family import ProgressFn
+from shared.models.tokens import ENDOFTEXT_ID, IM_END_ID, MAX_PIXELS, MIN_PIXELS, VOCAB_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,3 +108,52 @@ BUILTIN_SPECS: dict[str, BuiltinSpec] = {
         mrope_section=(8, 12, 12),
     ),
 }
+
+
+def write_checkpoint(spec: BuiltinSpec, out: Path, progress: ProgressFn) -> int:
+    """Config -> deterministic weights -> safetensors -> tokenizer + image processor + template."""
+    import torch
+    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from shared.models.weights import fill_deterministic
+
+    progress(f"[{spec.name}] 1/4 config")
+    config = Qwen2VLConfig(**spec.config_dict())
+    config.dtype = "float32"
+    progress(f"[{spec.name}] 2/4 weights (seed {spec.seed}, std {spec.init_std})")
+    torch.manual_seed(spec.seed)  # only construction-time init; every tensor is overwritten next
+    model = Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    fill_deterministic(model, seed=spec.seed, std=spec.init_std)
+    num_params = sum(p.numel() for p in model.parameters())
+    progress(f"[{spec.name}] 3/4 saving {num_params / 1e6:.1f}M parameters")
+    model.generation_config = GenerationConfig(
+        bos_token_id=ENDOFTEXT_ID,
+        eos_token_id=[IM_END_ID, ENDOFTEXT_ID],
+        pad_token_id=ENDOFTEXT_ID,
+        do_sample=False,
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    progress(f"[{spec.name}] 4/4 tokenizer, image processor, chat template")
+    tokenizer, image_processor = build_processor_parts()
+    tokenizer.save_pretrained(out)
+    image_processor.save_pretrained(out)
+    return num_params
+
+
+def build_processor_parts():
+    """Qwen2-VL's tokenizer (with chat template) and PIL image processor with its real pixel limits.
+
+    Saved as separate parts: transformers' combined processor insists on a torchvision video
+    processor, and torchvision cannot be installed here.
+    """
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from shared.models.tokenizer_build import build_qwen2_tokenizer
+
+    image_processor = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+        patch_size=14,
+        temporal_patch_size=2,
+        merge_size=2,
+    )
+    return build_qwen2_tokenizer(), image_processor

@@ -19,7 +19,7 @@ from kernels.attention import AttentionBackend, AttentionBatch
 from kernels.cpu_linear import pack_linears
 from kernels.lm_head import ChunkedLmHead
 from kernels.screened_argmax import ScreenedArgmax, screening_available
-from services.engine.model.checkpoint import TextConfig
+from services.models.qwen2_vl.config import TextConfig
 
 
 class RMSNorm(nn.Module):

@@ -1,4 +1,5 @@
-"""Placeholder expansion (seeds 003 and 004).
+"""Placeholder expansion at the token level (seeds 003 and 004), for families whose image marker
+is one token that becomes the image's run of placeholder tokens (Qwen2-VL).
 
 Each image is marked in the prompt by exactly one ``<|image_pad|>`` token. The i-th marker, in
 order of appearance, is replaced by ``num_tokens[i]`` copies of the same token, where
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from services.preprocess.errors import PlaceholderMismatchError
+from services.models.family import PlaceholderCountError
 from shared.types import PlaceholderRange
 
 
@@ -24,9 +25,7 @@ def expand_placeholders(
     """Expanded token ids and one PlaceholderRange per item, in prompt order."""
     positions = find_placeholders(token_ids, placeholder_id)
     if len(positions) != len(num_tokens_per_item):
-        raise PlaceholderMismatchError(
-            f"prompt has {len(positions)} image placeholder(s) but {len(num_tokens_per_item)} image(s) were given"
-        )
+        raise PlaceholderCountError(f"prompt has {len(positions)} image placeholder(s) but {len(num_tokens_per_item)} image(s) were given")
     expanded: list[int] = []
     ranges: list[PlaceholderRange] = []
     cursor = 0

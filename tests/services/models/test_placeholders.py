@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.preprocess.errors import PlaceholderMismatchError
-from services.preprocess.placeholders import expand_placeholders
+from services.models.family import PlaceholderCountError
+from services.models.placeholders import expand_placeholders
 from shared.types import PlaceholderRange
 
 P = 9
@@ -26,5 +26,5 @@ def test_no_images_is_identity():
 
 @pytest.mark.parametrize("ids,counts", [([1, P], []), ([1, 2], [4]), ([P, P], [4])])
 def test_count_mismatch_is_a_clear_error(ids, counts):
-    with pytest.raises(PlaceholderMismatchError, match="image placeholder"):
+    with pytest.raises(PlaceholderCountError, match="image placeholder"):
         expand_placeholders(ids, P, counts)

@@ -1,0 +1,155 @@
+"""The model-family interface: what a family brings, and the records it exchanges with the engine,
+the encoder and preprocessing.
+
+A family is one folder under ``services/models/`` plus one row in ``registry.FAMILIES``. It owns:
+  - its config reader (``read_config``) and weight-name mapping (``weight_group``);
+  - its image processor (resize, crops, normalisation) and the processor settings that enter
+    ``mm_hash`` (``ImageProcessor.kwargs_for_hash``);
+  - its prompt layout: how an image marker becomes placeholder tokens (``expand_prompt``) and the
+    positions of every prompt token (``positions``: M-RoPE or 1-D);
+  - its vision tower and projector (``build_vision``) and its text decoder on our paged KV
+    (``build_decoder``);
+  - its built-in checkpoints (``builtins`` and ``write_checkpoint``).
+Nothing outside the family folder branches on the model type.
+
+Positions are always a (3, num_tokens) tensor plus a delta, whatever the family: a 1-D family
+repeats its positions on the three rows with delta 0, so requests, the wire and the decode nodes
+carry one shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from PIL import Image
+
+from shared.types import PlaceholderRange
+
+ProgressFn = Callable[[str], None]
+
+
+class PlaceholderCountError(ValueError):
+    """The prompt's image markers and the request's images differ in number."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedImage:
+    """One image (or one crop of it) ready for the vision tower.
+
+    pixel_values: the family's tower input (Qwen2-VL: patchified rows; Gemma3: crops of 3xSxS)
+    grid_thw: the family's patch grid; ``ImageProcessor.num_tokens(grid_thw)`` is its placeholder length
+    num_tokens: placeholder tokens the image expands to
+    """
+
+    pixel_values: torch.Tensor | None  # None: not processed here (an encoder holds its embeddings)
+    grid_thw: tuple[int, int, int]
+    num_tokens: int
+
+    @property
+    def num_bytes(self) -> int:
+        return 0 if self.pixel_values is None else self.pixel_values.numel() * self.pixel_values.element_size()
+
+
+@dataclass(frozen=True, slots=True)
+class ImageOptions:
+    """Request-independent image settings a deployment may change (each enters mm_hash)."""
+
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    do_pan_and_scan: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextShape:
+    """What the KV pool, the KV page format and the engine need of any text decoder."""
+
+    vocab_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """A checkpoint's config as read by its family. ``text`` is the family's own text config
+    (it has at least TextShape's fields); ``raw`` is config.json as loaded."""
+
+    model_type: str
+    text: Any
+    raw: dict
+    image_token_id: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def shape(self) -> TextShape:
+        t = self.text
+        return TextShape(vocab_size=t.vocab_size, num_layers=t.num_layers, num_kv_heads=t.num_kv_heads, head_dim=t.head_dim)
+
+
+class ImageProcessor(Protocol):
+    num_processed: int
+
+    @property
+    def kwargs_for_hash(self) -> dict[str, object]:
+        """Every setting that changes the processed output; part of each image's mm_hash."""
+
+    def process(self, image: Image.Image) -> ProcessedImage: ...
+
+    def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
+        """Placeholder tokens of an image with this grid (grids come back from the index)."""
+
+    def split(self, image: ProcessedImage) -> list[ProcessedImage]:
+        """The image's parts that each fill one contiguous placeholder span, in prompt order:
+        the image itself, or (Gemma3 Pan-and-Scan) the full view and each crop."""
+
+
+class VisionEncoder(Protocol):
+    num_items_encoded: int
+
+    def encode(self, pixel_values: list[torch.Tensor], grids_thw: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+        """One (num_tokens, text_hidden) embedding tensor per image part, in order."""
+
+
+class ModelFamily(Protocol):
+    name: str
+    model_types: tuple[str, ...]
+    # Tokens of one image attend to each other both ways (Gemma3): an image span is never split
+    # across prefill chunks, and a prefix-cache hit never ends inside one.
+    bidirectional_images: bool
+
+    def builtins(self) -> Mapping[str, object]:
+        """Built-in model name -> its spec."""
+
+    def write_checkpoint(self, name: str, out: Path, progress: ProgressFn) -> int:
+        """Write built-in ``name`` into the empty directory ``out``; returns its parameter count."""
+
+    def read_config(self, path: Path) -> ModelConfig: ...
+
+    def weight_group(self, name: str) -> tuple[str, str] | None:
+        """("text" | "vision", normalized name) for a checkpoint tensor name; None to skip it."""
+
+    def image_processor(self, path: Path, options: ImageOptions) -> ImageProcessor: ...
+
+    def expand_prompt(
+        self, config: ModelConfig, tokenizer: Any, prompt: str | Sequence[int], parts_per_image: Sequence[Sequence[ProcessedImage]]
+    ) -> tuple[list[int], list[PlaceholderRange]]:
+        """Token ids with every image marker expanded, and one range per image part in order.
+        ``prompt`` is rendered text (tokenized here) or token ids. Raises PlaceholderCountError."""
+
+    def positions(
+        self, config: ModelConfig, num_tokens: int, ranges: Sequence[PlaceholderRange], grids: Sequence[tuple[int, int, int]]
+    ) -> tuple[torch.Tensor, int]:
+        """((3, num_tokens) int64 positions, delta): generated token k sits at num_tokens + k + delta."""
+
+    def pixels_match(self, config: ModelConfig, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int], num_tokens: int) -> bool:
+        """Whether a pixel tensor received over the wire fits its part's grid and placeholder."""
+
+    def build_decoder(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> torch.nn.Module: ...
+
+    def build_vision(
+        self, config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, *, prepack: bool
+    ) -> VisionEncoder: ...
