@@ -92,7 +92,8 @@ def onednn_linear(x: torch.Tensor, packed_weight: torch.Tensor, bias: torch.Tens
 
 
 class PackedLinear(nn.Module):
-    """``F.linear(x, weight, bias)`` for 2-D float32 ``x`` on CPU. One row runs on the faster of
+    """``F.linear(x, weight, bias)`` for float32 ``x`` on CPU (leading dimensions are flattened
+    into rows, as F.linear treats them). One row runs on the faster of
     oneDNN and MKL for this weight (``one_row_packed``), 2..64 rows on oneDNN, and more rows on
     the faster of the two (``many_rows_packed``), in pieces of at most MAX_PIECE_ROWS. Both copies
     of the weight are kept: the prepacked one, and the plain [in, out] one for MKL."""
@@ -108,6 +109,8 @@ class PackedLinear(nn.Module):
         self.many_rows_packed = self._packed_wins(TIMED_MANY_ROWS)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            return self.forward(x.reshape(-1, self.in_features)).view(*x.shape[:-1], self.out_features)
         num_rows = x.shape[0]
         packed = self.one_row_packed if num_rows == 1 else num_rows <= MAX_FEW_ROWS or self.many_rows_packed
         return onednn_linear(x, self.packed_weight, self.bias) if packed else self._mkl(x)

@@ -60,5 +60,8 @@ class FlashInferBackend:
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, batch.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, batch.slot_mapping, v)
 
-    def attend(self, q, k_cache, v_cache, batch: AttentionBatch, scale: float) -> torch.Tensor:
+    def attend(self, q, k_cache, v_cache, batch: AttentionBatch, scale: float, *, sliding_window: int | None = None) -> torch.Tensor:
+        if sliding_window is not None or batch.bidirectional_spans is not None:
+            # Planned causal over whole contexts: neither a window nor image spans are in the plan.
+            raise NotImplementedError("the flashinfer backend has no sliding-window or bidirectional-span attention; use the torch backend")
         return self._wrapper.run(q, (k_cache, v_cache))

@@ -75,3 +75,20 @@ def chat_case(*parts: str | bytes | tuple[bytes, str], fmt: str = "PNG") -> Chat
         images.append(decoded(data))
     messages = [{"role": "user", "content": content}]
     return ChatCase(body={"messages": messages}, oracle_messages=[{"role": "user", "content": oracle_content}], images=images)
+
+
+def conversation(*turns: ChatCase | str) -> ChatCase:
+    """A multi-turn chat: each ChatCase is a user turn, each str an assistant reply, in order."""
+    messages: list[dict] = []
+    oracle_messages: list[dict] = []
+    images: list[Image.Image] = []
+    for turn in turns:
+        if isinstance(turn, str):
+            reply = {"role": "assistant", "content": turn}
+            messages.append(reply)
+            oracle_messages.append(reply)
+            continue
+        messages += turn.body["messages"]
+        oracle_messages += turn.oracle_messages
+        images += turn.images
+    return ChatCase(body={"messages": messages}, oracle_messages=oracle_messages, images=images)

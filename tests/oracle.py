@@ -1,4 +1,5 @@
-"""The reference oracle: transformers' own processor and ``generate`` (greedy, float32).
+"""The reference oracle: transformers' own processor and ``generate`` (greedy, float32), for
+every family (Qwen2-VL / Qwen2.5-VL, Gemma3).
 
 Every correctness test compares Tessera against this. Comparison rule: token ids must be equal;
 at the first divergence the test still passes only if the oracle's top-2 logit margin at that
@@ -7,6 +8,7 @@ step is below ``TIE_MARGIN``, i.e. the oracle itself faced a genuine tie.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +22,8 @@ TIE_MARGIN = 1e-4
 class OracleInputs:
     input_ids: torch.Tensor  # (1, L)
     pixel_values: torch.Tensor | None
-    image_grid_thw: torch.Tensor | None
-    mm_token_type_ids: torch.Tensor | None
+    image_grid_thw: torch.Tensor | None  # Qwen2-VL
+    mm_token_type_ids: torch.Tensor | None  # Qwen2-VL's; Gemma3 calls them token_type_ids
 
     @property
     def token_ids(self) -> list[int]:
@@ -54,15 +56,33 @@ def _make_hf_processor(tokenizer, image_processor):
     return _ImagesOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
 
 
+def _make_gemma3_processor(model_dir: Path, tokenizer, do_pan_and_scan: bool):
+    from transformers import Gemma3Processor
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    config = json.loads((model_dir / "config.json").read_text())
+    image_processor = Gemma3ImageProcessorPil.from_pretrained(str(model_dir))
+    processor = Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_length=config["mm_tokens_per_image"])
+    return image_processor, processor, {"do_pan_and_scan": do_pan_and_scan}
+
+
 class ReferenceOracle:
-    def __init__(self, model_dir: Path, *, load_model: bool = True) -> None:
+    def __init__(self, model_dir: Path, *, load_model: bool = True, do_pan_and_scan: bool = False) -> None:
         from transformers import AutoModelForImageTextToText, AutoTokenizer
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         self.model_dir = Path(model_dir)
+        self.model_type = json.loads((self.model_dir / "config.json").read_text())["model_type"]
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
-        self.processor = _make_hf_processor(self.tokenizer, self.image_processor)
+        self.processor_kwargs: dict = {}
+        if self.model_type == "gemma3":
+            self.image_processor, self.processor, self.processor_kwargs = _make_gemma3_processor(
+                self.model_dir, self.tokenizer, do_pan_and_scan
+            )
+        else:
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+            self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
+            self.processor = _make_hf_processor(self.tokenizer, self.image_processor)
         self.model = None
         if load_model:
             # Qwen2-VL or Qwen2.5-VL, whichever the checkpoint declares.
@@ -72,12 +92,20 @@ class ReferenceOracle:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def process(self, text: str, images: list[Image.Image]) -> OracleInputs:
-        out = self.processor(text=[text], images=images or None, return_tensors="pt", return_mm_token_type_ids=True)
+        # The rendered chat template already holds any BOS: tokenize the text as it stands.
+        out = self.processor(
+            text=[text],
+            images=images or None,
+            return_tensors="pt",
+            return_mm_token_type_ids=True,
+            add_special_tokens=False,
+            **(self.processor_kwargs if images else {}),
+        )
         return OracleInputs(
             input_ids=out["input_ids"],
             pixel_values=out.get("pixel_values"),
             image_grid_thw=out.get("image_grid_thw"),
-            mm_token_type_ids=out.get("mm_token_type_ids"),
+            mm_token_type_ids=out.get("mm_token_type_ids", out.get("token_type_ids")),
         )
 
     def rope_index(self, inputs: OracleInputs) -> tuple[torch.Tensor, int]:
@@ -95,7 +123,9 @@ class ReferenceOracle:
     def generate(self, inputs: OracleInputs, max_new_tokens: int) -> OracleOutput:
         assert self.model is not None
         kwargs = {"input_ids": inputs.input_ids, "attention_mask": torch.ones_like(inputs.input_ids)}
-        if inputs.pixel_values is not None:
+        if inputs.pixel_values is not None and self.model_type == "gemma3":
+            kwargs.update(pixel_values=inputs.pixel_values, token_type_ids=inputs.mm_token_type_ids)
+        elif inputs.pixel_values is not None:
             kwargs.update(
                 pixel_values=inputs.pixel_values,
                 image_grid_thw=inputs.image_grid_thw,

@@ -9,6 +9,7 @@ forever.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 from services.engine.config import EngineConfig
@@ -30,8 +31,17 @@ class RequestRejectedError(ValueError):
 class Engine:
     def __init__(self, model: ModelRef, config: EngineConfig | None = None, *, tokenizer=None, load_vision: bool = True) -> None:
         self.config = config or EngineConfig()
+        if model.family.bidirectional_images:
+            # An image's tokens see each other both ways: a chunk holding part of one would compute
+            # its first tokens without the rest, so images are never split (as vLLM forces too).
+            self.config = dataclasses.replace(self.config, disable_chunked_mm_input=True)
         self.runner = ModelRunner(model, self.config, load_vision=load_vision)
-        self.kv = KVCacheManager(self.runner.num_kv_blocks, self.config.block_size, enable_caching=self.config.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            self.runner.num_kv_blocks,
+            self.config.block_size,
+            enable_caching=self.config.enable_prefix_caching,
+            hits_end_outside_images=model.family.bidirectional_images,
+        )
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
         self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)
         self.sampler = Sampler()

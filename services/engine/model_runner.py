@@ -101,11 +101,16 @@ class ModelRunner:
             block_tables=block_tables,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
             block_size=self.block_size,
+            bidirectional_spans=self._image_spans(step) if self.family.bidirectional_images else None,
         )
         hidden = self.decoder(embeds, torch.cat(positions, dim=1).to(self.device), self.kv_caches, batch, self.backend)
         if not sample_rows:
             return StepLogits([], torch.empty(0))
         return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests)
+
+    @staticmethod
+    def _image_spans(step: SchedulerOutput) -> list[list[tuple[int, int]]]:
+        return [[(f.placeholder.offset, f.placeholder.end) for f in item.request.mm_features] for item in step.scheduled]
 
     def _sample_inputs(self, hidden: torch.Tensor, requests: list[Request]) -> StepLogits:
         """Logits for the rows whose sampling reads them; a greedy row that asks for no logprobs

@@ -1,8 +1,8 @@
 """The wire models of /v1/completions: a raw prompt (text or token ids, no chat template), with
 images given vLLM-style in ``multi_modal_data`` and marked in the prompt by the model's image
-placeholder, one per image (``<|vision_start|><|image_pad|><|vision_end|>`` in text, the image
-token id in token ids). A list of prompts is a batch: each prompt gets ``n`` choices, numbered
-prompt-major as OpenAI does."""
+placeholder, one per image (Qwen2-VL: ``<|vision_start|><|image_pad|><|vision_end|>`` in text, the
+image token id in token ids; Gemma3: ``<start_of_image>``, in text or as its id). A list of
+prompts is a batch: each prompt gets ``n`` choices, numbered prompt-major as OpenAI does."""
 
 from __future__ import annotations
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from services.models.builtin import build_builtin, is_complete_build
 from services.models.family import ModelFamily, ProgressFn
+from services.models.gemma3 import FAMILY as GEMMA3
 from services.models.qwen2_vl import FAMILY as QWEN2_VL
 from shared.paths import builtin_models_dir
 
-FAMILIES: tuple[ModelFamily, ...] = (QWEN2_VL,)
+FAMILIES: tuple[ModelFamily, ...] = (QWEN2_VL, GEMMA3)
 
 MODEL_TYPE_TO_FAMILY: dict[str, ModelFamily] = {model_type: family for family in FAMILIES for model_type in family.model_types}
 BUILTIN_TO_FAMILY: dict[str, ModelFamily] = {name: family for family in FAMILIES for name in family.builtins()}

@@ -2,7 +2,8 @@
 
 Three prompt shapes are accepted (exactly one per request):
   {"messages": [...]}                         OpenAI chat messages, rendered by the chat template
-  {"prompt": "text with <|image_pad|>", "images": [...]}
+  {"prompt": "text with the model's image marker", "images": [...]}
+                                              (<|image_pad|> for Qwen2-VL, <start_of_image> for Gemma3)
   {"prompt_token_ids": [ints], "images": [...]}   already tokenized, one placeholder per image
 Image content parts in messages:
   {"type": "image_url", "image_url": {"url": "data:..."}}  (or "image_url": "data:...")

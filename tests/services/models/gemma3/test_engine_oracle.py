@@ -1,0 +1,108 @@
+"""Gemma3 (tiny built-in): greedy float32 output equals transformers' generate token for token,
+on every in-engine path: image placement, several images, multi-turn, chunked prefill around
+images, prompts past the sliding window, prefix and encoder-cache hits (a hit never ends inside
+an image), and Pan-and-Scan."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.engine.sampling import SamplingParams
+from tests.factories import chat_case, conversation, encode_image, make_image
+from tests.oracle import ReferenceOracle, assert_tokens_match
+
+GREEDY_12 = SamplingParams(max_tokens=12, ignore_eos=True)
+
+
+def _png(w, h, seed):
+    return encode_image(make_image(w, h, seed=seed))
+
+
+def _oracle_tokens(oracle: ReferenceOracle, case, max_new_tokens: int = 12) -> object:
+    return oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), max_new_tokens)
+
+
+LONG_TEXT = " ".join(f"word{i}" for i in range(60))  # past the tiny model's 32-token sliding window
+
+CASES = {
+    "text_only": lambda: chat_case("Describe the weather in one sentence."),
+    "long_text_past_window": lambda: chat_case(LONG_TEXT, "Summarise."),
+    "one_image": lambda: chat_case(_png(112, 112, 1), "What is in this image?"),
+    "two_images": lambda: chat_case(_png(56, 56, 2), "one", _png(84, 56, 3), "two"),
+    "image_at_start": lambda: chat_case(_png(98, 70, 4), "and tell me what you see."),
+    "image_in_middle": lambda: chat_case("Look closely at", _png(98, 70, 5), "and tell me what you see."),
+    "image_at_end": lambda: chat_case("What is this?", _png(98, 70, 6)),
+    "image_after_long_text": lambda: chat_case(LONG_TEXT, _png(64, 64, 7), "Describe it."),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_single_request_matches_oracle(name, make_gemma3_llm, gemma3_oracle):
+    case = CASES[name]()
+    [result] = make_gemma3_llm().generate([case.body], GREEDY_12)
+    assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, case), context=name)
+    oracle_inputs = gemma3_oracle.process(gemma3_oracle.chat_text(case.oracle_messages), case.images)
+    assert result.usage.prompt_tokens == len(oracle_inputs.token_ids)
+
+
+def test_multi_turn_with_a_repeated_image_matches_oracle(make_gemma3_llm, gemma3_oracle):
+    image = _png(80, 80, 8)
+    first = chat_case(image, "What is this?")
+    second = conversation(first, "A pattern.", chat_case(image, "And again?"))
+    llm = make_gemma3_llm()
+    for case in (first, second):  # the second turn hits the first's prefix and its image
+        [result] = llm.generate([case.body], GREEDY_12)
+        assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, case), context="multi-turn")
+    assert result.usage.cached_tokens > 0
+
+
+def test_batch_in_flight_with_chunked_prefill_never_splits_an_image(make_gemma3_llm, gemma3_oracle):
+    cases = [CASES[name]() for name in ("one_image", "image_after_long_text", "two_images", "text_only", "long_text_past_window")]
+    llm = make_gemma3_llm(max_num_batched_tokens=80)  # an image is 64 tokens: chunks must cut around it
+    assert llm.engine.config.disable_chunked_mm_input  # forced for this family
+    results = llm.generate([c.body for c in cases], GREEDY_12)
+    for case, result in zip(cases, results):
+        assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, case), context="chunked")
+    assert llm.engine.num_steps > 12
+
+
+def test_an_image_longer_than_the_step_budget_is_rejected(make_gemma3_llm):
+    from services.engine.engine import RequestRejectedError
+
+    with pytest.raises(RequestRejectedError, match="disable_chunked_mm_input"):
+        make_gemma3_llm(max_num_batched_tokens=32).generate([chat_case(_png(64, 64, 9), "Hi").body], GREEDY_12)
+
+
+def test_a_prefix_hit_never_ends_inside_an_image(make_gemma3_llm, gemma3_oracle):
+    """Two prompts share text and an image, then differ. With 16-token blocks the shared blocks
+    end inside the image's 64-token span: the hit is cut back to the image's first block, so the
+    image is recomputed whole, and the output stays exact."""
+    image = _png(72, 72, 10)
+    intro = "A shared introduction of some length. " * 4
+    first, second = chat_case(intro, image, "First question?"), chat_case(intro, image, "Other?")
+    llm = make_gemma3_llm(block_size=16)
+    llm.generate([first.body], GREEDY_12)
+    prep = llm.preprocessor.preprocess(second.body)
+    [item] = prep.mm_items
+    [result] = llm.generate([second.body], GREEDY_12)
+    assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, second), context="prefix mid-image")
+    assert 0 < result.usage.cached_tokens <= item.placeholder.offset
+    assert result.usage.cached_tokens == item.placeholder.offset // 16 * 16
+
+
+def test_pan_and_scan_matches_oracle(make_gemma3_llm, gemma3_model):
+    oracle = ReferenceOracle(gemma3_model.path, do_pan_and_scan=True)
+    case = chat_case(_png(1200, 400, 11), "Describe the wide picture.")  # 3:1, crops of 400x400
+    llm = make_gemma3_llm(pan_and_scan=True)
+    prep = llm.preprocessor.preprocess(case.body)
+    assert len(prep.mm_items) > 1  # the full view and its crops, one span each
+    [result] = llm.generate([case.body], GREEDY_12)
+    assert_tokens_match(result.token_ids, _oracle_tokens(oracle, case), context="pan-and-scan")
+    assert result.usage.prompt_tokens == len(oracle.process(oracle.chat_text(case.oracle_messages), case.images).token_ids)
+
+
+def test_pan_and_scan_setting_is_part_of_mm_hash(make_gemma3_llm):
+    body = chat_case(_png(64, 64, 12), "x").body
+    plain = make_gemma3_llm().preprocessor.preprocess(body).mm_items[0].mm_hash
+    scanned = make_gemma3_llm(pan_and_scan=True).preprocessor.preprocess(body).mm_items[0].mm_hash
+    assert plain != scanned
