@@ -92,9 +92,7 @@ class ModelRunner:
                 sample_requests.append(request)
 
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
-        embeds = self.decoder.embed(ids)
-        for row, rows in merges:
-            embeds[row : row + rows.shape[0]] = rows.to(embeds.dtype)
+        inputs = self.decoder.prepare_inputs(ids, merges)
         batch = AttentionBatch(
             query_start_loc=query_start_loc,
             context_lens=context_lens,
@@ -103,7 +101,7 @@ class ModelRunner:
             block_size=self.block_size,
             bidirectional_spans=self._image_spans(step) if self.family.bidirectional_images else None,
         )
-        hidden = self.decoder(embeds, torch.cat(positions, dim=1).to(self.device), self.kv_caches, batch, self.backend)
+        hidden = self.decoder(inputs, torch.cat(positions, dim=1).to(self.device), self.kv_caches, batch, self.backend)
         if not sample_rows:
             return StepLogits([], torch.empty(0))
         return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests)

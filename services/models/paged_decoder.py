@@ -2,11 +2,19 @@
 embeddings the embedding table), its CPU packing, and greedy tokens without full logits.
 
 A family's decoder subclasses ``PagedDecoder``, builds ``self.layers`` and implements
-``forward(inputs_embeds, positions, kv_caches, batch, backend) -> hidden``; the model runner calls
-only ``embed``, ``forward``, ``compute_logits``, ``greedy_tokens`` and ``pack_for_cpu``.
+``forward(inputs, positions, kv_caches, batch, backend) -> hidden``; the model runner calls only
+``prepare_inputs``, ``forward``, ``compute_logits``, ``greedy_tokens`` and ``pack_for_cpu``.
+
+An image's encoder output is one tensor of rows, one row per placeholder token. Its first
+``hidden_size`` columns replace the token embeddings; a family whose tower feeds more than the
+input layer (Qwen3-VL's DeepStack) appends those features as further columns and reads them from
+``DecoderInputs.image_features`` in its layers. So caches, the wire and budgets carry an image's
+output whole, whatever the family.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +25,19 @@ from kernels.lm_head import ChunkedLmHead
 from kernels.screened_argmax import ScreenedArgmax, screening_available
 
 
+@dataclass(slots=True)
+class DecoderInputs:
+    embeds: torch.Tensor  # (N, hidden): token embeddings with image rows merged in
+    # (N, width) rows of the step's image tokens as the encoder produced them, and (N,) where they
+    # are: only for families whose layers read more than the merged embeddings.
+    image_features: torch.Tensor | None = None
+    image_mask: torch.Tensor | None = None
+
+
 class PagedDecoder(nn.Module):
+    # Families whose layers read image features beyond the input embeddings set this.
+    keeps_image_features = False
+
     def __init__(self, vocab_size: int, hidden_size: int, *, tie_word_embeddings: bool) -> None:
         super().__init__()
         self.tie_word_embeddings = tie_word_embeddings
@@ -55,6 +75,21 @@ class PagedDecoder(nn.Module):
         self.lm_head = ChunkedLmHead(self.lm_head_weight.detach())
         if screen_greedy and screening_available():
             self.greedy_head = ScreenedArgmax(self.lm_head_weight.detach(), float32_logits=self.lm_head)
+
+    def prepare_inputs(self, token_ids: torch.Tensor, merges: list[tuple[int, torch.Tensor]]) -> DecoderInputs:
+        """Embed ``token_ids`` and merge each (first row, image rows) in ``merges``."""
+        embeds = self.embed(token_ids)
+        hidden = embeds.shape[1]
+        features = mask = None
+        if self.keeps_image_features and merges:
+            features = embeds.new_zeros(embeds.shape[0], merges[0][1].shape[1])
+            mask = torch.zeros(embeds.shape[0], dtype=torch.bool, device=embeds.device)
+        for row, rows in merges:
+            embeds[row : row + rows.shape[0]] = rows[:, :hidden].to(embeds.dtype)
+            if features is not None:
+                features[row : row + rows.shape[0]] = rows.to(embeds.dtype)
+                mask[row : row + rows.shape[0]] = True
+        return DecoderInputs(embeds, features, mask)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_tokens is not None:

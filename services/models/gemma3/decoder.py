@@ -22,7 +22,7 @@ from torch import nn
 from kernels.attention import AttentionBackend, AttentionBatch
 from services.models.gemma3.config import FULL, SLIDING, RopeConfig, TextConfig
 from services.models.layers import OffsetRMSNorm, apply_rope
-from services.models.paged_decoder import PagedDecoder
+from services.models.paged_decoder import DecoderInputs, PagedDecoder
 
 
 class RotaryEmbedding(nn.Module):
@@ -108,16 +108,16 @@ class TextDecoder(PagedDecoder):
 
     def forward(
         self,
-        inputs_embeds: torch.Tensor,
+        inputs: DecoderInputs,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         batch: AttentionBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        """inputs_embeds (N, hidden), positions (3, N; 1-D, row 0 used) -> final hidden states."""
+        """inputs.embeds (N, hidden), positions (3, N; 1-D, row 0 used) -> final hidden states."""
         kind_to_cos_sin = {kind: rotary(positions[0]) for kind, rotary in self.kind_to_rotary.items()}
         backend.prepare(batch, num_heads=self.config.num_heads, num_kv_heads=self.config.num_kv_heads, head_dim=self.config.head_dim)
-        x = inputs_embeds
+        x = inputs.embeds
         for layer, kv_cache in zip(self.layers, kv_caches):
             cos, sin = kind_to_cos_sin[layer.layer_type]
             x = layer(x, cos, sin, kv_cache, batch, backend)

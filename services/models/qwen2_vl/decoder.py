@@ -17,7 +17,7 @@ from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionBatch
 from services.models.layers import RMSNorm, apply_rope
-from services.models.paged_decoder import PagedDecoder
+from services.models.paged_decoder import DecoderInputs, PagedDecoder
 from services.models.qwen2_vl.config import TextConfig
 
 
@@ -95,16 +95,16 @@ class TextDecoder(PagedDecoder):
 
     def forward(
         self,
-        inputs_embeds: torch.Tensor,
+        inputs: DecoderInputs,
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         batch: AttentionBatch,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        """inputs_embeds (N, hidden), positions (3, N) -> final hidden states (N, hidden)."""
+        """inputs.embeds (N, hidden), positions (3, N) -> final hidden states (N, hidden)."""
         cos, sin = self.rotary(positions)
         backend.prepare(batch, num_heads=self.config.num_heads, num_kv_heads=self.config.num_kv_heads, head_dim=self.config.head_dim)
-        x = inputs_embeds
+        x = inputs.embeds
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, kv_cache, batch, backend)
         return self.norm(x)
