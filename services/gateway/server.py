@@ -20,7 +20,7 @@ from services.gateway.app import create_app
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
-from services.models.registry import ModelRef
+from services.models.registry import BUILTIN_TO_FAMILY, ModelRef
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
 from services.router.scoring import ENCODE_DISPATCHES, POLICIES
@@ -81,7 +81,8 @@ class Settings(InternalPlaneSettings):
 
 
 def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) -> None:
-    served_model = settings.model if settings.model in ("tiny", "small") else model.model_id
+    # A built-in is served under its own name ("tiny", "gemma3-tiny"); a checkpoint under its id.
+    served_model = settings.model if settings.model in BUILTIN_TO_FAMILY else model.model_id
     run_gateway(
         settings,
         served_model=served_model,

@@ -39,6 +39,7 @@ class RunningStack:
     trace_dir: Path
     log: IO[str] | None = None
     internal_secret: str | None = None  # None: the launcher made one, which the test never sees
+    served_model: str = "tiny"
 
     def internal_auth(self) -> InternalAuth:
         """Credentials for calling this stack's nodes directly."""

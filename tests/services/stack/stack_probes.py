@@ -1,11 +1,12 @@
-"""Probing a running stack (``tessera serve``) and its cache index, for the failure tests in
-test_index_failures.py: greedy requests through the official openai client, the reference
-oracle's answer, which nodes the index serves as an image's holders, and bounded polling.
+"""Probing a running stack (``tessera serve``) and its cache index, for the failure tests:
+greedy requests through the official openai client (one at a time, or concurrent streams), the
+reference oracle's answer, which nodes the index serves as an image's holders, and bounded polling.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import grpc
@@ -97,3 +98,43 @@ def ask(stack: RunningStack, case, *, stream: bool = False, during=None) -> tupl
     assert called, "no token was streamed"
     assert usage is not None and usage.completion_tokens == MAX_TOKENS
     return text, usage.prompt_tokens_details.cached_tokens
+
+
+class Streams:
+    """Concurrent streaming requests; ``wait_flowing(n)`` returns once n of them got a token."""
+
+    def __init__(self, stack: RunningStack, cases, greedy: dict, *, model: str = "tiny") -> None:
+        self.greedy, self.model = greedy, model
+        self.client = OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+        self.cases = cases
+        self.texts: list[str | None] = [None] * len(cases)
+        self.errors: list[BaseException] = []
+        self._flowing = threading.Semaphore(0)
+        self._threads = [threading.Thread(target=self._one, args=(i,)) for i in range(len(cases))]
+        for thread in self._threads:
+            thread.start()
+
+    def _one(self, i: int) -> None:
+        try:
+            messages = self.cases[i].body["messages"]
+            chunks = self.client.chat.completions.create(model=self.model, messages=messages, stream=True, **self.greedy)
+            text, first = "", True
+            for chunk in chunks:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    if first:
+                        self._flowing.release()
+                        first = False
+                    text += chunk.choices[0].delta.content
+            self.texts[i] = text
+        except BaseException as exc:
+            self.errors.append(exc)
+            self._flowing.release()
+
+    def wait_flowing(self, num_streams: int) -> None:
+        for _ in range(num_streams):
+            assert self._flowing.acquire(timeout=120), "no stream started"
+
+    def join(self) -> tuple[list[str | None], list[BaseException]]:
+        for thread in self._threads:
+            thread.join(timeout=300)
+        return self.texts, self.errors

