@@ -17,7 +17,7 @@ from pathlib import Path
 from services.models.family import ModelFamily, ProgressFn
 
 BUILD_STAMP = "tessera_build.json"
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2  # 2: Gemma3 built-ins gained newline-run tokens at their real ids
 
 
 def _noop(_: str) -> None:

