@@ -212,6 +212,24 @@ def _cancel_embedding_scale(model: torch.nn.Module, spec: Gemma3Spec) -> None:
         model.get_input_embeddings().weight.mul_(1.0 / math.sqrt(spec.text_hidden))
 
 
+def _use_hub_vision_names(weights_file: Path) -> None:
+    """Rename "vision_tower.X" to the Hub's "vision_tower.vision_model.X". transformers 5 saves its
+    SigLIP without the "vision_model" level (and reads both); the Hub's Gemma3 checkpoints, and vLLM,
+    expect it."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(weights_file), framework="pt") as handle:
+        metadata = handle.metadata()
+        tensors = {
+            (
+                "vision_tower.vision_model." + name.removeprefix("vision_tower.") if name.startswith("vision_tower.") else name
+            ): handle.get_tensor(name)
+            for name in handle.keys()
+        }
+    save_file(tensors, str(weights_file), metadata=metadata)
+
+
 def write_checkpoint(spec: Gemma3Spec, out: Path, progress: ProgressFn) -> int:
     """Write checkpoint ``spec`` into the existing, empty directory ``out``. Returns the parameter count."""
     import torch
@@ -237,6 +255,7 @@ def write_checkpoint(spec: Gemma3Spec, out: Path, progress: ProgressFn) -> int:
         do_sample=False,
     )
     model.save_pretrained(out, safe_serialization=True)
+    _use_hub_vision_names(out / "model.safetensors")
     progress(f"[{spec.name}] 4/4 tokenizer, image processor, chat template")
     build_gemma3_tokenizer().save_pretrained(out)
     build_image_processor(spec).save_pretrained(out)
