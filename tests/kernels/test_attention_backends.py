@@ -11,14 +11,20 @@ from kernels.attention import AttentionBatch
 from kernels.selector import available_backends, create_backend
 
 
-def _dense_reference(qs, ks, vs, scale):
+def _dense_reference(qs, ks, vs, scale, *, spans=None, window=None):
+    """Per request: allowed(q, k) = (k <= q or q and k in one span) and (no window or k > q - window)."""
     outs = []
-    for q, k, v in zip(qs, ks, vs):
+    for i, (q, k, v) in enumerate(zip(qs, ks, vs)):
         n, ctx = q.shape[0], k.shape[0]
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         scores = torch.einsum("nhd,chd->hnc", q, k) * scale
-        mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+        q_pos, k_pos = torch.arange(ctx - n, ctx)[:, None], torch.arange(ctx)[None, :]
+        mask = k_pos <= q_pos
+        for lo, hi in spans[i] if spans else []:
+            mask |= (q_pos >= lo) & (q_pos < hi) & (k_pos >= lo) & (k_pos < hi) & (k_pos < ctx)
+        if window is not None:
+            mask &= k_pos > q_pos - window
         scores = scores.masked_fill(~mask, float("-inf"))
         outs.append(torch.einsum("hnc,chd->nhd", scores.softmax(-1), v))
     return torch.cat(outs)
@@ -94,3 +100,37 @@ def test_factory_chooses_in_one_place():
     if "flashinfer" not in available_backends():
         with pytest.raises(ValueError, match="needs CUDA"):
             create_backend("flashinfer", torch.device("cpu"))
+
+
+# Spans lie whole inside a step's new tokens (the scheduler never splits one); the decode rows
+# carry spans that ended earlier, which must change nothing for them.
+SPANS = [[(2, 6)], [(9, 13)], [(1, 4)], [(3, 8)]]
+
+
+@pytest.mark.parametrize("window", [None, 3, 6], ids=["no_window", "window_3", "window_6"])
+@pytest.mark.parametrize("with_spans", [False, True], ids=["causal", "image_spans"])
+def test_torch_backend_matches_dense_attention_with_image_spans_and_sliding_windows(window, with_spans):
+    q, k_cache, v_cache, new_k, new_v, batch, qs, ks, vs = _case(torch.device("cpu"))
+    batch.bidirectional_spans = SPANS if with_spans else None
+    backend = create_backend("torch", torch.device("cpu"))
+    backend.prepare(batch, num_heads=4, num_kv_heads=2, head_dim=16)
+    backend.write_kv(k_cache, v_cache, new_k, new_v, batch)
+    for _ in range(2):  # a second layer of the same step reuses the plan and its windowed masks
+        out = backend.attend(q, k_cache, v_cache, batch, 0.25, sliding_window=window)
+        expected = _dense_reference(qs, ks, vs, 0.25, spans=SPANS if with_spans else None, window=window)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_an_image_span_makes_earlier_tokens_see_later_ones():
+    q, k_cache, v_cache, new_k, new_v, batch, qs, ks, vs = _case(torch.device("cpu"), shapes=[(9, 9)])
+    backend = create_backend("torch", torch.device("cpu"))
+    outputs = []
+    for spans in (None, [[(2, 6)]]):
+        batch.bidirectional_spans = spans
+        backend.prepare(batch, num_heads=4, num_kv_heads=2, head_dim=16)
+        backend.write_kv(k_cache, v_cache, new_k, new_v, batch)
+        outputs.append(backend.attend(q, k_cache, v_cache, batch, 0.25))
+    causal, spanned = outputs
+    torch.testing.assert_close(causal[:2], spanned[:2])  # before the span: unchanged
+    assert not torch.allclose(causal[2:5], spanned[2:5])  # inside: now sees the span's later tokens
+    torch.testing.assert_close(causal[6:], spanned[6:])  # after it: causal saw the whole span anyway
