@@ -33,15 +33,11 @@ class Engine:
         self.config = config or EngineConfig()
         if model.family.bidirectional_images:
             # An image's tokens see each other both ways: a chunk holding part of one would compute
-            # its first tokens without the rest, so images are never split (as vLLM forces too).
+            # its first tokens without the rest, so what is left of an image is never split (as
+            # vLLM forces too).
             self.config = dataclasses.replace(self.config, disable_chunked_mm_input=True)
         self.runner = ModelRunner(model, self.config, load_vision=load_vision)
-        self.kv = KVCacheManager(
-            self.runner.num_kv_blocks,
-            self.config.block_size,
-            enable_caching=self.config.enable_prefix_caching,
-            hits_end_outside_images=model.family.bidirectional_images,
-        )
+        self.kv = KVCacheManager(self.runner.num_kv_blocks, self.config.block_size, enable_caching=self.config.enable_prefix_caching)
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
         self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)
         self.sampler = Sampler()

@@ -153,8 +153,10 @@ class Scheduler:
                 break
             if hi <= start:
                 continue
-            if self.config.disable_chunked_mm_input and lo >= start and hi > start + num_new:
-                return lo - start, encode, encoder_budget  # stop before the image rather than split it
+            if self.config.disable_chunked_mm_input and hi > start + num_new:
+                # Stop before the image rather than split it; what is left of an image a prefix hit
+                # ended inside (lo < start) runs whole in a later step.
+                return max(lo, start) - start, encode, encoder_budget
             if self.encoder_cache.check_and_update_cache(request.request_id, feature.mm_hash):
                 continue
             rows = feature.num_embeds

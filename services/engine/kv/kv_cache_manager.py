@@ -2,9 +2,11 @@
 
 Prefix lookup walks the request's block hashes from the first and stops at the first miss. It
 never covers the whole prompt: the last prompt token is always computed, because its logits give
-the first output token. With ``hits_end_outside_images`` (families whose image tokens attend both
-ways), a hit that would end inside an image's span is cut back to the block holding the image's
-first token: the image is then computed whole, in one chunk, as when it was first seen.
+the first output token. A hit may end inside an image's span, also for families whose image tokens
+attend both ways (Gemma3), as in vLLM: block hashes carry the image's identity, and an image's KV is
+only ever computed with the whole image in one chunk, so a cached block of it holds exactly what
+the same image, after the same prefix, computes again. The scheduler then runs the rest of that
+image in one chunk too.
 Allocation is all-or-nothing: if the pool cannot supply every block a step needs, nothing is
 taken and the caller keeps the request waiting.
 """
@@ -16,11 +18,10 @@ from services.engine.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True, hits_end_outside_images: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = True) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
-        self.hits_end_outside_images = hits_end_outside_images
         self.pool = BlockPool(num_blocks, enable_caching=enable_caching)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self._req_to_num_cached: dict[str, int] = {}
@@ -39,21 +40,7 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        if self.hits_end_outside_images:
-            return hits[: self._blocks_outside_images(request, len(hits))]
         return hits
-
-    def _blocks_outside_images(self, request: Request, num_blocks: int) -> int:
-        """The most leading blocks, at most ``num_blocks``, whose end is not inside an image span."""
-        moved = True
-        while moved and num_blocks > 0:
-            moved = False
-            end = num_blocks * self.block_size
-            for feature in request.mm_features:
-                if feature.placeholder.offset < end < feature.placeholder.end:
-                    num_blocks, moved = feature.placeholder.offset // self.block_size, True
-                    break
-        return num_blocks
 
     def can_allocate(self, request: Request, num_new_tokens: int, cached: list[KVBlock] = ()) -> bool:
         return self._num_blocks_to_take(request, num_new_tokens, cached) <= self.pool.num_free_blocks

@@ -7,9 +7,8 @@ import random
 import torch
 
 from services.engine.kv.kv_cache_manager import KVCacheManager
-from services.engine.request import MmFeature, Request
+from services.engine.request import Request
 from services.engine.sampling import SamplingParams
-from shared.types import MmHash, PlaceholderRange
 
 
 def make_request(request_id: str, tokens: list[int]) -> Request:
@@ -40,23 +39,6 @@ def test_prefix_hit_stops_at_first_miss_and_never_covers_the_last_token():
     assert len(kv.find_cached_prefix(same)) == 2  # 12 tokens: the third block holds the last token
     diverging = make_request("c", [0, 1, 2, 3, 99, 5, 6, 7, 8, 9, 10, 11, 12])
     assert len(kv.find_cached_prefix(diverging)) == 1
-
-
-def _with_images(request: Request, *spans: tuple[int, int]) -> Request:
-    request.mm_features = [MmFeature(MmHash(f"img{lo}"), PlaceholderRange(lo, hi - lo), (1, 1, hi - lo), None) for lo, hi in spans]
-    return request
-
-
-def test_a_hit_never_ends_inside_an_image_where_image_tokens_attend_both_ways():
-    """Images at [10, 20) and [22, 27); a second prompt diverges at token 26. Six blocks (24
-    tokens) match, and 24 is inside the second image: cut back to its first block (5 blocks, 20
-    tokens), which is not inside the first image (spans end exclusive)."""
-    tokens = list(range(30))
-    for both_ways, num_hit_blocks in ((False, 6), (True, 5)):
-        kv = KVCacheManager(num_blocks=32, block_size=4, hits_end_outside_images=both_ways)
-        assert _run_prefill(kv, _with_images(make_request("a", tokens), (10, 20), (22, 27)))
-        diverging = _with_images(make_request("b", [*tokens[:26], 99, 98, 97, 96]), (10, 20), (22, 27))
-        assert len(kv.find_cached_prefix(diverging)) == num_hit_blocks
 
 
 def test_request_that_does_not_fit_waits_without_taking_anything():

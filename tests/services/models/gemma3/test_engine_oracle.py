@@ -1,7 +1,7 @@
 """Gemma3 (tiny built-in): greedy float32 output equals transformers' generate token for token,
 on every in-engine path: image placement, several images, multi-turn, chunked prefill around
-images, prompts past the sliding window, prefix and encoder-cache hits (a hit never ends inside
-an image), and Pan-and-Scan."""
+images, prompts past the sliding window, prefix and encoder-cache hits (also a hit that ends
+inside an image), and Pan-and-Scan."""
 
 from __future__ import annotations
 
@@ -73,21 +73,26 @@ def test_an_image_longer_than_the_step_budget_is_rejected(make_gemma3_llm):
         make_gemma3_llm(max_num_batched_tokens=32).generate([chat_case(_png(64, 64, 9), "Hi").body], GREEDY_12)
 
 
-def test_a_prefix_hit_never_ends_inside_an_image(make_gemma3_llm, gemma3_oracle):
-    """Two prompts share text and an image, then differ. With 16-token blocks the shared blocks
-    end inside the image's 64-token span: the hit is cut back to the image's first block, so the
-    image is recomputed whole, and the output stays exact."""
+@pytest.mark.parametrize("budget", [2048, 80], ids=["whole_step", "chunks_of_80"])
+def test_a_prefix_hit_ending_inside_an_image_stays_exact_and_another_image_gets_no_false_hit(budget, make_gemma3_llm, gemma3_oracle):
+    """Two prompts share text and an image, then differ just after it: with 16-token blocks the
+    shared blocks end inside the image's 64-token span. The hit is kept (as vLLM keeps it: the
+    cached KV was computed with the whole image in view, after the same prefix), the rest of the
+    image runs in one chunk, and the output is exact. A different image of the same size at the
+    same place has the same placeholder tokens but another mm_hash: no block past its start hits."""
     image = _png(72, 72, 10)
     intro = "A shared introduction of some length. " * 4
     first, second = chat_case(intro, image, "First question?"), chat_case(intro, image, "Other?")
-    llm = make_gemma3_llm(block_size=16)
+    other_image = chat_case(intro, _png(72, 72, 11), "Other?")
+    llm = make_gemma3_llm(block_size=16, max_num_batched_tokens=budget)
     llm.generate([first.body], GREEDY_12)
-    prep = llm.preprocessor.preprocess(second.body)
-    [item] = prep.mm_items
+    [item] = llm.preprocessor.preprocess(second.body).mm_items
     [result] = llm.generate([second.body], GREEDY_12)
     assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, second), context="prefix mid-image")
-    assert 0 < result.usage.cached_tokens <= item.placeholder.offset
-    assert result.usage.cached_tokens == item.placeholder.offset // 16 * 16
+    assert item.placeholder.offset < result.usage.cached_tokens < item.placeholder.end  # the hit ends inside the image
+    [result] = llm.generate([other_image.body], GREEDY_12)
+    assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, other_image), context="another image")
+    assert result.usage.cached_tokens <= item.placeholder.offset
 
 
 def test_pan_and_scan_matches_oracle(make_gemma3_llm, gemma3_model):
