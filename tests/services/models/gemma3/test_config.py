@@ -83,3 +83,19 @@ def test_a_checkpoint_with_transformers_5_module_names_serves_the_same_tokens(ge
     [ours] = LLM(str(renamed)).generate([body], greedy)
     [reference] = make_gemma3_llm().generate([body], greedy)
     assert ours.token_ids == reference.token_ids
+
+
+def test_pixels_received_over_the_wire_must_fit_their_view(gemma3_model):
+    """What a prefill node checks before encoding pushed pixels itself (adaptive dispatch)."""
+    import torch
+
+    from services.models.gemma3 import FAMILY
+
+    config = FAMILY.read_config(gemma3_model.path)
+    size = config.raw["vision_config"]["image_size"]
+    side = int(config.raw["mm_tokens_per_image"] ** 0.5)
+    one_view = torch.zeros(1, 3, size, size)
+    assert FAMILY.pixels_match(config, one_view, (1, side, side), side * side)
+    assert not FAMILY.pixels_match(config, one_view, (1, side, side), side * side - 1)
+    assert not FAMILY.pixels_match(config, torch.zeros(1, 3, size, size - 1), (1, side, side), side * side)
+    assert not FAMILY.pixels_match(config, torch.zeros(side * side, 588), (1, side, side), side * side)  # Qwen-shaped rows
