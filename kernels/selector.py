@@ -17,14 +17,18 @@ def available_backends() -> list[str]:
     return names
 
 
-def create_backend(name: str, device: torch.device) -> AttentionBackend:
-    """``auto`` picks flashinfer on CUDA when it imports, else the PyTorch reference."""
+def create_backend(name: str, device: torch.device, *, needs_masks: bool = False) -> AttentionBackend:
+    """``auto`` picks flashinfer on CUDA when it imports, else the PyTorch reference.
+    ``needs_masks``: the model uses sliding windows or bidirectional image spans, which only the
+    PyTorch reference implements; ``auto`` then picks it, and naming flashinfer is an error."""
     if name == "auto":
-        name = "flashinfer" if device.type == "cuda" and flashinfer_available() else "torch"
+        name = "flashinfer" if device.type == "cuda" and flashinfer_available() and not needs_masks else "torch"
     if name == "torch":
         return TorchReferenceBackend()
     if name == "flashinfer":
         if device.type != "cuda" or not flashinfer_available():
             raise ValueError("the flashinfer backend needs CUDA and the flashinfer package")
+        if needs_masks:
+            raise ValueError("this model needs sliding-window or image-span attention, which the flashinfer backend lacks; use torch")
         return FlashInferBackend(device)
     raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or flashinfer")

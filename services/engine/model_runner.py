@@ -53,7 +53,7 @@ class ModelRunner:
             (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(text.num_layers)
         ]
-        self.backend = create_backend(config.attention_backend, self.device)
+        self.backend = create_backend(config.attention_backend, self.device, needs_masks=self.family.bidirectional_images)
         self.block_size = config.block_size
         # mm_hash -> embeddings; residency is decided by the EncoderCacheManager.
         self.encoder_outputs: dict[MmHash, torch.Tensor] = {}

@@ -134,3 +134,9 @@ def test_an_image_span_makes_earlier_tokens_see_later_ones():
     torch.testing.assert_close(causal[:2], spanned[:2])  # before the span: unchanged
     assert not torch.allclose(causal[2:5], spanned[2:5])  # inside: now sees the span's later tokens
     torch.testing.assert_close(causal[6:], spanned[6:])  # after it: causal saw the whole span anyway
+
+
+def test_a_model_that_needs_masks_gets_the_torch_backend():
+    assert create_backend("auto", torch.device("cpu"), needs_masks=True).name == "torch"
+    with pytest.raises(ValueError, match="flashinfer"):
+        create_backend("flashinfer", torch.device("cpu"), needs_masks=True)
