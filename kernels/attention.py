@@ -33,6 +33,7 @@ class AttentionBatch:
     block_size: int
     # Per request: absolute [start, end) ranges attended both ways; None when no request has any.
     bidirectional_spans: list[list[tuple[int, int]]] | None = None
+    plan: object | None = None  # what the backend's prepare() made for this batch, read by attend()
 
     @property
     def num_reqs(self) -> int:

@@ -11,8 +11,10 @@ about 10,000 small calls a step). Decode requests are sorted by context length a
 groups; each group is one gather of its blocks padded to the group's longest context and one
 SDPA call whose mask hides each row's padding. A group closes when padding would more than double
 its gathered keys, or they would pass MAX_GROUP_KEYS rows (the gather's memory bound).
-The plan (groups, block indices, masks) is made once per step in ``prepare`` and shared by all
-layers; a sliding window's masks are derived from it once per step and window size.
+The plan (groups, block indices, masks) is made once per step and batch in ``prepare``, kept on
+the batch, and shared by all layers reading that batch; a sliding window's masks are derived from
+it once per step and window size. (A model whose layers read different page tables, sliding and
+full ones, has one batch per table: services/engine/kv/layout.py.)
 
 Masks (kernels/attention.py): a prefill row's mask is causal, OR'd with its bidirectional spans;
 a sliding-window layer then ANDs in k > q - W. A decode row is one text token: causal, and the
@@ -47,21 +49,21 @@ class _PrefillRow:
     mask: torch.Tensor  # [num_new, context_len] True where the key is visible (sliding window aside)
 
 
+@dataclass(slots=True)
+class _Plan:
+    gqa: bool  # several query heads share each KV head
+    prefill_rows: list[_PrefillRow]
+    decode_groups: list[_DecodeGroup]
+    window_masks: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]]  # W -> (prefill, decode)
+
+
 class TorchReferenceBackend:
     name = "torch"
 
-    def __init__(self) -> None:
-        self._num_groups = 1
-        self._decode_groups: list[_DecodeGroup] = []
-        self._prefill_rows: list[_PrefillRow] = []
-        self._window_masks: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # W -> (prefill, decode)
-
     def prepare(self, batch: AttentionBatch, *, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
-        self._num_groups = num_heads // num_kv_heads
         device = batch.slot_mapping.device
         decodes: list[int] = []
-        self._prefill_rows = []
-        self._window_masks = {}
+        prefill_rows: list[_PrefillRow] = []
         for i in range(batch.num_reqs):
             start, end, ctx = batch.query_start_loc[i], batch.query_start_loc[i + 1], batch.context_lens[i]
             spans = batch.bidirectional_spans[i] if batch.bidirectional_spans is not None else []
@@ -69,8 +71,9 @@ class TorchReferenceBackend:
                 decodes.append(i)
                 continue
             blocks = torch.tensor(batch.block_tables[i][: -(-ctx // batch.block_size)], dtype=torch.long, device=device)
-            self._prefill_rows.append(_PrefillRow(start, end, ctx, blocks, _prefill_mask(ctx, end - start, spans, device)))
-        self._decode_groups = [_decode_group(batch, group, device) for group in _group_by_length(batch, decodes)]
+            prefill_rows.append(_PrefillRow(start, end, ctx, blocks, _prefill_mask(ctx, end - start, spans, device)))
+        decode_groups = [_decode_group(batch, group, device) for group in _group_by_length(batch, decodes)]
+        batch.plan = _Plan(num_heads > num_kv_heads, prefill_rows, decode_groups, {})
 
     def write_kv(self, k_cache, v_cache, k, v, batch: AttentionBatch) -> None:
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
@@ -78,53 +81,55 @@ class TorchReferenceBackend:
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, batch.slot_mapping, v)
 
     def attend(self, q, k_cache, v_cache, batch: AttentionBatch, scale: float, *, sliding_window: int | None = None) -> torch.Tensor:
+        plan: _Plan = batch.plan
         out = torch.empty_like(q)
-        prefill_masks = [row.mask for row in self._prefill_rows]
-        decode_masks = [group.mask for group in self._decode_groups]
+        prefill_masks = [row.mask for row in plan.prefill_rows]
+        decode_masks = [group.mask for group in plan.decode_groups]
         if sliding_window is not None:
-            prefill_masks, decode_masks = self._windowed(sliding_window)
-        for row, mask in zip(self._prefill_rows, prefill_masks):
-            out[row.start : row.end] = self._attend_prefill(q[row.start : row.end], k_cache, v_cache, row, mask, scale)
-        for group, mask in zip(self._decode_groups, decode_masks):
-            out[group.rows] = self._attend_decode(q.index_select(0, group.rows), k_cache, v_cache, group, mask, scale)
+            prefill_masks, decode_masks = _windowed(plan, sliding_window)
+        for row, mask in zip(plan.prefill_rows, prefill_masks):
+            out[row.start : row.end] = _attend_prefill(q[row.start : row.end], k_cache, v_cache, row, mask, scale, plan.gqa)
+        for group, mask in zip(plan.decode_groups, decode_masks):
+            out[group.rows] = _attend_decode(q.index_select(0, group.rows), k_cache, v_cache, group, mask, scale, plan.gqa)
         return out
 
-    def _windowed(self, window: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The step's masks with keys k <= q - window hidden, made once per step and window."""
-        if window not in self._window_masks:
-            prefill = []
-            for row in self._prefill_rows:
-                num_new, ctx = row.end - row.start, row.context_len
-                q_pos = torch.arange(ctx - num_new, ctx, device=row.mask.device)[:, None]
-                prefill.append(row.mask & (torch.arange(ctx, device=row.mask.device)[None, :] > q_pos - window))
-            decode = []
-            for group in self._decode_groups:
-                key_pos = torch.arange(group.mask.shape[-1], device=group.mask.device)
-                last = group.mask.sum(-1, keepdim=True) - 1  # each row's query position: its context's last token
-                decode.append(group.mask & (key_pos > last - window))
-            self._window_masks[window] = (prefill, decode)
-        return self._window_masks[window]
 
-    def _attend_prefill(self, q, k_cache, v_cache, row: _PrefillRow, mask: torch.Tensor, scale: float) -> torch.Tensor:
-        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        ctx = row.context_len
-        keys = k_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
-        values = v_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
-        attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=self._num_groups > 1
-        )
-        return attn.transpose(0, 1)
+def _windowed(plan: _Plan, window: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The step's masks with keys k <= q - window hidden, made once per step and window."""
+    if window not in plan.window_masks:
+        prefill = []
+        for row in plan.prefill_rows:
+            num_new, ctx = row.end - row.start, row.context_len
+            q_pos = torch.arange(ctx - num_new, ctx, device=row.mask.device)[:, None]
+            prefill.append(row.mask & (torch.arange(ctx, device=row.mask.device)[None, :] > q_pos - window))
+        decode = []
+        for group in plan.decode_groups:
+            key_pos = torch.arange(group.mask.shape[-1], device=group.mask.device)
+            last = group.mask.sum(-1, keepdim=True) - 1  # each row's query position: its context's last token
+            decode.append(group.mask & (key_pos > last - window))
+        plan.window_masks[window] = (prefill, decode)
+    return plan.window_masks[window]
 
-    def _attend_decode(self, q, k_cache, v_cache, group: _DecodeGroup, mask: torch.Tensor, scale: float) -> torch.Tensor:
-        num_rows, num_blocks = group.blocks.shape
-        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-        shape = (num_rows, num_blocks * k_cache.shape[1], num_kv_heads, head_dim)
-        keys = k_cache[group.blocks].reshape(shape).transpose(1, 2)  # [B, kv_heads, L, D]
-        values = v_cache[group.blocks].reshape(shape).transpose(1, 2)
-        attn = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=self._num_groups > 1
-        )  # [B, heads, 1, D]
-        return attn.squeeze(2)
+
+def _attend_prefill(q, k_cache, v_cache, row: _PrefillRow, mask: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    ctx = row.context_len
+    keys = k_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
+    values = v_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
+    attn = F.scaled_dot_product_attention(
+        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=gqa
+    )
+    return attn.transpose(0, 1)
+
+
+def _attend_decode(q, k_cache, v_cache, group: _DecodeGroup, mask: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
+    num_rows, num_blocks = group.blocks.shape
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    shape = (num_rows, num_blocks * k_cache.shape[1], num_kv_heads, head_dim)
+    keys = k_cache[group.blocks].reshape(shape).transpose(1, 2)  # [B, kv_heads, L, D]
+    values = v_cache[group.blocks].reshape(shape).transpose(1, 2)
+    attn = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=gqa)  # [B, heads, 1, D]
+    return attn.squeeze(2)
 
 
 def _prefill_mask(ctx: int, num_new: int, spans: list[tuple[int, int]], device: torch.device) -> torch.Tensor:

@@ -71,8 +71,8 @@ class DecodeNode(EngineNode):
         """Whether the KV pool has room for the request now, read off the engine thread (an int
         read; the engine thread's ``adopt`` decides). Checked before the first token goes out, so
         a node out of pages refuses the stream as busy before the client saw anything of it."""
-        needed = self.engine.kv.blocks_needed(request.num_prompt_tokens + request.sampling.max_tokens)
-        return self.engine.kv.pool.can_allocate(needed)
+        kv = self.engine.kv
+        return kv.pool.can_allocate(kv.pages_to_adopt(request.num_tokens - 1, request.num_prompt_tokens + request.sampling.max_tokens))
 
     def adopt(self, request: Request, pages: KVPages, on_output: Callable[[RequestOutput | BaseException], None]) -> Future:
         """Take over a request whose first output was made (``first_output``, unfinished) on the

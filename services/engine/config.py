@@ -25,6 +25,10 @@ class EngineConfig:
     # Never split one image's placeholder span across steps (as vLLM's disable_chunked_mm_input).
     disable_chunked_mm_input: bool = False
     enable_prefix_caching: bool = True
+    # Sliding-window layers (Gemma3's local layers) hold only their window's KV pages, released to
+    # the shared page pool as a request moves on (services/engine/kv/layout.py). Off: every layer
+    # holds the whole context, as full attention would (attention stays windowed either way).
+    sliding_window_kv: bool = True
     max_model_len: int = 32768
     attention_backend: str = "auto"
     # Prepack linear weights for oneDNN on CPU (kernels/cpu_linear.py): faster decode steps of a

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from services.engine.engine import Engine, RequestRejectedError
+from services.engine.kv.kv_cache_manager import page_key
 from services.engine.kv_pages import KVPages, num_blocks
 from services.engine.request import Request, RequestStatus
 from shared.types import BlockHash, MmHash
@@ -35,62 +36,103 @@ def import_embeddings(engine: Engine, request_id: str, mm_hash: MmHash, embeds: 
 def import_prefilled(engine: Engine, request: Request, pages: KVPages) -> None:
     """Adopt a request whose prompt KV was computed elsewhere. Its first token (sampled where the
     prompt was prefilled) is already the last of ``output_token_ids`` and did not finish it.
-    Every block it may ever need is reserved now, so it can never be preempted (a decode node
-    could not recompute a prompt whose images it does not hold).
+    Every page it may ever need is reserved now, so it can never be preempted (a decode node
+    could not recompute a prompt whose images it does not hold). Blocks a sliding layer can no
+    longer read get no page there (the sender's were released; it sends zeros for them).
 
     A migrated request arrives with ``output_token_ids`` also holding the answer sent before the
     migration: ``pages`` then cover the prompt and those tokens, the first token excepted.
     """
     num_known_tokens = request.num_tokens - 1  # all but the first token have KV in the pages
-    if not engine.kv.allocate(request, request.num_prompt_tokens + request.sampling.max_tokens):
-        raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
-    table = engine.kv.block_table(request)
-    ids = torch.tensor(table[: num_blocks(pages)], dtype=torch.long, device=engine.runner.device)
-    for (k_cache, v_cache), (k_pages, v_pages) in zip(engine.runner.kv_caches, pages):
-        k_cache.index_copy_(0, ids, k_pages.to(k_cache.device, k_cache.dtype))
-        v_cache.index_copy_(0, ids, v_pages.to(v_cache.device, v_cache.dtype))
     request.num_computed_tokens = num_known_tokens
+    total = request.num_prompt_tokens + request.sampling.max_tokens
+    if not engine.kv.allocate(request, max(0, total - num_known_tokens)):
+        request.num_computed_tokens = 0
+        raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
+    for layer, (k_pages, v_pages) in enumerate(pages):
+        ids, kept = _layer_pages(engine, request, layer, num_blocks(pages))
+        k_cache, v_cache = engine.runner.kv_caches[engine.kv.layout.place(layer).slot]
+        k_cache.index_copy_(0, ids, k_pages[kept].to(k_cache.device, k_cache.dtype))
+        v_cache.index_copy_(0, ids, v_pages[kept].to(v_cache.device, v_cache.dtype))
     engine.kv.cache_computed_blocks(request)
     request.status = RequestStatus.RUNNING
     engine.requests[request.request_id] = request
     engine.scheduler.running.append(request)
 
 
-def read_pages(engine: Engine, block_ids: list[int]) -> KVPages:
-    """Copies of these blocks' pages, every layer."""
-    ids = torch.tensor(block_ids, dtype=torch.long, device=engine.runner.device)
-    return [(k.index_select(0, ids), v.index_select(0, ids)) for k, v in engine.runner.kv_caches]
+def _layer_pages(engine: Engine, request: Request, layer: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page ids, indices among the first ``count`` blocks) of the blocks holding a page for
+    ``layer``: released sliding blocks have none."""
+    place = engine.kv.layout.place(layer)
+    table = engine.kv.page_table(request, place.group, place.page, fill=None)[:count]
+    kept = [b for b, page in enumerate(table) if page is not None]
+    device = engine.runner.device
+    return torch.tensor([table[b] for b in kept], dtype=torch.long, device=device), torch.tensor(kept, dtype=torch.long)
+
+
+def read_request_pages(engine: Engine, request: Request, count: int) -> KVPages:
+    """Copies of the first ``count`` blocks' pages of ``request``, every layer; a block a sliding
+    layer released reads as zeros (no query after the prompt reads it)."""
+    pages: KVPages = []
+    for layer in range(engine.kv.layout.num_layers):
+        ids, kept = _layer_pages(engine, request, layer, count)
+        pages.append(_gather(engine, layer, ids, kept, count))
+    return pages
+
+
+def _gather(engine: Engine, layer: int, ids: torch.Tensor, kept: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    k_cache, v_cache = engine.runner.kv_caches[engine.kv.layout.place(layer).slot]
+    out = []
+    for cache in (k_cache, v_cache):
+        pages = cache.new_zeros((count, *cache.shape[1:]))
+        pages[kept.to(cache.device)] = cache.index_select(0, ids)
+        out.append(pages)
+    return out[0], out[1]
 
 
 def num_cached_blocks(engine: Engine, hashes: list[BlockHash]) -> int:
-    """How many leading blocks of ``hashes`` the engine's prefix cache holds."""
-    count = 0
-    for block_hash in hashes:
-        if engine.kv.pool.lookup(block_hash) is None:
-            break
-        count += 1
-    return count
+    """How many leading blocks of ``hashes`` a prefix hit here would reuse."""
+    return engine.kv.num_cached_blocks(hashes)
 
 
 def export_prefix(engine: Engine, hashes: list[BlockHash]) -> KVPages:
-    """Pages of the leading blocks of ``hashes`` held here (no blocks if none is held)."""
-    num = num_cached_blocks(engine, hashes)
-    return read_pages(engine, [engine.kv.pool.lookup(h).block_id for h in hashes[:num]])
+    """Pages of the leading blocks of ``hashes`` held here (no blocks if none is held): what a
+    prefix hit would reuse, a sliding layer's blocks before its last window as zeros."""
+    cached = engine.kv.cached_prefix(hashes)
+    pages: KVPages = []
+    for layer in range(engine.kv.layout.num_layers):
+        place = engine.kv.layout.place(layer)
+        table = cached.tables[place.group] if cached.tables else []
+        kept = [b for b, held in enumerate(table) if held is not None]
+        ids = torch.tensor([table[b][place.page].block_id for b in kept], dtype=torch.long, device=engine.runner.device)
+        pages.append(_gather(engine, layer, ids, torch.tensor(kept, dtype=torch.long), cached.num_blocks))
+    return pages
 
 
 def import_blocks(engine: Engine, hashes: list[BlockHash], pages: KVPages) -> int:
     """File pages computed elsewhere under their block hashes as cached prefix blocks, so the next
-    prefix lookup finds them. Blocks already held are skipped; stops when the pool has no free
-    block. Returns the number of blocks imported."""
+    prefix lookup finds them (a sliding layer's only for the blocks a query after the run reads,
+    the rule export_prefix applies). Pages already held are skipped; stops when the pool has no
+    free page. Returns the number of blocks that gained a page."""
+    kv, layout = engine.kv, engine.kv.layout
+    count = min(len(hashes), num_blocks(pages))
     num_imported = 0
-    for index, block_hash in enumerate(hashes):
-        if engine.kv.pool.lookup(block_hash) is not None:
-            continue
-        block = engine.kv.pool.import_block(block_hash)
-        if block is None:
-            break
-        for (k_cache, v_cache), (k_pages, v_pages) in zip(engine.runner.kv_caches, pages):
-            k_cache[block.block_id].copy_(k_pages[index])
-            v_cache[block.block_id].copy_(v_pages[index])
-        num_imported += 1
+    for b in range(count):
+        imported = False
+        for g, j in layout.columns:
+            if b < layout.first_needed_block(g, count * kv.block_size, kv.block_size):
+                continue
+            key = page_key(hashes[b], g, j)
+            if kv.pool.lookup(key) is not None:
+                continue
+            page = kv.pool.import_block(key, publish=(g, j) == (0, 0))
+            if page is None:
+                return num_imported
+            for slot in range(layout.num_slots):
+                layer = layout.groups[g].layers[j * layout.num_slots + slot]
+                k_cache, v_cache = engine.runner.kv_caches[slot]
+                k_cache[page.block_id].copy_(pages[layer][0][b])
+                v_cache[page.block_id].copy_(pages[layer][1][b])
+            imported = True
+        num_imported += imported
     return num_imported

@@ -37,7 +37,13 @@ class Engine:
             # vLLM forces too).
             self.config = dataclasses.replace(self.config, disable_chunked_mm_input=True)
         self.runner = ModelRunner(model, self.config, load_vision=load_vision)
-        self.kv = KVCacheManager(self.runner.num_kv_blocks, self.config.block_size, enable_caching=self.config.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            self.runner.num_kv_blocks,
+            self.config.block_size,
+            enable_caching=self.config.enable_prefix_caching,
+            layout=self.runner.layout,
+            max_chunk_tokens=self.config.max_num_batched_tokens,
+        )
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
         self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)
         self.sampler = Sampler()
@@ -50,8 +56,8 @@ class Engine:
         self._failures: list[tuple[str, Exception]] = []
         self.num_steps = 0
         self.num_aborted = 0  # requests stopped unfinished: their caller left or ran out of time, or their step failed
-        # Called as fn(request, block_ids) when a request finishes, before its KV is released.
-        self.finish_listeners: list[Callable[[Request, list[int]], None]] = []
+        # Called as fn(request) when a request finishes, before its KV pages are released.
+        self.finish_listeners: list[Callable[[Request], None]] = []
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PreprocessedRequest, sampling: SamplingParams, *, cache_salt: str | None = None) -> None:
@@ -123,7 +129,7 @@ class Engine:
         status = self.outputs.append_token(request, token)
         if status is not None:
             for listener in self.finish_listeners:
-                listener(request, self.kv.block_table(request))
+                listener(request)
             self.scheduler.finish(request, status)
             self.requests.pop(request.request_id, None)
             self.sampler.forget(request.request_id)
@@ -164,10 +170,8 @@ class Engine:
                 f"prompt ({request.num_prompt_tokens} tokens) plus max_tokens ({request.sampling.max_tokens}) "
                 f"exceeds the model length limit of {self.config.max_model_len}"
             )
-        if self.kv.blocks_needed(total) > self.runner.num_kv_blocks:
-            raise RequestRejectedError(
-                f"request needs {self.kv.blocks_needed(total)} KV blocks but the pool has {self.runner.num_kv_blocks}"
-            )
+        if self.kv.pages_needed(total) > self.runner.num_kv_blocks:
+            raise RequestRejectedError(f"request needs {self.kv.pages_needed(total)} KV pages but the pool has {self.runner.num_kv_blocks}")
         for feature in request.mm_features:
             limit = min(self.config.encoder_cache_tokens, self.config.max_encoder_tokens_per_step)
             if feature.num_embeds > limit:

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.attention import AttentionBatch
 from kernels.cpu_linear import packing_available
 from kernels.selector import create_backend
+from services.engine.attention_inputs import layer_attention_inputs, new_kv_storage
 from services.engine.config import EngineConfig
 from services.engine.kv.kv_cache_manager import KVCacheManager
+from services.engine.kv.layout import KVLayout
 from services.engine.request import Request
 from services.engine.scheduler import SchedulerOutput
 from services.models.checkpoint import load_weights
@@ -45,14 +46,12 @@ class ModelRunner:
         if load_vision:
             self.vision = self.family.build_vision(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_weights)
         text = self.checkpoint.shape
+        self.layout = KVLayout.from_windows(text.layer_windows) if config.sliding_window_kv else KVLayout.uniform(text.num_layers)
+        # KV pages, each holding layout.num_slots layers (every layer when all are alike).
         self.num_kv_blocks = config.resolve_num_kv_blocks(
-            num_layers=text.num_layers, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4
+            num_layers=self.layout.num_slots, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4
         )
-        shape = (self.num_kv_blocks, config.block_size, text.num_kv_heads, text.head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
-            for _ in range(text.num_layers)
-        ]
+        self.kv_caches = new_kv_storage(self.layout, self.num_kv_blocks, config.block_size, text, self.dtype, self.device)
         self.backend = create_backend(config.attention_backend, self.device, needs_masks=self.family.bidirectional_images)
         self.block_size = config.block_size
         # mm_hash -> embeddings; residency is decided by the EncoderCacheManager.
@@ -67,8 +66,6 @@ class ModelRunner:
         self._run_encoder(step)
         token_ids: list[int] = []
         positions: list[torch.Tensor] = []
-        slots: list[int] = []
-        query_start_loc, context_lens, block_tables = [0], [], []
         merges: list[tuple[int, torch.Tensor]] = []  # (row in batch, embedding rows)
         sample_rows, sample_requests = [], []
         for item in step.scheduled:
@@ -77,11 +74,6 @@ class ModelRunner:
             row0 = len(token_ids)
             token_ids.extend(request.token_ids()[start:end])
             positions.append(request.positions(start, end))
-            table = kv.block_table(request)
-            slots.extend(table[t // self.block_size] * self.block_size + t % self.block_size for t in range(start, end))
-            query_start_loc.append(len(token_ids))
-            context_lens.append(end)
-            block_tables.append(table)
             for feature in request.mm_features:
                 lo, hi = max(start, feature.placeholder.offset), min(end, feature.placeholder.end)
                 if lo < hi:
@@ -93,15 +85,9 @@ class ModelRunner:
 
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         inputs = self.decoder.prepare_inputs(ids, merges)
-        batch = AttentionBatch(
-            query_start_loc=query_start_loc,
-            context_lens=context_lens,
-            block_tables=block_tables,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=self.device),
-            block_size=self.block_size,
-            bidirectional_spans=self._image_spans(step) if self.family.bidirectional_images else None,
-        )
-        hidden = self.decoder(inputs, torch.cat(positions, dim=1).to(self.device), self.kv_caches, batch, self.backend)
+        spans = self._image_spans(step) if self.family.bidirectional_images else None
+        layer_kv = layer_attention_inputs(step, kv, self.kv_caches, self.backend, self.checkpoint.shape, spans)
+        hidden = self.decoder(inputs, torch.cat(positions, dim=1).to(self.device), layer_kv, self.backend)
         if not sample_rows:
             return StepLogits([], torch.empty(0))
         return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests)

@@ -69,8 +69,11 @@ class TextShape:
 
     vocab_size: int
     num_layers: int
+    num_heads: int
     num_kv_heads: int
     head_dim: int
+    # Per layer: the keys it reads back (a sliding window of that many positions), or None for all.
+    layer_windows: tuple[int | None, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +90,8 @@ class ModelConfig:
     @property
     def shape(self) -> TextShape:
         t = self.text
-        return TextShape(vocab_size=t.vocab_size, num_layers=t.num_layers, num_kv_heads=t.num_kv_heads, head_dim=t.head_dim)
+        windows = getattr(t, "layer_windows", None) or (None,) * t.num_layers
+        return TextShape(t.vocab_size, t.num_layers, t.num_heads, t.num_kv_heads, t.head_dim, tuple(windows))
 
 
 class ImageProcessor(Protocol):

@@ -2,7 +2,8 @@
 embeddings the embedding table), its CPU packing, and greedy tokens without full logits.
 
 A family's decoder subclasses ``PagedDecoder``, builds ``self.layers`` and implements
-``forward(inputs, positions, kv_caches, batch, backend) -> hidden``; the model runner calls only
+``forward(inputs, positions, layer_kv, backend) -> hidden`` (layer_kv: per layer, its KV storage
+and its planned AttentionBatch: services/engine/attention_inputs.py); the model runner calls only
 ``prepare_inputs``, ``forward``, ``compute_logits``, ``greedy_tokens`` and ``pack_for_cpu``.
 
 An image's encoder output is one tensor of rows, one row per placeholder token. Its first

@@ -305,14 +305,14 @@ class PrefillNode(EngineNode):
             if events is not None:
                 self.publisher.record(events)
 
-    def _ship_kv(self, request: Request, block_ids: list[int]) -> None:
+    def _ship_kv(self, request: Request) -> None:
         """Engine-thread hook: push the prompt's KV pages before the blocks are released."""
         target = self._decode_targets.pop(request.request_id, None)
         if target is None:
             return
         num_blocks = -(-request.num_prompt_tokens // self.engine.config.block_size)
         try:
-            self.send_pages(target, request.request_id, connector.read_pages(self.engine, block_ids[:num_blocks]))
+            self.send_pages(target, request.request_id, connector.read_request_pages(self.engine, request, num_blocks))
         except TensorSendTimeoutError as exc:
             # Never raise on the engine thread (it would fail every request in the step): the
             # decode node times out waiting for these pages and the gateway retries elsewhere.

@@ -87,7 +87,7 @@ def test_torch_backend_batches_decodes_of_every_length(monkeypatch, max_group_ke
     q, k_cache, v_cache, k_new, v_new, batch, qs, ks, vs = _case(torch.device("cpu"), shapes=shapes)
     backend = create_backend("torch", torch.device("cpu"))
     backend.prepare(batch, num_heads=4, num_kv_heads=2, head_dim=16)
-    assert len(backend._decode_groups) > 1  # the lengths force several groups
+    assert len(batch.plan.decode_groups) > 1  # the lengths force several groups
     backend.write_kv(k_cache, v_cache, k_new, v_new, batch)
     out = backend.attend(q, k_cache, v_cache, batch, scale=16**-0.5)
     torch.testing.assert_close(out, _dense_reference(qs, ks, vs, 16**-0.5), atol=1e-5, rtol=1e-3)

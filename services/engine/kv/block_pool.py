@@ -9,7 +9,8 @@ Eviction order: the free queue is LRU. Freed blocks are appended at the tail; al
 from the head, so the least recently freed cached block is evicted first. A request frees its
 blocks in reverse order, so a prefix's tail is evicted before its head (the head is the part
 other requests are most likely to share).
-Every store and eviction of a hash is recorded as an event for the global index.
+Every store and eviction of a published hash is recorded as an event for the global index (a
+block's other pages are cached under keys of their own, unpublished: kv_cache_manager.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class KVBlock:
     block_id: int
     ref_count: int = 0
     block_hash: BlockHash | None = None
+    published: bool = False  # its hash's store and eviction go to the index
     prev: KVBlock | None = field(default=None, repr=False)
     next: KVBlock | None = field(default=None, repr=False)
 
@@ -120,24 +122,26 @@ class BlockPool:
             if block.ref_count == 0:
                 self.free_queue.append(block)
 
-    def cache_block(self, block: KVBlock, block_hash: BlockHash) -> None:
+    def cache_block(self, block: KVBlock, block_hash: BlockHash, *, publish: bool = True) -> None:
         """Record that ``block`` holds the full block ``block_hash``."""
         if not self.enable_caching or block.block_hash is not None:
             return
         if block_hash in self.hash_to_block:
             return  # another block already holds identical KV; keep the first
         block.block_hash = block_hash
+        block.published = publish
         self.hash_to_block[block_hash] = block
-        self.events.append(BlockStored(block_hash, block.block_id))
+        if publish:
+            self.events.append(BlockStored(block_hash, block.block_id))
 
-    def import_block(self, block_hash: BlockHash) -> KVBlock | None:
+    def import_block(self, block_hash: BlockHash, *, publish: bool = True) -> KVBlock | None:
         """Take a free block for KV computed elsewhere and file it under ``block_hash`` as a free,
         cached block (at the free queue's tail: the last to be evicted). The caller writes the
         page into it before anything else allocates. None if caching is off or nothing is free."""
         if not self.enable_caching or not self.can_allocate(1):
             return None
         block = self.allocate(1)[0]
-        self.cache_block(block, block_hash)
+        self.cache_block(block, block_hash, publish=publish)
         self.free([block])
         return block
 
@@ -150,6 +154,8 @@ class BlockPool:
             return
         if self.hash_to_block.get(block.block_hash) is block:
             del self.hash_to_block[block.block_hash]
-        self.events.append(BlockEvicted(block.block_hash, block.block_id))
+        if block.published:
+            self.events.append(BlockEvicted(block.block_hash, block.block_id))
         self.num_evictions += 1
         block.block_hash = None
+        block.published = False

@@ -47,6 +47,10 @@ class TextConfig:
     kind_to_rope: dict[str, RopeConfig]
     attention_bias: bool
 
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        return tuple(self.sliding_window if kind == SLIDING else None for kind in self.layer_types)
+
 
 def _rope(params: dict) -> RopeConfig:
     kind = params.get("rope_type", "default")

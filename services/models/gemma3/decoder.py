@@ -110,15 +110,13 @@ class TextDecoder(PagedDecoder):
         self,
         inputs: DecoderInputs,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        batch: AttentionBatch,
+        layer_kv: list[tuple[tuple[torch.Tensor, torch.Tensor], AttentionBatch]],
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """inputs.embeds (N, hidden), positions (3, N; 1-D, row 0 used) -> final hidden states."""
         kind_to_cos_sin = {kind: rotary(positions[0]) for kind, rotary in self.kind_to_rotary.items()}
-        backend.prepare(batch, num_heads=self.config.num_heads, num_kv_heads=self.config.num_kv_heads, head_dim=self.config.head_dim)
         x = inputs.embeds
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, (kv_cache, batch) in zip(self.layers, layer_kv):
             cos, sin = kind_to_cos_sin[layer.layer_type]
             x = layer(x, cos, sin, kv_cache, batch, backend)
         return self.norm(x)

@@ -117,7 +117,7 @@ def test_preempted_requests_still_match_the_oracle(make_llm, oracle):
 def test_impossible_requests_are_rejected_up_front(make_llm):
     llm = make_llm(num_kv_blocks=4, block_size=4)
     body = chat_case("word " * 40).body
-    with pytest.raises(RequestRejectedError, match="KV blocks"):
+    with pytest.raises(RequestRejectedError, match="KV pages"):
         llm.generate([body], GREEDY_16)
     llm = make_llm(encoder_cache_tokens=32, max_encoder_tokens_per_step=32)
     with pytest.raises(RequestRejectedError, match="embedding rows"):

@@ -1,0 +1,63 @@
+"""What each layer's attention reads in one step: its KV storage and the batch of page tables of
+its (group, page) column (services/engine/kv/layout.py). Columns share the step's query layout,
+context lengths and image spans; only the page ids differ. Each batch is planned once per step by
+the backend and read by every layer of its column."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention import AttentionBackend, AttentionBatch
+from services.engine.kv.kv_cache_manager import KVCacheManager
+from services.engine.kv.layout import KVLayout
+from services.engine.scheduler import SchedulerOutput
+from services.models.family import TextShape
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+def new_kv_storage(layout: KVLayout, num_pages: int, block_size: int, shape: TextShape, dtype, device) -> list[KVCache]:
+    """One (K, V) tensor pair per page slot, each (num_pages, block_size, kv_heads, head_dim)."""
+    dims = (num_pages, block_size, shape.num_kv_heads, shape.head_dim)
+    return [(torch.zeros(dims, dtype=dtype, device=device), torch.zeros(dims, dtype=dtype, device=device)) for _ in range(layout.num_slots)]
+
+
+def layer_attention_inputs(
+    step: SchedulerOutput,
+    kv: KVCacheManager,
+    storage: list[KVCache],
+    backend: AttentionBackend,
+    shape: TextShape,
+    spans: list[list[tuple[int, int]]] | None,
+) -> list[tuple[KVCache, AttentionBatch]]:
+    """Per layer, in order: (its KV storage, its column's planned batch)."""
+    layout, block_size = kv.layout, kv.block_size
+    device = storage[0][0].device
+    query_start_loc, context_lens = [0], []
+    for item in step.scheduled:
+        query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
+        context_lens.append(item.request.num_computed_tokens + item.num_new_tokens)
+    column_to_batch: dict[tuple[int, int], AttentionBatch] = {}
+    for group, page in layout.columns:
+        tables, slots = [], []
+        for item in step.scheduled:
+            request = item.request
+            table = kv.page_table(request, group, page)
+            start, end = request.num_computed_tokens, request.num_computed_tokens + item.num_new_tokens
+            slots.extend(table[t // block_size] * block_size + t % block_size for t in range(start, end))
+            tables.append(table)
+        batch = AttentionBatch(
+            query_start_loc=query_start_loc,
+            context_lens=context_lens,
+            block_tables=tables,
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            block_size=block_size,
+            bidirectional_spans=spans,
+        )
+        backend.prepare(batch, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
+        column_to_batch[(group, page)] = batch
+    out = []
+    for layer in range(layout.num_layers):
+        place = layout.place(layer)
+        out.append((storage[place.slot], column_to_batch[(place.group, place.page)]))
+    return out
