@@ -111,3 +111,26 @@ def test_pan_and_scan_setting_is_part_of_mm_hash(make_gemma3_llm):
     plain = make_gemma3_llm().preprocessor.preprocess(body).mm_items[0].mm_hash
     scanned = make_gemma3_llm(pan_and_scan=True).preprocessor.preprocess(body).mm_items[0].mm_hash
     assert plain != scanned
+
+
+def test_sliding_layers_hold_only_their_window_and_stay_exact(make_gemma3_llm, gemma3_oracle):
+    """A prompt several windows long (the tiny model's window is 32): with sliding_window_kv its
+    three sliding layers keep only the pages the window can reach, the global layer every page;
+    output equals the oracle either way. Counted in layer pages (a page of the uniform layout
+    spans all four layers)."""
+    case = chat_case(LONG_TEXT, _png(64, 64, 13), LONG_TEXT, "Summarise.")
+    expected = _oracle_tokens(gemma3_oracle, case)
+    held = {}
+    for windowed in (False, True):
+        llm = make_gemma3_llm(sliding_window_kv=windowed, max_num_batched_tokens=64)
+        pool, layers_per_page = llm.engine.kv.pool, len(llm.engine.runner.kv_caches)
+
+        def count(request, pool=pool, windowed=windowed, layers_per_page=layers_per_page) -> None:  # before its pages are freed
+            held[windowed] = (pool.num_blocks - pool.num_free_blocks) * layers_per_page
+
+        llm.engine.finish_listeners.append(count)
+        [result] = llm.generate([case.body], GREEDY_12)
+        assert_tokens_match(result.token_ids, expected, context=f"sliding_window_kv={windowed}")
+    num_blocks = -(-(result.usage.prompt_tokens + 11) // 16)
+    assert held[False] == 4 * num_blocks
+    assert num_blocks + 3 * 2 <= held[True] <= num_blocks + 3 * 3

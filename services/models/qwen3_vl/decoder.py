@@ -1,0 +1,127 @@
+"""Our Qwen3-VL text decoder over a paged KV cache.
+
+Per layer (Qwen3: RMSNorm on each head's q and k before RoPE, no qkv bias by default):
+  h = x + o_proj(attn(rope(q_norm(q_proj(n))), rope(k_norm(k_proj(n))), v_proj(n)))   n = rms(x)
+  y = h + down(silu(gate(rms(h))) * up(rms(h)))
+Interleaved M-RoPE: rotary frequency j (of head_dim/2) turns by the token's position on axis
+  h  if j % 3 == 1 and j < 3 * section_h,
+  w  if j % 3 == 2 and j < 3 * section_w,
+  t  otherwise,
+(transformers' Qwen3VLTextRotaryEmbedding.recomposition_frequencies), then cos/sin are duplicated
+across the two halves (rotate_half convention). Only frequencies are selected, never combined, so
+the float32 values are the oracle's bit for bit.
+DeepStack: an image's encoder rows are [main | level 0 | ... | level L-1], each hidden_size wide.
+The main part replaced the token embeddings (PagedDecoder.prepare_inputs); level i is added to the
+residual stream at the image's rows after decoder layer i, as transformers' _deepstack_process
+does. Rows are per token, so an image split across prefill chunks gets each chunk's share.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels.attention import AttentionBackend, AttentionBatch
+from services.models.layers import RMSNorm, apply_rope
+from services.models.paged_decoder import DecoderInputs, PagedDecoder
+from services.models.qwen2_vl.decoder import MLP  # the same gated-SiLU MLP
+from services.models.qwen3_vl.config import TextConfig
+
+
+class InterleavedMRotaryEmbedding(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        dim = config.head_dim
+        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        _, section_h, section_w = config.mrope_section
+        j = torch.arange(dim // 2)
+        axis = torch.zeros(dim // 2, dtype=torch.long)
+        axis[(j % 3 == 1) & (j < 3 * section_h)] = 1
+        axis[(j % 3 == 2) & (j < 3 * section_w)] = 2
+        self.register_buffer("axis", axis, persistent=False)  # which position row each frequency reads
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (3, N) -> cos, sin of shape (N, head_dim)."""
+        freqs = positions[..., None].float() * self.inv_freq  # (3, N, dim/2)
+        index = self.axis.view(1, 1, -1).expand(1, freqs.shape[1], -1)
+        freqs = freqs.gather(0, index)[0]  # (N, dim/2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+class Attention(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+
+    def forward(self, x, cos, sin, kv_cache, batch: AttentionBatch, backend: AttentionBackend) -> torch.Tensor:
+        n = x.shape[0]
+        q = apply_rope(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
+        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        backend.write_kv(k_cache, v_cache, k, v, batch)
+        out = backend.attend(q, k_cache, v_cache, batch, self.scale)
+        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, kv_cache, batch, backend) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, batch, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TextDecoder(PagedDecoder):
+    keeps_image_features = True  # the DeepStack levels ride along after the main embedding columns
+
+    def __init__(self, config: TextConfig) -> None:
+        super().__init__(config.vocab_size, config.hidden_size, tie_word_embeddings=config.tie_word_embeddings)
+        self.config = config
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = InterleavedMRotaryEmbedding(config)
+
+    def _deepstack_levels(self, inputs: DecoderInputs) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
+        """(image rows of the batch, one (rows, hidden) tensor per DeepStack level), or (None, [])."""
+        if inputs.image_features is None or inputs.image_mask is None or not bool(inputs.image_mask.any()):
+            return None, []
+        hidden, levels = self.config.hidden_size, self.config.num_deepstack_levels
+        width = inputs.image_features.shape[1]
+        if width != hidden * (1 + levels):
+            raise ValueError(f"image rows are {width} wide; expected {hidden} x (1 + {levels} DeepStack levels)")
+        rows = inputs.image_mask.nonzero().squeeze(1)
+        features = inputs.image_features[rows]
+        return rows, [features[:, hidden * (1 + i) : hidden * (2 + i)] for i in range(levels)]
+
+    def forward(
+        self,
+        inputs: DecoderInputs,
+        positions: torch.Tensor,
+        layer_kv: list[tuple[tuple[torch.Tensor, torch.Tensor], AttentionBatch]],
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """inputs.embeds (N, hidden), positions (3, N) -> final hidden states (N, hidden)."""
+        cos, sin = self.rotary(positions)
+        rows, levels = self._deepstack_levels(inputs)
+        x = inputs.embeds
+        for index, (layer, (kv_cache, batch)) in enumerate(zip(self.layers, layer_kv)):
+            x = layer(x, cos, sin, kv_cache, batch, backend)
+            if index < len(levels):
+                x = x.index_put((rows,), x[rows] + levels[index].to(x.dtype))
+        return self.norm(x)
