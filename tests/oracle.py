@@ -1,5 +1,5 @@
 """The reference oracle: transformers' own processor and ``generate`` (greedy, float32), for
-every family (Qwen2-VL / Qwen2.5-VL, Gemma3).
+every family (Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Gemma3).
 
 Every correctness test compares Tessera against this. Comparison rule: token ids must be equal;
 at the first divergence the test still passes only if the oracle's top-2 logit margin at that
@@ -43,10 +43,13 @@ class OracleOutput:
         return (top[0] - top[1]).item()
 
 
-def _make_hf_processor(tokenizer, image_processor):
-    from transformers import Qwen2VLProcessor
+def _make_hf_processor(tokenizer, image_processor, model_type: str = "qwen2_vl"):
+    from transformers import Qwen2VLProcessor, Qwen3VLProcessor
 
-    class _ImagesOnlyProcessor(Qwen2VLProcessor):
+    # Qwen3-VL's processor expands images as Qwen2-VL's does, over the same image processor class.
+    base = Qwen3VLProcessor if model_type == "qwen3_vl" else Qwen2VLProcessor
+
+    class _ImagesOnlyProcessor(base):
         # transformers requires a torchvision video processor at construction; images don't use it.
         def check_argument_for_proper_class(self, argument_name, argument):
             if argument_name == "video_processor" and argument is None:
@@ -82,7 +85,7 @@ class ReferenceOracle:
             from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
             self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
-            self.processor = _make_hf_processor(self.tokenizer, self.image_processor)
+            self.processor = _make_hf_processor(self.tokenizer, self.image_processor, self.model_type)
         self.model = None
         if load_model:
             # Qwen2-VL or Qwen2.5-VL, whichever the checkpoint declares.

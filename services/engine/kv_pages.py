@@ -5,7 +5,9 @@ Format ``tessera-kv-pages/1``: one tensor message (services/transport/tensor_cha
 tensors are ``k{layer}`` and ``v{layer}`` for every layer, each shaped (num_blocks, block_size,
 num_kv_heads, head_dim) in the sender's KV dtype, and whose metadata names the format, the layer
 count and the block count. A receiver refuses another format or shape rather than filing pages
-it would misread. Bump the version on any change to the layout.
+it would misread. Bump the version on any change to the layout. A sliding-window layer's page
+that no query after the run can read may travel as zeros; both ends apply the same window rule
+(kv/layout.py), and the receiver never files it.
 """
 
 from __future__ import annotations

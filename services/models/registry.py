@@ -19,9 +19,10 @@ from services.models.builtin import build_builtin, is_complete_build
 from services.models.family import ModelFamily, ProgressFn
 from services.models.gemma3 import FAMILY as GEMMA3
 from services.models.qwen2_vl import FAMILY as QWEN2_VL
+from services.models.qwen3_vl import FAMILY as QWEN3_VL
 from shared.paths import builtin_models_dir
 
-FAMILIES: tuple[ModelFamily, ...] = (QWEN2_VL, GEMMA3)
+FAMILIES: tuple[ModelFamily, ...] = (QWEN2_VL, GEMMA3, QWEN3_VL)
 
 MODEL_TYPE_TO_FAMILY: dict[str, ModelFamily] = {model_type: family for family in FAMILIES for model_type in family.model_types}
 BUILTIN_TO_FAMILY: dict[str, ModelFamily] = {name: family for family in FAMILIES for name in family.builtins()}
