@@ -5,7 +5,8 @@ Weight names are those of Qwen2-VL's newer and older vintages, so the mapping is
   text:   "model.language_model.X" | "model.X"   -> "X"   (plus "lm_head.weight")
   vision: "model.visual.X" | "visual.X"           -> "X"
 The Hub's Qwen3-VL checkpoints already use transformers 5's names (transformers has no conversion
-rule for qwen3_vl); the older form is accepted for fine-tunes saved by other tools.
+rule for qwen3_vl); the older form is accepted for fine-tunes saved by other tools. The vision
+config's ``spatial_merge_size`` is read where Qwen2-VL's is, too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from services.models.checkpoint import eos_token_ids
 from services.models.family import ModelConfig
-from services.models.qwen2_vl.config import weight_group
+from services.models.qwen2_vl.config import spatial_merge_size, weight_group
 
 __all__ = ["TextConfig", "read_config", "spatial_merge_size", "weight_group"]
 
@@ -91,7 +92,3 @@ def read_config(path: Path) -> ModelConfig:
         image_token_id=raw.get("image_token_id", 151655),
         eos_token_ids=eos_token_ids(path, raw, text),
     )
-
-
-def spatial_merge_size(config: ModelConfig) -> int:
-    return int(config.raw.get("vision_config", {}).get("spatial_merge_size", 2))

@@ -99,13 +99,15 @@ class TextDecoder(PagedDecoder):
 
     def _deepstack_levels(self, inputs: DecoderInputs) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """(image rows of the batch, one (rows, hidden) tensor per DeepStack level), or (None, [])."""
-        if inputs.image_features is None or inputs.image_mask is None or not bool(inputs.image_mask.any()):
+        if inputs.image_features is None or inputs.image_mask is None:
             return None, []
         hidden, levels = self.config.hidden_size, self.config.num_deepstack_levels
         width = inputs.image_features.shape[1]
         if width != hidden * (1 + levels):
             raise ValueError(f"image rows are {width} wide; expected {hidden} x (1 + {levels} DeepStack levels)")
         rows = inputs.image_mask.nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return None, []
         features = inputs.image_features[rows]
         return rows, [features[:, hidden * (1 + i) : hidden * (2 + i)] for i in range(levels)]
 
