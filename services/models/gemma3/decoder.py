@@ -15,13 +15,15 @@ Positions are 1-D: row 0 of the (3, N) positions every family carries.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionBatch
 from services.models.gemma3.config import FULL, SLIDING, RopeConfig, TextConfig
-from services.models.layers import OffsetRMSNorm, apply_rope
+from services.models.layers import GatedMLP, OffsetRMSNorm, PagedAttention
 from services.models.paged_decoder import DecoderInputs, PagedDecoder
 
 
@@ -38,48 +40,21 @@ class RotaryEmbedding(nn.Module):
         return emb.cos(), emb.sin()
 
 
-class Attention(nn.Module):
-    def __init__(self, config: TextConfig, layer_type: str) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.q_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = OffsetRMSNorm(self.head_dim, config.rms_norm_eps)
-        self.scale = config.query_pre_attn_scalar**-0.5
-        self.sliding_window = config.sliding_window if layer_type == SLIDING else None
-
-    def forward(self, x, cos, sin, kv_cache, batch: AttentionBatch, backend: AttentionBackend) -> torch.Tensor:
-        n = x.shape[0]
-        q = apply_rope(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rope(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        backend.write_kv(k_cache, v_cache, k, v, batch)
-        out = backend.attend(q, k_cache, v_cache, batch, self.scale, sliding_window=self.sliding_window)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
-
-
-class MLP(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, config: TextConfig, layer_type: str) -> None:
         super().__init__()
         self.layer_type = layer_type
-        self.self_attn = Attention(config, layer_type)
-        self.mlp = MLP(config)
+        heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+        self.self_attn = PagedAttention(
+            config.hidden_size,
+            *heads,
+            qkv_bias=config.attention_bias,
+            o_bias=config.attention_bias,
+            scale=config.query_pre_attn_scalar**-0.5,
+            qk_norm=functools.partial(OffsetRMSNorm, eps=config.rms_norm_eps),
+            sliding_window=config.sliding_window if layer_type == SLIDING else None,
+        )
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, functools.partial(F.gelu, approximate="tanh"))
         eps = config.rms_norm_eps
         self.input_layernorm = OffsetRMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, eps)

@@ -12,11 +12,10 @@ the only per-request operation and goes through the attention backend.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionBatch
-from services.models.layers import RMSNorm, apply_rope
+from services.models.layers import GatedMLP, PagedAttention, PreNormLayer, RMSNorm
 from services.models.paged_decoder import DecoderInputs, PagedDecoder
 from services.models.qwen2_vl.config import TextConfig
 
@@ -40,56 +39,17 @@ class MRotaryEmbedding(nn.Module):
         return emb.cos(), emb.sin()
 
 
-class Attention(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=True)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=True)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=True)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
-        self.scale = self.head_dim**-0.5
-
-    def forward(self, x, cos, sin, kv_cache, batch: AttentionBatch, backend: AttentionBackend) -> torch.Tensor:
-        n = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(n, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        backend.write_kv(k_cache, v_cache, k, v, batch)
-        out = backend.attend(q, k_cache, v_cache, batch, self.scale)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
-
-
-class MLP(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, cos, sin, kv_cache, batch, backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, batch, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def _layer(config: TextConfig) -> PreNormLayer:
+    heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    attention = PagedAttention(config.hidden_size, *heads, qkv_bias=True, o_bias=False, scale=config.head_dim**-0.5)
+    return PreNormLayer(attention, GatedMLP(config.hidden_size, config.intermediate_size), config.hidden_size, config.rms_norm_eps)
 
 
 class TextDecoder(PagedDecoder):
     def __init__(self, config: TextConfig) -> None:
         super().__init__(config.vocab_size, config.hidden_size, tie_word_embeddings=config.tie_word_embeddings)
         self.config = config
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(_layer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = MRotaryEmbedding(config)
 

@@ -18,13 +18,14 @@ does. Rows are per token, so an image split across prefill chunks gets each chun
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
 from kernels.attention import AttentionBackend, AttentionBatch
-from services.models.layers import RMSNorm, apply_rope
+from services.models.layers import GatedMLP, PagedAttention, PreNormLayer, RMSNorm
 from services.models.paged_decoder import DecoderInputs, PagedDecoder
-from services.models.qwen2_vl.decoder import MLP  # the same gated-SiLU MLP
 from services.models.qwen3_vl.config import TextConfig
 
 
@@ -50,41 +51,12 @@ class InterleavedMRotaryEmbedding(nn.Module):
         return emb.cos(), emb.sin()
 
 
-class Attention(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.scale = self.head_dim**-0.5
-
-    def forward(self, x, cos, sin, kv_cache, batch: AttentionBatch, backend: AttentionBackend) -> torch.Tensor:
-        n = x.shape[0]
-        q = apply_rope(self.q_norm(self.q_proj(x).view(n, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rope(self.k_norm(self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)), cos, sin)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        k_cache, v_cache = kv_cache
-        backend.write_kv(k_cache, v_cache, k, v, batch)
-        out = backend.attend(q, k_cache, v_cache, batch, self.scale)
-        return self.o_proj(out.reshape(n, self.num_heads * self.head_dim))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
-        super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, cos, sin, kv_cache, batch, backend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, batch, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+def _layer(config: TextConfig) -> PreNormLayer:
+    heads = (config.num_heads, config.num_kv_heads, config.head_dim)
+    norm = functools.partial(RMSNorm, eps=config.rms_norm_eps)
+    bias = config.attention_bias
+    attention = PagedAttention(config.hidden_size, *heads, qkv_bias=bias, o_bias=bias, scale=config.head_dim**-0.5, qk_norm=norm)
+    return PreNormLayer(attention, GatedMLP(config.hidden_size, config.intermediate_size), config.hidden_size, config.rms_norm_eps)
 
 
 class TextDecoder(PagedDecoder):
@@ -93,7 +65,7 @@ class TextDecoder(PagedDecoder):
     def __init__(self, config: TextConfig) -> None:
         super().__init__(config.vocab_size, config.hidden_size, tie_word_embeddings=config.tie_word_embeddings)
         self.config = config
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(_layer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = InterleavedMRotaryEmbedding(config)
 
