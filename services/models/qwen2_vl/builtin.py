@@ -111,18 +111,25 @@ BUILTIN_SPECS: dict[str, BuiltinSpec] = {
 
 
 def write_checkpoint(spec: BuiltinSpec, out: Path, progress: ProgressFn) -> int:
-    """Config -> deterministic weights -> safetensors -> tokenizer + image processor + template."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    return write_qwen_checkpoint(spec, out, progress, Qwen2VLConfig, Qwen2VLForConditionalGeneration, build_processor_parts)
+
+
+def write_qwen_checkpoint(spec, out: Path, progress: ProgressFn, config_cls, model_cls, processor_parts) -> int:
+    """Config -> deterministic weights -> safetensors -> tokenizer + image processor + template,
+    for any Qwen-VL generation (``spec`` has name, seed, init_std and config_dict())."""
     import torch
-    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import GenerationConfig
 
     from shared.models.weights import fill_deterministic
 
     progress(f"[{spec.name}] 1/4 config")
-    config = Qwen2VLConfig(**spec.config_dict())
+    config = config_cls(**spec.config_dict())
     config.dtype = "float32"
     progress(f"[{spec.name}] 2/4 weights (seed {spec.seed}, std {spec.init_std})")
     torch.manual_seed(spec.seed)  # only construction-time init; every tensor is overwritten next
-    model = Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    model = model_cls(config).to(torch.float32).eval()
     fill_deterministic(model, seed=spec.seed, std=spec.init_std)
     num_params = sum(p.numel() for p in model.parameters())
     progress(f"[{spec.name}] 3/4 saving {num_params / 1e6:.1f}M parameters")
@@ -134,7 +141,7 @@ def write_checkpoint(spec: BuiltinSpec, out: Path, progress: ProgressFn) -> int:
     )
     model.save_pretrained(out, safe_serialization=True)
     progress(f"[{spec.name}] 4/4 tokenizer, image processor, chat template")
-    tokenizer, image_processor = build_processor_parts()
+    tokenizer, image_processor = processor_parts()
     tokenizer.save_pretrained(out)
     image_processor.save_pretrained(out)
     return num_params

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.models.family import ProgressFn
-from shared.models.tokens import ENDOFTEXT_ID, IM_END_ID, IMAGE_PAD_ID, SPECIAL_TOKEN_TO_ID, VISION_END_ID, VISION_START_ID, VOCAB_SIZE
+from services.models.qwen2_vl.builtin import write_qwen_checkpoint
+from shared.models.tokens import IMAGE_PAD_ID, SPECIAL_TOKEN_TO_ID, VISION_END_ID, VISION_START_ID, VOCAB_SIZE
 
 # Qwen3-VL's image processor: 256x256 to 4096x4096 pixels, normalised to [-1, 1].
 MIN_PIXELS = 256 * 256
@@ -166,30 +167,6 @@ def build_processor_parts():
 
 
 def write_checkpoint(spec: BuiltinSpec, out: Path, progress: ProgressFn) -> int:
-    """Config -> deterministic weights -> safetensors -> tokenizer + image processor + template."""
-    import torch
-    from transformers import GenerationConfig, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    from shared.models.weights import fill_deterministic
-
-    progress(f"[{spec.name}] 1/4 config")
-    config = Qwen3VLConfig(**spec.config_dict())
-    config.dtype = "float32"
-    progress(f"[{spec.name}] 2/4 weights (seed {spec.seed}, std {spec.init_std})")
-    torch.manual_seed(spec.seed)  # only construction-time init; every tensor is overwritten next
-    model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
-    fill_deterministic(model, seed=spec.seed, std=spec.init_std)
-    num_params = sum(p.numel() for p in model.parameters())
-    progress(f"[{spec.name}] 3/4 saving {num_params / 1e6:.1f}M parameters")
-    model.generation_config = GenerationConfig(
-        bos_token_id=ENDOFTEXT_ID,
-        eos_token_id=[IM_END_ID, ENDOFTEXT_ID],
-        pad_token_id=ENDOFTEXT_ID,
-        do_sample=False,
-    )
-    model.save_pretrained(out, safe_serialization=True)
-    progress(f"[{spec.name}] 4/4 tokenizer, image processor, chat template")
-    tokenizer, image_processor = build_processor_parts()
-    tokenizer.save_pretrained(out)
-    image_processor.save_pretrained(out)
-    return num_params
+    return write_qwen_checkpoint(spec, out, progress, Qwen3VLConfig, Qwen3VLForConditionalGeneration, build_processor_parts)
