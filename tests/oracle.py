@@ -123,7 +123,8 @@ class ReferenceOracle:
         return positions[:, 0, :], int(deltas[0, 0].item())
 
     @torch.inference_mode()
-    def generate(self, inputs: OracleInputs, max_new_tokens: int) -> OracleOutput:
+    def generate(self, inputs: OracleInputs, max_new_tokens: int, **generate_kwargs) -> OracleOutput:
+        """Greedy; ``generate_kwargs`` add transformers' logits processors (repetition_penalty)."""
         assert self.model is not None
         kwargs = {"input_ids": inputs.input_ids, "attention_mask": torch.ones_like(inputs.input_ids)}
         if inputs.pixel_values is not None and self.model_type == "gemma3":
@@ -141,6 +142,7 @@ class ReferenceOracle:
             do_sample=False,
             output_logits=True,
             return_dict_in_generate=True,
+            **generate_kwargs,
         )
         prompt_len = inputs.input_ids.shape[1]
         return OracleOutput(

@@ -91,8 +91,19 @@ def start_vllm(model: str, *extra: str) -> Peer:
     port = free_port()
     log_path = peers_home() / "logs" / f"vllm_{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [str(vllm_venv() / "bin" / "vllm"), "serve", str(prepared), "--host", "127.0.0.1", "--port", str(port),
-               "--served-model-name", SERVED_NAME, *SERVE_ARGS, *extra]
+    command = [
+        str(vllm_venv() / "bin" / "vllm"),
+        "serve",
+        str(prepared),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        SERVED_NAME,
+        *SERVE_ARGS,
+        *extra,
+    ]
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=_serve_env(), start_new_session=True)
     peer = Peer(process=process, base_url=f"http://127.0.0.1:{port}/v1", log_path=log_path)

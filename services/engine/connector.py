@@ -43,11 +43,13 @@ def import_prefilled(engine: Engine, request: Request, pages: KVPages) -> None:
     A migrated request arrives with ``output_token_ids`` also holding the answer sent before the
     migration: ``pages`` then cover the prompt and those tokens, the first token excepted.
     """
+    engine.start_grammar(request)
     num_known_tokens = request.num_tokens - 1  # all but the first token have KV in the pages
     request.num_computed_tokens = num_known_tokens
     total = request.num_prompt_tokens + request.sampling.max_tokens
     if not engine.kv.allocate(request, max(0, total - num_known_tokens)):
         request.num_computed_tokens = 0
+        engine.grammars.forget(request.request_id)
         raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
     for layer, (k_pages, v_pages) in enumerate(pages):
         ids, kept = _layer_pages(engine, request, layer, num_blocks(pages))

@@ -12,14 +12,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
+import torch
+
 from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.model_runner import ModelRunner
 from services.engine.output_processor import OutputProcessor, RequestOutput
 from services.engine.request import MmFeature, Request, RequestStatus
-from services.engine.sampling import Sampler, SamplingError, SamplingParams, TokenLogprobs
+from services.engine.sampling import Sampler, SamplingError, SamplingParams, TokenHistory, TokenLogprobs
 from services.engine.scheduler import Scheduler
+from services.engine.structured_output import GrammarError, Grammars
 from services.models.registry import ModelRef
 from services.preprocess import PreprocessedRequest
 
@@ -46,12 +49,14 @@ class Engine:
         )
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
         self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)
-        self.sampler = Sampler()
+        eos_token_ids = self.runner.checkpoint.eos_token_ids
+        self.sampler = Sampler(frozenset(eos_token_ids))
         if tokenizer is None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(model.path))
-        self.outputs = OutputProcessor(tokenizer, self.runner.checkpoint.eos_token_ids)
+        self.outputs = OutputProcessor(tokenizer, eos_token_ids)
+        self.grammars = Grammars(tokenizer, self.runner.checkpoint.shape.vocab_size, eos_token_ids)
         self.requests: dict[str, Request] = {}
         self._failures: list[tuple[str, Exception]] = []
         self.num_steps = 0
@@ -78,15 +83,26 @@ class Engine:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         self.check_admissible(request)
+        self.start_grammar(request)
         self.requests[request.request_id] = request
         self.scheduler.add(request)
+
+    def start_grammar(self, request: Request) -> None:
+        """Compile the request's structured-output constraint, if it has one, past the tokens it
+        already has. Every way into the engine calls this (add, connector.import_prefilled)."""
+        if request.sampling.structured is None:
+            return
+        try:
+            self.grammars.add(request.request_id, request.sampling.structured, request.output_token_ids)
+        except GrammarError as exc:
+            raise RequestRejectedError(str(exc)) from None
 
     def abort(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
         if request is not None:
             self.num_aborted += 1
             self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
-            self.sampler.forget(request_id)
+            self._forget(request_id)
             self.sync_encoder_outputs()
 
     def has_unfinished(self) -> bool:
@@ -99,7 +115,10 @@ class Engine:
         if not plan.scheduled:
             return []
         self.num_steps += 1
+        masks = self.grammars.start_masks([item.request.request_id for item in plan.scheduled])  # beside the forward pass
         result = self.runner.execute(plan, self.kv)
+        if masks is not None:
+            _apply_masks(result, masks.result())
         token_for, logprobs_for = self._sample(result)
         outputs = []
         for item in plan.scheduled:
@@ -120,26 +139,34 @@ class Engine:
         if not result.requests:
             return token_for, {}
         ids, params = [r.request_id for r in result.requests], [r.sampling for r in result.requests]
-        sampled = self.sampler.sample(result.logits, ids, params)
+        histories = [TokenHistory(r.prompt_token_ids, r.output_token_ids) for r in result.requests]
+        sampled = self.sampler.sample(result.logits, ids, params, histories)
         token_for.update(zip(ids, sampled))
         token_ids = [t if isinstance(t, int) else 0 for t in sampled]  # a failed row's logprobs are never read
         return token_for, dict(zip(ids, Sampler.logprobs(result.logits, token_ids, params)))
 
     def _append(self, request: Request, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
+        grammar_complete = self.grammars.accept(request.request_id, token)
         status = self.outputs.append_token(request, token)
+        if status is None and grammar_complete:
+            status = self.outputs.finish_stopped(request)
         if status is not None:
             for listener in self.finish_listeners:
                 listener(request)
             self.scheduler.finish(request, status)
             self.requests.pop(request.request_id, None)
-            self.sampler.forget(request.request_id)
+            self._forget(request.request_id)
         return self.outputs.snapshot(request, [token], [logprobs] if logprobs is not None else [])
 
     def _fail(self, request: Request, error: Exception) -> None:
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
         self.requests.pop(request.request_id, None)
-        self.sampler.forget(request.request_id)
+        self._forget(request.request_id)
         self._failures.append((request.request_id, error))
+
+    def _forget(self, request_id: str) -> None:
+        self.sampler.forget(request_id)
+        self.grammars.forget(request_id)
 
     def take_failures(self) -> list[tuple[str, Exception]]:
         """Requests that failed on their own in the last steps (request id, why), once each.
@@ -164,6 +191,9 @@ class Engine:
         if token_ids and not 0 <= min(token_ids) <= max(token_ids) < vocab_size:
             bad = next(t for t in token_ids if not 0 <= t < vocab_size)
             raise RequestRejectedError(f"token id {bad} is outside the vocabulary of {vocab_size}")
+        biased = [token for token, _ in request.sampling.logit_bias if not 0 <= token < vocab_size]
+        if biased:
+            raise RequestRejectedError(f"logit_bias names token id {biased[0]}, outside the vocabulary of {vocab_size}")
         total = request.num_prompt_tokens + request.sampling.max_tokens
         if total > self.config.max_model_len:
             raise RequestRejectedError(
@@ -181,3 +211,12 @@ class Engine:
                     f"an image spans {feature.num_embeds} tokens, more than max_num_batched_tokens "
                     f"({self.config.max_num_batched_tokens}), and disable_chunked_mm_input forbids splitting it"
                 )
+
+
+def _apply_masks(result, allowed_for: dict[str, torch.Tensor]) -> None:
+    """Disallowed tokens' logits to -inf, in place, for the rows of requests with a grammar."""
+    with torch.inference_mode():  # the logits are inference tensors
+        for row, request in enumerate(result.requests):
+            allowed = allowed_for.get(request.request_id)
+            if allowed is not None:
+                result.logits[row].masked_fill_(~allowed, float("-inf"))

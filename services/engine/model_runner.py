@@ -99,7 +99,7 @@ class ModelRunner:
     def _sample_inputs(self, hidden: torch.Tensor, requests: list[Request]) -> StepLogits:
         """Logits for the rows whose sampling reads them; a greedy row that asks for no logprobs
         only needs its argmax, which the decoder finds without the float32 logits where it can."""
-        wants_logits = [not (r.sampling.is_greedy and r.sampling.logprobs is None) for r in requests]
+        wants_logits = [r.sampling.reads_logits for r in requests]
         greedy = [row for row, wants in enumerate(wants_logits) if not wants]
         full = [row for row, wants in enumerate(wants_logits) if wants]
         greedy_token_for = {}

@@ -1,7 +1,8 @@
 """Turns sampled tokens into request progress: detokenize, apply stop conditions, finish.
 
 Stop order for each new token: stop token (EOS unless ignore_eos, plus stop_token_ids) ->
-stop string (the text is cut before the match, as OpenAI does) -> max_tokens.
+stop string (the text is cut before the match, as OpenAI does; not before min_tokens) ->
+max_tokens.
 
 Holdback: with stop strings, a request's released text (``output_text``, what streams see) stops
 short of any tail that could still grow into a stop string ("...EN" while "END" is a stop), so a
@@ -46,15 +47,25 @@ class OutputProcessor:
             return RequestStatus.FINISHED_STOPPED
         if params.stop:
             text = self._decode(request)
-            cut = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
-            if cut >= 0:
-                request.output_text = text[:cut]
-                return RequestStatus.FINISHED_STOPPED
+            # As vLLM: stop strings count only once the output is past min_tokens (stop tokens
+            # cannot be drawn before it: the min_tokens processor masks them), and only where
+            # they could end in new text: text already released never holds a counted match.
+            if len(request.output_token_ids) > params.min_tokens:
+                start = max(0, len(request.output_text) - max(map(len, params.stop)) + 1)
+                cut = min((i for i in (text.find(s, start) for s in params.stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    request.output_text = text[:cut]
+                    return RequestStatus.FINISHED_STOPPED
             request.output_text = releasable(text[: len(text) - num_held_back(text, params.stop)])
         if len(request.output_token_ids) >= params.max_tokens:
             request.output_text = self._decode(request)
             return RequestStatus.FINISHED_LENGTH
         return None
+
+    def finish_stopped(self, request: Request) -> RequestStatus:
+        """End the request as stopped where it is (its grammar is complete)."""
+        request.output_text = self._decode(request)
+        return RequestStatus.FINISHED_STOPPED
 
     def snapshot(self, request: Request, new_token_ids: list[int], new_logprobs: list[TokenLogprobs] | None = None) -> RequestOutput:
         finished = request.status.is_finished

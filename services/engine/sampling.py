@@ -1,8 +1,11 @@
 """Sampling parameters and the sampler.
 
-Order per request: temperature == 0 -> argmax. Otherwise logits / temperature -> top-k filter ->
-top-p (nucleus) filter over the sorted probabilities -> sample with the request's own generator,
-seeded from ``seed`` when given, so a seeded request is reproducible whatever else is batched.
+Order per request: the logits processors (min_tokens, logit_bias, penalties: see
+logits_processors.py), then temperature == 0 -> argmax. Otherwise logits / temperature -> min_p ->
+top-k filter -> top-p (nucleus) filter over the sorted probabilities -> sample with the request's
+own generator, seeded from ``seed`` when given, so a seeded request is reproducible whatever else
+is batched. A greedy request with no processors and no logprobs never reaches here: the model
+runner takes its argmax without materialising logits.
 
 Logprobs (when a request asks for them) are the model's own: log-softmax of the raw float32
 logits, before temperature, top-k or top-p, as vLLM reports them by default; ties among the top
@@ -11,11 +14,16 @@ alternatives are ordered by token id.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
+from services.engine.logits_processors import apply_min_p, process_logits
+
 MAX_LOGPROBS = 20
+MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI and vLLM require
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +33,17 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the output's text (compiled in structured_output.py), named as vLLM
+    names them: ``json`` (a JSON Schema), ``regex``, ``choice`` (one of a list of strings) and
+    ``grammar`` (Lark, or GBNF)."""
+
+    kind: Literal["json", "regex", "choice", "grammar"]
+    spec: str  # the JSON Schema text, the regex, a JSON list of the choices, or the grammar text
+    compact_whitespace: bool = False  # JSON only: no whitespace outside strings
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +57,13 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 disables
+    min_p: float = 0.0  # 0 disables
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unique
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -52,32 +78,71 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {getattr(self, name)}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if len({token for token, _ in self.logit_bias}) != len(self.logit_bias):
+            raise ValueError("logit_bias names a token twice")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_logits_processors(self) -> bool:
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_tokens or self.logit_bias)
+
+    @property
+    def has_grammar(self) -> bool:
+        return self.structured is not None
+
+    @property
+    def reads_logits(self) -> bool:
+        """False for the fast greedy path: argmax of the raw logits, nothing reported."""
+        return not self.is_greedy or self.logprobs is not None or self.has_logits_processors or self.has_grammar
 
 
 class SamplingError(Exception):
     """One request's sampling failed; the request fails, the batch goes on."""
 
 
+@dataclass(frozen=True, slots=True)
+class TokenHistory:
+    """What the penalties and min_tokens read: the request's tokens so far."""
+
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+
+
 @dataclass(slots=True)
 class Sampler:
+    eos_token_ids: frozenset[int] = frozenset()
     _generators: dict[str, torch.Generator] = field(default_factory=dict)
 
-    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int | SamplingError]:
+    def sample(
+        self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams], histories: list[TokenHistory]
+    ) -> list[int | SamplingError]:
         """logits: [num_reqs, vocab] float32 -> one token per request, or the SamplingError that
         request's own sampling raised (its logits, its parameters): one request's failure is
         its own, never the batch's."""
         greedy = logits.argmax(dim=-1).tolist()
         out: list[int | SamplingError] = []
-        for row, request_id, p in zip(range(logits.shape[0]), request_ids, params):
-            if p.is_greedy:
+        for row, request_id, p, history in zip(range(logits.shape[0]), request_ids, params, histories):
+            if p.is_greedy and not p.has_logits_processors:
                 out.append(greedy[row])
                 continue
             try:
-                out.append(self._sample_one(logits[row], self._generator(request_id, p), p))
+                processed = process_logits(logits[row], p, history.prompt_token_ids, history.output_token_ids, self.eos_token_ids)
+                if p.is_greedy:
+                    out.append(int(processed.argmax()))
+                else:
+                    out.append(self._sample_one(processed, self._generator(request_id, p), p))
             except (RuntimeError, ValueError) as exc:  # e.g. torch.multinomial on NaN or inf probabilities
                 out.append(SamplingError(f"sampling failed for this request: {exc}"))
         return out
@@ -120,7 +185,7 @@ class Sampler:
         if p.top_k > 0 and p.top_k < scaled.numel():
             kth = torch.topk(scaled, p.top_k).values[-1]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
+        probs = apply_min_p(torch.softmax(scaled, dim=-1), p.min_p)
         if p.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
             # Keep the smallest prefix whose mass reaches top_p (the first token always stays).

@@ -5,7 +5,7 @@ know the engine."""
 from __future__ import annotations
 
 from protos.gen import pb
-from services.engine.sampling import SamplingParams, TokenLogprobs
+from services.engine.sampling import SamplingParams, StructuredOutput, TokenLogprobs
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
@@ -17,7 +17,19 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
         stop=list(params.stop),
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        min_p=params.min_p,
+        min_tokens=params.min_tokens,
+        logit_bias=dict(params.logit_bias),
     )
+    if params.structured is not None:
+        structured = params.structured
+        msg.structured.CopyFrom(
+            pb.StructuredOutput(kind=structured.kind, spec=structured.spec, compact_whitespace=structured.compact_whitespace)
+        )
+    if params.repetition_penalty != 1.0:
+        msg.repetition_penalty = params.repetition_penalty
     if params.seed is not None:
         msg.seed = params.seed
     if params.logprobs is not None:
@@ -36,7 +48,20 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
+        min_p=msg.min_p,
+        min_tokens=msg.min_tokens,
+        logit_bias=tuple(sorted(msg.logit_bias.items())),
+        structured=_structured_from_pb(msg.structured) if msg.HasField("structured") else None,
     )
+
+
+def _structured_from_pb(msg: pb.StructuredOutput) -> StructuredOutput:
+    if msg.kind not in ("json", "regex", "choice", "grammar"):
+        raise ValueError(f"unknown structured output kind {msg.kind!r}")
+    return StructuredOutput(msg.kind, msg.spec, msg.compact_whitespace)
 
 
 def logprobs_to_pb(logprobs: TokenLogprobs, token_text=None) -> pb.TokenLogprob:

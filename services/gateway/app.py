@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API: a FastAPI app over the Pipeline.
 
 Routes: POST /v1/chat/completions and /v1/completions (JSON, or server-sent events when
-``stream``), GET /v1/models, /health and /metrics, and FastAPI's /openapi.json and /docs. Every
+``stream``), POST /tokenize and /detokenize, GET /v1/models, /version, /health and /metrics, and
+FastAPI's /openapi.json and /docs. Every
 error, request validation included, is OpenAI's error JSON. The pipeline is blocking gRPC, so
 each choice's events are produced on a thread (event_bridge); a client that disconnects cancels
 its request's work on every node.
@@ -9,6 +10,7 @@ its request's work on every node.
 
 # No `from __future__ import annotations` here: FastAPI reads the routes' annotations at runtime,
 # and the dependency they name (``tenant``) is a local of create_app, invisible to string lookups.
+import importlib.metadata
 import time
 from typing import Annotated
 
@@ -24,6 +26,7 @@ from services.gateway.body_limit import BodyLimitMiddleware
 from services.gateway.completion_protocol import CompletionRequest, CompletionResponse
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChatFormatter, CompletionFormatter
+from services.gateway.ignored_fields import report_ignored_fields
 from services.gateway.pipeline import Pipeline
 from services.gateway.protocol import (
     ChatCompletionRequest,
@@ -37,11 +40,13 @@ from services.gateway.protocol import (
 from services.gateway.responses import respond
 from services.gateway.state import GatewayState
 from services.gateway.tenants import ApiKeys, Tenant
+from services.gateway.tokenize_protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, VersionResponse
 from services.gateway.validation_errors import validation_error
 from services.router.membership import ROUTED_ROLES
 from services.transport.api_key_auth import bearer_token
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+TESSERA_VERSION = importlib.metadata.version("tessera")
 API_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted in tessera_requests_total
 _STREAM = {"content": {"text/event-stream": {}}, "description": "the response, or a stream of chunks when stream=true"}
 _RESPONSES = {200: _STREAM, **{status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}}
@@ -55,8 +60,13 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_num_requests: int = 2048,
     api_keys: ApiKeys | None = None,
+    model_root: str | None = None,
+    tool_parser: str | None = None,
 ) -> tuple[FastAPI, GatewayState]:
+    """``model_root``: what ``--model`` named (a built-in, a path), for /v1/models' ``root``;
+    ``tool_parser``: the model family's tool-call parser, if it has one (tool_calls.py)."""
     state = GatewayState(pipeline, served_model, default_max_tokens, int(time.time()))
+    max_model_len = pipeline.max_model_len
     admission = Admission(max_num_requests)
 
     def tenant(authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> Tenant | None:
@@ -70,7 +80,7 @@ def create_app(
             raise GatewayError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         return found
 
-    app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version="0.1.0")
+    app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version=TESSERA_VERSION)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
     _add_error_handlers(app, state)
 
@@ -85,7 +95,26 @@ def create_app(
 
     @app.get("/v1/models", response_model=ModelList, dependencies=[Depends(tenant)])
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=state.served_model, created=state.started)])
+        card = ModelCard(id=state.served_model, created=state.started, root=model_root or state.served_model, max_model_len=max_model_len)
+        return ModelList(data=[card])
+
+    @app.get("/version", response_model=VersionResponse)
+    async def version() -> VersionResponse:
+        return VersionResponse(version=TESSERA_VERSION)
+
+    # Plain defs: the pipeline's calls block, so FastAPI runs these on its worker threads.
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=_RESPONSES, dependencies=[Depends(tenant)])
+    def tokenize(request: TokenizeRequest) -> TokenizeResponse:
+        report_ignored_fields(request, "/tokenize")
+        openai_api.check_model(request.model, state.served_model)
+        tokens = list(state.pipeline.tokenize(request.preprocess_body()).prompt_token_ids)
+        return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=_RESPONSES, dependencies=[Depends(tenant)])
+    def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+        report_ignored_fields(request, "/detokenize")
+        openai_api.check_model(request.model, state.served_model)
+        return DetokenizeResponse(prompt=state.pipeline.detokenize(request.tokens))
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics() -> PlainTextResponse:  # a plain def: Stats calls block, so FastAPI runs it on a worker thread
@@ -94,16 +123,23 @@ def create_app(
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_RESPONSES)
     async def chat_completions(request: ChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
         _refuse_if_draining(state)
+        ignored = report_ignored_fields(request, "/v1/chat/completions")
         api_request = openai_api.to_chat_request(
-            request, served_model=state.served_model, default_max_tokens=state.default_max_tokens, tenant=caller
+            request, served_model=state.served_model, default_max_tokens=state.default_max_tokens, tenant=caller, tool_parser=tool_parser
         )
-        return await respond(state, api_request, ChatFormatter(), admission.admit(len(api_request.generations)))
+        formatter = ChatFormatter(api_request.tool_mode)
+        response = await respond(state, api_request, formatter, admission.admit(len(api_request.generations)))
+        response.headers.update(ignored)
+        return response
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=_RESPONSES)
     async def completions(request: CompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
         _refuse_if_draining(state)
+        ignored = report_ignored_fields(request, "/v1/completions")
         api_request = openai_api.to_completion_request(request, served_model=state.served_model, tenant=caller)
-        return await respond(state, api_request, CompletionFormatter(), admission.admit(len(api_request.generations)))
+        response = await respond(state, api_request, CompletionFormatter(), admission.admit(len(api_request.generations)))
+        response.headers.update(ignored)
+        return response
 
     return app, state
 

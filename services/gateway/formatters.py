@@ -21,11 +21,16 @@ from services.gateway.protocol import (
     ChatTokenLogprob,
     ChunkChoice,
     ChunkDelta,
+    DeltaFunction,
+    DeltaToolCall,
     PromptTokensDetails,
+    ToolCall,
+    ToolCallFunction,
     TopLogprob,
     Usage,
 )
 from services.gateway.token_events import TokenLogprob
+from services.gateway.tool_calls import ToolMode, new_call_id
 
 # JSON has no -inf; OpenAI reports a token the model gives no chance as -9999.
 MIN_LOGPROB = -9999.0
@@ -70,32 +75,66 @@ class Formatter(Protocol):
 
 
 class ChatFormatter:
+    """``tool_mode``: how the output becomes tool calls (tool_calls.py); None: plain content."""
+
     id_prefix = "chatcmpl"
+
+    def __init__(self, tool_mode: ToolMode | None = None) -> None:
+        self.tool_mode = tool_mode
+        self._num_sent: dict[int, int] = {}  # choice -> characters of its text streamed so far
 
     def opening(self, request_id: str, model: str, index: int) -> ChatCompletionChunk:
         return _chat_chunk(request_id, model, [ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))])
 
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> ChatCompletionChunk:
         logprobs = _chat_logprobs(result, num_new_logprobs)
-        choice = ChunkChoice(
-            index=result.index, delta=ChunkDelta(content=text or None), finish_reason=result.finish_reason, logprobs=logprobs
-        )
+        delta, finish_reason = ChunkDelta(content=text or None), result.finish_reason
+        if self.tool_mode is not None:
+            delta, finish_reason = self._tool_delta(result)
+        choice = ChunkChoice(index=result.index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
         return _chat_chunk(request_id, model, [choice])
 
     def usage_chunk(self, request_id: str, model: str, usage: Usage) -> ChatCompletionChunk:
         return _chat_chunk(request_id, model, [], usage)
 
     def response(self, request_id: str, model: str, choices: list[ChoiceResult], usage: Usage) -> ChatCompletionResponse:
-        out = [
-            ChatChoice(
-                index=c.index,
-                message=AssistantMessage(content=c.text),
-                finish_reason=c.finish_reason or "stop",
-                logprobs=_chat_logprobs(c, len(c.logprobs or ())),
+        out = []
+        for c in choices:
+            message, finish_reason = AssistantMessage(content=c.text), c.finish_reason or "stop"
+            if self.tool_mode is not None:
+                parsed = self.tool_mode.parse(c.text, finish_reason)
+                calls = [ToolCall(id=p.id, function=ToolCallFunction(name=p.name, arguments=p.arguments)) for p in parsed.calls]
+                message = AssistantMessage(content=parsed.content, tool_calls=calls)
+                finish_reason = parsed.finish_reason or finish_reason
+            out.append(
+                ChatChoice(index=c.index, message=message, finish_reason=finish_reason, logprobs=_chat_logprobs(c, len(c.logprobs or ())))
             )
-            for c in choices
-        ]
         return ChatCompletionResponse(id=request_id, created=int(time.time()), model=model, choices=out, usage=usage)
+
+    def _tool_delta(self, result: ChoiceResult) -> tuple[ChunkDelta, str | None]:
+        """What of the output may go out now: content, a named call's arguments, and at the end
+        the calls parsed from the whole output."""
+        mode, sent = self.tool_mode, self._num_sent.get(result.index, 0)
+        assert mode is not None
+        if mode.kind == "named":
+            self._num_sent[result.index] = len(result.text)
+            function = DeltaFunction(name=mode.function if sent == 0 else None, arguments=result.text[sent:])
+            call = DeltaToolCall(
+                index=0, id=new_call_id() if sent == 0 else None, type="function" if sent == 0 else None, function=function
+            )
+            return ChunkDelta(tool_calls=[call]), result.finish_reason
+        if result.finish_reason is None:
+            streamable = mode.streamable_content(result.text)
+            self._num_sent[result.index] = max(sent, len(streamable))
+            return ChunkDelta(content=streamable[sent:] or None), None
+        parsed = mode.parse(result.text, result.finish_reason)
+        if not parsed.calls:
+            return ChunkDelta(content=result.text[sent:] or None), result.finish_reason
+        calls = [
+            DeltaToolCall(index=i, id=p.id, type="function", function=DeltaFunction(name=p.name, arguments=p.arguments))
+            for i, p in enumerate(parsed.calls)
+        ]
+        return ChunkDelta(tool_calls=calls), parsed.finish_reason or result.finish_reason
 
 
 class CompletionFormatter:

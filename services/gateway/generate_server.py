@@ -29,8 +29,9 @@ _STATUS_TO_CODE = {
 
 
 class GenerateServicer(rpc.GenerateServicer):
-    def __init__(self, pipeline: Pipeline, *, served_model: str, default_max_tokens: int) -> None:
+    def __init__(self, pipeline: Pipeline, *, served_model: str, default_max_tokens: int, tool_parser: str | None = None) -> None:
         self.pipeline = pipeline
+        self.tool_parser = tool_parser
         self.served_model = served_model
         self.default_max_tokens = default_max_tokens
 
@@ -38,7 +39,13 @@ class GenerateServicer(rpc.GenerateServicer):
         try:
             body = json.loads(request.request_json)
             tenant = current_principal()  # set by the API-key interceptor when keys are on
-            request = parse_chat_request(body, served_model=self.served_model, default_max_tokens=self.default_max_tokens, tenant=tenant)
+            request = parse_chat_request(
+                body,
+                served_model=self.served_model,
+                default_max_tokens=self.default_max_tokens,
+                tenant=tenant,
+                tool_parser=self.tool_parser,
+            )
             if len(request.generations) != 1:
                 raise GatewayError(400, "Generate streams one choice: n must be 1", param="n")
             [generation] = request.generations

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from services.engine.sampling import SamplingParams
+from services.engine.sampling import SamplingParams, StructuredOutput
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
-from services.gateway.protocol import GREEDY_TEMPERATURE_EPS, INT64_MIN, ChatCompletionRequest, SamplingFields
+from services.gateway.ignored_fields import report_ignored_fields
+from services.gateway.protocol import GREEDY_TEMPERATURE_EPS, INT64_MIN, ChatCompletionRequest
 from services.gateway.tenants import Tenant
+from services.gateway.tool_calls import ToolMode, tool_mode_of
 from services.gateway.validation_errors import validation_error
 
 
@@ -38,12 +40,21 @@ class ApiRequest:
     generations: tuple[Generation, ...]
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # every chunk carries the usage so far
+    tool_mode: ToolMode | None = None  # chat only: how the output becomes tool calls
 
 
 def to_chat_request(
-    request: ChatCompletionRequest, *, served_model: str, default_max_tokens: int, tenant: Tenant | None = None
+    request: ChatCompletionRequest,
+    *,
+    served_model: str,
+    default_max_tokens: int,
+    tenant: Tenant | None = None,
+    tool_parser: str | None = None,
 ) -> ApiRequest:
-    _check_model(request, served_model)
+    """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one."""
+    check_model(request.model, served_model)
+    tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     messages = [message.model_dump(exclude_none=True) for message in request.messages]
     if tenant is not None:
         for message in messages:
@@ -52,11 +63,20 @@ def to_chat_request(
                     part["uuid"] = tenant.image_uuid(part["uuid"])
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
     fit = request.max_completion_tokens is None and request.max_tokens is None
-    return _fan_out(request, [{"messages": messages}], max_tokens, tenant, fit_max_tokens=fit)
+    body: dict = {"messages": messages}
+    if request.tools:
+        body["tools"] = [tool.model_dump(exclude_none=True) for tool in request.tools]
+    if request.chat_template_kwargs:
+        body["chat_template_kwargs"] = request.chat_template_kwargs
+    structured = request.structured_output()
+    forced = tools.constraint() if tools is not None else None
+    if forced is not None and structured is not None:
+        raise GatewayError(400, f"tool_choice {tools.kind} constrains the output already; drop the structured output it conflicts with")
+    return _fan_out(request, [body], max_tokens, tenant, fit_max_tokens=fit, structured=forced or structured, tool_mode=tools)
 
 
 def to_completion_request(request: CompletionRequest, *, served_model: str, tenant: Tenant | None = None) -> ApiRequest:
-    _check_model(request, served_model)
+    check_model(request.model, served_model)
     images = request.multi_modal_data.images() if request.multi_modal_data is not None else []
     if tenant is not None:
         images = [
@@ -67,20 +87,34 @@ def to_completion_request(request: CompletionRequest, *, served_model: str, tena
         {"prompt": prompt, "images": images} if isinstance(prompt, str) else {"prompt_token_ids": prompt, "images": images}
         for prompt in request.prompts()
     ]
-    return _fan_out(request, bodies, request.max_tokens or 16, tenant, fit_max_tokens=request.max_tokens is None)
+    return _fan_out(
+        request, bodies, request.max_tokens or 16, tenant, fit_max_tokens=request.max_tokens is None, structured=request.structured_output()
+    )
 
 
-def parse_chat_request(body: object, *, served_model: str, default_max_tokens: int, tenant: Tenant | None = None) -> ApiRequest:
+def parse_chat_request(
+    body: object, *, served_model: str, default_max_tokens: int, tenant: Tenant | None = None, tool_parser: str | None = None
+) -> ApiRequest:
     """A raw JSON body (the Generate API's request_json) through the same model as HTTP."""
     try:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc.errors()) from None
-    return to_chat_request(request, served_model=served_model, default_max_tokens=default_max_tokens, tenant=tenant)
+    report_ignored_fields(request, "Generate")
+    return to_chat_request(
+        request, served_model=served_model, default_max_tokens=default_max_tokens, tenant=tenant, tool_parser=tool_parser
+    )
 
 
 def _fan_out(
-    request: ChatCompletionRequest | CompletionRequest, bodies: list[dict], max_tokens: int, tenant: Tenant | None, *, fit_max_tokens: bool
+    request: ChatCompletionRequest | CompletionRequest,
+    bodies: list[dict],
+    max_tokens: int,
+    tenant: Tenant | None,
+    *,
+    fit_max_tokens: bool,
+    structured: StructuredOutput | None,
+    tool_mode: ToolMode | None = None,
 ) -> ApiRequest:
     cache_salt = tenant.cache_salt(request.cache_salt) if tenant is not None else request.cache_salt
     generations = tuple(
@@ -88,36 +122,54 @@ def _fan_out(
             index=prompt_index * request.n + i,
             prompt_index=prompt_index,
             preprocess_body=body,
-            sampling=_sampling(request, max_tokens, choice=i),
+            sampling=_sampling(request, max_tokens, choice=i, structured=structured),
             cache_salt=cache_salt,
             fit_max_tokens=fit_max_tokens,
         )
         for prompt_index, body in enumerate(bodies)
         for i in range(request.n)
     )
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return ApiRequest(generations=generations, stream=request.stream, include_usage=include_usage)
-
-
-def _sampling(request: ChatCompletionRequest | CompletionRequest, max_tokens: int, *, choice: int) -> SamplingParams:
-    seed = None if request.seed is None else (request.seed + choice - INT64_MIN) % 2**64 + INT64_MIN  # stays in int64
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=0.0 if request.temperature < GREEDY_TEMPERATURE_EPS else request.temperature,
-        top_p=request.top_p,
-        top_k=max(request.top_k, 0),
-        seed=seed,
-        stop=request.stop_strings(),
-        ignore_eos=request.ignore_eos,
-        logprobs=request.num_logprobs(),
+    options = request.stream_options
+    return ApiRequest(
+        generations=generations,
+        stream=request.stream,
+        include_usage=bool(options and options.include_usage),
+        continuous_usage=bool(options and options.continuous_usage_stats),
+        tool_mode=tool_mode,
     )
 
 
-def _check_model(request: SamplingFields, served_model: str) -> None:
-    if request.model is not None and request.model != served_model:
+def _sampling(
+    request: ChatCompletionRequest | CompletionRequest, max_tokens: int, *, choice: int, structured: StructuredOutput | None
+) -> SamplingParams:
+    seed = None if request.seed is None else (request.seed + choice - INT64_MIN) % 2**64 + INT64_MIN  # stays in int64
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=0.0 if request.temperature < GREEDY_TEMPERATURE_EPS else request.temperature,
+            top_p=request.top_p,
+            top_k=max(request.top_k, 0),
+            seed=seed,
+            stop=request.stop_strings(),
+            ignore_eos=request.ignore_eos,
+            logprobs=request.num_logprobs(),
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            min_p=request.min_p,
+            min_tokens=request.min_tokens,
+            logit_bias=request.bias_pairs(),
+            structured=structured,
+        )
+    except ValueError as exc:  # a combination the fields alone cannot check (min_tokens > max_tokens)
+        raise GatewayError(400, str(exc)) from None
+
+
+def check_model(requested: str | None, served_model: str) -> None:
+    if requested is not None and requested != served_model:
         raise GatewayError(
             404,
-            f"the model '{request.model}' does not exist; this server serves '{served_model}'",
+            f"the model '{requested}' does not exist; this server serves '{served_model}'",
             code="model_not_found",
             param="model",
         )

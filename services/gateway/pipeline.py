@@ -157,7 +157,7 @@ class Pipeline:
                     prep = self.stages.preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
                     param = "messages" if "messages" in body else "prompt"
                     room = self.max_model_len - len(prep.prompt_token_ids)
-                    if fit_max_tokens and 1 <= room < sampling.max_tokens:
+                    if fit_max_tokens and max(1, sampling.min_tokens) <= room < sampling.max_tokens:
                         sampling = replace(sampling, max_tokens=room)
                     check_context_length(len(prep.prompt_token_ids), sampling.max_tokens, self.max_model_len, param=param)
                 route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
@@ -190,6 +190,32 @@ class Pipeline:
             except NoLiveNodeError as exc:
                 raise attempts.no_node_left(exc) from None
         raise AssertionError("unreachable")
+
+    def tokenize(self, body: dict) -> pb.PreprocessResponse:
+        """/tokenize: preprocessing alone (chat template, image expansion), nothing routed."""
+        return self._on_preprocess(lambda address, deadline: self.stages.preprocess(address, body, deadline=deadline))
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        request = pb.DetokenizeRequest(token_ids=token_ids)
+        return self._on_preprocess(
+            lambda address, deadline: (
+                self.stages.call("preprocess", address, self.stub("preprocess", address).Detokenize, request, deadline).text
+            )
+        )
+
+    def _on_preprocess(self, call: Callable[[str, float], object]):
+        """``call(address, deadline)`` on a preprocess node, failing over as a request does."""
+        attempts = Attempts(self.max_failures)
+        deadline = self.clock() + self.timeout_s
+        while True:
+            try:
+                return call(self._pick_preprocess(attempts.excluded), deadline)
+            except NodeFailure as failure:
+                self._record_failure(failure, attempts, deadline, migrating=False)
+            except NodeOverloaded as busy:
+                attempts.record_busy(busy)
+            except NoLiveNodeError as exc:
+                raise attempts.no_node_left(exc) from None
 
     def _record_failure(self, failure: NodeFailure, attempts: Attempts, deadline: float, *, migrating: bool) -> None:
         """Count a node failure against the request (raising once it is out of retries or of

@@ -2,6 +2,10 @@
 them (types are strict, floats finite, integers within the range of the protobuf field they end
 up in), and responses are built from them, so /openapi.json documents exactly what is served.
 
+Fields the server does not know are accepted and ignored, as vLLM does: the route logs them and
+names them in the ``tessera-ignored-fields`` response header (ignored_fields.py). A field it knows
+but whose value it cannot honour is a 400 that says so.
+
 Image content parts are OpenAI's ``image_url`` (a URL string or ``{"url": ...}``) and the bare
 base64 ``image`` part; either may carry a client ``uuid`` that names the image instead of its
 pixels. The preprocess role checks what only it can: images only in user messages, image limits,
@@ -12,26 +16,22 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, StringConstraints, field_validator, model_validator
+
+from services.gateway.structured_fields import StructuredRequestFields
+from services.gateway.wire_base import NonEmptyStr, WireModel
 
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 4
 MAX_CHOICES = 16  # n: each choice is a full request on the decode tier
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI allows
+MAX_LOGIT_BIAS = 100.0
 # Below this a temperature is greedy (argmax), as in vLLM: dividing logits by a denormal-sized
 # temperature overflows to inf and the softmax to NaN, which no sampler can draw from.
 GREEDY_TEMPERATURE_EPS = 1e-5
 
-NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
 ImageUuid = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-
-
-class WireModel(BaseModel):
-    """Requests: unknown fields are an error, not silently dropped, and nothing is coerced
-    ("yes" is not a bool, 2.0 is not an int, NaN is not a temperature)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class TextPart(WireModel):
@@ -59,18 +59,64 @@ class ImagePart(WireModel):
 ContentPart = Annotated[TextPart | ImageUrlPart | ImagePart, Field(discriminator="type")]
 
 
+class ToolCallFunction(WireModel):
+    name: NonEmptyStr
+    arguments: str = Field(description="the arguments as a JSON text")
+
+
+class ToolCall(WireModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(WireModel):
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="'developer' is rendered as 'system' (chat templates know only that)"
+    )
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="an assistant's earlier tool calls, for the template")
+    tool_call_id: str | None = Field(None, description="on a tool message: the call it answers")
+
+    @model_validator(mode="after")
+    def _content_where_needed(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
+
+
+class FunctionDefinition(WireModel):
+    name: NonEmptyStr
+    description: str | None = None
+    parameters: dict | None = Field(None, description="a JSON Schema")
+    strict: bool | None = None
+
+
+class Tool(WireModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(WireModel):
+    name: NonEmptyStr
+
+
+class NamedToolChoice(WireModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(WireModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = Field(False, description="usage (so far) on every chunk, as vLLM sends it")
 
 
-class SamplingFields(WireModel):
-    """What chat and text completions share: sampling, streaming and caching fields."""
+class SamplingFields(StructuredRequestFields):
+    """What chat and text completions share: sampling, structured output, streaming and caching
+    fields."""
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
@@ -85,15 +131,27 @@ class SamplingFields(WireModel):
     user: str | None = Field(None, max_length=256, description="an end-user id, for the operator's logs")
     cache_salt: str | None = Field(None, description="requests with different salts never share cached prefixes")
     ignore_eos: bool = False
-    frequency_penalty: float = Field(0.0, description="not supported: must be 0")
-    presence_penalty: float = Field(0.0, description="not supported: must be 0")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="minus this times a token's count in the output")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="minus this once for a token already in the output")
+    repetition_penalty: float = Field(1.0, gt=0.0, le=100.0, description="vLLM's: divides (or multiplies) the logits of seen tokens")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="drop tokens less likely than min_p times the most likely")
+    min_tokens: int = Field(0, ge=0, le=INT32_MAX, description="no stop token or stop string ends the output before this many tokens")
+    logit_bias: dict[str, float] | None = Field(
+        None, description=f"token id (as a string) -> bias added to its logit, clipped to [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
+    )
 
-    @field_validator("frequency_penalty", "presence_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_penalty(cls, value: float, info: ValidationInfo) -> float:
-        if value != 0:
-            raise ValueError(f"{info.field_name} is not supported (it must be 0)")
-        return value
+    def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in bias or {}:
+            if not key.isdigit() or int(key) > INT32_MAX:
+                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key!r}")
+        return bias
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """(token id, clipped bias), as vLLM clips them."""
+        clip = lambda value: max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, value))  # noqa: E731
+        return tuple(sorted((int(key), clip(value)) for key, value in (self.logit_bias or {}).items()))
 
     def stop_strings(self) -> tuple[str, ...]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
@@ -105,6 +163,12 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="needs logprobs=true")
+    tools: list[Tool] | None = Field(None, description="rendered by the model's chat template")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="'auto' (the default with tools) needs the model family's tool-call parser; see tool_calls.py"
+    )
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict | None = Field(None, description="extra variables for the chat template")
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
@@ -131,7 +195,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)  # as vLLM sends it: [] when there are none
 
 
 class TopLogprob(BaseModel):
@@ -164,9 +229,22 @@ class ChatCompletionResponse(BaseModel):
     usage: Usage
 
 
+class DeltaFunction(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunction
+
+
 class ChunkDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(BaseModel):
@@ -192,6 +270,9 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "tessera"
+    root: str = Field(description="the checkpoint the name serves")
+    parent: str | None = None
+    max_model_len: int = Field(description="prompt plus output tokens, at most")
 
 
 class ModelList(BaseModel):

@@ -89,7 +89,10 @@ async def _sse(
             delta = event.text[len(result.text) :]
             _accumulate(result, event)
             if delta or event.finished or event.logprobs:
-                yield _event(formatter.delta(rid, model, result, delta, len(event.logprobs)))
+                chunk = formatter.delta(rid, model, result, delta, len(event.logprobs))
+                if request.continuous_usage:
+                    chunk.usage = usage_of(list(results.values()))
+                yield _event(chunk)
             item = await anext(events, None)
             if item is not None and item[1].token_ids:
                 now = time.monotonic()

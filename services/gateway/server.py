@@ -89,6 +89,7 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) 
         namespace=model.model_id,
         block_size=engine_config.block_size,
         max_model_len=engine_config.max_model_len,
+        tool_parser=model.family.tool_call_parser,
     )
 
 
@@ -115,7 +116,9 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_mod
     )
 
 
-def run_gateway(config: Settings, *, served_model: str, namespace: str, block_size: int, max_model_len: int) -> None:
+def run_gateway(
+    config: Settings, *, served_model: str, namespace: str, block_size: int, max_model_len: int, tool_parser: str | None = None
+) -> None:
     api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size, max_model_len=max_model_len)
     app, state = create_app(
@@ -124,9 +127,11 @@ def run_gateway(config: Settings, *, served_model: str, namespace: str, block_si
         default_max_tokens=config.default_max_tokens,
         max_num_requests=config.max_num_requests,
         api_keys=api_keys,
+        model_root=config.model,
+        tool_parser=tool_parser,
     )
     generate = start_generate_server(
-        GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens),
+        GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens, tool_parser=tool_parser),
         config.generate_address,
         api_keys=api_keys,
     )

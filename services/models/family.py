@@ -122,8 +122,11 @@ class ModelFamily(Protocol):
     name: str
     model_types: tuple[str, ...]
     # Tokens of one image attend to each other both ways (Gemma3): an image span is never split
-    # across prefill chunks, and a prefix-cache hit never ends inside one.
+    # across prefill chunks (a prefix hit may end inside one: see kv_cache_manager.py).
     bidirectional_images: bool
+    # The parser that turns the model's text into tool calls for tool_choice "auto"
+    # (services/gateway/tool_calls.py), or None when the family has none.
+    tool_call_parser: str | None
 
     def builtins(self) -> Mapping[str, object]:
         """Built-in model name -> its spec."""

@@ -260,8 +260,9 @@ class PrefillNode(EngineNode):
         engine's output once the first token is sampled, its KV pages then on their way to
         ``decode_address``; or fails with the request's own error. ``abort`` stops it."""
         # Only the first token is sampled here (with the request's own sampling settings); stop
-        # conditions are the decode node's job.
-        request.sampling = replace(request.sampling, max_tokens=1, stop=(), stop_token_ids=(), ignore_eos=True)
+        # conditions are the decode node's job. EOS and the stop token ids stay, for min_tokens
+        # to keep them from being drawn: after one token the request ends here either way.
+        request.sampling = replace(request.sampling, max_tokens=1, min_tokens=min(request.sampling.min_tokens, 1), stop=())
         done: Future = Future()
         self._decode_targets[request.request_id] = decode_address
         self.loop.subscribe(request.request_id, lambda outcome: _settle(done, outcome))

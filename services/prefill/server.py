@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import replace
 
 import grpc
 
@@ -131,6 +132,8 @@ class PrefillServicer(rpc.PrefillServicer):
             # A migrated request's answer so far is computed like prompt text (same positions).
             token_ids = [*request.prompt_token_ids, *request.prior_output_token_ids]
             sampling = sampling_from_pb(request.sampling)
+            num_prior = len(request.prior_output_token_ids)  # they count toward min_tokens
+            sampling = replace(sampling, min_tokens=max(0, sampling.min_tokens - num_prior))
             engine_request = build_request(rid, token_ids, items, sampling, request.cache_salt or None, self.node.positions)
             sources = [KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources]
             num_pulled = await self._pull_kv(engine_request, sources) if sources else 0

@@ -89,6 +89,11 @@ class PreprocessNode:
             self.num_pixel_bytes_skipped += skipped
             return result, PixelTransfer(sent, skipped)
 
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids``, special tokens included (as vLLM's /detokenize)."""
+        with self._lock:  # the tokenizer is the preprocessor's, single-threaded as it is
+            return self.preprocessor.detokenize(token_ids)
+
     def resend(
         self, mm_hashes: list[MmHash], *, encoder_id: str, encoder_address: str, force: bool = True, key_prefix: str = ""
     ) -> tuple[list[MmHash], PixelTransfer]:

@@ -18,10 +18,12 @@ them while that encoder holds its embeddings; a caller that does need them asks 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import blake3
+import jinja2
 import torch
 from PIL import Image
 
@@ -142,8 +144,26 @@ class Preprocessor:
         positions, delta = self.family.positions(self.model_config, len(expanded), ranges, [item.image.grid_thw for item in items])
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
 
-    def render_prompt(self, messages: Sequence[dict]) -> str:
-        return self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
+        return self.tokenizer.decode(list(token_ids))
+
+    def render_prompt(self, messages: Sequence[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
+        """The chat template's text. A template that refuses the conversation (Gemma3's asks
+        for alternating user/assistant turns) is the request's fault: a 400 with its message."""
+        template_kwargs = template_kwargs or {}
+        parameters = set(inspect.signature(self.tokenizer.apply_chat_template).parameters) - {"kwargs"}
+        if parameters & set(template_kwargs):
+            names = ", ".join(sorted(parameters & set(template_kwargs)))
+            raise InvalidRequestError(f"chat_template_kwargs may only set template variables, not {names}")
+        try:
+            return self.tokenizer.apply_chat_template(
+                list(messages), tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
+            )
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
 
     def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
         """The rendered prompt text, or the request's token ids (checked against the vocabulary);
@@ -153,7 +173,9 @@ class Preprocessor:
             if bad:
                 raise InvalidRequestError(f"prompt_token_ids contains id {bad[0]}, outside the vocabulary of {self.vocab_size}")
             return list(parsed.prompt_token_ids)
-        return parsed.prompt_text if parsed.prompt_text is not None else self.render_prompt(parsed.template_messages or [])
+        if parsed.prompt_text is not None:
+            return parsed.prompt_text
+        return self.render_prompt(parsed.template_messages or [], tools=parsed.tools, template_kwargs=parsed.template_kwargs)
 
     def _image_bytes(self, reference: str, fetched: Mapping[str, bytes]) -> bytes:
         data = fetched.get(reference)

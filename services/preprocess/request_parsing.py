@@ -1,7 +1,9 @@
 """Validate an incoming request body and split it into a prompt and its image references.
 
 Three prompt shapes are accepted (exactly one per request):
-  {"messages": [...]}                         OpenAI chat messages, rendered by the chat template
+  {"messages": [...], "tools": [...], "chat_template_kwargs": {...}}
+                                              OpenAI chat messages, rendered by the chat template
+                                              (with the tools and the extra template variables)
   {"prompt": "text with the model's image marker", "images": [...]}
                                               (<|image_pad|> for Qwen2-VL, <start_of_image> for Gemma3)
   {"prompt_token_ids": [ints], "images": [...]}   already tokenized, one placeholder per image
@@ -9,6 +11,10 @@ Image content parts in messages:
   {"type": "image_url", "image_url": {"url": "data:..."}}  (or "image_url": "data:...")
   {"type": "image", "image": "<base64>"}                     (a bare base64 image part)
 Either may carry "uuid": a client-supplied stable id used for mm_hash instead of the pixels.
+
+Roles: system, developer (OpenAI's newer name for system, rendered as system: chat templates
+know only the old one), user, assistant (with optional tool_calls) and tool (with
+tool_call_id). Messages keep their name, tool_calls and tool_call_id for the template.
 """
 
 from __future__ import annotations
@@ -18,7 +24,12 @@ from dataclasses import dataclass
 
 from services.preprocess.errors import InvalidRequestError, TooManyImagesError
 
-ALLOWED_ROLES = ("system", "user", "assistant")
+ALLOWED_ROLES = ("system", "developer", "user", "assistant", "tool")
+TEMPLATE_ROLE = {"developer": "system"}
+MESSAGE_KEYS_FOR_TEMPLATE = ("name", "tool_calls", "tool_call_id")
+# Template variables the request may not override: the preprocessor sets them itself (and
+# refuses apply_chat_template's own parameters as well).
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +44,8 @@ class ParsedRequest:
     template_messages: list[dict] | None = None
     prompt_text: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
+    tools: list[dict] | None = None
+    template_kwargs: dict | None = None
 
 
 def parse_request(body: object, *, max_images: int) -> ParsedRequest:
@@ -45,7 +58,9 @@ def parse_request(body: object, *, max_images: int) -> ParsedRequest:
         if "images" in body:
             raise InvalidRequestError("'images' is only allowed with 'prompt' or 'prompt_token_ids'")
         messages, images = _parse_messages(body["messages"])
-        parsed = ParsedRequest(images=tuple(images), template_messages=messages)
+        parsed = ParsedRequest(
+            images=tuple(images), template_messages=messages, tools=_parse_tools(body.get("tools")), template_kwargs=_parse_kwargs(body)
+        )
     else:
         images = [_parse_image_entry(entry, f"images[{i}]") for i, entry in enumerate(_as_list(body.get("images", []), "images"))]
         if shapes[0] == "prompt":
@@ -82,22 +97,45 @@ def _parse_messages(raw: object) -> tuple[list[dict], list[ImageInput]]:
         role = message.get("role")
         if role not in ALLOWED_ROLES:
             raise InvalidRequestError(f"{where}.role must be one of {', '.join(ALLOWED_ROLES)}, got {role!r}")
+        out = {"role": TEMPLATE_ROLE.get(role, role)}
+        out.update((key, message[key]) for key in MESSAGE_KEYS_FOR_TEMPLATE if message.get(key) is not None)
         content = message.get("content")
         if isinstance(content, str):
-            rendered.append({"role": role, "content": content})
-            continue
-        if content is None and role == "assistant":
-            rendered.append({"role": role, "content": ""})
-            continue
-        parts = _as_list(content, f"{where}.content")
-        rendered_parts: list[dict] = []
-        for j, part in enumerate(parts):
-            rendered_part, image = _parse_part(part, f"{where}.content[{j}]", role)
-            rendered_parts.append(rendered_part)
-            if image is not None:
-                images.append(image)
-        rendered.append({"role": role, "content": rendered_parts})
+            out["content"] = content
+        elif content is None and role == "assistant":
+            out["content"] = ""
+        else:
+            parts = _as_list(content, f"{where}.content")
+            rendered_parts: list[dict] = []
+            for j, part in enumerate(parts):
+                rendered_part, image = _parse_part(part, f"{where}.content[{j}]", role)
+                rendered_parts.append(rendered_part)
+                if image is not None:
+                    images.append(image)
+            out["content"] = rendered_parts
+        rendered.append(out)
     return rendered, images
+
+
+def _parse_tools(raw: object) -> list[dict] | None:
+    if raw is None:
+        return None
+    tools = _as_list(raw, "tools")
+    if not all(isinstance(tool, Mapping) for tool in tools):
+        raise InvalidRequestError("'tools' must be a list of objects")
+    return [dict(tool) for tool in tools] or None
+
+
+def _parse_kwargs(body: Mapping) -> dict | None:
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        return None
+    if not isinstance(kwargs, Mapping):
+        raise InvalidRequestError("'chat_template_kwargs' must be an object")
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(kwargs))
+    if reserved:
+        raise InvalidRequestError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    return dict(kwargs)
 
 
 def _parse_part(part: object, where: str, role: str) -> tuple[dict, ImageInput | None]:

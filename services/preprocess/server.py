@@ -78,6 +78,13 @@ class PreprocessServicer(rpc.PreprocessServicer):
             not_found=not_found, pixel_bytes_sent=transfer.num_bytes_sent, pixel_bytes_skipped=transfer.num_bytes_skipped
         )
 
+    async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
+        try:
+            text = await asyncio.to_thread(self.node.detokenize, list(request.token_ids))
+        except PreprocessError as exc:
+            await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code}: {exc.message}", exc.status_code)
+        return pb.DetokenizeResponse(text=text)
+
     async def Stats(self, request, context) -> pb.StatsResponse:
         return pb.StatsResponse(
             role="preprocess", pid=os.getpid(), counters={**self.node.counters(), **self.admission.counters(), **process_counters()}

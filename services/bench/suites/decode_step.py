@@ -8,6 +8,10 @@ through the OpenAI API on both systems, so it is the step a user sees, transport
 
     tessera bench --suite decode_step --model small --peer vllm
     tessera bench --suite decode_step --base-url http://127.0.0.1:8000/v1      # any endpoint
+    tessera bench --suite decode_step --model small --structured-regex '[a-z ]+'
+
+With ``--structured-regex`` every target is measured twice in the same run: plain, then with
+each stream constrained by that regex (structured outputs on: a token mask every step).
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", action="append", default=[], help="measure this endpoint instead of starting tessera serve")
     parser.add_argument("--serve-args", default="", help="extra `tessera serve` arguments")
     parser.add_argument("--peer", choices=["vllm"], default=None, help="then start vLLM-CPU on the same model and measure it too")
+    parser.add_argument("--structured-regex", default=None, help="also measure with every stream constrained by this regex")
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_step.json")
 
 
-async def one_stream(client: openai.AsyncOpenAI, model: str, num_tokens: int) -> list[float]:
+async def one_stream(client: openai.AsyncOpenAI, model: str, num_tokens: int, regex: str | None) -> list[float]:
     """Arrival times of the stream's content chunks."""
     stream = await client.chat.completions.create(
         model=model,
@@ -47,7 +52,7 @@ async def one_stream(client: openai.AsyncOpenAI, model: str, num_tokens: int) ->
         max_tokens=num_tokens,
         temperature=0,
         stream=True,
-        extra_body={"ignore_eos": True},
+        extra_body={"ignore_eos": True, **({"guided_regex": regex} if regex else {})},
     )
     arrivals = []
     async for chunk in stream:  # bounded: num_tokens content chunks
@@ -56,11 +61,11 @@ async def one_stream(client: openai.AsyncOpenAI, model: str, num_tokens: int) ->
     return arrivals
 
 
-async def step_times(base_url: str, model: str, batch: int, num_tokens: int) -> list[float]:
+async def step_times(base_url: str, model: str, batch: int, num_tokens: int, regex: str | None) -> list[float]:
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=batch + 2)) as http:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", http_client=http, max_retries=0)
-        await one_stream(client, model, 4)  # warm-up
-        streams = await asyncio.gather(*(one_stream(client, model, num_tokens) for _ in range(batch)))
+        await one_stream(client, model, 4, regex)  # warm-up
+        streams = await asyncio.gather(*(one_stream(client, model, num_tokens, regex) for _ in range(batch)))
     gaps = []
     for arrivals in streams:
         middle = arrivals[NUM_EDGE_GAPS : len(arrivals) - NUM_EDGE_GAPS]
@@ -68,11 +73,11 @@ async def step_times(base_url: str, model: str, batch: int, num_tokens: int) -> 
     return gaps
 
 
-def measure(base_url: str, batches: list[int], num_tokens: int) -> dict[int, dict[str, float]]:
+def measure(base_url: str, batches: list[int], num_tokens: int, regex: str | None = None) -> dict[int, dict[str, float]]:
     model = asyncio.run(served_model(base_url))
     results = {}
     for batch in batches:
-        gaps = asyncio.run(step_times(base_url, model, batch, num_tokens))
+        gaps = asyncio.run(step_times(base_url, model, batch, num_tokens, regex))
         results[batch] = {"step_ms_p50": statistics.median(gaps) * 1e3, "tokens_per_s": batch / statistics.median(gaps)}
         print(f"  batch {batch:3d}: step p50 {results[batch]['step_ms_p50']:.1f} ms", flush=True)
     return results
@@ -88,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{target.label}:", flush=True)
         with target.open() as urls:
             label_to_results[target.label] = measure(urls[0], batches, args.tokens)
+            if args.structured_regex:
+                print(f"{target.label} with guided_regex {args.structured_regex!r}:", flush=True)
+                label_to_results[f"{target.label}+regex"] = measure(urls[0], batches, args.tokens, args.structured_regex)
     labels = list(label_to_results)
     print("\ndecode step p50 (ms)")
     print("batch  " + "  ".join(f"{label:>10}" for label in labels) + ("  ratio" if len(labels) == 2 else ""))

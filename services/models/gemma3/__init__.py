@@ -23,6 +23,7 @@ class Gemma3Family:
     name = "gemma3"
     model_types = ("gemma3",)
     bidirectional_images = True
+    tool_call_parser = None
 
     def builtins(self) -> Mapping[str, object]:
         return builtin.BUILTIN_SPECS

@@ -23,6 +23,7 @@ class Qwen2VLFamily:
     name = "qwen2_vl"
     model_types = ("qwen2_vl", "qwen2_5_vl")
     bidirectional_images = False
+    tool_call_parser = "hermes"
 
     def builtins(self) -> Mapping[str, builtin.BuiltinSpec]:
         return builtin.BUILTIN_SPECS

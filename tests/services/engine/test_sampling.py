@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.sampling import Sampler, SamplingParams
+from services.engine.sampling import Sampler, SamplingParams, TokenHistory
 from tests.factories import chat_case
 
 
@@ -17,11 +17,21 @@ from tests.factories import chat_case
         ({"top_p": 0}, "top_p"),
         ({"top_k": -2}, "top_k"),
         ({"stop": ("",)}, "stop"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_tokens": 20, "max_tokens": 10}, "min_tokens"),
+        ({"logit_bias": ((3, 1.0), (3, 2.0))}, "logit_bias"),
     ],
 )
 def test_invalid_parameters_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def no_history(num_requests: int) -> list[TokenHistory]:
+    return [TokenHistory((), ())] * num_requests
 
 
 def test_seeded_sampling_is_reproducible_and_independent_of_batch():
@@ -30,10 +40,11 @@ def test_seeded_sampling_is_reproducible_and_independent_of_batch():
     draws = []
     for _ in range(2):
         sampler = Sampler()
-        draws.append([sampler.sample(logits[:1], ["a"], [params])[0] for _ in range(5)])
+        draws.append([sampler.sample(logits[:1], ["a"], [params], no_history(1))[0] for _ in range(5)])
     alone = draws[0]
     batched_sampler = Sampler()
-    batched = [batched_sampler.sample(logits[[0, 1]], ["a", "b"], [params, SamplingParams(temperature=1.0)])[0] for _ in range(5)]
+    pair = [params, SamplingParams(temperature=1.0)]
+    batched = [batched_sampler.sample(logits[[0, 1]], ["a", "b"], pair, no_history(2))[0] for _ in range(5)]
     assert draws[0] == draws[1] == batched == alone
 
 
@@ -42,14 +53,14 @@ def test_top_k_1_and_tiny_top_p_are_greedy():
     sampler = Sampler()
     greedy = logits.argmax(-1).tolist()
     ids = [str(i) for i in range(4)]
-    assert sampler.sample(logits, ids, [SamplingParams(temperature=2.0, top_k=1, seed=1)] * 4) == greedy
-    assert sampler.sample(logits, ids, [SamplingParams(temperature=2.0, top_p=1e-6, seed=1)] * 4) == greedy
+    assert sampler.sample(logits, ids, [SamplingParams(temperature=2.0, top_k=1, seed=1)] * 4, no_history(4)) == greedy
+    assert sampler.sample(logits, ids, [SamplingParams(temperature=2.0, top_p=1e-6, seed=1)] * 4, no_history(4)) == greedy
 
 
 def test_top_k_restricts_the_support():
     logits = torch.arange(10, dtype=torch.float32)
     sampler = Sampler()
-    draws = {sampler.sample(logits[None], ["r"], [SamplingParams(temperature=5.0, top_k=3, seed=3)])[0] for _ in range(200)}
+    draws = {sampler.sample(logits[None], ["r"], [SamplingParams(temperature=5.0, top_k=3, seed=3)], no_history(1))[0] for _ in range(200)}
     assert draws <= {7, 8, 9} and len(draws) > 1
 
 

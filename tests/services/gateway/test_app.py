@@ -47,6 +47,7 @@ class FakePipeline:
     num_retries: int = 0
     num_migrations: int = 0
     num_busy_refusals: int = 0
+    max_model_len: int = 4096
 
     def stats(self):
         return []

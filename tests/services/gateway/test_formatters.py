@@ -19,7 +19,11 @@ def test_usage_counts_each_prompt_once_and_every_choice_completion():
 def test_chat_shapes():
     fmt, result = ChatFormatter(), ChoiceResult(index=0, prompt_index=0, text="hello", finish_reason="length")
     body = fmt.response("id1", "tiny", [result], usage_of([result])).model_dump()
-    assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {"role": "assistant", "content": "hello"}
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "hello",
+        "tool_calls": [],
+    }
     assert body["choices"][0]["finish_reason"] == "length"
     assert fmt.opening("id1", "tiny", 2).choices[0].delta.role == "assistant"
     piece = fmt.delta("id1", "tiny", ChoiceResult(index=2, prompt_index=0), "he", 0).model_dump()

@@ -3,6 +3,7 @@ wire models, and how their errors become one OpenAI error naming the field."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -132,11 +133,31 @@ def test_invalid_completion_requests(body, param, text):
         ({"stream": "yes"}, 400, "stream", "boolean"),
         ({"stop": [1]}, 400, "stop[0]", "string"),
         ({"stop": ["a"] * 5}, 400, "stop", "at most 4"),
-        ({"logit_bias": {}}, 400, "logit_bias", "unsupported field"),
-        ({"presence_penalty": 1.0}, 400, "presence_penalty", "not supported"),
+        ({"logit_bias": {"a": 1.0}}, 400, "logit_bias", "token ids"),
+        ({"presence_penalty": 2.5}, 400, "presence_penalty", "less than or equal to 2"),
+        ({"repetition_penalty": 0.0}, 400, "repetition_penalty", "greater than 0"),
+        ({"min_p": -0.1}, 400, "min_p", "greater than or equal to 0"),
+        ({"min_tokens": 9, "max_tokens": 4}, 400, None, "min_tokens must be in [0, max_tokens=4]"),
+        ({"response_format": {"type": "json_schema"}}, 400, "response_format", "needs json_schema.schema"),
+        ({"guided_regex": "a+", "guided_choice": ["a"]}, 400, "guided_choice", "not guided_regex, guided_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, None, "needs a tool-call parser"),
+        ({"tool_choice": "required"}, 400, "tool_choice", "tool_choice: needs tools"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            400,
+            "tool_choice",
+            "names 'g', which is not among the tools ['f']",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required", "guided_regex": "a"},
+            400,
+            None,
+            "constrains the output already",
+        ),
+        ({"messages": [{"role": "tool"}]}, 400, "messages[0]", "a tool message needs content"),
         ({"stream_options": "yes"}, 400, "stream_options", "dictionary"),
         ({"messages": []}, 400, "messages", "at least 1"),
-        ({"messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0].role", "'system', 'user' or 'assistant'"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0].role", "'developer', 'user', 'assistant' or 'tool'"),
         (
             {"messages": [{"role": "user", "content": [{"type": "video"}]}]},
             400,
@@ -144,7 +165,6 @@ def test_invalid_completion_requests(body, param, text):
             "unsupported content part type 'video'",
         ),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": ""}}]}]}, 400, None, "at least 1"),
-        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "uuid": "x"}]}]}, 400, None, "unsupported"),
     ],
 )
 def test_invalid_requests_get_a_clear_4xx_naming_the_field(body, status, param, text):
@@ -171,3 +191,101 @@ def test_logprobs_flags_map_to_the_number_of_alternatives():
         parse(top_logprobs=2)
     [generation] = completion_request(prompt="a", logprobs=3).generations
     assert generation.sampling.logprobs == 3
+
+
+def test_unknown_fields_are_ignored_and_named():
+    from services.gateway.ignored_fields import pop_ignored_fields
+    from services.gateway.protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest.model_validate(
+        {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "a", "uuid": "x"}], "reasoning_content": "r"}],
+            "store": True,
+            "metadata": {"k": "v"},
+            "service_tier": "auto",
+        }
+    )
+    assert pop_ignored_fields(request) == [
+        "store",
+        "metadata",
+        "service_tier",
+        "messages[0].reasoning_content",
+        "messages[0].content[0].uuid",
+    ]
+    assert pop_ignored_fields(request) == []  # taken out: nothing downstream sees them
+    assert "store" not in request.model_dump() and "reasoning_content" not in request.messages[0].model_dump()
+
+
+def test_what_common_clients_send_is_accepted():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    history = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Weather?", "name": "ann"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+    ]
+    request = parse_chat_request(
+        {
+            "messages": history,
+            "tools": tools,
+            "tool_choice": "none",
+            "response_format": {"type": "text"},
+            "max_tokens": None,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "chat_template_kwargs": {"enable_thinking": False},
+            "messages_extra": 1,
+        },
+        served_model="tiny",
+        default_max_tokens=256,
+    )
+    [generation] = request.generations
+    body = generation.preprocess_body
+    assert body["tools"] == tools and body["chat_template_kwargs"] == {"enable_thinking": False}
+    assert body["messages"][2]["tool_calls"][0]["function"]["name"] == "get_weather" and body["messages"][3]["tool_call_id"] == "c1"
+    assert request.continuous_usage and request.include_usage
+
+
+def test_sampling_controls_reach_the_engine_with_vllms_clipping():
+    params = sampling(
+        presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.2, min_p=0.1, min_tokens=3, logit_bias={"7": 250, "3": -1}
+    )
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -0.5, 1.2)
+    assert params.min_p == 0.1 and params.min_tokens == 3 and params.logit_bias == ((3, -1.0), (7, 100.0))
+    assert params.reads_logits and not sampling(temperature=0).reads_logits
+
+
+def test_every_spelling_of_structured_output_becomes_one_constraint():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    cases = [
+        ({"response_format": {"type": "json_object"}}, ("json", '{"type": "object"}', False)),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}, ("json", json.dumps(schema), False)),
+        ({"structured_outputs": {"json": schema, "disable_any_whitespace": True}}, ("json", json.dumps(schema), True)),
+        ({"structured_outputs": {"regex": "[a-z]+"}}, ("regex", "[a-z]+", False)),
+        ({"structured_outputs": {"choice": ["x", "y"]}}, ("choice", '["x", "y"]', False)),
+        ({"guided_json": json.dumps(schema)}, ("json", json.dumps(schema), False)),
+        ({"guided_grammar": 'start: "a"'}, ("grammar", 'start: "a"', False)),
+        ({"response_format": {"type": "text"}}, None),
+    ]
+    for body, expected in cases:
+        structured = sampling(**body).structured
+        got = None if structured is None else (structured.kind, structured.spec, structured.compact_whitespace)
+        assert got == expected, body
+
+
+def test_forced_tool_choices_constrain_the_output():
+    tools = [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}},
+        {"type": "function", "function": {"name": "g"}},
+    ]
+    named = parse(tools=tools, tool_choice={"type": "function", "function": {"name": "f"}})
+    assert json.loads(named.generations[0].sampling.structured.spec) == tools[0]["function"]["parameters"]
+    assert named.tool_mode.kind == "named" and named.tool_mode.function == "f"
+    required = json.loads(parse(tools=tools, tool_choice="required").generations[0].sampling.structured.spec)
+    assert required["type"] == "array" and [item["properties"]["name"]["const"] for item in required["items"]["anyOf"]] == ["f", "g"]
+    auto = parse_chat_request({"messages": MESSAGES, "tools": tools}, served_model="tiny", default_max_tokens=8, tool_parser="hermes")
+    assert auto.tool_mode.kind == "auto" and auto.generations[0].sampling.structured is None

@@ -1,0 +1,66 @@
+"""The wire models of vLLM's /tokenize, /detokenize and /version.
+
+/tokenize takes a chat (``messages``: rendered by the chat template, images expanded to their
+placeholder tokens, so the count is what the model will see) or a raw ``prompt``. Both run the
+preprocess role's own path, so the count equals a real request's prompt_tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field, model_validator
+
+from services.gateway.protocol import INT32_MAX, ChatMessage, NonEmptyStr, Tool, WireModel
+
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+class TokenizeRequest(WireModel):
+    model: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    prompt: NonEmptyStr | None = None
+    tools: list[Tool] | None = None
+    chat_template_kwargs: dict | None = None
+    add_generation_prompt: bool = Field(True, description="always true: the template's generation prompt is counted")
+    return_token_strs: bool = Field(False, description="not supported: must be false")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> TokenizeRequest:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("give exactly one of 'messages' and 'prompt'")
+        if not self.add_generation_prompt:
+            raise ValueError("add_generation_prompt=false is not supported")
+        if self.return_token_strs:
+            raise ValueError("return_token_strs is not supported")
+        return self
+
+    def preprocess_body(self) -> dict:
+        if self.prompt is not None:
+            return {"prompt": self.prompt, "images": []}
+        body: dict = {"messages": [message.model_dump(exclude_none=True) for message in self.messages or ()]}
+        if self.tools:
+            body["tools"] = [tool.model_dump(exclude_none=True) for tool in self.tools]
+        if self.chat_template_kwargs:
+            body["chat_template_kwargs"] = self.chat_template_kwargs
+        return body
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(WireModel):
+    model: str | None = None
+    tokens: list[TokenId]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str

@@ -1,0 +1,84 @@
+"""Chat messages through the model's chat template: the roles and fields common clients send,
+tools and template variables, and a template's refusal as the request's 400."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.preprocess import PreprocessConfig, Preprocessor
+from services.preprocess import errors as E
+
+# Prints what the request contributed, so each field's arrival is visible in the prompt text.
+PROBE_TEMPLATE = (
+    "{% for m in messages %}[{{ m.role }}{% if m.name %}:{{ m.name }}{% endif %}]{{ m.content }}"
+    "{% for call in m.tool_calls or [] %}<call {{ call.function.name }}>{% endfor %}"
+    "{% if m.tool_call_id %}<answers {{ m.tool_call_id }}>{% endif %}{% endfor %}"
+    "{% for tool in tools or [] %}<tool {{ tool.function.name }}>{% endfor %}"
+    "{% if enable_thinking is defined %}<thinking {{ enable_thinking }}>{% endif %}"
+    "{% if messages[0].content == 'refuse me' %}{{ raise_exception('roles must alternate') }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def preprocessor(tiny_model):
+    return Preprocessor(tiny_model, PreprocessConfig())
+
+
+@pytest.fixture
+def probe(preprocessor):
+    real = preprocessor.tokenizer.chat_template
+    preprocessor.tokenizer.chat_template = PROBE_TEMPLATE
+    yield preprocessor
+    preprocessor.tokenizer.chat_template = real
+
+
+def render(preprocessor, **body) -> str:
+    return preprocessor.tokenizer.decode(preprocessor.preprocess(body).prompt_token_ids)
+
+
+def test_developer_renders_as_system_with_the_real_template(preprocessor):
+    as_system = render(preprocessor, messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    as_developer = render(preprocessor, messages=[{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert as_developer == as_system and "Be brief." in as_system
+
+
+def test_tool_history_names_tools_and_template_variables_reach_the_template(probe):
+    messages = [
+        {"role": "user", "content": "Weather?", "name": "ann"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "wx", "arguments": "{}"}}],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+    ]
+    tools = [{"type": "function", "function": {"name": "wx"}}]
+    text = render(probe, messages=messages, tools=tools, chat_template_kwargs={"enable_thinking": False})
+    assert text == "[user:ann]Weather?[assistant]<call wx>[tool]sunny<answers c1><tool wx><thinking False>"
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tokenize": True}}, "only set template variables"),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}}, "may not set messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []}, "must be an object"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [1]}, "list of objects"),
+    ],
+)
+def test_bad_template_inputs_are_the_requests_fault(probe, body, message):
+    with pytest.raises(E.InvalidRequestError, match=message):
+        probe.preprocess(body)
+
+
+def test_a_template_that_refuses_the_conversation_is_a_400(probe):
+    with pytest.raises(E.InvalidRequestError, match="cannot render these messages: roles must alternate") as info:
+        probe.preprocess({"messages": [{"role": "user", "content": "refuse me"}]})
+    assert info.value.status_code == 400
+
+
+def test_detokenize_round_trips_and_refuses_ids_outside_the_vocabulary(preprocessor):
+    ids = preprocessor.tokenizer.encode("hello world")
+    assert preprocessor.detokenize(ids) == "hello world"
+    with pytest.raises(E.InvalidRequestError, match="outside the vocabulary"):
+        preprocessor.detokenize([preprocessor.vocab_size])

@@ -1,0 +1,217 @@
+"""What common clients send, through the official openai client on the session's real stack:
+the roles and fields vLLM accepts, unknown fields ignored and named, the sampling controls
+applied on the engine (penalties against transformers, logit_bias, min_tokens), usage on every
+chunk, structured outputs and forced tool calls that validate, and /tokenize, /detokenize,
+/version and /v1/models."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import jsonschema
+
+from tests.factories import chat_case
+from tests.services.stack.e2e_helpers import GREEDY, client_for, png
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def root_url(stack) -> str:
+    return stack.base_url.removesuffix("/v1")
+
+
+def greedy_chat(stack, messages, **extra):
+    return client_for(stack).chat.completions.create(**{"model": "tiny", "messages": messages, "temperature": 0, "max_tokens": 12, **extra})
+
+
+def test_what_common_clients_send_is_served_and_unknown_fields_are_named(stack):
+    history = [
+        {"role": "developer", "content": "Answer briefly."},
+        {"role": "user", "content": "What is the weather?", "name": "ann"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(png(64, 48, 3)), "detail": "low"}}]},
+    ]
+    raw = client_for(stack).chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=history,
+        tools=TOOLS,
+        tool_choice="none",
+        response_format={"type": "text"},
+        max_tokens=None,
+        store=False,
+        metadata={"team": "search"},
+        service_tier="auto",
+        parallel_tool_calls=False,
+        temperature=0,
+        extra_body={"max_tokens": 8, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}, "guided_fancy": 1},
+    )
+    reply = raw.parse()
+    assert reply.choices[0].message.content and reply.usage.completion_tokens == 8
+    assert set(raw.headers["tessera-ignored-fields"].split(", ")) == {"store", "metadata", "service_tier", "guided_fancy"}
+
+
+def test_developer_is_system_and_a_tool_choice_naming_no_tool_says_why(stack):
+    ask = {"role": "user", "content": "Hello"}
+    as_system = greedy_chat(stack, [{"role": "system", "content": "Be terse."}, ask], **_ignore_eos())
+    as_developer = greedy_chat(stack, [{"role": "developer", "content": "Be terse."}, ask], **_ignore_eos())
+    assert as_developer.choices[0].message.content == as_system.choices[0].message.content
+    body = {"messages": [ask], "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "book_flight"}}}
+    response = httpx.post(stack.base_url + "/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400 and "names 'book_flight', which is not among the tools" in response.json()["error"]["message"]
+    auto = greedy_chat(stack, [ask], tools=TOOLS, **_ignore_eos())  # the Qwen family parses auto tool calls
+    assert auto.choices[0].message.content and auto.choices[0].message.tool_calls == []
+
+
+def test_repetition_penalty_equals_transformers(stack, oracle):
+    """Below 1 the "penalty" favours seen tokens: the built-in model's random weights never
+    repeat a token on their own, so only that direction changes its output."""
+    case = chat_case("Count: one, two, one, two, one, two,")
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    plain = oracle.generate(inputs, 12).token_ids
+    penalised = oracle.generate(inputs, 12, repetition_penalty=0.5).token_ids
+    assert penalised != plain  # the penalty matters on this prompt
+    reply = greedy_chat(stack, case.body["messages"], extra_body={"repetition_penalty": 0.5, "ignore_eos": True})
+    assert reply.choices[0].message.content == oracle.tokenizer.decode(penalised, skip_special_tokens=True)
+
+
+def test_presence_and_frequency_penalties_change_greedy_output_deterministically(stack):
+    """Negative penalties favour the tokens already out (the arithmetic itself is checked
+    against vLLM's definition in tests/services/engine/test_logits_processors.py)."""
+    messages = chat_case("Say the same word again and again:").body["messages"]
+    plain = greedy_chat(stack, messages, **_ignore_eos()).choices[0].message.content
+    penalised = [
+        greedy_chat(stack, messages, frequency_penalty=-2.0, presence_penalty=-2.0, **_ignore_eos()).choices[0].message.content
+        for _ in range(2)
+    ]
+    assert penalised[0] == penalised[1] != plain
+
+
+def test_logit_bias_forces_a_token_and_min_tokens_holds_off_the_stop(stack):
+    forced = _tokenize(stack, {"prompt": " blue"})["tokens"][-1]
+    reply = greedy_chat(stack, [{"role": "user", "content": "Name a colour."}], logit_bias={str(forced): 100}, max_tokens=5)
+    detokenized = httpx.post(root_url(stack) + "/detokenize", json={"tokens": [forced] * 5}, timeout=30).json()["prompt"]
+    assert reply.choices[0].message.content == detokenized and reply.usage.completion_tokens == 5
+    # The first token stops the plain request (a stop string of its text); min_tokens holds it off.
+    first = greedy_chat(stack, [{"role": "user", "content": "Hi"}], max_tokens=1, **_ignore_eos()).choices[0].message.content
+    stop = first.strip() or first
+    stopped = greedy_chat(stack, [{"role": "user", "content": "Hi"}], stop=[stop], **_ignore_eos())
+    held = greedy_chat(stack, [{"role": "user", "content": "Hi"}], stop=[stop], extra_body={"min_tokens": 6, "ignore_eos": True})
+    assert stopped.usage.completion_tokens <= 1 and held.usage.completion_tokens >= 6
+
+
+def test_every_streamed_chunk_carries_usage_so_far(stack):
+    chunks = list(
+        client_for(stack).chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Tell me a story."}],
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            **GREEDY,
+        )
+    )
+    counts = [c.usage.completion_tokens for c in chunks if c.choices and c.choices[0].delta.content]
+    assert counts and counts == sorted(counts) and chunks[-1].usage.completion_tokens == 12
+
+
+def test_tokenize_counts_what_the_model_sees_and_detokenize_inverts_it(stack):
+    case = chat_case(png(80, 60, 4), "What is this?")
+    reply = greedy_chat(stack, case.body["messages"], max_tokens=1)
+    counted = _tokenize(stack, {"model": "tiny", "messages": case.body["messages"]})
+    assert counted["count"] == reply.usage.prompt_tokens == len(counted["tokens"]) and counted["max_model_len"] > counted["count"]
+    text = _tokenize(stack, {"prompt": "Hello there"})
+    assert httpx.post(root_url(stack) + "/detokenize", json={"tokens": text["tokens"]}, timeout=30).json() == {"prompt": "Hello there"}
+    bad = httpx.post(root_url(stack) + "/detokenize", json={"tokens": [10**9]}, timeout=30)
+    assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
+
+
+def test_version_and_models_describe_the_server(stack):
+    assert httpx.get(root_url(stack) + "/version", timeout=30).json()["version"]
+    [model] = client_for(stack).models.list().data
+    assert model.id == "tiny" and model.root == "tiny" and model.max_model_len > 0
+
+
+def _tokenize(stack, body) -> dict:
+    response = httpx.post(root_url(stack) + "/tokenize", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _ignore_eos() -> dict:
+    return {"extra_body": {"ignore_eos": True}}
+
+
+def _data_url(data: bytes) -> str:
+    from tests.factories import data_url
+
+    return data_url(data, "image/png")
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_parses_and_validates_streamed_or_not(stack):
+    format_ = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    extra = {"structured_outputs": {"disable_any_whitespace": True}}
+    messages = [{"role": "user", "content": "A person, as JSON."}]
+    client = client_for(stack)
+    reply = client.chat.completions.create(model="tiny", messages=messages, response_format=format_, max_tokens=64, extra_body=extra)
+    assert reply.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(reply.choices[0].message.content), PERSON)
+    chunks = client.chat.completions.create(
+        model="tiny", messages=messages, response_format=format_, max_tokens=64, temperature=1.0, seed=7, stream=True, extra_body=extra
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_vllm_structured_outputs_and_guided_fields(stack):
+    choice = greedy_chat(stack, [{"role": "user", "content": "Pick."}], extra_body={"structured_outputs": {"choice": ["red", "blue"]}})
+    regex = greedy_chat(stack, [{"role": "user", "content": "A code."}], extra_body={"guided_regex": "[A-Z]{2}[0-9]{2}"})
+    assert choice.choices[0].message.content in ("red", "blue")
+    assert re.fullmatch("[A-Z]{2}[0-9]{2}", regex.choices[0].message.content)
+    bad = httpx.post(
+        stack.base_url + "/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "guided_regex": "[a"}, timeout=60
+    )
+    assert bad.status_code == 400 and "invalid regex constraint" in bad.json()["error"]["message"]
+
+
+def test_a_required_tool_call_validates_and_a_named_one_streams(stack):
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"enum": ["Oslo", "Rome"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    client = client_for(stack)
+    reply = client.chat.completions.create(
+        model="tiny", messages=messages, tools=[weather], tool_choice="required", parallel_tool_calls=False, max_tokens=200
+    )
+    [call] = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), weather["function"]["parameters"])
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=messages, tools=[weather], tool_choice=named, max_tokens=64, stream=True)
+    )
+    deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
+    assert deltas[0].function.name == "get_weather" and deltas[0].id
+    jsonschema.validate(json.loads("".join(d.function.arguments or "" for d in deltas)), weather["function"]["parameters"])
