@@ -15,7 +15,8 @@ The screen (per row h, weight rows W_j, j over the vocabulary):
   4. The others (the candidates, usually a handful) get float32 logits from the float32 weight;
      the first largest wins, as torch.argmax picks the lowest index among equal values.
 A row with more than MAX_CANDIDATES candidates (nearly flat logits), or none (a NaN in h), is
-computed whole in float32.
+computed whole in float32. With ``allowed`` (a structured-output grammar's token mask), tokens
+outside it are never candidates: the screen's bound holds for any subset of the vocabulary.
 
 The screen pays where reading the weight dominates: a few rows (decode steps of a few streams).
 Its passes over [rows, vocab] grow with the rows, and at 64 rows it took twice the float32 product
@@ -77,16 +78,21 @@ class ScreenedArgmax:
         self.num_rows_unscreened = 0  # rows with too many candidates, or none: computed whole
         self.max_rows = self._time_max_rows() if max_rows is None else max_rows
 
-    def argmax_or_none(self, hidden: torch.Tensor) -> list[int] | None:
+    def argmax_or_none(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int] | None:
         """The rows' tokens where the screen is worth it (at most ``max_rows`` rows), else None."""
-        return self.argmax(hidden) if hidden.shape[0] <= self.max_rows else None
+        return self.argmax(hidden, allowed) if hidden.shape[0] <= self.max_rows else None
 
     @torch.inference_mode()
-    def argmax(self, hidden: torch.Tensor) -> list[int]:
-        """hidden [N, H] float32 -> N token ids."""
+    def argmax(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int]:
+        """hidden [N, H] float32 (and ``allowed`` [N, V] bool, or None for every token) -> N
+        token ids."""
         approx = onednn_linear(hidden.bfloat16(), self.packed_bf16, None).float()
+        if allowed is not None:
+            approx.masked_fill_(~allowed, float("-inf"))
         error = self.error_per_norm * torch.linalg.vector_norm(hidden, dim=1, keepdim=True)
         is_candidate = approx >= approx.amax(dim=1, keepdim=True) - 2 * error
+        if allowed is not None:
+            is_candidate &= allowed  # a row that allows nothing has no candidate: computed whole
         num_candidates = is_candidate.sum(dim=1).tolist()
         screened = [row for row, n in enumerate(num_candidates) if 0 < n <= MAX_CANDIDATES]
         tokens = [0] * hidden.shape[0]
@@ -100,7 +106,10 @@ class ScreenedArgmax:
                 tokens[row] = int(ids[best])
         for row in set(range(hidden.shape[0])).difference(screened):  # NaN in h, or flat logits
             self.num_rows_unscreened += 1
-            tokens[row] = int(self.float32_logits(hidden[row : row + 1]).argmax())
+            logits = self.float32_logits(hidden[row : row + 1])
+            if allowed is not None:
+                logits = logits.masked_fill(~allowed[row], float("-inf"))
+            tokens[row] = int(logits.argmax())
         return tokens
 
     @torch.inference_mode()

@@ -10,6 +10,7 @@ forever.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -116,9 +117,10 @@ class Engine:
             return []
         self.num_steps += 1
         masks = self.grammars.start_masks([item.request.request_id for item in plan.scheduled])  # beside the forward pass
-        result = self.runner.execute(plan, self.kv)
-        if masks is not None:
-            _apply_masks(result, masks.result())
+        allowed_for = functools.cache(masks.result) if masks is not None else None
+        result = self.runner.execute(plan, self.kv, allowed_for)
+        if allowed_for is not None:
+            _apply_masks(result, allowed_for())
         token_for, logprobs_for = self._sample(result)
         outputs = []
         for item in plan.scheduled:

@@ -53,6 +53,12 @@ class EngineNode:
         pool = self.engine.kv.pool
         return float(len(self.engine.scheduler.running) + len(self.engine.scheduler.waiting)), 1.0 - pool.num_free_blocks / pool.num_blocks
 
+    def engine_gauges(self) -> dict[str, float]:
+        """Requests in the running batch and waiting for a step (vLLM's running and waiting).
+        Read from the gRPC thread: list lengths, at worst one step stale."""
+        scheduler = self.engine.scheduler
+        return {"engine_requests_running": float(len(scheduler.running)), "engine_requests_waiting": float(len(scheduler.waiting))}
+
     def queue_time_counters(self) -> dict[str, float]:
         """The engine's queue-time histogram (arrival to first scheduled step), flattened."""
         return self.engine.scheduler.queue_time.counters()

@@ -5,6 +5,7 @@ logits of every request whose scheduled range reaches its last token (it samples
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +22,9 @@ from services.models.checkpoint import load_weights
 from services.models.family import VisionEncoder
 from services.models.registry import ModelRef
 from shared.types import MmHash
+
+# Request id -> the allowed tokens of its structured output ([vocab] bool), made on demand.
+AllowedTokens = Callable[[], dict[str, torch.Tensor]]
 
 
 @dataclass(slots=True)
@@ -62,7 +66,9 @@ class ModelRunner:
             self.encoder_outputs.pop(mm_hash, None)
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput, kv: KVCacheManager) -> StepLogits:
+    def execute(self, step: SchedulerOutput, kv: KVCacheManager, allowed_for: AllowedTokens | None = None) -> StepLogits:
+        """``allowed_for()``: request id -> its grammar's allowed tokens ([vocab] bool), for the
+        requests with a structured output; called only once the forward pass is done."""
         self._run_encoder(step)
         token_ids: list[int] = []
         positions: list[torch.Tensor] = []
@@ -90,21 +96,28 @@ class ModelRunner:
         hidden = self.decoder(inputs, torch.cat(positions, dim=1).to(self.device), layer_kv, self.backend)
         if not sample_rows:
             return StepLogits([], torch.empty(0))
-        return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests)
+        return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests, allowed_for)
 
     @staticmethod
     def _image_spans(step: SchedulerOutput) -> list[list[tuple[int, int]]]:
         return [[(f.placeholder.offset, f.placeholder.end) for f in item.request.mm_features] for item in step.scheduled]
 
-    def _sample_inputs(self, hidden: torch.Tensor, requests: list[Request]) -> StepLogits:
+    def _sample_inputs(self, hidden: torch.Tensor, requests: list[Request], allowed_for: AllowedTokens | None) -> StepLogits:
         """Logits for the rows whose sampling reads them; a greedy row that asks for no logprobs
-        only needs its argmax, which the decoder finds without the float32 logits where it can."""
+        only needs its argmax (among its grammar's allowed tokens), which the decoder finds
+        without the float32 logits where it can."""
         wants_logits = [r.sampling.reads_logits for r in requests]
         greedy = [row for row, wants in enumerate(wants_logits) if not wants]
         full = [row for row, wants in enumerate(wants_logits) if wants]
         greedy_token_for = {}
         if greedy:
-            tokens = self.decoder.greedy_tokens(hidden[greedy] if full else hidden)
+            allowed = None
+            if allowed_for is not None and any(requests[row].sampling.has_grammar for row in greedy):
+                masks = allowed_for()
+                vocab_size = self.checkpoint.shape.vocab_size
+                everything = torch.ones(vocab_size, dtype=torch.bool)
+                allowed = torch.stack([masks.get(requests[row].request_id, everything) for row in greedy]).to(self.device)
+            tokens = self.decoder.greedy_tokens(hidden[greedy] if full else hidden, allowed)
             greedy_token_for = {requests[row].request_id: token for row, token in zip(greedy, tokens)}
         logits = self.decoder.compute_logits(hidden[full] if greedy else hidden) if full else torch.empty(0)
         return StepLogits([requests[row] for row in full], logits.cpu(), greedy_token_for)

@@ -104,8 +104,9 @@ class SamplingParams:
 
     @property
     def reads_logits(self) -> bool:
-        """False for the fast greedy path: argmax of the raw logits, nothing reported."""
-        return not self.is_greedy or self.logprobs is not None or self.has_logits_processors or self.has_grammar
+        """False for the fast greedy path: the argmax of the raw logits (among the grammar's
+        allowed tokens, with one), nothing reported."""
+        return not self.is_greedy or self.logprobs is not None or self.has_logits_processors
 
 
 class SamplingError(Exception):

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API: a FastAPI app over the Pipeline.
 
 Routes: POST /v1/chat/completions and /v1/completions (JSON, or server-sent events when
-``stream``), POST /tokenize and /detokenize, GET /v1/models, /version, /health and /metrics, and
-FastAPI's /openapi.json and /docs. Every
+``stream``), POST /tokenize and /detokenize, GET /v1/models, /version, /live, /ready, /health and
+/metrics, and FastAPI's /openapi.json and /docs. Every
 error, request validation included, is OpenAI's error JSON. The pipeline is blocking gRPC, so
 each choice's events are produced on a thread (event_bridge); a client that disconnects cancels
 its request's work on every node.
@@ -33,9 +33,11 @@ from services.gateway.protocol import (
     ChatCompletionResponse,
     ErrorResponse,
     HealthResponse,
+    LiveResponse,
     ModelCard,
     ModelList,
     NodeRecord,
+    ReadyResponse,
 )
 from services.gateway.responses import respond
 from services.gateway.state import GatewayState
@@ -55,7 +57,7 @@ _RESPONSES = {200: _STREAM, **{status: {"model": ErrorResponse} for status in (4
 def create_app(
     pipeline: Pipeline,
     *,
-    served_model: str,
+    served_names: tuple[str, ...],
     default_max_tokens: int,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_num_requests: int = 2048,
@@ -65,7 +67,9 @@ def create_app(
 ) -> tuple[FastAPI, GatewayState]:
     """``model_root``: what ``--model`` named (a built-in, a path), for /v1/models' ``root``;
     ``tool_parser``: the model family's tool-call parser, if it has one (tool_calls.py)."""
-    state = GatewayState(pipeline, served_model, default_max_tokens, int(time.time()))
+    if not served_names:
+        raise ValueError("the gateway needs at least one served model name")
+    state = GatewayState(pipeline, served_names, default_max_tokens, int(time.time()))
     max_model_len = pipeline.max_model_len
     admission = Admission(max_num_requests)
 
@@ -84,19 +88,40 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
     _add_error_handlers(app, state)
 
+    def readiness() -> tuple[str, dict[str, int]]:
+        membership = state.pipeline.membership
+        role_to_count = {role: len(membership.nodes(role)) for role in ROUTED_ROLES}
+        missing = [role for role, count in role_to_count.items() if not count]
+        status = "draining" if state.draining else ("ok" if not missing else f"no live {', '.join(missing)} node")
+        return status, role_to_count
+
+    @app.get("/live", response_model=LiveResponse)
+    async def live() -> LiveResponse:
+        """Kubernetes liveness: the process serves HTTP. Never about other tiers: a tier that is
+        down must not get every gateway restarted."""
+        return LiveResponse(status="draining" if state.draining else "ok")
+
+    @app.get("/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
+    async def ready() -> JSONResponse:
+        """Kubernetes readiness: a node of every role to route to, and not draining."""
+        status, role_to_count = readiness()
+        body = ReadyResponse(status=status, num_nodes=role_to_count)
+        return JSONResponse(body.model_dump(), status_code=200 if status == "ok" else 503)
+
     @app.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
     async def health() -> JSONResponse:
-        membership = state.pipeline.membership
-        missing = [role for role in ROUTED_ROLES if not membership.nodes(role)]
-        nodes = [NodeRecord(role=s.info.role, address=s.info.grpc_address, node_id=s.info.node_id) for s in membership.snapshot().values()]
-        status = "draining" if state.draining else ("ok" if not missing else f"no live {', '.join(missing)} node")
+        """/ready's answer with the live nodes listed (role and id; addresses stay internal)."""
+        status, _ = readiness()
+        nodes = [NodeRecord(role=s.info.role, node_id=s.info.node_id) for s in state.pipeline.membership.snapshot().values()]
         body = HealthResponse(status=status, nodes=nodes)
         return JSONResponse(body.model_dump(), status_code=200 if status == "ok" else 503)
 
     @app.get("/v1/models", response_model=ModelList, dependencies=[Depends(tenant)])
     async def models() -> ModelList:
-        card = ModelCard(id=state.served_model, created=state.started, root=model_root or state.served_model, max_model_len=max_model_len)
-        return ModelList(data=[card])
+        root = model_root or state.served_names[0]
+        return ModelList(
+            data=[ModelCard(id=name, created=state.started, root=root, max_model_len=max_model_len) for name in state.served_names]
+        )
 
     @app.get("/version", response_model=VersionResponse)
     async def version() -> VersionResponse:
@@ -106,14 +131,14 @@ def create_app(
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_RESPONSES, dependencies=[Depends(tenant)])
     def tokenize(request: TokenizeRequest) -> TokenizeResponse:
         report_ignored_fields(request, "/tokenize")
-        openai_api.check_model(request.model, state.served_model)
+        openai_api.check_model(request.model, state.served_names)
         tokens = list(state.pipeline.tokenize(request.preprocess_body()).prompt_token_ids)
         return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_RESPONSES, dependencies=[Depends(tenant)])
     def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
         report_ignored_fields(request, "/detokenize")
-        openai_api.check_model(request.model, state.served_model)
+        openai_api.check_model(request.model, state.served_names)
         return DetokenizeResponse(prompt=state.pipeline.detokenize(request.tokens))
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -125,7 +150,7 @@ def create_app(
         _refuse_if_draining(state)
         ignored = report_ignored_fields(request, "/v1/chat/completions")
         api_request = openai_api.to_chat_request(
-            request, served_model=state.served_model, default_max_tokens=state.default_max_tokens, tenant=caller, tool_parser=tool_parser
+            request, served_names=state.served_names, default_max_tokens=state.default_max_tokens, tenant=caller, tool_parser=tool_parser
         )
         formatter = ChatFormatter(api_request.tool_mode)
         response = await respond(state, api_request, formatter, admission.admit(len(api_request.generations)))
@@ -136,7 +161,7 @@ def create_app(
     async def completions(request: CompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
         _refuse_if_draining(state)
         ignored = report_ignored_fields(request, "/v1/completions")
-        api_request = openai_api.to_completion_request(request, served_model=state.served_model, tenant=caller)
+        api_request = openai_api.to_completion_request(request, served_names=state.served_names, tenant=caller)
         response = await respond(state, api_request, CompletionFormatter(), admission.admit(len(api_request.generations)))
         response.headers.update(ignored)
         return response

@@ -29,10 +29,12 @@ _STATUS_TO_CODE = {
 
 
 class GenerateServicer(rpc.GenerateServicer):
-    def __init__(self, pipeline: Pipeline, *, served_model: str, default_max_tokens: int, tool_parser: str | None = None) -> None:
+    def __init__(
+        self, pipeline: Pipeline, *, served_names: tuple[str, ...], default_max_tokens: int, tool_parser: str | None = None
+    ) -> None:
         self.pipeline = pipeline
         self.tool_parser = tool_parser
-        self.served_model = served_model
+        self.served_names = served_names
         self.default_max_tokens = default_max_tokens
 
     def Generate(self, request: pb.GenerateRequest, context):
@@ -41,7 +43,7 @@ class GenerateServicer(rpc.GenerateServicer):
             tenant = current_principal()  # set by the API-key interceptor when keys are on
             request = parse_chat_request(
                 body,
-                served_model=self.served_model,
+                served_names=self.served_names,
                 default_max_tokens=self.default_max_tokens,
                 tenant=tenant,
                 tool_parser=self.tool_parser,

@@ -1,18 +1,36 @@
 """The gateway's /metrics, with prometheus_client: its own request counter and latency histograms
 (TTFT, inter-token latency, end-to-end), plus, gathered at scrape time with the Stats RPC, every
-live node's counters summed per name, its histograms (each role's queue time,
-``tessera_queue_seconds{role}``) summed per role, and a ``tessera_node_up`` per node. All names start
-``tessera_``. Each node also serves its own metrics (services/transport/metrics_http.py) for a
-Prometheus that scrapes pods directly; this view is the one-URL summary of the whole cluster."""
+node's counters summed per name, its histograms (each role's queue time,
+``tessera_queue_seconds{role}``) summed per role, and a ``tessera_node_up`` per live node. Those
+names start ``tessera_``; the sums never decrease when a node leaves (cluster_sums.py). Each node
+also serves its own metrics (services/transport/metrics_http.py) for a Prometheus that scrapes
+pods directly; this view is the one-URL summary of the whole cluster.
+
+Beside them, the families vLLM's dashboards, KEDA triggers and the Gateway API Inference
+Extension read, under vLLM's names with ``tessera:`` for ``vllm:``, each labelled ``model_name``
+(the mapping table is in the README): requests running and waiting on the engines, KV-cache usage
+(0 to 1), prompt and generation tokens, successes by finish reason, and the TTFT, inter-token,
+end-to-end and queue-time histograms. Process metrics (CPU, memory, file descriptors) come from
+prometheus_client's own collectors."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from services.gateway.cluster_sums import RETIRED, ClusterSums
 from shared.flat_histogram import HistogramSample, histogram_samples
 
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -24,9 +42,20 @@ ROUTE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.
 RoleCounters = dict[str, dict[str, float]]
 
 
+ENGINE_ROLES = ("prefill", "decode")  # the roles whose engines hold requests and KV pages
+
+
 class GatewayMetrics:
-    def __init__(self, role_counters: Callable[[], RoleCounters] = dict, num_in_flight: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(
+        self,
+        role_counters: Callable[[], RoleCounters] = dict,
+        num_in_flight: Callable[[], float] = lambda: 0.0,
+        model_name: str = "",
+    ) -> None:
+        self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            self.registry.register(collector)
         self.requests = Counter("tessera_requests", "Chat requests by HTTP status", ["status"], registry=self.registry)
         self.ttft = Histogram("tessera_ttft_seconds", "Time to first token", buckets=TTFT_BUCKETS_S, registry=self.registry)
         self.itl = Histogram(
@@ -41,21 +70,48 @@ class GatewayMetrics:
         )
         in_flight = Gauge("tessera_requests_in_flight", "Requests whose pipeline is running", registry=self.registry)
         in_flight.set_function(num_in_flight)
-        self.registry.register(_ClusterCollector(role_counters))
+        model = ["model_name"]
+        self.prompt_tokens = Counter("tessera:prompt_tokens", "Prompt tokens of finished requests", model, registry=self.registry)
+        self.generation_tokens = Counter("tessera:generation_tokens", "Generated tokens", model, registry=self.registry)
+        self.success = Counter(
+            "tessera:request_success", "Finished requests by finish reason", [*model, "finished_reason"], registry=self.registry
+        )
+        self.vllm_ttft = Histogram(
+            "tessera:time_to_first_token_seconds", "Time to first token", model, buckets=TTFT_BUCKETS_S, registry=self.registry
+        )
+        self.vllm_itl = Histogram(
+            "tessera:inter_token_latency_seconds", "Time between streamed tokens", model, buckets=ITL_BUCKETS_S, registry=self.registry
+        )
+        self.vllm_e2e = Histogram(
+            "tessera:e2e_request_latency_seconds", "Request arrival to last token", model, buckets=E2E_BUCKETS_S, registry=self.registry
+        )
+        for family in (self.prompt_tokens, self.generation_tokens, self.vllm_ttft, self.vllm_itl, self.vllm_e2e):
+            family.labels(model_name)  # served from the start, as zeros, like vLLM's
+        self.registry.register(_ClusterCollector(role_counters, model_name))
 
     def record_request(self, status: int) -> None:
         self.requests.labels(status=str(status)).inc()
 
     def record_ttft(self, seconds: float) -> None:
         self.ttft.observe(seconds)
+        self.vllm_ttft.labels(self.model_name).observe(seconds)
 
     def record_tokens(self, seconds: float, num_tokens: int) -> None:
         """``num_tokens`` arrived together ``seconds`` after the previous ones: each is one gap."""
         for _ in range(num_tokens):
             self.itl.observe(seconds / num_tokens)
+            self.vllm_itl.labels(self.model_name).observe(seconds / num_tokens)
 
     def record_e2e(self, seconds: float) -> None:
         self.e2e.observe(seconds)
+        self.vllm_e2e.labels(self.model_name).observe(seconds)
+
+    def record_finished(self, prompt_tokens: int, generation_tokens: int, finish_reasons: list[str]) -> None:
+        """A request that ran to its end: its usage, and each choice's finish reason."""
+        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+        self.generation_tokens.labels(self.model_name).inc(generation_tokens)
+        for reason in finish_reasons:
+            self.success.labels(self.model_name, reason).inc()
 
     def record_route(self, seconds: float) -> None:
         self.route.observe(seconds)
@@ -65,32 +121,62 @@ class GatewayMetrics:
 
 
 class _ClusterCollector(Collector):
-    def __init__(self, role_counters: Callable[[], RoleCounters]) -> None:
+    def __init__(self, role_counters: Callable[[], RoleCounters], model_name: str) -> None:
         self.role_counters = role_counters
+        self.model_name = model_name
+        self.sums = ClusterSums()
 
     def describe(self) -> list[Metric]:
         return []  # dynamic: the names depend on which roles answer
 
     def collect(self) -> Iterator[Metric]:
+        live = self.role_counters()
+        reported = self.sums.update(live)
         merged: dict[str, float] = {}
         # Histograms (shared/flat_histogram.py) are summed per role, bucket by bucket.
         name_to_role_samples: dict[str, dict[str, HistogramSample]] = {}
         up = GaugeMetricFamily("tessera_node_up", "A node that answered the scrape's Stats call", labels=["role", "address"])
-        for node, counters in sorted(self.role_counters().items()):
+        for node, counters in sorted(reported.items()):
             role, _, address = node.partition("@")
             samples, rest = histogram_samples(counters)
             for name, value in rest.items():
                 merged[name] = merged.get(name, 0.0) + value
             for name, sample in samples.items():
                 name_to_role_samples.setdefault(name, {}).setdefault(role, HistogramSample()).add(sample)
-            up.add_metric([role, address], 1.0)
+            if node in live and address != RETIRED:
+                up.add_metric([role, address], 1.0)
         yield up
         for name, role_to_sample in sorted(name_to_role_samples.items()):
-            family = HistogramMetricFamily(f"tessera_{name}", "Summed over each role's live nodes", labels=["role"])
+            family = HistogramMetricFamily(f"tessera_{name}", "Summed over each role's nodes", labels=["role"])
             for role, sample in sorted(role_to_sample.items()):
                 family.add_metric([role], sample.sorted_buckets(), sum_value=sample.sum)
             yield family
         for name, value in sorted(merged.items()):
-            help_text = "Summed over the live nodes"
+            help_text = "Summed over the nodes"
             family = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
             yield family(f"tessera_{name}", help_text, value=value)
+        yield from self._vllm_families(live, name_to_role_samples)
+
+    def _vllm_families(self, live: RoleCounters, name_to_role_samples: dict[str, dict[str, HistogramSample]]) -> Iterator[Metric]:
+        """vLLM's engine gauges and queue histogram, from the engines' own statistics."""
+        engines = [counters for node, counters in live.items() if node.partition("@")[0] in ENGINE_ROLES]
+        labels = [self.model_name]
+        for name, key, help_text in (
+            ("tessera:num_requests_running", "engine_requests_running", "Requests in the engines' running batches"),
+            ("tessera:num_requests_waiting", "engine_requests_waiting", "Requests waiting for an engine step"),
+        ):
+            family = GaugeMetricFamily(name, help_text, labels=["model_name"])
+            family.add_metric(labels, sum(c.get(key, 0.0) for c in engines))
+            yield family
+        used = sum(c.get("kv_cache_used_blocks", 0.0) for c in engines)
+        capacity = sum(c.get("kv_cache_capacity_blocks", 0.0) for c in engines)
+        usage = GaugeMetricFamily("tessera:kv_cache_usage_perc", "Fraction of the engines' KV pages in use (0 to 1)", labels=["model_name"])
+        usage.add_metric(labels, used / capacity if capacity else 0.0)
+        yield usage
+        queue = HistogramMetricFamily(
+            "tessera:request_queue_time_seconds", "Arrival at a prefill engine to its first step", labels=["model_name"]
+        )
+        sample = name_to_role_samples.get("queue_seconds", {}).get("prefill")
+        if sample is not None:
+            queue.add_metric(labels, sample.sorted_buckets(), sum_value=sample.sum)
+        yield queue

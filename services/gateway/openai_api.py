@@ -37,6 +37,7 @@ class Generation:
 
 @dataclass(frozen=True, slots=True)
 class ApiRequest:
+    model: str  # the served name the response carries: the one the request named
     generations: tuple[Generation, ...]
     stream: bool
     include_usage: bool
@@ -47,13 +48,13 @@ class ApiRequest:
 def to_chat_request(
     request: ChatCompletionRequest,
     *,
-    served_model: str,
+    served_names: tuple[str, ...],
     default_max_tokens: int,
     tenant: Tenant | None = None,
     tool_parser: str | None = None,
 ) -> ApiRequest:
     """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one."""
-    check_model(request.model, served_model)
+    model = check_model(request.model, served_names)
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     messages = [message.model_dump(exclude_none=True) for message in request.messages]
     if tenant is not None:
@@ -72,11 +73,11 @@ def to_chat_request(
     forced = tools.constraint() if tools is not None else None
     if forced is not None and structured is not None:
         raise GatewayError(400, f"tool_choice {tools.kind} constrains the output already; drop the structured output it conflicts with")
-    return _fan_out(request, [body], max_tokens, tenant, fit_max_tokens=fit, structured=forced or structured, tool_mode=tools)
+    return _fan_out(request, model, [body], max_tokens, tenant, fit_max_tokens=fit, structured=forced or structured, tool_mode=tools)
 
 
-def to_completion_request(request: CompletionRequest, *, served_model: str, tenant: Tenant | None = None) -> ApiRequest:
-    check_model(request.model, served_model)
+def to_completion_request(request: CompletionRequest, *, served_names: tuple[str, ...], tenant: Tenant | None = None) -> ApiRequest:
+    model = check_model(request.model, served_names)
     images = request.multi_modal_data.images() if request.multi_modal_data is not None else []
     if tenant is not None:
         images = [
@@ -88,12 +89,18 @@ def to_completion_request(request: CompletionRequest, *, served_model: str, tena
         for prompt in request.prompts()
     ]
     return _fan_out(
-        request, bodies, request.max_tokens or 16, tenant, fit_max_tokens=request.max_tokens is None, structured=request.structured_output()
+        request,
+        model,
+        bodies,
+        request.max_tokens or 16,
+        tenant,
+        fit_max_tokens=request.max_tokens is None,
+        structured=request.structured_output(),
     )
 
 
 def parse_chat_request(
-    body: object, *, served_model: str, default_max_tokens: int, tenant: Tenant | None = None, tool_parser: str | None = None
+    body: object, *, served_names: tuple[str, ...], default_max_tokens: int, tenant: Tenant | None = None, tool_parser: str | None = None
 ) -> ApiRequest:
     """A raw JSON body (the Generate API's request_json) through the same model as HTTP."""
     try:
@@ -102,12 +109,13 @@ def parse_chat_request(
         raise validation_error(exc.errors()) from None
     report_ignored_fields(request, "Generate")
     return to_chat_request(
-        request, served_model=served_model, default_max_tokens=default_max_tokens, tenant=tenant, tool_parser=tool_parser
+        request, served_names=served_names, default_max_tokens=default_max_tokens, tenant=tenant, tool_parser=tool_parser
     )
 
 
 def _fan_out(
     request: ChatCompletionRequest | CompletionRequest,
+    model: str,
     bodies: list[dict],
     max_tokens: int,
     tenant: Tenant | None,
@@ -131,6 +139,7 @@ def _fan_out(
     )
     options = request.stream_options
     return ApiRequest(
+        model=model,
         generations=generations,
         stream=request.stream,
         include_usage=bool(options and options.include_usage),
@@ -165,11 +174,15 @@ def _sampling(
         raise GatewayError(400, str(exc)) from None
 
 
-def check_model(requested: str | None, served_model: str) -> None:
-    if requested is not None and requested != served_model:
+def check_model(requested: str | None, served_names: tuple[str, ...]) -> str:
+    """The served name a request's ``model`` names (the first when it names none)."""
+    if requested is None:
+        return served_names[0]
+    if requested not in served_names:
         raise GatewayError(
             404,
-            f"the model '{requested}' does not exist; this server serves '{served_model}'",
+            f"the model '{requested}' does not exist; this server serves {', '.join(repr(n) for n in served_names)}",
             code="model_not_found",
             param="model",
         )
+    return requested

@@ -293,10 +293,18 @@ class ErrorResponse(BaseModel):
 
 class NodeRecord(BaseModel):
     role: str
-    address: str
     node_id: str
 
 
 class HealthResponse(BaseModel):
     status: str = Field(description="'ok', 'draining', or which role has no live node")
     nodes: list[NodeRecord]
+
+
+class LiveResponse(BaseModel):
+    status: str = Field(description="'ok', or 'draining' (still alive)")
+
+
+class ReadyResponse(BaseModel):
+    status: str = Field(description="'ok', 'draining', or which role has no live node")
+    num_nodes: dict[str, int] = Field(description="live nodes per role")

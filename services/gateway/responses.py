@@ -21,6 +21,7 @@ from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChoiceResult, Formatter, usage_of
 from services.gateway.openai_api import ApiRequest, Generation
+from services.gateway.protocol import Usage
 from services.gateway.state import GatewayState
 from services.gateway.token_events import TokenEvent
 
@@ -44,8 +45,10 @@ async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatt
         _accumulate(results[generation.index], event)
     state.metrics.record_e2e(time.monotonic() - started)
     choices = sorted(results.values(), key=lambda r: r.index)
-    body = formatter.response(_request_id(formatter), state.served_model, choices, usage_of(choices))
+    usage = usage_of(choices)
+    body = formatter.response(_request_id(formatter), request.model, choices, usage)
     state.metrics.record_request(200)
+    _record_finished(state, usage, choices)
     return JSONResponse(body.model_dump())
 
 
@@ -74,7 +77,7 @@ async def _sse(
     started: float,
     ticket: Ticket,
 ) -> AsyncIterator[bytes]:
-    rid, model = _request_id(formatter), state.served_model
+    rid, model = _request_id(formatter), request.model
     results = _results(request)
     last_token_at = time.monotonic()
     try:
@@ -99,14 +102,20 @@ async def _sse(
                 state.metrics.record_tokens(now - last_token_at, len(item[1].token_ids))
                 last_token_at = now
         state.metrics.record_e2e(time.monotonic() - started)
+        usage = usage_of(list(results.values()))
+        _record_finished(state, usage, list(results.values()))
         if request.include_usage:
-            yield _event(formatter.usage_chunk(rid, model, usage_of(list(results.values()))))
+            yield _event(formatter.usage_chunk(rid, model, usage))
         yield b"data: [DONE]\n\n"
     except GatewayError as exc:
         yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
     finally:
         ticket.release()
         await events.aclose()  # on disconnect too: stops the request's work on every node
+
+
+def _record_finished(state: GatewayState, usage: Usage, choices: list[ChoiceResult]) -> None:
+    state.metrics.record_finished(usage.prompt_tokens, usage.completion_tokens, [c.finish_reason or "stop" for c in choices])
 
 
 def _results(request: ApiRequest) -> dict[int, ChoiceResult]:

@@ -36,6 +36,9 @@ class Settings(InternalPlaneSettings):
     plane's (its secret and mTLS) authenticate the gateway's calls to the nodes."""
 
     model: str = "tiny"
+    # The names the API answers to, comma-separated; the first is the default and the metrics'
+    # model_name. Empty: a built-in's own name, or the checkpoint's id.
+    served_model_name: str = ""
     http_host: str = "127.0.0.1"
     http_port: int = 8000
     http_backlog: int = 4096  # pending connections the kernel queues before refusing
@@ -82,10 +85,11 @@ class Settings(InternalPlaneSettings):
 
 def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) -> None:
     # A built-in is served under its own name ("tiny", "gemma3-tiny"); a checkpoint under its id.
-    served_model = settings.model if settings.model in BUILTIN_TO_FAMILY else model.model_id
+    default_name = settings.model if settings.model in BUILTIN_TO_FAMILY else model.model_id
+    names = tuple(dict.fromkeys(n.strip() for n in settings.served_model_name.split(",") if n.strip()))
     run_gateway(
         settings,
-        served_model=served_model,
+        served_names=names or (default_name,),
         namespace=model.model_id,
         block_size=engine_config.block_size,
         max_model_len=engine_config.max_model_len,
@@ -117,13 +121,13 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_mod
 
 
 def run_gateway(
-    config: Settings, *, served_model: str, namespace: str, block_size: int, max_model_len: int, tool_parser: str | None = None
+    config: Settings, *, served_names: tuple[str, ...], namespace: str, block_size: int, max_model_len: int, tool_parser: str | None = None
 ) -> None:
     api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size, max_model_len=max_model_len)
     app, state = create_app(
         pipeline,
-        served_model=served_model,
+        served_names=served_names,
         default_max_tokens=config.default_max_tokens,
         max_num_requests=config.max_num_requests,
         api_keys=api_keys,
@@ -131,7 +135,7 @@ def run_gateway(
         tool_parser=tool_parser,
     )
     generate = start_generate_server(
-        GenerateServicer(pipeline, served_model=served_model, default_max_tokens=config.default_max_tokens, tool_parser=tool_parser),
+        GenerateServicer(pipeline, served_names=served_names, default_max_tokens=config.default_max_tokens, tool_parser=tool_parser),
         config.generate_address,
         api_keys=api_keys,
     )

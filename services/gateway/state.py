@@ -18,7 +18,7 @@ from services.gateway.token_events import TokenEvent
 @dataclass(slots=True)
 class GatewayState:
     pipeline: Pipeline
-    served_model: str
+    served_names: tuple[str, ...]  # the names the API answers to; the first is the default
     default_max_tokens: int
     started: int
     metrics: GatewayMetrics = field(init=False)
@@ -27,7 +27,7 @@ class GatewayState:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.metrics = GatewayMetrics(self.cluster_counters, lambda: float(self.num_in_flight))
+        self.metrics = GatewayMetrics(self.cluster_counters, lambda: float(self.num_in_flight), model_name=self.served_names[0])
         self.pipeline.route_observers.append(lambda route: self.metrics.record_route(route.decision_s))
 
     def cluster_counters(self) -> RoleCounters:

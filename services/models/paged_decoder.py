@@ -102,11 +102,14 @@ class PagedDecoder(nn.Module):
             return self.lm_head(hidden).float()
         return F.linear(hidden, self.lm_head_weight).float()
 
-    def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
-        """The argmax token of each row's logits, without the logits where the screen is on."""
-        tokens = self.greedy_head.argmax_or_none(hidden) if self.greedy_head is not None else None
+    def greedy_tokens(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int]:
+        """The argmax token of each row's logits (among its ``allowed`` tokens, [N, V] bool, when
+        given), without the logits where the screen is on."""
+        tokens = self.greedy_head.argmax_or_none(hidden, allowed) if self.greedy_head is not None else None
         if tokens is not None:
             return tokens
+        if allowed is not None:
+            return self.compute_logits(hidden).masked_fill(~allowed, float("-inf")).argmax(dim=-1).tolist()
         if self.lm_head is not None:
             return self.lm_head.argmax(hidden)
         return self.compute_logits(hidden).argmax(dim=-1).tolist()

@@ -338,6 +338,7 @@ class PrefillNode(EngineNode):
             "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
             **self.inbox.counters(),
             **self.cache_gauges(),
+            **self.engine_gauges(),
             **self.queue_time_counters(),
         }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import GC_COLLECTOR, PLATFORM_COLLECTOR, PROCESS_COLLECTOR, CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
@@ -44,4 +44,6 @@ class NodeCollector(Collector):
 def start_metrics_server(host: str, port: int, collector: NodeCollector) -> None:
     registry = CollectorRegistry()
     registry.register(collector)
+    for process_collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+        registry.register(process_collector)
     start_http_server(port, addr=host, registry=registry)

@@ -187,11 +187,13 @@ def _check_pod(role: str, template: dict, labels: dict, config: dict) -> None:
 
 
 def _check_probes(role: str, server: dict) -> None:
-    """Native gRPC health on 50061 for the node roles, GET /health on 8000 for the gateway."""
+    """Native gRPC health on 50061 for the node roles; for the gateway, on 8000, /live for startup
+    and liveness (never about other tiers) and /ready for readiness."""
+    gateway_paths = {"startupProbe": "/live", "readinessProbe": "/ready", "livenessProbe": "/live"}
     for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = server[probe_name]
         if role == "gateway":
-            assert probe["httpGet"]["path"] == "/health" and probe["httpGet"]["port"] in (HTTP_PORT, "http")
+            assert probe["httpGet"]["path"] == gateway_paths[probe_name] and probe["httpGet"]["port"] in (HTTP_PORT, "http")
         else:
             assert probe["grpc"]["port"] == GRPC_PORT
     assert server["startupProbe"]["failureThreshold"] * server["startupProbe"]["periodSeconds"] >= 120

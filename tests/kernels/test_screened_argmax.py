@@ -85,3 +85,17 @@ def test_rows_it_cannot_screen_are_computed_whole(monkeypatch):
     flat = torch.randn(2, 16)
     assert head.argmax(flat) == float32_argmax(flat, weight)
     assert head.num_rows_unscreened == 3
+
+
+def test_an_allowed_mask_gives_the_masked_float32_argmax():
+    """A grammar's token mask: the best allowed token, exactly, and a row that allows nothing
+    but one token gets that token."""
+    torch.manual_seed(5)
+    weight = torch.randn(5000, 64) * 0.3
+    hidden = torch.randn(6, 64) * 3
+    allowed = torch.rand(6, 5000) < 0.05
+    allowed[5] = False
+    allowed[5, 1234] = True
+    head = ScreenedArgmax(weight, max_rows=8)
+    expected = F.linear(hidden, weight).masked_fill(~allowed, float("-inf")).argmax(dim=-1).tolist()
+    assert head.argmax(hidden, allowed) == expected and expected[5] == 1234

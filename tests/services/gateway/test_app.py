@@ -64,7 +64,7 @@ class FakePipeline:
 
 
 def client_for(pipeline: FakePipeline, **kwargs) -> tuple[TestClient, object]:
-    app, state = create_app(pipeline, served_model="tiny", default_max_tokens=16, **kwargs)
+    app, state = create_app(pipeline, served_names=("tiny",), default_max_tokens=16, **kwargs)
     return TestClient(app), state
 
 
@@ -150,6 +150,18 @@ def test_health_names_a_role_without_live_nodes():
     http, _ = client_for(FakePipeline(membership=FakeMembership(roles=("preprocess", "encoder", "prefill"))))
     health = http.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "no live decode node"
+
+
+def test_with_a_tier_down_the_gateway_is_live_but_not_ready():
+    http, _ = client_for(FakePipeline(membership=FakeMembership(roles=("preprocess", "encoder", "prefill"))))
+    assert http.get("/live").status_code == 200
+    ready = http.get("/ready")
+    assert ready.status_code == 503 and ready.json() == {
+        "status": "no live decode node",
+        "num_nodes": {"preprocess": 1, "encoder": 1, "prefill": 1, "decode": 0},
+    }
+    healthy, _ = client_for(FakePipeline())
+    assert healthy.get("/ready").status_code == 200 and healthy.get("/live").json() == {"status": "ok"}
 
 
 def test_requests_and_responses_validate_against_the_served_openapi_document():
@@ -245,3 +257,13 @@ def test_past_the_admission_limit_a_request_gets_a_429_with_retry_after():
     for _ in range(3):  # admissions are released when requests end, streamed or not
         assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2}).status_code == 200
         assert http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2, "stream": True}).status_code == 200
+
+
+def test_every_served_model_name_is_listed_and_answers_under_its_own_name():
+    app, _ = create_app(FakePipeline(), served_names=("qwen2-vl", "default-vlm"), default_max_tokens=4, model_root="/models/qwen2-vl")
+    http = TestClient(app)
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http)
+    assert [(m.id, m.root) for m in client.models.list().data] == [("qwen2-vl", "/models/qwen2-vl"), ("default-vlm", "/models/qwen2-vl")]
+    assert client.chat.completions.create(model="default-vlm", messages=MESSAGES).model == "default-vlm"
+    missing = http.post("/v1/chat/completions", json={"model": "gpt-4", "messages": MESSAGES})
+    assert missing.status_code == 404 and "serves 'qwen2-vl', 'default-vlm'" in missing.json()["error"]["message"]

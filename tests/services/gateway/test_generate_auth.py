@@ -22,7 +22,7 @@ def test_generate_needs_a_key_and_passes_the_tenant_on():
     pipeline = FakePipeline()
     address = f"127.0.0.1:{free_port()}"
     server = start_generate_server(
-        GenerateServicer(pipeline, served_model="tiny", default_max_tokens=4), address, api_keys=ApiKeys({"sk-a": Tenant("acme")})
+        GenerateServicer(pipeline, served_names=("tiny",), default_max_tokens=4), address, api_keys=ApiKeys({"sk-a": Tenant("acme")})
     )
     try:
         with grpc.insecure_channel(address) as channel:

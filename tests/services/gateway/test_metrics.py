@@ -77,3 +77,104 @@ def test_node_histograms_are_summed_per_role_bucket_by_bucket():
     assert samples[("tessera_queue_seconds_sum", "prefill", None)] == 2.55
     assert samples[("tessera_queue_seconds_count", "encoder", None)] == 1.0
     assert "tessera_queue_seconds_sum" not in parse(metrics.render())  # not also a flat series
+
+
+def counter_values(metrics: GatewayMetrics) -> dict[str, float]:
+    """Every counter and histogram sample of the text, by name and labels."""
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        if family.type in ("counter", "histogram"):
+            for sample in family.samples:
+                out[sample.name + str(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def test_no_cluster_counter_decreases_when_a_node_leaves_or_restarts():
+    queue = FlatHistogram("queue_seconds", (0.1, 1.0))
+    queue.observe(0.05)
+    nodes = {
+        "prefill@a:1": {"prefill_tokens_computed_total": 100.0, "engine_requests_running": 2.0, **queue.counters()},
+        "prefill@b:2": {"prefill_tokens_computed_total": 50.0, "engine_requests_running": 1.0, **queue.counters()},
+    }
+    metrics = GatewayMetrics(lambda: nodes, model_name="m")
+    before = counter_values(metrics)
+    assert before["tessera_prefill_tokens_computed_total[]"] == 150.0
+    del nodes["prefill@b:2"]  # scale-in: b leaves
+    after_leave = counter_values(metrics)
+    nodes["prefill@a:1"] = {**nodes["prefill@a:1"], "prefill_tokens_computed_total": 3.0}  # a restarted and counted 3 more
+    after_restart = counter_values(metrics)
+    for reading in (after_leave, after_restart):
+        assert all(reading.get(name, 0.0) >= value for name, value in before.items()), reading
+    assert after_restart["tessera_prefill_tokens_computed_total[]"] == 153.0
+    families = parse(metrics.render())
+    assert {s.labels["address"] for s in families["tessera_node_up"].samples} == {"a:1"}
+    assert (
+        families["tessera_prefill_engine_requests_running"].samples[0].value == 2.0
+        if "tessera_prefill_engine_requests_running" in families
+        else True
+    )
+
+
+# The vLLM names (with "tessera:" for "vllm:") that dashboards, KEDA and the inference gateway read;
+# the README's mapping table lists the same.
+VLLM_NAMES = {
+    "tessera:num_requests_running": "gauge",
+    "tessera:num_requests_waiting": "gauge",
+    "tessera:kv_cache_usage_perc": "gauge",
+    "tessera:prompt_tokens": "counter",
+    "tessera:generation_tokens": "counter",
+    "tessera:request_success": "counter",
+    "tessera:time_to_first_token_seconds": "histogram",
+    "tessera:inter_token_latency_seconds": "histogram",
+    "tessera:e2e_request_latency_seconds": "histogram",
+    "tessera:request_queue_time_seconds": "histogram",
+}
+
+
+def kv_blocks(used: float, capacity: float = 100.0) -> dict[str, float]:
+    return {"kv_cache_used_blocks": used, "kv_cache_capacity_blocks": capacity}
+
+
+def test_vllm_named_families_carry_the_model_name_and_process_metrics_are_served():
+    queue = FlatHistogram("queue_seconds", (0.1, 1.0))
+    queue.observe(0.5)
+    nodes = {
+        "prefill@a:1": {
+            "engine_requests_running": 1.0,
+            "engine_requests_waiting": 3.0,
+            "kv_cache_used_blocks": 10.0,
+            "kv_cache_capacity_blocks": 100.0,
+            **queue.counters(),
+        },
+        "decode@c:3": {
+            "engine_requests_running": 4.0,
+            "engine_requests_waiting": 0.0,
+            "kv_cache_used_blocks": 30.0,
+            "kv_cache_capacity_blocks": 100.0,
+        },
+        "encoder@e:5": {"engine_requests_running": 99.0},  # not an engine: not counted
+    }
+    metrics = GatewayMetrics(lambda: nodes, model_name="tiny")
+    metrics.record_ttft(0.2)
+    metrics.record_tokens(0.02, 2)
+    metrics.record_e2e(1.0)
+    metrics.record_finished(prompt_tokens=30, generation_tokens=8, finish_reasons=["stop", "length"])
+    families = parse(metrics.render())
+    for name, kind in VLLM_NAMES.items():
+        assert families[name].type == kind, name
+        assert all(s.labels.get("model_name") == "tiny" for s in families[name].samples), name
+
+    def value(name, **labels):
+        return next(
+            s.value
+            for s in families[name].samples
+            if all(s.labels.get(k) == v for k, v in labels.items()) and not s.name.endswith("_created")
+        )
+
+    assert value("tessera:num_requests_running") == 5.0 and value("tessera:num_requests_waiting") == 3.0
+    assert value("tessera:kv_cache_usage_perc") == 0.2
+    assert value("tessera:prompt_tokens") == 30.0 and value("tessera:generation_tokens") == 8.0
+    assert value("tessera:request_success", finished_reason="length") == 1.0
+    queue_count = next(s.value for s in families["tessera:request_queue_time_seconds"].samples if s.name.endswith("_count"))
+    assert queue_count == 1.0
+    assert "process_cpu_seconds" in families and "python_gc_objects_collected" in families

@@ -16,7 +16,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def parse(**body):
-    return parse_chat_request({"messages": MESSAGES, **body}, served_model="tiny", default_max_tokens=256)
+    return parse_chat_request({"messages": MESSAGES, **body}, served_names=("tiny",), default_max_tokens=256)
 
 
 def sampling(**body):
@@ -59,7 +59,7 @@ def test_a_temperature_below_the_epsilon_is_greedy():
 
 def test_messages_reach_preprocess_without_defaults_added():
     parts = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": "data:x"}, "uuid": "cat-1"}]
-    request = parse_chat_request({"messages": [{"role": "user", "content": parts}]}, served_model="tiny", default_max_tokens=1)
+    request = parse_chat_request({"messages": [{"role": "user", "content": parts}]}, served_names=("tiny",), default_max_tokens=1)
     assert request.generations[0].preprocess_body == {"messages": [{"role": "user", "content": parts}]}
 
 
@@ -71,7 +71,7 @@ def test_n_choices_are_numbered_and_seeded_apart():
 
 
 def completion_request(**body):
-    return to_completion_request(CompletionRequest.model_validate(body), served_model="tiny")
+    return to_completion_request(CompletionRequest.model_validate(body), served_names=("tiny",))
 
 
 def test_completion_prompts_become_preprocess_bodies_numbered_prompt_major():
@@ -178,9 +178,9 @@ def test_invalid_requests_get_a_clear_4xx_naming_the_field(body, status, param, 
 
 def test_missing_messages_and_non_object_body():
     with pytest.raises(GatewayError, match="messages: Field required"):
-        parse_chat_request({}, served_model="tiny", default_max_tokens=1)
+        parse_chat_request({}, served_names=("tiny",), default_max_tokens=1)
     with pytest.raises(GatewayError, match="JSON object"):
-        parse_chat_request([1], served_model="tiny", default_max_tokens=1)
+        parse_chat_request([1], served_names=("tiny",), default_max_tokens=1)
 
 
 def test_logprobs_flags_map_to_the_number_of_alternatives():
@@ -240,7 +240,7 @@ def test_what_common_clients_send_is_accepted():
             "chat_template_kwargs": {"enable_thinking": False},
             "messages_extra": 1,
         },
-        served_model="tiny",
+        served_names=("tiny",),
         default_max_tokens=256,
     )
     [generation] = request.generations
@@ -287,5 +287,5 @@ def test_forced_tool_choices_constrain_the_output():
     assert named.tool_mode.kind == "named" and named.tool_mode.function == "f"
     required = json.loads(parse(tools=tools, tool_choice="required").generations[0].sampling.structured.spec)
     assert required["type"] == "array" and [item["properties"]["name"]["const"] for item in required["items"]["anyOf"]] == ["f", "g"]
-    auto = parse_chat_request({"messages": MESSAGES, "tools": tools}, served_model="tiny", default_max_tokens=8, tool_parser="hermes")
+    auto = parse_chat_request({"messages": MESSAGES, "tools": tools}, served_names=("tiny",), default_max_tokens=8, tool_parser="hermes")
     assert auto.tool_mode.kind == "auto" and auto.generations[0].sampling.structured is None

@@ -49,10 +49,10 @@ def test_requests_carry_the_tenants_salt_and_namespaced_image_uuids():
         "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}, "uuid": "cat"}]}],
         "cache_salt": "mine",
     }
-    [generation] = parse_chat_request(body, served_model="tiny", default_max_tokens=4, tenant=ACME).generations
+    [generation] = parse_chat_request(body, served_names=("tiny",), default_max_tokens=4, tenant=ACME).generations
     assert generation.cache_salt == "tenant:acme|mine"
     assert generation.preprocess_body["messages"][0]["content"][0]["uuid"] == "acme/cat"
-    [untouched] = parse_chat_request(body, served_model="tiny", default_max_tokens=4).generations
+    [untouched] = parse_chat_request(body, served_names=("tiny",), default_max_tokens=4).generations
     assert untouched.cache_salt == "mine" and untouched.preprocess_body["messages"][0]["content"][0]["uuid"] == "cat"
 
 

@@ -215,3 +215,30 @@ def test_a_required_tool_call_validates_and_a_named_one_streams(stack):
     deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
     assert deltas[0].function.name == "get_weather" and deltas[0].id
     jsonschema.validate(json.loads("".join(d.function.arguments or "" for d in deltas)), weather["function"]["parameters"])
+
+
+def test_metrics_carry_vllms_names_with_the_model_name(stack):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.services.gateway.test_metrics import VLLM_NAMES
+
+    greedy_chat(stack, [{"role": "user", "content": "Count the metrics."}], **_ignore_eos())
+    text = httpx.get(root_url(stack) + "/metrics", timeout=30).text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    for name, kind in VLLM_NAMES.items():
+        assert families[name].type == kind and {s.labels["model_name"] for s in families[name].samples} == {"tiny"}, name
+    generated = next(s.value for s in families["tessera:generation_tokens"].samples if s.name.endswith("_total"))
+    assert generated >= 12 and "process_resident_memory_bytes" in families
+
+
+def test_served_model_names_pass_through_tessera_serve(tmp_path, repo_root):
+    from tests.services.stack.conftest import launch_stack, stop_stack
+
+    running = launch_stack(tmp_path, repo_root, "--served-model-name", "qwen-vl-demo,default")
+    try:
+        client = client_for(running)
+        assert [m.id for m in client.models.list().data] == ["qwen-vl-demo", "default"]
+        reply = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert reply.model == "default" and reply.usage.completion_tokens >= 1
+    finally:
+        stop_stack(running)
