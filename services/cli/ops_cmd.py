@@ -16,6 +16,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     health = subparsers.add_parser("health", help="exit 0 if the gRPC server at ADDRESS answers SERVING")
     health.add_argument("address", help="host:port of a role's gRPC server")
     health.add_argument("--timeout-s", type=float, default=3.0)
+    tls = health.add_argument_group("mTLS (as the node's own --internal-tls-* flags; each also TESSERA_SERVE_INTERNAL_TLS_<NAME>)")
+    for name in ("cert", "key", "ca", "server-name"):
+        env = f"TESSERA_SERVE_INTERNAL_TLS_{name.upper().replace('-', '_')}"
+        tls.add_argument(f"--internal-tls-{name}", default=os.environ.get(env) or None)
     health.set_defaults(func=run_health)
     drain = subparsers.add_parser("drain", help="SIGTERM a server (it deregisters and finishes its work) and wait for it to exit")
     drain.add_argument("--pid", type=int, default=1, help="the server's process id (1 in a container)")
@@ -24,10 +28,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_health(args: argparse.Namespace) -> int:
+    """Health checks need no cluster token (they stay open); with mTLS they need the certificate."""
+    from pathlib import Path
+
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(args.address) as channel:
+    from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
+    from services.transport.internal_channel import internal_channel
+
+    def path(value: str | None) -> Path | None:
+        return Path(value) if value else None
+
+    try:
+        settings = InternalPlaneSettings(
+            internal_tls_cert=path(args.internal_tls_cert),
+            internal_tls_key=path(args.internal_tls_key),
+            internal_tls_ca=path(args.internal_tls_ca),
+            internal_tls_server_name=args.internal_tls_server_name,
+        )
+        auth = InternalAuth.from_settings(settings, env={})
+    except (ValueError, OSError) as exc:
+        print(f"tessera health: {exc}", file=sys.stderr)
+        return 2
+    with internal_channel(args.address, auth) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=args.timeout_s)
         except grpc.RpcError as exc:

@@ -89,11 +89,11 @@ async def serve_forever(server: grpc.aio.Server, address: str, service_names: li
     await server.start()
     for name in ["", *service_names]:
         await _set_status(health_servicer, name, health_pb2.HealthCheckResponse.SERVING)
-    ticker = asyncio.create_task(_tick_forever(lifecycle.liveness))
+    stop = asyncio.Event()
+    ticker = asyncio.create_task(report_liveness(health_servicer, ["", *service_names], lifecycle.liveness, stop))
     if lifecycle.on_start is not None:
         lifecycle.on_start()
     log.info("serving %s on %s", ", ".join(service_names), address)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -110,14 +110,29 @@ async def serve_forever(server: grpc.aio.Server, address: str, service_names: li
     log.info("drained; exiting")
 
 
-async def _tick_forever(liveness: Liveness | None) -> None:
-    """Proves the event loop (which runs every servicer) is not blocked."""
+async def report_liveness(
+    servicer, names: list[str], liveness: Liveness | None, draining: asyncio.Event | None = None, period_s: float = 1.0
+) -> None:
+    """Ticks the event loop's watch (proof that it, which runs every servicer, is not blocked),
+    and turns the gRPC health of ``names`` NOT_SERVING while the node's liveness has a problem
+    (a hung engine step, a dead compute thread: the signal its heartbeat stops on), SERVING
+    again once it clears. A kubelet's gRPC liveness probe then restarts a hung node. Once
+    ``draining`` is set the drain owns the status (NOT_SERVING for good); the ticks go on."""
     if liveness is None:
         return
     watch = liveness.watch("event loop", max_idle_s=10.0)
+    serving = True
     while True:
         watch.tick()
-        await asyncio.sleep(1.0)
+        problems = liveness.problems()
+        if bool(problems) == serving and not (draining is not None and draining.is_set()):
+            serving = not problems
+            if problems:
+                log.error("not serving: %s", "; ".join(problems))
+            status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in names:
+                await _set_status(servicer, name, status)
+        await asyncio.sleep(period_s)
 
 
 async def _set_status(servicer, name: str, status) -> None:

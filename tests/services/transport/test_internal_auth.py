@@ -5,8 +5,10 @@ channel factory both roles use sends the token (blocking and asyncio channels al
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -205,5 +207,15 @@ def test_mtls_serves_only_clients_with_a_certificate_from_the_cluster_ca(tmp_pat
         with grpc.insecure_channel(address) as plain:  # plaintext to a TLS port
             with pytest.raises(grpc.RpcError):
                 _export(plain, metadata=((TOKEN_METADATA_KEY, auth.token),))
+        # `tessera health` speaks mTLS with the node's flags, and fails without them.
+        tls_flags = [f"--internal-tls-cert={tmp_path / 'node.pem'}", f"--internal-tls-key={tmp_path / 'node.key'}"]
+        tls_flags += [f"--internal-tls-ca={tmp_path / 'ca.pem'}", "--internal-tls-server-name=tessera-internal"]
+        assert _tessera_health(address, *tls_flags).returncode == 0
+        assert _tessera_health(address).returncode == 1
 
     asyncio.run(scenario())
+
+
+def _tessera_health(address: str, *flags: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "services.cli.main", "health", address, "--timeout-s", "5", *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env={k: v for k, v in os.environ.items() if "TLS" not in k})
