@@ -26,8 +26,7 @@ def build_parser(*, probes_only: bool = False) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # Never reach for a hub: every model is local or built here.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # HF_HUB_OFFLINE is the operator's: a Hub id downloads unless it is set (services/models/hub.py).
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     argv = sys.argv[1:] if argv is None else argv
     _claim_cpu_share(argv)

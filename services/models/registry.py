@@ -18,6 +18,7 @@ from pathlib import Path
 from services.models.builtin import build_builtin, is_complete_build
 from services.models.family import ModelFamily, ProgressFn
 from services.models.gemma3 import FAMILY as GEMMA3
+from services.models.hub import HubModelError, download, parse_hub_reference
 from services.models.qwen2_vl import FAMILY as QWEN2_VL
 from services.models.qwen3_vl import FAMILY as QWEN3_VL
 from shared.paths import builtin_models_dir
@@ -69,14 +70,22 @@ def ensure_builtin(name: str, *, progress: ProgressFn = _stderr_progress) -> Pat
 
 
 def resolve_model(reference: str, *, model_id: str | None = None, progress: ProgressFn = _stderr_progress) -> ModelRef:
+    hub = parse_hub_reference(reference) if reference not in BUILTIN_TO_FAMILY else None
     if reference in BUILTIN_TO_FAMILY:
         path = ensure_builtin(reference, progress=progress)
         default_id = f"tessera-{reference}"
+    elif hub is not None:
+        try:
+            path = download(hub)
+        except HubModelError as exc:
+            raise ModelNotFoundError(str(exc)) from None
+        default_id = hub.repo_id  # the revision is not part of the name: a rollout keeps it
     else:
         path = Path(reference).expanduser().resolve()
         if not path.is_dir():
             raise ModelNotFoundError(
-                f"model {reference!r} is neither a built-in ({', '.join(BUILTIN_TO_FAMILY)}) nor a checkpoint directory"
+                f"model {reference!r} is neither a built-in ({', '.join(BUILTIN_TO_FAMILY)}), a checkpoint directory, "
+                "nor a Hugging Face Hub id (org/name[@revision])"
             )
         default_id = path.name
     config_file = path / "config.json"

@@ -151,14 +151,19 @@ class Stack:
         self.internal_secret = os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
 
     def start(self) -> None:
+        from services.models.hub import parse_hub_reference, pinned_reference
         from services.models.registry import resolve_model
 
-        resolve_model(self.config.model)  # build a missing built-in once, before the roles start
+        # Build a missing built-in, or download a Hub checkpoint, once, before the roles start;
+        # the roles then load a Hub checkpoint at the commit downloaded here, from the cache.
+        resolved = resolve_model(self.config.model)
+        hub = parse_hub_reference(self.config.model)
+        model = str(pinned_reference(hub, resolved.path)) if hub is not None else self.config.model
         if self.config.index_url:
             self.valkey_url = self.config.index_url
         else:
             self._start_valkey()
-        host, model = self.config.host, self.config.model
+        host = self.config.host
         base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--index-url", self.valkey_url]
         self.roles.extend(self.node_processes(base))
         for role in self.roles:  # independent roles load their models in parallel
@@ -188,7 +193,10 @@ class Stack:
         self._spawn(gateway)
         self._wait_started(gateway)
         self._write_state()
-        print(f"tessera is serving {model} at http://{host}:{self.config.http_port}/v1 (gRPC Generate on {generate_address})", flush=True)
+        print(
+            f"tessera is serving {self.config.model} at http://{host}:{self.config.http_port}/v1 (gRPC Generate on {generate_address})",
+            flush=True,
+        )
 
     def node_processes(self, base: list[str]) -> list[RoleProcess]:
         """The preprocess, encoder, prefill and decode processes to start. Their gRPC and data
