@@ -85,7 +85,7 @@ class Settings(InternalPlaneSettings):
 
 def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) -> None:
     # A built-in is served under its own name ("tiny", "gemma3-tiny"); a checkpoint under its id.
-    default_name = settings.model if settings.model in BUILTIN_TO_FAMILY else model.model_id
+    default_name = settings.model if settings.model in BUILTIN_TO_FAMILY else model.name
     names = tuple(dict.fromkeys(n.strip() for n in settings.served_model_name.split(",") if n.strip()))
     run_gateway(
         settings,

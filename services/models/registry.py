@@ -17,6 +17,7 @@ from pathlib import Path
 
 from services.models.builtin import build_builtin, is_complete_build
 from services.models.family import ModelFamily, ProgressFn
+from services.models.fingerprint import fingerprint
 from services.models.gemma3 import FAMILY as GEMMA3
 from services.models.hub import HubModelError, download, parse_hub_reference
 from services.models.qwen2_vl import FAMILY as QWEN2_VL
@@ -32,9 +33,12 @@ SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPE_TO_FAMILY)
 
 @dataclass(frozen=True, slots=True)
 class ModelRef:
-    model_id: str  # stable across nodes: part of every mm_hash
+    # name@fingerprint (fingerprint.py): the checkpoint's identity in every mm_hash and the index
+    # namespace; the same on every node serving the same bytes, different for other weights.
+    model_id: str
     path: Path
     model_type: str
+    name: str  # what it is called: a built-in's name, a Hub id, a directory's name
 
     @property
     def family(self) -> ModelFamily:
@@ -73,13 +77,13 @@ def resolve_model(reference: str, *, model_id: str | None = None, progress: Prog
     hub = parse_hub_reference(reference) if reference not in BUILTIN_TO_FAMILY else None
     if reference in BUILTIN_TO_FAMILY:
         path = ensure_builtin(reference, progress=progress)
-        default_id = f"tessera-{reference}"
+        name = f"tessera-{reference}"
     elif hub is not None:
         try:
             path = download(hub)
         except HubModelError as exc:
             raise ModelNotFoundError(str(exc)) from None
-        default_id = hub.repo_id  # the revision is not part of the name: a rollout keeps it
+        name = hub.repo_id  # the revision is not part of the name: the fingerprint tells versions apart
     else:
         path = Path(reference).expanduser().resolve()
         if not path.is_dir():
@@ -87,7 +91,7 @@ def resolve_model(reference: str, *, model_id: str | None = None, progress: Prog
                 f"model {reference!r} is neither a built-in ({', '.join(BUILTIN_TO_FAMILY)}), a checkpoint directory, "
                 "nor a Hugging Face Hub id (org/name[@revision])"
             )
-        default_id = path.name
+        name = path.name
     config_file = path / "config.json"
     try:
         model_type = json.loads(config_file.read_text()).get("model_type")
@@ -95,4 +99,4 @@ def resolve_model(reference: str, *, model_id: str | None = None, progress: Prog
         raise ModelNotFoundError(f"{config_file} is missing or unreadable: {exc}") from None
     if model_type not in MODEL_TYPE_TO_FAMILY:
         raise ModelNotFoundError(f"model type {model_type!r} is not supported (expected {', '.join(SUPPORTED_MODEL_TYPES)})")
-    return ModelRef(model_id=model_id or default_id, path=path, model_type=model_type)
+    return ModelRef(model_id=model_id or f"{name}@{fingerprint(path)}", path=path, model_type=model_type, name=name)

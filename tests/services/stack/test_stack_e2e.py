@@ -234,7 +234,7 @@ def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
     prep = Preprocessor(resolve_model("tiny")).preprocess(case.body)
     item = prep.mm_items[0]
     hashes = block_hashes(prep.prompt_token_ids, EngineConfig().block_size, [MmSpan(item.mm_hash, item.placeholder)])
-    index = create_index(stack.state()["valkey"]["url"], namespace="tessera-tiny")
+    index = create_index(stack.state()["valkey"]["url"], namespace=resolve_model("tiny").model_id)  # name@fingerprint
     deadline = time.monotonic() + 10
     while True:
         result = index.lookup([item.mm_hash], hashes)
