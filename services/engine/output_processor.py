@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling import TokenLogprobs
 
@@ -37,6 +38,7 @@ class OutputProcessor:
     def __init__(self, tokenizer, eos_token_ids: tuple[int, ...]) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.detokenizer = IncrementalDetokenizer(tokenizer, self.eos_token_ids)
 
     def append_token(self, request: Request, token_id: int) -> RequestStatus | None:
         """Record ``token_id``; returns the finish status if the request is now done."""
@@ -84,8 +86,8 @@ class OutputProcessor:
         )
 
     def _decode(self, request: Request) -> str:
-        ids = [t for t in request.output_token_ids if t not in self.eos_token_ids]
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """The output's text without EOS and special tokens, decoded incrementally."""
+        return self.detokenizer.text(request.detokenizer, request.output_token_ids)
 
 
 def releasable(text: str) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from services.engine.detokenizer import DetokenizerState
 from services.engine.sampling import SamplingParams
 from shared.hashing import MmSpan, extend_block_hashes
 from shared.types import BlockHash, MmHash, PlaceholderRange
@@ -56,6 +57,7 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_preemptions: int = 0
     output_text: str = ""
+    detokenizer: DetokenizerState = field(default_factory=DetokenizerState)  # output_processor.py's
     arrival_s: float = field(default_factory=time.monotonic)  # when this node built the request
     first_scheduled_s: float | None = None  # its first engine step: arrival to this is its queue time
 

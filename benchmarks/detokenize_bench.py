@@ -1,0 +1,9 @@
+"""Detokenization per token, full decode against incremental; same as `tessera bench --suite detokenize`."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's services/, not an installed copy
+from services.cli.main import main
+
+sys.exit(main(["bench", "--suite", "detokenize", *sys.argv[1:]]))
