@@ -161,9 +161,10 @@ def _check_pod(role: str, template: dict, labels: dict, config: dict) -> None:
     server = pod["containers"][0]
     command = server["command"]
     assert command[:4] == ["tessera", "serve", "--role", role] and command[4] == "--model", command
-    # Each pod builds its model into an emptyDir (or volume) at TESSERA_HOME before the server starts.
+    # Each pod builds (a built-in) or downloads (a Hub id) its model into an emptyDir (or volume)
+    # at TESSERA_HOME before the server starts.
     build = pod["initContainers"][0]
-    assert build["command"] == ["tessera", "models", "build", command[5], "--if-missing"]
+    assert build["command"] in (["tessera", "models", "build", command[5], "--if-missing"], ["tessera", "models", "download", command[5]])
     for container in (build, server):
         assert {"name": config["metadata"]["name"]} in [src.get("configMapRef") for src in container["envFrom"]]
         assert any(m["mountPath"] == "/data/tessera" for m in container["volumeMounts"])
@@ -287,3 +288,17 @@ def test_external_redis_overlay_drops_the_bundled_valkey():
     objs = _index(_render("overlays/external-redis"))
     assert not [key for key in objs if "valkey" in key[1]]
     assert "tessera-valkey" not in _config(objs)["data"]["TESSERA_SERVE_INDEX_URL"]
+
+
+def test_hub_model_overlay_downloads_in_an_init_step_and_serves_offline():
+    objs = _index(_render("overlays/hub-model"))
+    assert _config(objs)["data"]["HF_HOME"].startswith("/data/tessera") and _config(objs)["data"]["HF_HUB_OFFLINE"] == "1"
+    for role in ROLES:
+        pod = objs[("Deployment", f"tessera-{role}")]["spec"]["template"]["spec"]
+        [init] = pod["initContainers"]
+        reference = init["command"][3]
+        assert init["command"][:3] == ["tessera", "models", "download"] and "/" in reference
+        env = {e["name"]: e for e in init["env"]}
+        assert env["HF_HUB_OFFLINE"]["value"] == "0" and env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
+        assert pod["containers"][0]["command"][4:6] == ["--model", reference]
+        assert {m["name"] for m in init["volumeMounts"]} & {m["name"] for m in pod["containers"][0]["volumeMounts"]}
