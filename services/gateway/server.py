@@ -84,17 +84,21 @@ class Settings(InternalPlaneSettings):
 
 
 def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) -> None:
-    # A built-in is served under its own name ("tiny", "gemma3-tiny"); a checkpoint under its id.
-    default_name = settings.model if settings.model in BUILTIN_TO_FAMILY else model.name
-    names = tuple(dict.fromkeys(n.strip() for n in settings.served_model_name.split(",") if n.strip()))
     run_gateway(
         settings,
-        served_names=names or (default_name,),
+        served_names=served_names(settings, model),
         namespace=model.model_id,
         block_size=engine_config.block_size,
         max_model_len=engine_config.max_model_len,
         tool_parser=model.family.tool_call_parser,
     )
+
+
+def served_names(settings: Settings, model: ModelRef) -> tuple[str, ...]:
+    """--served-model-name's names, in order, each once; without it a built-in is served under
+    its own name ("tiny", "gemma3-tiny") and a checkpoint under its name (a Hub id, a directory's)."""
+    names = tuple(dict.fromkeys(n.strip() for n in settings.served_model_name.split(",") if n.strip()))
+    return names or (settings.model if settings.model in BUILTIN_TO_FAMILY else model.name,)
 
 
 def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_model_len: int) -> Pipeline:

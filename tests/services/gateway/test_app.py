@@ -267,3 +267,17 @@ def test_every_served_model_name_is_listed_and_answers_under_its_own_name():
     assert client.chat.completions.create(model="default-vlm", messages=MESSAGES).model == "default-vlm"
     missing = http.post("/v1/chat/completions", json={"model": "gpt-4", "messages": MESSAGES})
     assert missing.status_code == 404 and "serves 'qwen2-vl', 'default-vlm'" in missing.json()["error"]["message"]
+
+
+def test_served_model_names_come_from_the_flag_or_the_model(tiny_model):
+    from services.gateway.server import Settings, served_names
+
+    def settings(**kwargs):
+        return Settings(index_url="redis://127.0.0.1:1/0", **kwargs)
+
+    assert served_names(settings(served_model_name=" vlm, default ,vlm"), tiny_model) == ("vlm", "default")
+    assert served_names(settings(model="tiny"), tiny_model) == ("tiny",)
+    assert served_names(settings(model=str(tiny_model.path)), tiny_model) == (tiny_model.name,)
+    from services.stack.roles import setting_names
+
+    assert "served_model_name" in setting_names()  # so `tessera serve --served-model-name` exists and passes through

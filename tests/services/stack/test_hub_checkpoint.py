@@ -1,10 +1,13 @@
 """``tessera serve --model org/name``: the checkpoint comes through the Hub's HTTP API (a local
 server speaking it: no internet), every role serves the downloaded snapshot exactly as
-transformers does, and a second start with HF_HUB_OFFLINE=1 serves it from the cache."""
+transformers does, and a second start with HF_HUB_OFFLINE=1 serves it from the cache (slow: the
+default suite checks the offline cache with ``tessera models download`` in test_hub.py)."""
 
 from __future__ import annotations
 
 import os
+
+import pytest
 
 from tests.factories import chat_case
 from tests.hub_server import HubRepo, HubServer
@@ -15,7 +18,16 @@ COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 REPO = "tessera-test/tiny-vl"
 
 
-def test_a_hub_checkpoint_is_downloaded_served_exactly_and_served_again_offline(tiny_model, oracle, repo_root, tmp_path):
+def test_a_hub_checkpoint_is_downloaded_and_served_exactly(tiny_model, oracle, repo_root, tmp_path):
+    serve_from_the_hub(tiny_model, oracle, repo_root, tmp_path, then_offline=False)
+
+
+@pytest.mark.slow  # ~50 s: a second stack
+def test_a_downloaded_checkpoint_is_served_again_offline(tiny_model, oracle, repo_root, tmp_path):
+    serve_from_the_hub(tiny_model, oracle, repo_root, tmp_path, then_offline=True)
+
+
+def serve_from_the_hub(tiny_model, oracle, repo_root, tmp_path, *, then_offline: bool) -> None:
     case = chat_case(png(64, 48, 11), "What is in the picture?")
     expected = oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), 8).token_ids
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
@@ -29,6 +41,8 @@ def test_a_hub_checkpoint_is_downloaded_served_exactly_and_served_again_offline(
         finally:
             stop_stack(running)
         assert any(r.startswith("GET /api/models/" + REPO) for r in hub.requests)
+    if not then_offline:
+        return
     offline = launch_stack(tmp_path / "offline", repo_root, "--model", REPO, env={**env, "HF_HUB_OFFLINE": "1"})
     try:
         assert_serves_exactly(offline, case, expected, oracle)

@@ -229,16 +229,3 @@ def test_metrics_carry_vllms_names_with_the_model_name(stack):
         assert families[name].type == kind and {s.labels["model_name"] for s in families[name].samples} == {"tiny"}, name
     generated = next(s.value for s in families["tessera:generation_tokens"].samples if s.name.endswith("_total"))
     assert generated >= 12 and "process_resident_memory_bytes" in families
-
-
-def test_served_model_names_pass_through_tessera_serve(tmp_path, repo_root):
-    from tests.services.stack.conftest import launch_stack, stop_stack
-
-    running = launch_stack(tmp_path, repo_root, "--served-model-name", "qwen-vl-demo,default")
-    try:
-        client = client_for(running)
-        assert [m.id for m in client.models.list().data] == ["qwen-vl-demo", "default"]
-        reply = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
-        assert reply.model == "default" and reply.usage.completion_tokens >= 1
-    finally:
-        stop_stack(running)
