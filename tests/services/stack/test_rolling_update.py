@@ -1,12 +1,15 @@
 """A rolling update under one name and one index: two stacks serve checkpoints v1 and v2, both
 called "vlm", and register in the same Valkey. Each node's model id is name@fingerprint, so each
 gateway routes only to nodes with its own weights and no cached work crosses: both stay exact
-against their own weights on every cache path (cold, then processor, encoder and prefix hits)."""
+against their own weights on every cache path (cold, then processor, encoder and prefix hits).
+Slow (two stacks, ~75 s); the default suite checks the ids themselves in
+tests/services/models/test_fingerprint.py."""
 
 from __future__ import annotations
 
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -26,6 +29,7 @@ def make_v2(v1, directory):
     return directory
 
 
+@pytest.mark.slow
 def test_v1_and_v2_under_one_name_on_one_index_each_stay_exact(tiny_model, repo_root, tmp_path):
     v1 = tmp_path / "v1" / "vlm"
     shutil.copytree(tiny_model.path, v1)
