@@ -92,3 +92,18 @@ def conversation(*turns: ChatCase | str) -> ChatCase:
         oracle_messages += turn.oracle_messages
         images += turn.images
     return ChatCase(body={"messages": messages}, oracle_messages=oracle_messages, images=images)
+
+
+def tool_call_history(call_id: str = "c1", function: str = "get_weather") -> list[dict]:
+    """What agent clients send back: a developer message, a named user, the assistant's tool call
+    and the tool's answer (OpenAI's message shapes)."""
+    return [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "What is the weather?", "name": "ann"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": call_id, "type": "function", "function": {"name": function, "arguments": "{}"}}],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": call_id},
+    ]

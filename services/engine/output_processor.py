@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling import TokenLogprobs
+from shared.holdback import num_held_back
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +94,3 @@ class OutputProcessor:
 def releasable(text: str) -> str:
     """``text`` without trailing replacement characters: bytes of a character still arriving."""
     return text.rstrip("\ufffd")
-
-
-def num_held_back(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
-    longest = 0
-    for stop in stops:
-        for length in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:length]):
-                longest = length
-                break
-    return longest

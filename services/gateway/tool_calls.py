@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from services.engine.sampling import StructuredOutput
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import NamedToolChoice, Tool
+from shared.holdback import num_held_back
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_CALL = re.compile(re.escape(HERMES_OPEN) + r"\s*(.*?)\s*" + re.escape(HERMES_CLOSE), re.DOTALL)
@@ -94,7 +95,7 @@ class ToolMode:
         start = text.find(HERMES_OPEN)
         if start >= 0:
             return text[:start]
-        return text[: len(text) - _partial_tag_len(text, HERMES_OPEN)]
+        return text[: len(text) - num_held_back(text, (HERMES_OPEN,))]
 
     def _tool(self, name: str | None) -> Tool:
         return next(tool for tool in self.tools if tool.function.name == name)
@@ -147,11 +148,3 @@ def new_call_id() -> str:
 
 def _parameters(tool: Tool) -> dict:
     return tool.function.parameters if tool.function.parameters is not None else ANY_OBJECT_SCHEMA
-
-
-def _partial_tag_len(text: str, tag: str) -> int:
-    """Length of the longest tail of ``text`` that is a proper prefix of ``tag``."""
-    for length in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:length]):
-            return length
-    return 0

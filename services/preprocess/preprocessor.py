@@ -87,6 +87,8 @@ class Preprocessor:
         self.model = model
         self.config = config or PreprocessConfig()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model.path))
+        # apply_chat_template's own parameters, which chat_template_kwargs may not set.
+        self._template_parameters = frozenset(inspect.signature(self.tokenizer.apply_chat_template).parameters) - {"kwargs"}
         self.family = model.family
         self.model_config = self.family.read_config(model.path)
         self.vocab_size: int = self.model_config.shape.vocab_size
@@ -145,18 +147,20 @@ class Preprocessor:
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
+        self._check_vocabulary(token_ids, "token id")
+        return self.tokenizer.decode(list(token_ids))
+
+    def _check_vocabulary(self, token_ids: Sequence[int], what: str) -> None:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary of {self.vocab_size}")
-        return self.tokenizer.decode(list(token_ids))
+            raise InvalidRequestError(f"{what} {bad[0]}, outside the vocabulary of {self.vocab_size}")
 
     def render_prompt(self, messages: Sequence[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
         """The chat template's text. A template that refuses the conversation (Gemma3's asks
         for alternating user/assistant turns) is the request's fault: a 400 with its message."""
         template_kwargs = template_kwargs or {}
-        parameters = set(inspect.signature(self.tokenizer.apply_chat_template).parameters) - {"kwargs"}
-        if parameters & set(template_kwargs):
-            names = ", ".join(sorted(parameters & set(template_kwargs)))
+        if self._template_parameters & set(template_kwargs):
+            names = ", ".join(sorted(self._template_parameters & set(template_kwargs)))
             raise InvalidRequestError(f"chat_template_kwargs may only set template variables, not {names}")
         try:
             return self.tokenizer.apply_chat_template(
@@ -169,9 +173,7 @@ class Preprocessor:
         """The rendered prompt text, or the request's token ids (checked against the vocabulary);
         the family tokenizes text together with its image expansion."""
         if parsed.prompt_token_ids is not None:
-            bad = [t for t in parsed.prompt_token_ids if t >= self.vocab_size]
-            if bad:
-                raise InvalidRequestError(f"prompt_token_ids contains id {bad[0]}, outside the vocabulary of {self.vocab_size}")
+            self._check_vocabulary(parsed.prompt_token_ids, "prompt_token_ids contains id")
             return list(parsed.prompt_token_ids)
         if parsed.prompt_text is not None:
             return parsed.prompt_text

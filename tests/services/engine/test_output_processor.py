@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from services.engine.output_processor import OutputProcessor, num_held_back
+from services.engine.output_processor import OutputProcessor
 from services.engine.request import Request, RequestStatus
 from services.engine.sampling import SamplingParams
+from shared.holdback import num_held_back
 
 EOS = 0
 

@@ -11,6 +11,7 @@ import pytest
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import parse_chat_request, to_completion_request
+from tests.factories import tool_call_history
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -218,16 +219,7 @@ def test_unknown_fields_are_ignored_and_named():
 
 def test_what_common_clients_send_is_accepted():
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    history = [
-        {"role": "developer", "content": "Be brief."},
-        {"role": "user", "content": "Weather?", "name": "ann"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
-        },
-        {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
-    ]
+    history = tool_call_history("c1")
     request = parse_chat_request(
         {
             "messages": history,

@@ -12,7 +12,7 @@ import re
 import httpx
 import jsonschema
 
-from tests.factories import chat_case
+from tests.factories import chat_case, tool_call_history
 from tests.services.stack.e2e_helpers import GREEDY, client_for, png
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
@@ -28,14 +28,7 @@ def greedy_chat(stack, messages, **extra):
 
 def test_what_common_clients_send_is_served_and_unknown_fields_are_named(stack):
     history = [
-        {"role": "developer", "content": "Answer briefly."},
-        {"role": "user", "content": "What is the weather?", "name": "ann"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}],
-        },
-        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        *tool_call_history("call_1"),
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _data_url(png(64, 48, 3)), "detail": "low"}}]},
     ]
     raw = client_for(stack).chat.completions.with_raw_response.create(
