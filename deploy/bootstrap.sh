@@ -18,4 +18,4 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"
-export HF_HUB_OFFLINE=1
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}  # the built-ins need no hub; HF_HUB_OFFLINE=0 lets --model org/name download
