@@ -24,8 +24,8 @@ from services.models.registry import BUILTIN_TO_FAMILY, ModelRef
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
 from services.router.scoring import ENCODE_DISPATCHES, POLICIES
+from services.transport.index_access import open_index
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
-from shared.index.backend import create_index
 
 log = logging.getLogger("tessera")
 
@@ -102,7 +102,7 @@ def served_names(settings: Settings, model: ModelRef) -> tuple[str, ...]:
 
 
 def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_model_len: int) -> Pipeline:
-    index = create_index(config.index_url, namespace=namespace) if config.index_url else None
+    index = open_index(config.index_url, namespace=namespace, settings=config) if config.index_url else None
     static = {role: tuple(a.strip() for a in getattr(config, f"{role}_address").split(",") if a.strip()) for role in ROUTED_ROLES}
     membership = Membership(
         index, static if index is None else None, refresh_s=min(1.0, config.index_ttl_s / 3), quarantine_s=config.index_ttl_s

@@ -13,6 +13,7 @@ from services.gateway.metrics import GatewayMetrics, RoleCounters
 from services.gateway.openai_api import Generation
 from services.gateway.pipeline import Pipeline
 from services.gateway.token_events import TokenEvent
+from shared.process_stats import process_counters
 
 
 @dataclass(slots=True)
@@ -43,6 +44,7 @@ class GatewayState:
             "gateway_local_encode_routes_total": float(router.num_local_encodes),
             # 1 while the index's circuit breaker holds calls back (routing without cache lookups).
             "gateway_index_breaker_open": float(breaker is not None and breaker.state != "closed"),
+            **process_counters(),  # e.g. index records rejected (shared/index/record_seal.py)
         }
         return counters
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
+from services.transport.index_access import open_index
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
-from shared.index.backend import create_index
 from shared.liveness import Liveness
 
 
@@ -25,7 +25,7 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config: 
     liveness = Liveness(stall_s=settings.liveness_stall_s)
     admission = NodeAdmission("preprocess", settings.max_pending_requests)
     # The index also tells preprocess which images a live encoder holds (their pixels are skipped).
-    index = create_index(settings.index_url, namespace=model.model_id) if settings.index_url else None
+    index = open_index(settings.index_url, namespace=model.model_id, settings=settings) if settings.index_url else None
     auth, channel_auth = node_auth(settings)
     node = PreprocessNode(model, preprocess_config, index=index, liveness=liveness, channel_auth=channel_auth)
     publisher = node_publisher("preprocess", settings, model.model_id, "", node.load, liveness)

@@ -30,6 +30,7 @@ from typing import IO
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV
 from shared.cpu_budget import CpuShare, available_cpus, cgroup_cpu_limit, plan_shares
 
@@ -149,6 +150,9 @@ class Stack:
         # One internal secret per stack (services/transport/internal_auth.py), handed to every role
         # through its environment, never its command line; a configured one is kept.
         self.internal_secret = os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
+        # The embedded Valkey's password, handed to the roles the same way; with --index-url, the
+        # roles read the operator's own (TESSERA_INDEX_PASSWORD or --index-password-file).
+        self.index_password = os.environ.get(PASSWORD_ENV) or secrets.token_urlsafe(32)
 
     def start(self) -> None:
         from services.models.hub import parse_hub_reference, pinned_reference
@@ -275,6 +279,8 @@ class Stack:
         # The role's CPU share first, so a variable the operator set wins over it.
         env = {**self._cpu_share(role).to_env(), **os.environ, "HF_HUB_OFFLINE": "1"}
         env[SECRET_ENV] = self.internal_secret
+        if not self.config.index_url:
+            env[PASSWORD_ENV] = self.index_password
         role.process = subprocess.Popen(role.argv, env=env, preexec_fn=_detach_but_die_with_parent)
 
     def _cpu_share(self, role: RoleProcess) -> CpuShare:
@@ -290,7 +296,7 @@ class Stack:
 
         self.valkey_port = self.valkey_port or free_port()  # a restart reuses the port the nodes know
         self.valkey, self.valkey_url = start_redis_server(
-            embedded_valkey_binary(), self.valkey_port, preexec_fn=_detach_but_die_with_parent
+            embedded_valkey_binary(), self.valkey_port, password=self.index_password, preexec_fn=_detach_but_die_with_parent
         )
 
     def _check_valkey(self) -> None:

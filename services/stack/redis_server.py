@@ -16,17 +16,31 @@ def embedded_valkey_binary() -> str:
 
 
 def start_redis_server(
-    binary: str, port: int, *, preexec_fn: Callable[[], None] | None = None, timeout_s: float = 10.0
+    binary: str,
+    port: int,
+    *,
+    password: str | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+    timeout_s: float = 10.0,
 ) -> tuple[subprocess.Popen, str]:
-    """(process, url) once the server answers PING; no persistence, bound to 127.0.0.1."""
+    """(process, url) once the server answers PING; no persistence, bound to 127.0.0.1. With a
+    password, every client must AUTH; it goes in on the server's stdin (config file "-"), so no
+    command line or file shows it."""
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        [binary, "-", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=preexec_fn,
     )
+    assert process.stdin is not None
+    if password is not None:
+        if any(c in password for c in '\n\r" '):
+            raise ValueError("the index password may not contain whitespace or quotes")
+        process.stdin.write(f"requirepass {password}\n".encode())
+    process.stdin.close()
     url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
+    client = redis.Redis.from_url(url, password=password)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -41,9 +55,9 @@ def start_redis_server(
             client.close()
 
 
-def redis_answers(url: str, timeout_s: float = 1.0) -> bool:
+def redis_answers(url: str, password: str | None = None, timeout_s: float = 1.0) -> bool:
     """Whether a Redis-protocol server at ``url`` answers PING now."""
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = redis.Redis.from_url(url, password=password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         return bool(client.ping())
     except redis.RedisError:

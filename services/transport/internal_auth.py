@@ -12,6 +12,8 @@ could use them. So one secret, shared by every node of a cluster, authenticates 
   not yield the tensor channel's key.
 * tensors: every message carries an HMAC tag (services/transport/frame_mac.py) under another key
   derived from the secret.
+* index: node records are sealed under a third derived key (shared/index/record_seal.py), so
+  whoever can write to the index still cannot add a node.
 
 The secret comes from a file (``--internal-secret-file``: a mounted Kubernetes or Compose secret)
 or the ``TESSERA_INTERNAL_SECRET`` variable, never from a flag (``ps`` shows command lines).
@@ -42,6 +44,7 @@ MIN_SECRET_BYTES = 16
 # Fixed labels: each use of the secret gets its own key, so one leaking does not give the other.
 _TOKEN_LABEL = b"tessera/internal-plane/grpc-token/v1"
 _TENSOR_KEY_LABEL = b"tessera/internal-plane/tensor-mac/v1"
+_RECORD_KEY_LABEL = b"tessera/index/node-record-seal/v1"
 
 log = logging.getLogger("tessera")
 
@@ -58,6 +61,11 @@ class InternalPlaneSettings:
     internal_tls_ca: Path | None = None
     # The name every node's certificate carries, when it does not list each node's address.
     internal_tls_server_name: str | None = None
+    # The index's credentials (services/transport/index_access.py): an ACL user, its password from
+    # a file (else TESSERA_INDEX_PASSWORD; neither: no AUTH), and the CA of a rediss:// server.
+    index_username: str = ""
+    index_password_file: Path | None = None
+    index_tls_ca: Path | None = None
 
     def __post_init__(self) -> None:
         given = [p is not None for p in (self.internal_tls_cert, self.internal_tls_key, self.internal_tls_ca)]
@@ -93,6 +101,11 @@ class InternalAuth:
     def tensor_key(self) -> bytes | None:
         """The tensor channel's HMAC key (None: no secret)."""
         return None if self.secret is None else hmac.new(self.secret, _TENSOR_KEY_LABEL, hashlib.sha256).digest()
+
+    @property
+    def record_key(self) -> bytes | None:
+        """The key sealing node records in the index (shared/index/record_seal.py; None: no secret)."""
+        return None if self.secret is None else hmac.new(self.secret, _RECORD_KEY_LABEL, hashlib.sha256).digest()
 
     @classmethod
     def from_settings(cls, settings: InternalPlaneSettings, env: Mapping[str, str] = os.environ) -> InternalAuth:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from services.transport.addresses import advertise, split_host_port
 from services.transport.grpc_server import Lifecycle
+from services.transport.index_access import open_index
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings, warn_if_open
 from services.transport.node_admission import DEFAULT_MAX_PENDING_REQUESTS, NodeAdmission
 from services.transport.tensor_channel import DEFAULT_MAX_FRAME_BYTES, ChannelAuth
-from shared.index.backend import create_index
 from shared.index.publisher import IndexPublisher
 from shared.index.types import NodeInfo
 from shared.liveness import DEFAULT_STALL_S, Liveness
@@ -76,7 +76,7 @@ def node_publisher(
     data = advertise(data_address, settings.advertise_host) if data_address else ""
     node_id = settings.node_id or f"{role}@{grpc_address}"
     info = NodeInfo(node_id=node_id, role=role, grpc_address=grpc_address, data_address=data, can_encode=can_encode)
-    index = create_index(settings.index_url, namespace=namespace)
+    index = open_index(settings.index_url, namespace=namespace, settings=settings)
     return IndexPublisher(index, info, ttl_s=settings.index_ttl_s, load_fn=load_fn, alive_fn=liveness.is_alive)
 
 

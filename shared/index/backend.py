@@ -7,12 +7,17 @@ Semantics every backend must honour (tests/shared/index/test_conformance.py chec
     written under its current epoch;
   * publish applies a batch atomically; lookup answers a whole request in one round trip and
     stops the block list at the first block no live node holds;
+  * a record carries the seal its writer gave at registration and at its latest heartbeat,
+    byte for byte (shared/index/sealed_index.py checks it; backends store it and hand it back);
   * membership: the live node records *are* the cluster. live_nodes lists them (and prunes the
     records of nodes whose heartbeat lapsed); deregister_node removes a draining node at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from shared.index.types import IndexEvents, LookupResult, NodeInfo, NodeState
@@ -20,11 +25,12 @@ from shared.types import BlockHash, MmHash
 
 
 class CacheIndex(Protocol):
-    def register_node(self, node: NodeInfo, *, ttl_s: float) -> int:
-        """Announce ``node`` and return its new epoch."""
+    def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
+        """Announce ``node`` and return its new epoch; ``seal_fn(epoch)`` is the record's seal."""
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float) -> bool:
-        """Refresh liveness and load; False if ``epoch`` is no longer the node's current one."""
+    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
+        """Refresh liveness, load and the record's seal; False if ``epoch`` is no longer the node's
+        current one."""
 
     def deregister_node(self, node_id: str, epoch: int) -> None:
         """Remove ``node_id`` from the cluster now (a drain), if ``epoch`` is still its current one."""
@@ -39,16 +45,38 @@ class CacheIndex(Protocol):
     def close(self) -> None: ...
 
 
-def create_index(url: str, *, namespace: str) -> CacheIndex:
-    """``memory://`` for the in-process backend, ``redis://host:port/db`` for Redis or Valkey."""
+@dataclass(frozen=True, slots=True)
+class IndexCredentials:
+    """How this process authenticates to a networked index; they come from files or the
+    environment, never from the URL or a flag (command lines are visible to every local user)."""
+
+    username: str | None = None  # an ACL user; None: the default user
+    password: str | None = field(default=None, repr=False)
+    tls_ca: Path | None = None  # the CA that signed a rediss:// server's certificate; None: the system's
+
+
+def create_index(url: str, *, namespace: str, credentials: IndexCredentials | None = None, record_key: bytes | None = None) -> CacheIndex:
+    """``memory://`` for the in-process backend, ``redis://host:port/db`` (or ``rediss://`` for
+    TLS) for Redis or Valkey. With ``record_key``, node records are sealed and checked
+    (shared/index/record_seal.py)."""
     if url.startswith("memory://"):
         from shared.index.memory_backend import InProcessIndex
 
-        return InProcessIndex(namespace=namespace)
+        return _sealed(InProcessIndex(namespace=namespace), namespace, record_key)
     if url.startswith(("redis://", "rediss://", "unix://")):
         from shared.index.circuit_breaker import BreakerIndex
         from shared.index.redis_backend import RedisIndex
 
-        # A networked index gets a circuit breaker: once it is failing, calls fail at once.
-        return BreakerIndex(RedisIndex(url, namespace=namespace))
+        # A networked index gets a circuit breaker, outermost: once it is failing, calls fail at once.
+        redis_index = RedisIndex(url, namespace=namespace, credentials=credentials or IndexCredentials())
+        return BreakerIndex(_sealed(redis_index, namespace, record_key))
     raise ValueError(f"unsupported index URL {url!r}: use memory:// or redis://host:port/db")
+
+
+def _sealed(index: CacheIndex, namespace: str, record_key: bytes | None) -> CacheIndex:
+    if record_key is None:
+        return index
+    from shared.index.record_seal import RecordSealer
+    from shared.index.sealed_index import SealedIndex
+
+    return SealedIndex(index, RecordSealer(record_key, namespace))

@@ -73,11 +73,11 @@ class BreakerIndex:
         self.inner = inner
         self.breaker = breaker or CircuitBreaker()
 
-    def register_node(self, node: NodeInfo, *, ttl_s: float) -> int:
-        return self._call(lambda: self.inner.register_node(node, ttl_s=ttl_s))
+    def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
+        return self._call(lambda: self.inner.register_node(node, ttl_s=ttl_s, seal_fn=seal_fn))
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float) -> bool:
-        return self._call(lambda: self.inner.heartbeat(node_id, epoch, load=load, kv_usage=kv_usage, ttl_s=ttl_s))
+    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
+        return self._call(lambda: self.inner.heartbeat(node_id, epoch, load=load, kv_usage=kv_usage, ttl_s=ttl_s, seal=seal))
 
     def deregister_node(self, node_id: str, epoch: int) -> None:
         self._call(lambda: self.inner.deregister_node(node_id, epoch))

@@ -24,22 +24,24 @@ class InProcessIndex:
         self._kv: dict[BlockHash, dict[str, tuple[int, str]]] = {}
         self.num_round_trips = 0
 
-    def register_node(self, node: NodeInfo, *, ttl_s: float) -> int:
+    def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
         with self._lock:
             self._num_epochs += 1
             epoch = self._num_epochs
+        seal = seal_fn(epoch) if seal_fn is not None else ""
+        with self._lock:
             self._node_to_epoch[node.node_id] = epoch
-            self._node_to_state[node.node_id] = (NodeState(node, epoch, 0.0, 0.0), self._clock() + ttl_s)
+            self._node_to_state[node.node_id] = (NodeState(node, epoch, 0.0, 0.0, seal), self._clock() + ttl_s)
             return epoch
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float) -> bool:
+    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
         with self._lock:
             if self._node_to_epoch.get(node_id) != epoch or node_id not in self._node_to_state:
                 return False
             state, expires_at = self._node_to_state[node_id]
             if expires_at <= self._clock():  # lapsed: it must register again, as with Redis
                 return False
-            self._node_to_state[node_id] = (NodeState(state.info, epoch, load, kv_usage), self._clock() + ttl_s)
+            self._node_to_state[node_id] = (NodeState(state.info, epoch, float(load), float(kv_usage), seal), self._clock() + ttl_s)
             return True
 
     def deregister_node(self, node_id: str, epoch: int) -> None:

@@ -4,7 +4,8 @@ Key layout, under the namespace prefix P = "tessera:{namespace}:":
   P epochs            INTEGER  the last epoch handed out, to any node (INCR on registration)
   P epoch:{node}      INTEGER  the node's current epoch
   P node:{node}       HASH     role, grpc, data, encodes ("1": a prefill node that can run the
-                               vision tower itself), epoch, load, kv_usage; expires after the TTL
+                               vision tower itself), epoch, load, kv_usage, seal (empty: unsealed;
+                               shared/index/record_seal.py); expires after the TTL
   P nodes             SET      registered node ids (lookup skips those whose key expired;
                                live_nodes prunes them with their epoch key)
 Epochs come from one counter for all nodes, so a node id registered again after its records were
@@ -20,10 +21,12 @@ filters by liveness and epoch on the server and returns each live node's leading
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import redis
 from redis.connection import Encoder, PythonRespSerializer
 
+from shared.index.backend import IndexCredentials
 from shared.index.types import IndexEvents, IndexUnavailableError, LookupResult, MmEntry, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
@@ -98,25 +101,28 @@ return cjson.encode({nodes = nodes, mm = mm, prefix = counts})
 """
 
 
-# KEYS: epoch key, node key; ARGV: epoch, load, kv_usage, ttl_ms. Check and refresh in one atomic
+# KEYS: epoch key, node key; ARGV: epoch, load, kv_usage, ttl_ms, seal. Check and refresh in one atomic
 # step: refreshing a node key that expired after a separate check would recreate it without its
 # registration fields, a node no lookup can see and whose heartbeats keep succeeding.
 HEARTBEAT_SCRIPT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
-redis.call('HSET', KEYS[2], 'load', ARGV[2], 'kv_usage', ARGV[3])
+redis.call('HSET', KEYS[2], 'load', ARGV[2], 'kv_usage', ARGV[3], 'seal', ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 """
 
 
 # KEYS: epochs counter, epoch key, node key, nodes set; ARGV: role, grpc, data, ttl_ms, node id,
-# encodes.
+# encodes, epoch, seal. An empty epoch takes the next one here; a sealed record comes with the
+# epoch its seal covers, reserved beforehand from the same counter (RedisIndex.register_node).
 # One atomic step, so a concurrent prune never sees the node half-registered.
 REGISTER_SCRIPT = """
-local epoch = redis.call('INCR', KEYS[1])
+local epoch = ARGV[7]
+if epoch == '' then epoch = redis.call('INCR', KEYS[1]) end
 redis.call('SET', KEYS[2], epoch)
 redis.call('DEL', KEYS[3])
-redis.call('HSET', KEYS[3], 'role', ARGV[1], 'grpc', ARGV[2], 'data', ARGV[3], 'encodes', ARGV[6], 'epoch', epoch, 'load', 0, 'kv_usage', 0)
+redis.call('HSET', KEYS[3], 'role', ARGV[1], 'grpc', ARGV[2], 'data', ARGV[3], 'encodes', ARGV[6], 'epoch', epoch,
+  'load', 0, 'kv_usage', 0, 'seal', ARGV[8])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 redis.call('SADD', KEYS[4], ARGV[5])
 return epoch
@@ -161,11 +167,19 @@ class _OneWritePacker(PythonRespSerializer):
 
 
 class RedisIndex:
-    def __init__(self, url: str, *, namespace: str, timeout_s: float = 1.0) -> None:
+    def __init__(self, url: str, *, namespace: str, credentials: IndexCredentials, timeout_s: float = 1.0) -> None:
         self.prefix = f"tessera:{namespace}:"
         packer = _OneWritePacker(6000, Encoder("utf-8", "strict", decode_responses=True).encode)
+        tls = {"ssl_ca_certs": str(credentials.tls_ca)} if url.startswith("rediss://") and credentials.tls_ca is not None else {}
         self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True, command_packer=packer
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            decode_responses=True,
+            command_packer=packer,
+            **({"username": credentials.username} if credentials.username else {}),
+            **({"password": credentials.password} if credentials.password else {}),
+            **tls,
         )
         self._lookup = self._client.register_script(LOOKUP_SCRIPT)
         self._heartbeat = self._client.register_script(HEARTBEAT_SCRIPT)
@@ -173,15 +187,16 @@ class RedisIndex:
         self._deregister = self._client.register_script(DEREGISTER_SCRIPT)
         self._live_nodes = self._client.register_script(LIVE_NODES_SCRIPT)
 
-    def register_node(self, node: NodeInfo, *, ttl_s: float) -> int:
+    def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
         p = self.prefix
         keys = [p + "epochs", p + f"epoch:{node.node_id}", p + f"node:{node.node_id}", p + "nodes"]
         try:
-            return int(
-                self._register(
-                    keys=keys, args=[node.role, node.grpc_address, node.data_address, int(ttl_s * 1000), node.node_id, int(node.can_encode)]
-                )
-            )
+            epoch, seal = "", ""
+            if seal_fn is not None:
+                reserved = int(self._client.incr(p + "epochs"))
+                epoch, seal = str(reserved), seal_fn(reserved)
+            args = [node.role, node.grpc_address, node.data_address, int(ttl_s * 1000), node.node_id, int(node.can_encode), epoch, seal]
+            return int(self._register(keys=keys, args=args))
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
 
@@ -199,10 +214,12 @@ class RedisIndex:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
         return {node_id: _node_state(node_id, fields) for node_id, fields in reply.items()}
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float) -> bool:
+    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
         keys = [self.prefix + f"epoch:{node_id}", self.prefix + f"node:{node_id}"]
         try:
-            return self._heartbeat(keys=keys, args=[epoch, load, kv_usage, int(ttl_s * 1000)]) == 1
+            # repr(float): the exact text a sealed record's reader re-derives (shared/index/record_seal.py).
+            args = [epoch, repr(float(load)), repr(float(kv_usage)), int(ttl_s * 1000), seal]
+            return self._heartbeat(keys=keys, args=args) == 1
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
 
@@ -248,4 +265,4 @@ class RedisIndex:
 
 def _node_state(node_id: str, fields: dict[str, str]) -> NodeState:
     info = NodeInfo(node_id, fields.get("role", ""), fields.get("grpc", ""), fields.get("data", ""), fields.get("encodes") == "1")
-    return NodeState(info, int(fields["epoch"]), float(fields.get("load", 0)), float(fields.get("kv_usage", 0)))
+    return NodeState(info, int(fields["epoch"]), float(fields.get("load", 0)), float(fields.get("kv_usage", 0)), fields.get("seal", ""))

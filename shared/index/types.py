@@ -26,6 +26,7 @@ class NodeState:
     epoch: int
     load: float  # queue depth or utilisation, higher is busier
     kv_usage: float  # fraction of KV pages in use, 0..1
+    seal: str = ""  # the writer's seal over this record (shared/index/record_seal.py); empty: unsealed
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,7 +247,7 @@ class ComposeDeployment:
         self._next_number[service.name] += 1
         log_path = self.workdir / "logs" / f"{self.project}-{service.name}-{number}.log"
         if is_redis_image(service.image) and not service.build:
-            run = start_valkey(redis_plan(service, number, self._allocate_port), log_path)
+            run = start_valkey(redis_plan(service, number, self._allocate_port, self.volume_dirs), log_path)
         elif service.build:
             run = start_built(self._plan(service, number), log_path, self.project_dir)
         else:

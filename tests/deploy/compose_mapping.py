@@ -124,10 +124,13 @@ def plan_replica(
     return ReplicaPlan(service.name, number, argv, env, ports, health)
 
 
-def redis_plan(service: Service, number: int, allocate_port: Callable[[], int]) -> ReplicaPlan:
-    """A Redis-compatible image (valkey) stands in as a local Valkey on one free loopback port."""
+def redis_plan(service: Service, number: int, allocate_port: Callable[[], int], volume_dirs: Mapping[str, Path]) -> ReplicaPlan:
+    """A Redis-compatible image (valkey) stands in as a local Valkey on one free loopback port; its
+    environment is mapped like any service's (VALKEY_PASSWORD_FILE then names the local file)."""
     if len(service.container_ports) > 1:
         raise ValueError(f"{service.name}: a Redis image serves one port")
     port = allocate_port()
     ports = {(service.container_ports or (6379,))[0]: port}
-    return ReplicaPlan(service.name, number, ("valkey-server", "--port", str(port)), {}, ports, None)
+    mapper = _Mapper(service, ports, {}, volume_dirs)
+    env = {key: mapper.value(value) for key, value in service.environment.items()}
+    return ReplicaPlan(service.name, number, ("valkey-server", "--port", str(port)), env, ports, None)

@@ -113,8 +113,15 @@ def start_valkey(plan: ReplicaPlan, log_path: Path) -> RunningReplica:
     from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 
     port = next(iter(plan.ports.values()))
-    process, _url = start_redis_server(embedded_valkey_binary(), port, preexec_fn=own_session_and_die_with_parent)
+    password = valkey_password(plan)
+    process, _url = start_redis_server(embedded_valkey_binary(), port, password=password, preexec_fn=own_session_and_die_with_parent)
     return RunningReplica(plan, process, log_path)
+
+
+def valkey_password(plan: ReplicaPlan) -> str | None:
+    """The password a Valkey service's command reads from VALKEY_PASSWORD_FILE (None: none)."""
+    path = plan.env.get("VALKEY_PASSWORD_FILE")
+    return Path(path).read_text().strip() if path else None
 
 
 def is_healthy(service: Service, run: RunningReplica, cwd: Path, run_command: bool) -> bool:
@@ -126,7 +133,8 @@ def is_healthy(service: Service, run: RunningReplica, cwd: Path, run_command: bo
     if is_redis_image(service.image) and not service.build:
         from services.stack.redis_server import redis_answers
 
-        return redis_answers(f"redis://{LOOPBACK}:{next(iter(run.plan.ports.values()))}/0", timeout_s=2)
+        url = f"redis://{LOOPBACK}:{next(iter(run.plan.ports.values()))}/0"
+        return redis_answers(url, password=valkey_password(run.plan), timeout_s=2)
     check = run.plan.healthcheck
     if check is None:
         return True

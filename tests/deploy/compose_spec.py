@@ -68,9 +68,12 @@ def parse_duration(value: object) -> float:
 
 
 def _no_interpolation(where: str, value: str) -> str:
-    if "${" in value or re.search(r"\$[A-Za-z_]", value):
+    """``value`` as Compose hands it on: ``$$`` is a literal ``$`` (for the container's shell);
+    a variable Compose itself would interpolate is refused."""
+    unescaped = value.replace("$$", "")
+    if "${" in unescaped or re.search(r"\$[A-Za-z_]", unescaped):
         raise ValueError(f"{where}: variable interpolation is not supported by this harness: {value!r}")
-    return value
+    return value.replace("$$", "$")
 
 
 def _argv(where: str, value: object) -> tuple[str, ...]:

@@ -137,7 +137,7 @@ def test_every_role_reads_the_internal_secret_that_secret_init_writes():
     init = services()["secret-init"]
     assert init["image"] == services()["model-init"]["image"] and init["command"][:2] == ["python", "-c"]
     compile(init["command"][2], "secret-init", "exec")
-    written = init["command"][3]
+    written = init["command"][3]  # then the index password
     assert init["volumes"] == [f"tessera-internal:{SECRET_DIR}"] and written.startswith(SECRET_DIR + "/")
     assert "restart" not in init, "a one-shot job must not restart"
     assert "tessera-internal" in compose()["volumes"]
@@ -171,7 +171,20 @@ def test_gateway_and_valkey_healthchecks():
     gateway = services()["gateway"]["healthcheck"]["test"]
     assert gateway[:3] == ["CMD", "python", "-c"] and "http://127.0.0.1:8000/health" in gateway[3]
     compile(gateway[3], "healthcheck", "exec")
-    assert services()["valkey"]["healthcheck"]["test"] == ["CMD", "valkey-cli", "ping"]
+    valkey = services()["valkey"]["healthcheck"]["test"]
+    assert valkey[0] == "CMD-SHELL" and "REDISCLI_AUTH=" in valkey[1] and "valkey-cli ping" in valkey[1]
+
+
+def test_valkey_requires_the_password_secret_init_writes_and_every_role_reads_it():
+    valkey = services()["valkey"]
+    password_file = valkey["environment"]["VALKEY_PASSWORD_FILE"]
+    assert password_file in services()["secret-init"]["command"][3:]
+    assert valkey["depends_on"] == {"secret-init": {"condition": "service_completed_successfully"}}
+    assert f"tessera-internal:{SECRET_DIR}:ro" in valkey["volumes"]
+    script = valkey["command"][2]
+    assert valkey["command"][:2] == ["sh", "-c"] and "requirepass $$(cat" in script and "exec valkey-server -" in script
+    for role in ROLES:
+        assert env(role)["TESSERA_SERVE_INDEX_PASSWORD_FILE"] == password_file, role
 
 
 @pytest.mark.parametrize("role", ROLES)

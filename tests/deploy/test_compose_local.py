@@ -24,7 +24,7 @@ ADDRESS = re.compile(r"(?:[a-z]+://)?([A-Za-z0-9_.-]+):(\d+)")
 def test_harness_maps_services_to_loopback(tmp_path):
     services = load_compose(COMPOSE_FILE)
     layers = start_layers(services)
-    assert set(layers[0]) == {"valkey", "model-init", "secret-init"} and set(layers[1]) == set(ROLES)
+    assert set(layers[0]) == {"model-init", "secret-init"} and set(layers[1]) == {"valkey"} and set(layers[2]) == set(ROLES)
     assert one_shot_services(services) == {"model-init", "secret-init"}
 
     given: list[int] = []
@@ -75,7 +75,7 @@ def test_harness_maps_services_to_loopback(tmp_path):
     assert init.argv == (sys.executable, "-m", "services.cli.main", "models", "build", "tiny", "--if-missing")
     assert init.env["TESSERA_HOME"] == str(home) and init.ports == {}
     secret_init = plan_replica(services["secret-init"], 1, service_ports={}, volume_dirs=volume_dirs, allocate_port=allocate)
-    assert secret_init.argv[0] == sys.executable and secret_init.argv[-1] == str(secrets / "secret")
+    assert secret_init.argv[0] == sys.executable and secret_init.argv[-2:] == (str(secrets / "secret"), str(secrets / "index-password"))
 
 
 def test_harness_reads_stop_and_health_timing_from_the_file():

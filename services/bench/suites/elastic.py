@@ -35,6 +35,7 @@ from services.bench.local_stack import launch, stop_stack
 from services.bench.suites.common import RESULTS, command, machine, write_json
 from services.bench.workloads import image_url, synthetic_image, user_turn
 from services.stack.launcher import free_port, start_node, wait_serving
+from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV, InternalAuth
 from services.transport.internal_channel import internal_channel
 
@@ -199,8 +200,10 @@ def measure_join(stack: Stack, model: str, num_streams: int, max_tokens: int, wo
 
 
 def run(args: argparse.Namespace) -> int:
-    # One secret for the stack and the node this script adds to it (the launcher keeps a configured one).
+    # One secret and one index password for the stack and the node this script adds to it (the
+    # launcher keeps configured ones).
     os.environ.setdefault(SECRET_ENV, secrets.token_urlsafe(32))
+    os.environ.setdefault(PASSWORD_ENV, secrets.token_urlsafe(32))
     workdir = Path(os.environ.get("TMPDIR", "/tmp"))
     stack = Stack(args.model, workdir)
     try:

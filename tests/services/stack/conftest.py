@@ -22,9 +22,12 @@ from typing import IO
 
 import httpx
 import pytest
+import redis
 
 from services.stack.launcher import free_port
+from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV, InternalAuth
+from shared.index.backend import CacheIndex, IndexCredentials, create_index
 
 # Its asserts report like a test's (it is imported after this conftest).
 pytest.register_assert_rewrite("tests.services.stack.stack_probes")
@@ -40,6 +43,7 @@ class RunningStack:
     log: IO[str] | None = None
     internal_secret: str | None = None  # None: the launcher made one, which the test never sees
     served_model: str = "tiny"
+    index_password: str = ""  # the embedded Valkey's (every stack a test launches has one)
 
     def internal_auth(self) -> InternalAuth:
         """Credentials for calling this stack's nodes directly."""
@@ -48,7 +52,15 @@ class RunningStack:
 
     def node_env(self) -> dict[str, str]:
         """The environment of a node started by hand to join this stack."""
-        return {**os.environ, SECRET_ENV: self.internal_secret} if self.internal_secret else dict(os.environ)
+        env = {**os.environ, PASSWORD_ENV: self.index_password}
+        return {**env, SECRET_ENV: self.internal_secret} if self.internal_secret else env
+
+    def index(self, namespace: str) -> CacheIndex:
+        """This stack's index, as a reader outside the cluster sees it (records unchecked)."""
+        return create_index(self.state()["valkey"]["url"], namespace=namespace, credentials=IndexCredentials(password=self.index_password))
+
+    def redis_client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.state()["valkey"]["url"], password=self.index_password, decode_responses=True)
 
     def state(self) -> dict:
         return json.loads(self.state_file.read_text())
@@ -73,6 +85,7 @@ def launch_stack(
     env: dict[str, str] | None = None,
     timeout_s: float = 240.0,
     internal_secret: str | None = None,
+    index_password: str | None = None,
 ) -> RunningStack:
     """``tessera serve --model tiny <extra>`` in ``directory`` (state file, log, traces), once its
     gateway answers /health."""
@@ -80,6 +93,7 @@ def launch_stack(
     env.pop(SECRET_ENV, None)
     if internal_secret is not None:
         env[SECRET_ENV] = internal_secret
+    env[PASSWORD_ENV] = index_password = index_password or secrets.token_urlsafe(24)
     state_file = directory / "state.json"
     trace_dir = directory / "traces"
     http_port, generate_port = free_port(), free_port()
@@ -106,7 +120,14 @@ def launch_stack(
         env={**env, "TESSERA_TRACE_EXPORTER": f"jsonl:{trace_dir}"},
     )
     running = RunningStack(
-        process, f"http://127.0.0.1:{http_port}/v1", f"127.0.0.1:{generate_port}", state_file, trace_dir, log, internal_secret
+        process,
+        f"http://127.0.0.1:{http_port}/v1",
+        f"127.0.0.1:{generate_port}",
+        state_file,
+        trace_dir,
+        log,
+        internal_secret,
+        index_password=index_password,
     )
     deadline = time.monotonic() + timeout_s
     url = f"http://127.0.0.1:{http_port}"

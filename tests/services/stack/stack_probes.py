@@ -51,8 +51,8 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.1):
         time.sleep(interval_s)
 
 
-def index_is_up(url: str) -> bool:
-    return redis_answers(url)
+def index_is_up(stack, url: str) -> bool:
+    return redis_answers(url, password=stack.index_password)
 
 
 def mm_hash_of(preprocessor: Preprocessor, case) -> str:

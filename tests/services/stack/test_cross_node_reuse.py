@@ -20,7 +20,6 @@ from openai import APIStatusError, OpenAI
 
 from services.preprocess import Preprocessor
 from shared.hashing import MmSpan, block_hashes
-from shared.index.backend import create_index
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.stack.conftest import launch_stack, stop_stack
 
@@ -55,7 +54,7 @@ def reuse_stack(tmp_path_factory, repo_root, tiny_model):
     running = launch_stack(
         tmp_path_factory.mktemp("reuse"), repo_root, "--encoders", "1", "--prefill", "2", "--decode", "1", "--routing-policy", "round_robin"
     )
-    index = create_index(running.state()["valkey"]["url"], namespace=tiny_model.model_id)
+    index = running.index(tiny_model.model_id)
     yield running, index
     index.close()
     stop_stack(running)

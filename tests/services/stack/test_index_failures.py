@@ -20,14 +20,12 @@ import time
 from dataclasses import dataclass, fields
 
 import pytest
-import redis
 
 from services.engine.config import EngineConfig
 from services.preprocess import Preprocessor
 from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 from services.transport.node_runtime import NodeSettings
 from shared.hashing import MmSpan, block_hashes
-from shared.index.backend import create_index
 from tests.factories import chat_case
 from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
 from tests.services.stack.stack_probes import (
@@ -92,7 +90,7 @@ def _serve_through_the_outage(outage: Outage, valkey_pid: int) -> None:
 
     def kill_the_index() -> None:
         os.kill(valkey_pid, signal.SIGKILL)
-        assert wait_until(lambda: not index_is_up(outage.url), 10), "the index server did not die"
+        assert wait_until(lambda: not index_is_up(outage.stack, outage.url), 10), "the index server did not die"
 
     for i, (case, (name, question, num_encoded, prefix_hit)) in enumerate(zip(outage.cases, OUTAGE_PLAN)):
         label = f"request {i} ({name}: {question!r})"
@@ -111,7 +109,7 @@ def _serve_through_the_outage(outage: Outage, valkey_pid: int) -> None:
             # Without the index the router cannot know the encoder holds the image: the
             # gateway asks preprocess to push it, and preprocess's own mirror skips it.
             assert after[PIXELS_SKIPPED] > before[PIXELS_SKIPPED], label
-    assert not index_is_up(outage.url), "the whole outage phase must have run without an index"
+    assert not index_is_up(outage.stack, outage.url), "the whole outage phase must have run without an index"
     assert stack.metrics()[ENCODED] == 4  # one vision-tower run per distinct image, outage or not
 
 
@@ -119,7 +117,9 @@ def _restart_the_index_and_catch_up(outage: Outage) -> subprocess.Popen:
     """An empty index server comes back on the same port: every node registers again (a new
     epoch) and republishes its snapshot, including what it cached while the index was down."""
     index, encoder_id = outage.index, outage.node_ids["encoder"]
-    valkey, restarted_url = start_redis_server(embedded_valkey_binary(), int(outage.url.rsplit(":", 1)[1].split("/")[0]))
+    valkey, restarted_url = start_redis_server(
+        embedded_valkey_binary(), int(outage.url.rsplit(":", 1)[1].split("/")[0]), password=outage.stack.index_password
+    )
     assert restarted_url == outage.url
     started = time.monotonic()
     everything = [outage.mm[name] for name in "ABCD"]
@@ -167,7 +167,7 @@ def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_c
         state = stack.state()
         url = state["valkey"]["url"]
         node_ids = {role: f"{role}@{state['roles'][role]['grpc_address']}" for role in ("encoder", "prefill", "decode")}
-        outage = Outage(stack, create_index(url, namespace=tiny_model.model_id), url, node_ids, mm, blocks_a, cases, expected)
+        outage = Outage(stack, stack.index(tiny_model.model_id), url, node_ids, mm, blocks_a, cases, expected)
         _serve_through_the_outage(outage, state["valkey"]["pid"])
         valkey = _restart_the_index_and_catch_up(outage)
         _route_from_the_index_again(outage, oracle, images["E"])
@@ -197,9 +197,8 @@ def two_encoder_stack(tmp_path_factory, tiny_model, repo_root, preprocessor):
 @pytest.mark.slow  # shares a ~60 s two-encoder stack with the next test
 def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encoder_stack, tiny_model, oracle, preprocessor):
     stack = two_encoder_stack
-    url = stack.state()["valkey"]["url"]
-    index = create_index(url, namespace=tiny_model.model_id)
-    raw = redis.Redis.from_url(url, decode_responses=True)
+    index = stack.index(tiny_model.model_id)
+    raw = stack.redis_client()
     case = chat_case(png_image(401), "What is in this picture?")
     expected = oracle_text(oracle, case)
     mm_hash = mm_hash_of(preprocessor, case)
@@ -252,7 +251,7 @@ def test_launcher_restarts_a_dead_index_server_and_the_index_catches_up(two_enco
     stack = two_encoder_stack
     state = stack.state()
     url, valkey = state["valkey"]["url"], state["valkey"]
-    index = create_index(url, namespace=tiny_model.model_id)
+    index = stack.index(tiny_model.model_id)
     case = chat_case(png_image(501), "Which colour dominates?")
     mm_hash = mm_hash_of(preprocessor, case)
     assert ask(stack, case)[0] == oracle_text(oracle, case)

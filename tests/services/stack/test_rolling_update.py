@@ -46,7 +46,15 @@ def test_v1_and_v2_under_one_name_on_one_index_each_stay_exact(tiny_model, repo_
         (tmp_path / name).mkdir()
     first = launch_stack(tmp_path / "stack-v1", repo_root, "--model", str(v1))
     try:
-        second = launch_stack(tmp_path / "stack-v2", repo_root, "--model", str(v2), "--index-url", first.state()["valkey"]["url"])
+        second = launch_stack(
+            tmp_path / "stack-v2",
+            repo_root,
+            "--model",
+            str(v2),
+            "--index-url",
+            first.state()["valkey"]["url"],
+            index_password=first.index_password,
+        )
         try:
             for _ in range(2):  # cold, then every cache path hit
                 for version, stack in (("v1", first), ("v2", second), ("v1", first)):

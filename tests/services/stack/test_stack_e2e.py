@@ -227,14 +227,13 @@ def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
     from services.models.registry import resolve_model
     from services.preprocess import Preprocessor
     from shared.hashing import MmSpan, block_hashes
-    from shared.index.backend import create_index
 
     case = chat_case(png(112, 112, 8), "Index me.")
     client_for(stack).chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
     prep = Preprocessor(resolve_model("tiny")).preprocess(case.body)
     item = prep.mm_items[0]
     hashes = block_hashes(prep.prompt_token_ids, EngineConfig().block_size, [MmSpan(item.mm_hash, item.placeholder)])
-    index = create_index(stack.state()["valkey"]["url"], namespace=resolve_model("tiny").model_id)  # name@fingerprint
+    index = stack.index(resolve_model("tiny").model_id)  # name@fingerprint
     deadline = time.monotonic() + 10
     while True:
         result = index.lookup([item.mm_hash], hashes)

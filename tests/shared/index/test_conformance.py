@@ -89,6 +89,16 @@ def test_a_prefill_node_that_encodes_says_so_in_its_record(index):
     assert index.lookup([], []).nodes["pf"].info.can_encode
 
 
+def test_a_records_seal_is_stored_and_handed_back_as_given(index):
+    epoch = index.register_node(node("sealed"), ttl_s=30, seal_fn=lambda e: f"seal-at-{e}")
+    assert index.live_nodes()["sealed"].seal == f"seal-at-{epoch}"
+    assert index.heartbeat("sealed", epoch, load=2.5, kv_usage=0.25, ttl_s=30, seal="beat")
+    state = index.lookup([], []).nodes["sealed"]
+    assert (state.seal, state.epoch, state.load, state.kv_usage) == ("beat", epoch, 2.5, 0.25)
+    index.register_node(node("plain"), ttl_s=30)
+    assert index.live_nodes()["plain"].seal == ""
+
+
 def test_a_deregistered_node_and_its_entries_are_gone_at_once(index):
     epoch = index.register_node(node("draining"), ttl_s=30)
     index.publish("draining", epoch, blocks(0))

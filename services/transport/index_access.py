@@ -1,0 +1,29 @@
+"""Opening the cluster index the way every process of the cluster must: with the index's
+credentials (an ACL user and password, TLS) and with node records sealed under the internal
+secret. The gateway and every node role open it here, so the rule is written once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
+from shared.index.backend import CacheIndex, IndexCredentials, create_index
+
+PASSWORD_ENV = "TESSERA_INDEX_PASSWORD"
+
+
+def index_credentials(settings: InternalPlaneSettings, env: Mapping[str, str] = os.environ) -> IndexCredentials:
+    """The password from ``index_password_file``, else from TESSERA_INDEX_PASSWORD, else none."""
+    if settings.index_password_file is not None:
+        password: str | None = settings.index_password_file.read_text().strip()
+        if not password:
+            raise ValueError(f"the index password file {settings.index_password_file} is empty")
+    else:
+        password = env.get(PASSWORD_ENV, "").strip() or None
+    return IndexCredentials(username=settings.index_username or None, password=password, tls_ca=settings.index_tls_ca)
+
+
+def open_index(url: str, *, namespace: str, settings: InternalPlaneSettings, env: Mapping[str, str] = os.environ) -> CacheIndex:
+    auth = InternalAuth.from_settings(settings, env)
+    return create_index(url, namespace=namespace, credentials=index_credentials(settings, env), record_key=auth.record_key)

@@ -1,0 +1,121 @@
+"""Sealed node records: the index's membership can be trusted only as far as its writers.
+
+Why: the node records in the index *are* the cluster. Whoever can write to the index could add a
+record pointing at their own listener, and the gateway would hand it prompts, images and the
+internal token. So every record is sealed with a key only cluster members hold (derived from the
+internal secret, services/transport/internal_auth.py), and readers ignore, and count, records
+whose seal fails.
+
+Seal layout: "{sealed_at_ms}.{ttl_ms}.{mac}", where mac is HMAC-SHA256, in hex, over the JSON list
+  [SEAL_VERSION, namespace, node_id, role, grpc, data, can_encode, epoch, load, kv_usage,
+   sealed_at_ms, ttl_ms]
+with load and kv_usage as repr(float) (what the index stores and hands back). The namespace is the
+model id, "name@fingerprint", so a record sealed for one set of weights fails under another.
+
+A record is admitted when:
+  * it carries a seal whose MAC verifies (else "unsealed" or "bad_seal");
+  * it was sealed at most ttl + max_skew ago, and not more than max_skew in the future ("stale"):
+    a node re-seals at every heartbeat (every ttl/3), so only a copy of an old record is older;
+  * its epoch is not below one this reader already admitted for the node id ("old_epoch"): a
+    replay of a node's earlier incarnation after the reader has seen the current one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from shared.index.types import NodeState
+
+log = logging.getLogger("tessera.index")
+
+SEAL_VERSION = 1
+DEFAULT_MAX_SKEW_S = 30.0  # clock difference tolerated between a writer and a reader
+REJECTION_REASONS = ("unsealed", "bad_seal", "stale", "old_epoch")
+
+
+def _mac(key: bytes, namespace: str, state: NodeState, sealed_at_ms: int, ttl_ms: int) -> str:
+    info = state.info
+    fields = [
+        SEAL_VERSION,
+        namespace,
+        info.node_id,
+        info.role,
+        info.grpc_address,
+        info.data_address,
+        info.can_encode,
+        state.epoch,
+        repr(float(state.load)),
+        repr(float(state.kv_usage)),
+        sealed_at_ms,
+        ttl_ms,
+    ]
+    return hmac.new(key, json.dumps(fields, separators=(",", ":")).encode(), hashlib.sha256).hexdigest()
+
+
+class RecordSealer:
+    """Seals this process's node records and decides which records read back are trusted."""
+
+    def __init__(
+        self, key: bytes, namespace: str, *, max_skew_s: float = DEFAULT_MAX_SKEW_S, clock: Callable[[], float] = time.time
+    ) -> None:
+        if len(key) < 16:
+            raise ValueError("a record-sealing key needs at least 16 bytes")
+        self._key = key
+        self.namespace = namespace
+        self.max_skew_ms = int(max_skew_s * 1000)
+        self._clock = clock  # wall time: seals are compared across machines
+        self._lock = threading.Lock()
+        self._node_to_max_epoch: dict[str, int] = {}
+        self.reason_to_num_rejected = dict.fromkeys(REJECTION_REASONS, 0)
+
+    def seal(self, state: NodeState, *, ttl_s: float) -> str:
+        sealed_at_ms, ttl_ms = int(self._clock() * 1000), int(ttl_s * 1000)
+        return f"{sealed_at_ms}.{ttl_ms}.{_mac(self._key, self.namespace, state, sealed_at_ms, ttl_ms)}"
+
+    def rejection(self, state: NodeState) -> str | None:
+        """Why ``state`` is not to be trusted (one of REJECTION_REASONS), or None to admit it."""
+        if not state.seal:
+            return "unsealed"
+        try:
+            sealed_at, ttl, mac = state.seal.split(".")
+            sealed_at_ms, ttl_ms = int(sealed_at), int(ttl)
+        except ValueError:
+            return "bad_seal"
+        if not hmac.compare_digest(mac, _mac(self._key, self.namespace, state, sealed_at_ms, ttl_ms)):
+            return "bad_seal"
+        age_ms = int(self._clock() * 1000) - sealed_at_ms
+        if age_ms > ttl_ms + self.max_skew_ms or age_ms < -self.max_skew_ms:
+            return "stale"
+        with self._lock:
+            max_epoch = self._node_to_max_epoch.get(state.info.node_id, 0)
+            if state.epoch < max_epoch:
+                return "old_epoch"
+            self._node_to_max_epoch[state.info.node_id] = state.epoch
+        return None
+
+    def admitted(self, nodes: dict[str, NodeState]) -> dict[str, NodeState]:
+        """The trusted records of ``nodes``; the others are counted and logged."""
+        out = {}
+        for node_id, state in nodes.items():
+            reason = self.rejection(state)
+            if reason is None:
+                out[node_id] = state
+                continue
+            with self._lock:
+                self.reason_to_num_rejected[reason] += 1
+                first = self.reason_to_num_rejected[reason] == 1
+            # Logged at the first rejection per reason: a forged record is read on every lookup.
+            (log.warning if first else log.debug)(
+                "ignoring the index record of node %r (%s at %s): %s", node_id, state.info.role, state.info.grpc_address, reason
+            )
+        return out
+
+    def counters(self) -> dict[str, float]:
+        with self._lock:
+            return {f"index_records_rejected_{r}_total": float(n) for r, n in self.reason_to_num_rejected.items()}

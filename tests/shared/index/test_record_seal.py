@@ -1,0 +1,83 @@
+"""Sealed node records: what a reader admits, and that a sealed index drops everything a rejected
+record would bring (tests of pure logic, on the in-process index and a fake clock)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shared.index.memory_backend import InProcessIndex
+from shared.index.record_seal import RecordSealer
+from shared.index.sealed_index import SealedIndex
+from shared.index.types import IndexEvents, MmEntry, NodeInfo, NodeState
+from shared.types import BlockHash, MmHash
+from tests.fake_clock import FakeClock
+
+KEY = b"k" * 32
+TTL_S = 5.0
+
+
+def node(name: str = "prefill-0") -> NodeInfo:
+    return NodeInfo(name, "prefill", f"{name}.example:50061", f"tcp://{name}.example:50071")
+
+
+def sealed_state(sealer: RecordSealer, *, epoch: int = 3, load: float = 1.0, info: NodeInfo | None = None) -> NodeState:
+    state = NodeState(info or node(), epoch, load, 0.5)
+    return dataclasses.replace(state, seal=sealer.seal(state, ttl_s=TTL_S))
+
+
+def test_a_record_sealed_with_the_cluster_key_is_admitted():
+    sealer = RecordSealer(KEY, "tiny@abc", clock=FakeClock())
+    assert sealer.rejection(sealed_state(sealer)) is None
+
+
+def test_unsealed_and_tampered_records_are_rejected():
+    sealer = RecordSealer(KEY, "tiny@abc", clock=FakeClock())
+    state = sealed_state(sealer)
+    assert sealer.rejection(dataclasses.replace(state, seal="")) == "unsealed"
+    assert sealer.rejection(dataclasses.replace(state, seal="garbage")) == "bad_seal"
+    moved = dataclasses.replace(state, info=dataclasses.replace(state.info, grpc_address="attacker.example:1"))
+    assert sealer.rejection(moved) == "bad_seal"
+    assert sealer.rejection(dataclasses.replace(state, load=0.0)) == "bad_seal"  # load steers routing: sealed too
+    other_key = RecordSealer(b"x" * 32, "tiny@abc", clock=FakeClock())
+    assert sealer.rejection(sealed_state(other_key)) == "bad_seal"
+
+
+def test_a_record_sealed_for_other_weights_is_rejected():
+    clock = FakeClock()
+    v1, v2 = RecordSealer(KEY, "tiny@v1", clock=clock), RecordSealer(KEY, "tiny@v2", clock=clock)
+    assert v2.rejection(sealed_state(v1)) == "bad_seal"
+
+
+def test_a_copy_of_an_old_record_goes_stale_and_an_earlier_epoch_is_refused():
+    clock = FakeClock()
+    sealer = RecordSealer(KEY, "tiny@abc", max_skew_s=1.0, clock=clock)
+    old = sealed_state(sealer, epoch=3)
+    clock.now += TTL_S + 1.5
+    assert sealer.rejection(old) == "stale"
+    assert sealer.rejection(sealed_state(sealer, epoch=7)) is None
+    assert sealer.rejection(sealed_state(sealer, epoch=3)) == "old_epoch"  # freshly sealed, but a past incarnation
+
+
+def test_a_record_sealed_further_in_the_future_than_the_skew_allows_is_rejected():
+    clock = FakeClock()
+    reader = RecordSealer(KEY, "tiny@abc", max_skew_s=1.0, clock=clock)
+    writer_ahead = RecordSealer(KEY, "tiny@abc", clock=lambda: clock.now + 10.0)
+    assert reader.rejection(sealed_state(writer_ahead)) == "stale"
+
+
+def test_a_sealed_index_drops_a_forged_node_and_its_entries_and_counts_it():
+    clock = FakeClock()
+    inner = InProcessIndex(namespace="tiny@abc")
+    index = SealedIndex(inner, RecordSealer(KEY, "tiny@abc", clock=clock))
+    epoch = index.register_node(node("real"), ttl_s=TTL_S)
+    assert index.heartbeat("real", epoch, load=2.0, kv_usage=0.1, ttl_s=TTL_S)
+    forged = inner.register_node(node("forged"), ttl_s=TTL_S)  # written past the seal, as a stranger would
+    entry = MmEntry(4, (1, 2, 2), 64)
+    for node_id, e in (("real", epoch), ("forged", forged)):
+        inner.publish(node_id, e, IndexEvents(mm_stored={MmHash("img"): entry}, kv_stored={BlockHash("b0"): "device"}))
+    result = index.lookup([MmHash("img")], [BlockHash("b0")])
+    assert set(result.nodes) == {"real"} and result.nodes["real"].load == 2.0
+    assert result.mm_holders == {MmHash("img"): {"real": entry}}
+    assert result.node_to_num_prefix_blocks == {"real": 1}
+    assert set(index.live_nodes()) == {"real"}
+    assert index.sealer.counters()["index_records_rejected_unsealed_total"] == 2.0
