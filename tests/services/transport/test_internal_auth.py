@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 import pytest
@@ -20,6 +19,7 @@ from services.transport.grpc_server import new_server
 from services.transport.internal_auth import TOKEN_METADATA_KEY, InternalAuth, InternalPlaneSettings, add_port
 from services.transport.internal_channel import internal_channel
 from services.transport.kv_peer import add_kv_peer
+from tests.certificates import make_certificates
 
 SECRET = b"a-test-secret-of-enough-bytes"
 STREAM_METHOD = "/tessera.test.Stream/Count"
@@ -162,22 +162,10 @@ def test_the_secret_comes_from_its_file_before_the_environment(tmp_path):
         InternalPlaneSettings(internal_tls_cert=secret_file)
 
 
-def _openssl(command: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *command.split()], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _make_certificates(directory: Path) -> None:
-    """A self-signed CA and one node certificate (server and client use), named tessera-internal."""
-    _openssl("req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 -subj /CN=test-ca", directory)
-    _openssl("req -newkey rsa:2048 -nodes -keyout node.key -out node.csr -subj /CN=tessera-internal", directory)
-    (directory / "ext.cnf").write_text("subjectAltName=DNS:tessera-internal\nextendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl("x509 -req -in node.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out node.pem -days 1 -extfile ext.cnf", directory)
-
-
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make test certificates")
 def test_mtls_serves_only_clients_with_a_certificate_from_the_cluster_ca(tmp_path):
     # The `cryptography` package is not installed here; the openssl command makes the certificates.
-    _make_certificates(tmp_path)
+    make_certificates(tmp_path)
     settings = InternalPlaneSettings(
         internal_tls_cert=tmp_path / "node.pem",
         internal_tls_key=tmp_path / "node.key",
