@@ -10,10 +10,12 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.tessera-installed"
-want="$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$root/pyproject.toml" "$root/deploy/requirements.lock" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "torch==2.13.0"
+  # The runtime dependencies exactly as locked (the images install the same file), then the project.
+  "$venv/bin/python" -m pip install -q -r "$root/deploy/requirements.lock"
   "$venv/bin/python" -m pip install -q -e "$root[test]"
   echo "$want" > "$stamp"
 fi

@@ -240,11 +240,11 @@ def test_dockerfile_builds_the_image_compose_expects():
     text = DOCKERFILE.read_text()
     instructions = [line for line in text.splitlines() if line and not line.lstrip().startswith("#")]
     body = "\n".join(instructions)
-    assert instructions[0].strip() == "FROM python:3.11-slim"
-    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in body
+    assert instructions[0].strip() == "ARG PYTHON_IMAGE=python:3.11-slim"
+    assert "pip install --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in body
     assert "torchvision" not in body
     assert re.search(r"pip install (--\S+ )*-e \.(\s|$)", body)
     assert re.search(r"\bHF_HUB_OFFLINE=1\b", body) and re.search(rf"\bTESSERA_HOME={HOME}\b", body)
     exposed = {int(p) for line in instructions if line.startswith("EXPOSE") for p in line.split()[1:]}
     assert {8000, 50051, 50061, 50071, 9090} <= exposed
-    assert instructions[-1].strip() == 'CMD ["tessera", "serve", "--host", "0.0.0.0"]'
+    assert 'CMD ["tessera", "serve", "--host", "0.0.0.0"]' in instructions
