@@ -165,10 +165,17 @@ def _check_pod(role: str, template: dict, labels: dict, config: dict) -> None:
     command = server["command"]
     assert command[:4] == ["tessera", "serve", "--role", role] and command[4] == "--model", command
     # Each pod builds (a built-in) or downloads (a Hub id) its model into an emptyDir (or volume)
-    # at TESSERA_HOME before the server starts.
-    build = pod["initContainers"][0]
-    assert build["command"] in (["tessera", "models", "build", command[5], "--if-missing"], ["tessera", "models", "download", command[5]])
-    for container in (build, server):
+    # at TESSERA_HOME before the server starts, or serves a checkpoint directory from a mounted volume.
+    if "initContainers" not in pod:
+        mounts = {m["mountPath"] for m in server["volumeMounts"]}
+        assert command[5].startswith("/") and any(command[5].startswith(m + "/") for m in mounts), command
+    initialized = pod.get("initContainers", [])[:1]
+    for build in initialized:
+        assert build["command"] in (
+            ["tessera", "models", "build", command[5], "--if-missing"],
+            ["tessera", "models", "download", command[5]],
+        )
+    for container in (*initialized, server):
         assert {"name": config["metadata"]["name"]} in [src.get("configMapRef") for src in container["envFrom"]]
         assert any(m["mountPath"] == "/data/tessera" for m in container["volumeMounts"])
     for container in _containers(pod):
@@ -384,3 +391,18 @@ def test_cert_manager_overlay_issues_one_cluster_ca_and_mounts_its_certificate_i
         assert mounts[volume["name"]] == directory, role
         probes = [pod["containers"][0][p] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
         assert all(("exec" in p) == (role != "gateway") for p in probes), f"{role}: plaintext gRPC probes fail under mTLS"
+
+
+def test_gpu_overlay_runs_the_cuda_image_with_a_gpu_per_model_pod_and_a_mounted_checkpoint():
+    objs = _index(_render("overlays/gpu"))
+    assert _config(objs)["data"]["TESSERA_ENGINE_DEVICE"] == "cuda"
+    assert objs[("PersistentVolumeClaim", "tessera-models")]["spec"]["accessModes"] == ["ReadOnlyMany"]
+    for role in ROLES:
+        pod = objs[("Deployment", f"tessera-{role}")]["spec"]["template"]["spec"]
+        server = pod["containers"][0]
+        assert server["image"] == "tessera:cuda" and "initContainers" not in pod, role
+        [models] = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert models["persistentVolumeClaim"] == {"claimName": "tessera-models", "readOnly": True}
+        gpus = server["resources"]["limits"].get("nvidia.com/gpu")
+        assert gpus == (1 if role in DATA_ROLES else None), role
+        assert (pod.get("tolerations") is not None) == (role in DATA_ROLES), role
