@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.deploy.kube_validate import assert_valid_strict
+
 ROOT = Path(__file__).resolve().parents[2]
 K8S_DIR = ROOT / "deploy" / "kubernetes"
 KUSTOMIZATIONS = sorted(p.parent.relative_to(K8S_DIR).as_posix() for p in K8S_DIR.rglob("kustomization.yaml"))
-# Kubernetes versions the rendered manifests must validate against (kubernetes-validate schemas).
-K8S_VERSIONS = ("1.31.0", "1.34.0")
 ROLES = ("preprocess", "encoder", "prefill", "decode", "gateway")
 MODEL_ROLES = ("preprocess", "encoder", "prefill", "decode")  # gRPC-probed, headless Services
 DATA_ROLES = ("encoder", "prefill", "decode")  # have a data port
@@ -115,22 +115,7 @@ def test_rendered_manifests_pass_kubernetes_validate_strict(kustomization, tmp_p
     rendered = _render(kustomization)
     assert rendered, f"{kustomization} rendered nothing"
     # cert-manager's kinds have no schema in kubernetes-validate: checked on their own below.
-    docs = [doc for doc in rendered if not doc["apiVersion"].startswith(CERT_MANAGER_GROUP)]
-    manifest = tmp_path / "rendered.yaml"
-    manifest.write_text(yaml.safe_dump_all(docs))
-    version_args = [arg for version in K8S_VERSIONS for arg in ("-k", version)]
-    result = subprocess.run(
-        [sys.executable, "-m", "kubernetes_validate", "--strict", *version_args, str(manifest)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    output = result.stdout + result.stderr
-    problems = "\n".join(line for line in output.splitlines() if not line.startswith("INFO ")) or output
-    assert result.returncode == 0, problems
-    # A kind without a schema is only a warning there; every kind used here must have one.
-    assert not re.search(r"^(WARN|ERROR|FATAL)", output, re.MULTILINE), problems
-    assert len(re.findall(r"^INFO .* passed for resource", output, re.MULTILINE)) == len(docs) * len(K8S_VERSIONS), output
+    assert_valid_strict([doc for doc in rendered if not doc["apiVersion"].startswith(CERT_MANAGER_GROUP)], tmp_path)
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
