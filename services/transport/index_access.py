@@ -32,4 +32,10 @@ def open_index(url: str, *, namespace: str, settings: InternalPlaneSettings, env
             "never on a command line or in a URL"
         )
     auth = InternalAuth.from_settings(settings, env)
-    return create_index(url, namespace=namespace, credentials=index_credentials(settings, env), record_key=auth.record_key)
+    return create_index(
+        url,
+        namespace=namespace,
+        credentials=index_credentials(settings, env),
+        record_key=auth.record_key,
+        record_max_skew_s=settings.index_record_max_skew_s,
+    )

@@ -66,11 +66,17 @@ class InternalPlaneSettings:
     index_username: str = ""
     index_password_file: Path | None = None
     index_tls_ca: Path | None = None
+    # How far a node record's seal time may sit from this host's clock beyond its TTL before the
+    # record is taken for a replay (shared/index/record_seal.py); the cluster's clocks must agree
+    # this closely.
+    index_record_max_skew_s: float = 30.0
 
     def __post_init__(self) -> None:
         given = [p is not None for p in (self.internal_tls_cert, self.internal_tls_key, self.internal_tls_ca)]
         if any(given) and not all(given):
             raise ValueError("mTLS needs all of --internal-tls-cert, --internal-tls-key and --internal-tls-ca")
+        if self.index_record_max_skew_s <= 0:
+            raise ValueError("index_record_max_skew_s must be positive")
 
 
 @dataclass(frozen=True, slots=True)

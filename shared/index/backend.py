@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from shared.index.record_seal import DEFAULT_MAX_SKEW_S, RecordSealer
 from shared.index.types import IndexEvents, LookupResult, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
@@ -55,28 +56,34 @@ class IndexCredentials:
     tls_ca: Path | None = None  # the CA that signed a rediss:// server's certificate; None: the system's
 
 
-def create_index(url: str, *, namespace: str, credentials: IndexCredentials | None = None, record_key: bytes | None = None) -> CacheIndex:
+def create_index(
+    url: str,
+    *,
+    namespace: str,
+    credentials: IndexCredentials | None = None,
+    record_key: bytes | None = None,
+    record_max_skew_s: float = DEFAULT_MAX_SKEW_S,
+) -> CacheIndex:
     """``memory://`` for the in-process backend, ``redis://host:port/db`` (or ``rediss://`` for
     TLS) for Redis or Valkey. With ``record_key``, node records are sealed and checked
     (shared/index/record_seal.py)."""
     if url.startswith("memory://"):
         from shared.index.memory_backend import InProcessIndex
 
-        return _sealed(InProcessIndex(namespace=namespace), namespace, record_key)
+        return _sealed(InProcessIndex(namespace=namespace), namespace, record_key, record_max_skew_s)
     if url.startswith(("redis://", "rediss://", "unix://")):
         from shared.index.circuit_breaker import BreakerIndex
         from shared.index.redis_backend import RedisIndex
 
         # A networked index gets a circuit breaker, outermost: once it is failing, calls fail at once.
         redis_index = RedisIndex(url, namespace=namespace, credentials=credentials or IndexCredentials())
-        return BreakerIndex(_sealed(redis_index, namespace, record_key))
+        return BreakerIndex(_sealed(redis_index, namespace, record_key, record_max_skew_s))
     raise ValueError(f"unsupported index URL {url!r}: use memory:// or redis://host:port/db")
 
 
-def _sealed(index: CacheIndex, namespace: str, record_key: bytes | None) -> CacheIndex:
+def _sealed(index: CacheIndex, namespace: str, record_key: bytes | None, max_skew_s: float) -> CacheIndex:
     if record_key is None:
         return index
-    from shared.index.record_seal import RecordSealer
     from shared.index.sealed_index import SealedIndex
 
-    return SealedIndex(index, RecordSealer(record_key, namespace))
+    return SealedIndex(index, RecordSealer(record_key, namespace, max_skew_s=max_skew_s))

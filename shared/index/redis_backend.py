@@ -103,9 +103,11 @@ return cjson.encode({nodes = nodes, mm = mm, prefix = counts})
 
 # KEYS: epoch key, node key; ARGV: epoch, load, kv_usage, ttl_ms, seal. Check and refresh in one atomic
 # step: refreshing a node key that expired after a separate check would recreate it without its
-# registration fields, a node no lookup can see and whose heartbeats keep succeeding.
+# registration fields, a node no lookup can see and whose heartbeats keep succeeding. A record
+# whose epoch field is not the node's (rewritten by someone else) fails too: the node registers
+# again, rather than re-seal fields it did not write.
 HEARTBEAT_SCRIPT = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('HGET', KEYS[2], 'epoch') ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[2], 'load', ARGV[2], 'kv_usage', ARGV[3], 'seal', ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1

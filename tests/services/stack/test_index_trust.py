@@ -1,11 +1,13 @@
 """The index's trust on a real stack: Valkey refuses clients without the password, and node
 records written by someone who can reach the index but lacks the cluster's key (no seal, a seal
-under another key, a real node's seal copied onto another address) get no request and no
-connection."""
+under another key, a real node's seal copied onto another address, a dead node's genuine record
+put back) get no request and no connection."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import socket
 import threading
 import time
@@ -16,6 +18,7 @@ import redis
 from shared.index.record_seal import RecordSealer
 from shared.index.types import NodeInfo, NodeState
 from tests.factories import chat_case
+from tests.services.stack.conftest import launch_stack, stop_stack
 from tests.services.stack.e2e_helpers import GREEDY, client_for, oracle_text, png
 from tests.services.stack.stack_probes import wait_until
 
@@ -25,9 +28,10 @@ ROLES = ("preprocess", "encoder", "prefill", "decode")
 class CountingListener:
     """A plain TCP listener on loopback that counts the connections it is offered."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
         self.sock.listen(64)
         self.sock.settimeout(0.2)
         self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
@@ -124,3 +128,44 @@ def test_a_real_node_record_names_its_fingerprinted_namespace_in_its_seal(stack,
     assert RecordSealer(key, tiny_model.model_id).rejection(state) is None
     assert RecordSealer(key, tiny_model.model_id + "-other").rejection(state) == "bad_seal"
     assert RecordSealer(key, tiny_model.model_id).rejection(dataclasses.replace(state, epoch=state.epoch + 1)) == "bad_seal"
+
+
+@pytest.mark.slow  # its own two-encoder stack, and waiting out a TTL (~45 s)
+def test_a_replayed_record_of_a_dead_node_goes_stale_and_its_address_gets_no_connection(tmp_path, repo_root, tiny_model, oracle):
+    """The replay that matters in a cluster: a node died, its address was handed to someone else,
+    who puts the node's last genuine record back. The seal verifies, but it is older than the TTL
+    plus the allowed clock skew (1 s here), so nobody dials it."""
+    stack = launch_stack(tmp_path, repo_root, "--encoders", "2", "--no-restart", "--index-record-max-skew-s", "1")
+    listeners: list[CountingListener] = []
+    try:
+        prefix = f"tessera:{tiny_model.model_id}:"
+        victim = stack.state()["roles"]["encoder-1"]
+        node_id = f"encoder@{victim['grpc_address']}"
+        with stack.redis_client() as raw:
+            record = raw.hgetall(prefix + f"node:{node_id}")
+            assert record.get("seal"), record
+            os.kill(victim["pid"], signal.SIGKILL)
+            assert wait_until(lambda: not raw.exists(prefix + f"node:{node_id}"), 20), "the dead node's record did not lapse"
+            # The dead node's ports, now someone else's.
+            for address in (record["grpc"], record["data"].removeprefix("tcp://")):
+                listeners.append(CountingListener(int(address.rsplit(":", 1)[1])))
+            time.sleep(2.0)  # past TTL + skew since its last seal, whatever the timing above
+            raw.set(prefix + f"epoch:{node_id}", record["epoch"])
+            raw.hset(prefix + f"node:{node_id}", mapping=record)
+            raw.pexpire(prefix + f"node:{node_id}", 120_000)
+            raw.sadd(prefix + "nodes", node_id)
+        time.sleep(2.0)  # a membership refresh reads it
+        before = stack.metrics()
+        client = client_for(stack)
+        for i in range(4):
+            case = chat_case(png(112, 112, 950 + i), f"Replay {i}?")
+            reply = client.chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
+            assert reply.choices[0].message.content == oracle_text(oracle, case)[0], i
+        after = stack.metrics()
+        assert sum(listener.num_accepted for listener in listeners) == 0, "the replayed record was dialled"
+        name = "tessera_index_records_rejected_stale_total"
+        assert after[name] > before.get(name, 0.0)
+    finally:
+        for listener in listeners:
+            listener.close()
+        stop_stack(stack)

@@ -237,6 +237,18 @@ def test_lookup_is_one_round_trip(index_url, index):
     assert set(stats) <= {"cmdstat_smembers", "cmdstat_hgetall", "cmdstat_hmget"}, stats
 
 
+def test_a_heartbeat_fails_once_someone_else_rewrote_the_record(index, index_url):
+    """A record rewritten under the node (an old copy put back) makes its next heartbeat fail, so
+    the node registers afresh instead of re-sealing fields it never wrote."""
+    if index_url == "memory://":
+        pytest.skip("only a server's records can be written by someone else")
+    epoch = index.register_node(node("victim"), ttl_s=30)
+    client = redis.Redis.from_url(index_url, decode_responses=True)
+    client.hset(index.inner.prefix + "node:victim", "epoch", epoch - 1)  # inner: the RedisIndex behind the breaker
+    assert not index.heartbeat("victim", epoch, load=0, kv_usage=0, ttl_s=30)
+    assert index.register_node(node("victim"), ttl_s=30) > epoch
+
+
 def test_unreachable_index_raises_a_typed_error_and_then_fails_fast():
     from services.stack.launcher import free_port
 
