@@ -1,8 +1,10 @@
 """A run's summary, its JSON file, and the table that prints one or more runs side by side.
 
 Summary: requests ok and failed; TTFT p50/p90/p99 over all requests and p50 over first touches
-(the cold path); end-to-end latency p50; throughput in requests and output tokens per second of
-wall time; cache hit rates. A second run in a table gets a ratio column (second / first).
+(the cold path); TPOT and inter-token latency p50/p99; end-to-end latency p50/p99; throughput in
+requests and output tokens per second of wall time; goodput under the run's SLOs; cache hit
+rates. A second run in a table gets a ratio column (second / first). The JSON file also carries
+`vllm bench serve`'s fields (services/bench/serve_metrics.py), so it compares with vLLM's own.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from services.bench import serve_metrics
 from services.bench.runner import RequestRecord
 
 
@@ -28,6 +31,9 @@ class Run:
         ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
         first_touch = [r.ttft_s for r in ok if r.ttft_s is not None and r.first_touch]
         latencies = [r.end_s - r.start_s for r in ok if r.end_s is not None]
+        per_request = [serve_metrics.request_metrics(r) for r in ok]
+        tpots = [m["tpot"] for m in per_request if m["tpot"] is not None]
+        itls = [gap for m in per_request for gap in m["itls"]]
         summary: dict[str, float | int | None] = {
             "requests_ok": len(ok),
             "requests_failed": len(self.records) - len(ok),
@@ -35,17 +41,35 @@ class Run:
             "ttft_p90_s": percentile(ttfts, 0.9),
             "ttft_p99_s": percentile(ttfts, 0.99),
             "first_touch_ttft_p50_s": percentile(first_touch, 0.5),
+            "tpot_p50_s": percentile(tpots, 0.5),
+            "tpot_p99_s": percentile(tpots, 0.99),
+            "itl_p50_s": percentile(itls, 0.5),
+            "itl_p99_s": percentile(itls, 0.99),
             "latency_p50_s": percentile(latencies, 0.5),
+            "latency_p99_s": percentile(latencies, 0.99),
             "requests_per_s": len(ok) / self.wall_s if self.wall_s else None,
             "output_tokens_per_s": sum(r.num_tokens for r in ok) / self.wall_s if self.wall_s else None,
             "wall_s": self.wall_s,
         }
+        if self.settings.get("goodput"):
+            summary["goodput_requests_per_s"] = self.vllm_fields()["request_goodput"]
         for name, rate in sorted(self.cache_hit_rates.items()):
             summary[f"{name}_cache_hit_rate"] = rate
         return summary
 
+    def vllm_fields(self) -> dict:
+        return serve_metrics.vllm_result(
+            self.records,
+            self.wall_s,
+            goodput_slos=self.settings.get("goodput") or None,
+            request_rate=self.settings.get("request_rate"),
+            burstiness=self.settings.get("burstiness", 1.0),
+            max_concurrency=self.settings.get("concurrency"),
+        )
+
     def to_json(self) -> dict:
         return {
+            **self.vllm_fields(),
             "label": self.label,
             "workload": self.workload,
             "settings": self.settings,

@@ -1,11 +1,14 @@
 """Send a workload to one or more OpenAI-compatible endpoints and time every request.
 
 Requests go out in workload order, at most ``concurrency`` at a time, round-robin over the
-endpoints, each a streamed chat completion of exactly ``max_tokens`` tokens (``ignore_eos``, which
-vLLM accepts too), so every system generates the same amount. A request's TTFT is its first
-non-empty content chunk. Times are seconds from the run's start, so a run can be plotted over
-time. A progress bar shows completions (off when stderr is not a terminal, or on request). With a
-deadline, requests not done by then are cancelled and recorded as failed.
+endpoints: all due at once (a closed loop), or at the arrival times of an open loop
+(``request_rate``, services/bench/arrivals.py), still capped by ``concurrency``. Each is a
+streamed chat completion of exactly ``max_tokens`` tokens (``ignore_eos``, which vLLM accepts
+too), so every system generates the same amount. A request's TTFT is its first non-empty content
+chunk; every content chunk's time is kept (inter-token latencies). Times are seconds from the
+run's start, so a run can be plotted over time. A progress bar shows completions (off when stderr
+is not a terminal, or on request). With a deadline, requests not done by then are cancelled and
+recorded as failed.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import openai
 from tqdm import tqdm
 
+from services.bench.arrivals import arrival_offsets
 from services.bench.workloads import BenchRequest
 
 
@@ -39,6 +43,8 @@ class RequestRecord:
     num_tokens: int = 0
     prompt_tokens: int = 0  # as the endpoint's usage counts them
     error: str | None = None
+    queue_s: float = 0.0  # due, but waiting for a concurrency slot (open loop)
+    token_times_s: list[float] = field(default_factory=list)  # each content chunk, from this request's start
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,9 @@ class RunSettings:
     timeout_s: float = 600.0
     progress: bool = True
     deadline_s: float | None = None  # for the whole run; None: wait for every request
+    request_rate: float | None = None  # requests per second, open loop; None: closed loop
+    burstiness: float = 1.0  # gamma shape of the open loop's gaps (1: Poisson)
+    seed: int = 0  # fixes the open loop's arrival times
 
 
 async def run_workload(requests: list[BenchRequest], endpoints: list[Endpoint], settings: RunSettings) -> tuple[list[RequestRecord], float]:
@@ -57,12 +66,16 @@ async def run_workload(requests: list[BenchRequest], endpoints: list[Endpoint], 
     progress = tqdm(total=len(requests), unit="req", disable=not (settings.progress and sys.stderr.isatty()), file=sys.stderr)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(settings.timeout_s)) as http:
         clients = [openai.AsyncOpenAI(base_url=e.base_url, api_key="bench", http_client=http, max_retries=0) for e in endpoints]
+        due = arrival_offsets(len(requests), settings.request_rate, burstiness=settings.burstiness, seed=settings.seed)
         started = time.perf_counter()
 
         async def one(i: int, request: BenchRequest) -> RequestRecord:
+            await asyncio.sleep(max(0.0, due[i] - (time.perf_counter() - started)))
+            arrived = time.perf_counter() - started
             async with gate:
                 endpoint, client = endpoints[i % len(endpoints)], clients[i % len(clients)]
                 record = RequestRecord(i, endpoint.base_url, request.first_touch, time.perf_counter() - started)
+                record.queue_s = record.start_s - arrived
                 await _stream(client, endpoint.model, request, settings.max_tokens, record, started)
                 progress.update(1)
                 return record
@@ -97,8 +110,10 @@ async def _stream(client: openai.AsyncOpenAI, model: str, request: BenchRequest,
             extra_body={"ignore_eos": True},
         )
         async for chunk in stream:  # bounded: max_tokens content chunks plus the usage chunk
-            if record.ttft_s is None and chunk.choices and chunk.choices[0].delta.content:
-                record.ttft_s = time.perf_counter() - t0 - record.start_s
+            if chunk.choices and chunk.choices[0].delta.content:
+                record.token_times_s.append(time.perf_counter() - t0 - record.start_s)
+                if record.ttft_s is None:
+                    record.ttft_s = record.token_times_s[0]
             if chunk.usage is not None:
                 record.num_tokens = chunk.usage.completion_tokens
                 record.prompt_tokens = chunk.usage.prompt_tokens

@@ -6,7 +6,8 @@ workload (services/bench/suites/), with ``--suite NAME`` followed by that suite'
     tessera bench --workload shared_images --requests 32 --concurrency 4
     tessera bench --workload cold_images --base-url http://127.0.0.1:8100/v1 --label vllm
     tessera bench --workload shared_images --model small --peer vllm        # and vLLM-CPU, same run
-    tessera bench --compare runs/tessera.json runs/vllm.json --out runs/compare
+    tessera bench --workload cold_images --request-rate 2 --burstiness 0.5 --goodput ttft:2000 tpot:100
+    tessera bench --compare runs/tessera.json runs/vllm.json --out runs/compare  # vllm bench serve's JSON too
     tessera bench --suite router --prompt-tokens 4096 --decisions 2000     # every argument after NAME is the suite's
     tessera bench --suite engine --help                                     # a suite's own arguments
 
@@ -20,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from services.bench import cache_rates, plots, report, suites, targets
+from services.bench import cache_rates, plots, report, serve_metrics, suites, targets
+from services.bench.arrivals import arrival_offsets
 from services.bench.runner import Endpoint, RunSettings, run_workload, served_model
 from services.bench.suites.common import image_size
 from services.bench.workloads import WORKLOADS, WorkloadSpec, build_workload
@@ -46,7 +49,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     cmd.add_argument("--workload", choices=[*WORKLOADS, "all"], default="shared_images")
     cmd.add_argument("--requests", type=int, default=32, help="requests per workload")
-    cmd.add_argument("--concurrency", type=int, default=4, help="requests in flight at once")
+    cmd.add_argument("--concurrency", type=int, default=4, help="requests in flight at once (the cap, with --request-rate)")
+    cmd.add_argument(
+        "--request-rate", type=float, default=None, help="open loop: requests per second (default: closed loop, --concurrency at a time)"
+    )
+    cmd.add_argument("--burstiness", type=float, default=1.0, help="open loop: gamma shape of the gaps (1 Poisson, <1 burstier)")
+    cmd.add_argument(
+        "--goodput", nargs="+", default=[], metavar="METRIC:MS", help="SLOs for goodput, as vllm bench serve: ttft:2000 tpot:100 e2el:5000"
+    )
     cmd.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (forced with ignore_eos)")
     cmd.add_argument("--image-size", default="448x448", help="WxH of the workload's images")
     cmd.add_argument("--seed", type=int, default=0)
@@ -61,17 +71,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmd.add_argument("--peer", choices=["vllm"], default=None, help="then start vLLM-CPU on the same model and run the same workloads")
     cmd.add_argument("--peer-servers", type=int, default=1, help="vLLM servers behind round-robin for --peer (same cores)")
     cmd.add_argument("--warmup", type=int, default=4, help="requests (own images) sent to each target before measuring")
-    cmd.add_argument("--compare", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"), help="compare two run JSON files instead of running")
+    cmd.add_argument(
+        "--compare",
+        nargs=2,
+        type=Path,
+        metavar=("RUN_A", "RUN_B"),
+        help="compare two result JSON files instead of running (tessera bench's, or vllm bench serve --save-result's)",
+    )
     cmd.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.suite is not None:
         return run_suite(args.suite)
+    try:
+        args.goodput = serve_metrics.parse_goodput(args.goodput)
+        arrival_offsets(1, args.request_rate, burstiness=args.burstiness)
+    except ValueError as exc:
+        print(f"tessera bench: error: {exc}", file=sys.stderr)
+        return 2
     if args.compare:
-        runs = [report.load(path) for path in args.compare]
-        print(report.table(runs))
-        print(f"figure: {plots.plot(runs, args.out / 'compare.png')}")
+        results = [json.loads(path.read_text()) for path in args.compare]
+        if all("records" in result for result in results):
+            runs = [report.Run.from_json(result) for result in results]
+            print(report.table(runs))
+            print(f"figure: {plots.plot(runs, args.out / 'compare.png')}")
+        else:  # a vllm bench serve result: compare on its fields
+            fields = [result if serve_metrics.is_vllm_result(result) else report.Run.from_json(result).vllm_fields() for result in results]
+            print(serve_metrics.table([result.get("label", path.stem) for result, path in zip(results, args.compare)], fields))
         return 0
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     target_list = targets.build_targets(
@@ -107,7 +134,14 @@ def run_suite(argv: list[str]) -> int:
 def _run_target(target: targets.Target, names: list[str], args: argparse.Namespace) -> list[report.Run]:
     """Every named workload against one target, after ``--warmup`` requests of their own images."""
     width, height = image_size(args.image_size)
-    settings = RunSettings(concurrency=args.concurrency, max_tokens=args.max_tokens, progress=not args.no_progress)
+    settings = RunSettings(
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        progress=not args.no_progress,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        seed=args.seed,
+    )
     runs = []
     with target.open() as base_urls:
         endpoints = [Endpoint(url, asyncio.run(served_model(url))) for url in base_urls]
@@ -126,7 +160,8 @@ def _run_target(target: targets.Target, names: list[str], args: argparse.Namespa
                 args.out / f"{name}-{target.label.replace('/', '_').replace(':', '_').replace(' ', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
             )
             report.save(result, stem.with_suffix(".json"))
-            print(f"\n{name} on {target.label} ({len(requests)} requests, concurrency {args.concurrency})")
+            pacing = f"rate {args.request_rate}/s, burstiness {args.burstiness}, " if args.request_rate else ""
+            print(f"\n{name} on {target.label} ({len(requests)} requests, {pacing}concurrency {args.concurrency})")
             print(report.table([result]))
             print(f"json: {stem.with_suffix('.json')}\nfigure: {plots.plot([result], stem.with_suffix('.png'))}")
             runs.append(result)
@@ -143,4 +178,5 @@ def _summed(scrapes) -> cache_rates.Counters:
 
 def _settings_json(args: argparse.Namespace, base_urls: list[str]) -> dict:
     keys = ("requests", "concurrency", "max_tokens", "image_size", "seed", "model", "serve_args", "warmup")
+    keys += ("request_rate", "burstiness", "goodput")
     return {"base_urls": base_urls, **{key: getattr(args, key) for key in keys}}
