@@ -1,11 +1,13 @@
 """Which nodes of each role the gateway may use.
 
-With an index, the live node records *are* the cluster: every lookup returns them (``update``),
-and a background refresh (``refresh_s``) also keeps them current when requests are rare and
-prunes lapsed records. Through an index outage the last-known set is kept; so is a role's
-last-known set for ``keep_s`` when an index that answers lists none of its nodes (a restarted,
-empty index, before the nodes have registered again). Without an index, a
-static address list per role stands in.
+With an index, the live node records *are* the cluster: a background refresh (``refresh_s``)
+lists them (``update``), and at once when a lookup reports a new membership version
+(``note_version``: a node joined or left, so the next request sees it). Lookups thus never list
+the cluster, and cost the same at 4 nodes or 500; each role's nodes are kept sorted between
+listings, so reading them costs that role's size, not the cluster's.
+Through an index outage the last-known set is kept; so is a role's last-known set for ``keep_s``
+when an index that answers lists none of its nodes (a restarted, empty index, before the nodes
+have registered again). Without an index, a static address list per role stands in.
 
 A node that failed a call is quarantined for ``quarantine_s`` (about the heartbeat TTL, after
 which its record lapses anyway if it is dead), so other requests stop choosing it at once, not
@@ -48,14 +50,17 @@ class Membership:
         self._clock = clock
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeState] = {}
+        self._role_to_nodes: dict[str, tuple[NodeState, ...]] = {}  # sorted by address; rebuilt on change
         if static:
             for role, addresses in static.items():
                 for address in addresses:
                     node_id = f"{role}@{address}"
                     self._nodes[node_id] = NodeState(NodeInfo(node_id, role, address), 0, 0.0, 0.0)
+        self._index_roles()
         self._address_to_quarantine: dict[str, tuple[float, int]] = {}  # until, epoch at failure
         self._address_to_num_in_flight: dict[str, int] = {}  # this gateway's own calls
         self.num_refresh_failures = 0
+        self._membership_version: int | None = None
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -65,9 +70,9 @@ class Membership:
         nothing else is left."""
         now = self._clock()
         with self._lock:
-            candidates = [s for s in self._nodes.values() if s.info.role == role and s.info.grpc_address not in exclude]
-            healthy = [s for s in candidates if not self._quarantined(s, now)]
-        return sorted(healthy or candidates, key=lambda s: s.info.grpc_address)
+            candidates = [s for s in self._role_to_nodes.get(role, ()) if s.info.grpc_address not in exclude]
+            healthy = [s for s in candidates if not self._quarantined(s, now)] if self._address_to_quarantine else candidates
+        return healthy or candidates
 
     def find(self, address: str) -> NodeState | None:
         with self._lock:
@@ -91,6 +96,23 @@ class Membership:
             for role in listed_roles:
                 self._role_to_last_seen[role] = now
             self._nodes = {**kept, **live}
+            self._index_roles()
+
+    def _index_roles(self) -> None:
+        role_to_nodes: dict[str, list[NodeState]] = {}
+        for state in self._nodes.values():
+            role_to_nodes.setdefault(state.info.role, []).append(state)
+        self._role_to_nodes = {role: tuple(sorted(nodes, key=lambda s: s.info.grpc_address)) for role, nodes in role_to_nodes.items()}
+
+    def note_version(self, version: int) -> None:
+        """The membership version a lookup saw. A new one (a node joined or left) lists the nodes
+        again now, in the caller's thread: once per change, so a joiner is a candidate for the
+        very next request."""
+        with self._lock:
+            if version == self._membership_version:
+                return
+            self._membership_version = version
+        self.refresh()
 
     def num_in_flight(self, address: str) -> int:
         return self._address_to_num_in_flight.get(address, 0)

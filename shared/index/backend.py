@@ -5,8 +5,11 @@ Semantics every backend must honour (tests/shared/index/test_conformance.py chec
     handed out (a restart never inherits old entries, even after its node was pruned);
   * a node's entries are served only while its heartbeat key is alive and only if they were
     written under its current epoch;
-  * publish applies a batch atomically; lookup answers a whole request in one round trip and
-    stops the block list at the first block no live node holds;
+  * publish applies a batch atomically; lookup answers a whole request in one round trip, stops
+    the block list at the first block no live node holds, and names (with their records) only
+    the nodes holding something: its cost is independent of the number of nodes;
+  * a membership version moves with every registration, deregistration and prune (lookup
+    returns it), so a reader knows when to call live_nodes again;
   * a record carries the seal its writer gave at registration and at its latest heartbeat,
     byte for byte (shared/index/sealed_index.py checks it; backends store it and hand it back);
   * membership: the live node records *are* the cluster. live_nodes lists them (and prunes the

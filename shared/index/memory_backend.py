@@ -23,6 +23,7 @@ class InProcessIndex:
         self._mm: dict[MmHash, dict[str, tuple[int, MmEntry]]] = {}
         self._kv: dict[BlockHash, dict[str, tuple[int, str]]] = {}
         self.num_round_trips = 0
+        self._membership_version = 0  # bumped by registration, deregistration and prune, as in Redis
 
     def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
         with self._lock:
@@ -32,6 +33,7 @@ class InProcessIndex:
         with self._lock:
             self._node_to_epoch[node.node_id] = epoch
             self._node_to_state[node.node_id] = (NodeState(node, epoch, 0.0, 0.0, seal), self._clock() + ttl_s)
+            self._membership_version += 1
             return epoch
 
     def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
@@ -49,6 +51,7 @@ class InProcessIndex:
             if self._node_to_epoch.get(node_id) == epoch:
                 self._node_to_epoch.pop(node_id)
                 self._node_to_state.pop(node_id, None)
+                self._membership_version += 1
 
     def live_nodes(self) -> dict[str, NodeState]:
         with self._lock:
@@ -56,6 +59,7 @@ class InProcessIndex:
             for node_id in [n for n, (_, expires) in self._node_to_state.items() if expires <= now]:
                 del self._node_to_state[node_id]
                 self._node_to_epoch.pop(node_id, None)
+                self._membership_version += 1
             return {node_id: state for node_id, (state, _) in self._node_to_state.items()}
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None:
@@ -88,7 +92,13 @@ class InProcessIndex:
                     break
                 for node_id in matching:
                     node_to_num_prefix_blocks[node_id] = num_blocks
-            return LookupResult(nodes=nodes, mm_holders=mm_holders, node_to_num_prefix_blocks=node_to_num_prefix_blocks)
+            named = {nid for holders in mm_holders.values() for nid in holders} | set(node_to_num_prefix_blocks)
+            return LookupResult(
+                nodes={nid: nodes[nid] for nid in named},
+                mm_holders=mm_holders,
+                node_to_num_prefix_blocks=node_to_num_prefix_blocks,
+                membership_version=self._membership_version,
+            )
 
     def close(self) -> None:
         pass

@@ -6,8 +6,10 @@ Key layout, under the namespace prefix P = "tessera:{namespace}:":
   P node:{node}       HASH     role, grpc, data, encodes ("1": a prefill node that can run the
                                vision tower itself), epoch, load, kv_usage, seal (empty: unsealed;
                                shared/index/record_seal.py); expires after the TTL
-  P nodes             SET      registered node ids (lookup skips those whose key expired;
-                               live_nodes prunes them with their epoch key)
+  P nodes             SET      registered node ids (live_nodes skips those whose key expired,
+                               and prunes them with their epoch key)
+  P members           INTEGER  membership version: bumped by every registration, deregistration
+                               and prune, so a reader knows when to list the nodes again
 Epochs come from one counter for all nodes, so a node id registered again after its records were
 pruned still gets an epoch its old entries never carried.
   P mm:{mm_hash}      HASH     node -> "{epoch}|{num_tokens}|{t},{h},{w}|{bytes}"
@@ -15,7 +17,8 @@ pruned still gets an epoch its old entries never carried.
 Entry keys expire ENTRY_TTL_S after their last write, so a node that vanished for good leaves
 nothing behind for long; liveness and epoch checks make such leftovers harmless meanwhile.
 Writes are one MULTI/EXEC transaction per batch; a lookup is one EVALSHA of LOOKUP_SCRIPT, which
-filters by liveness and epoch on the server and returns each live node's leading-block count.
+filters by liveness and epoch on the server and returns each live node's leading-block count,
+reading only the records of the nodes it names.
 """
 
 from __future__ import annotations
@@ -33,10 +36,15 @@ from shared.types import BlockHash, MmHash
 ENTRY_TTL_S = 3600
 
 # ARGV[1]: key prefix; ARGV[2]: JSON [[mm_hash...], [block_hash...]].
-# Returns JSON {"nodes": {id: fields}, "mm": {mm_hash: {node: value}}, "prefix": {node: blocks}}
-# with live nodes and current-epoch entries only. JSON both ways because redis-py's pure-Python
-# RESP packer and parser cost ~2 us per argument or reply element, while cjson on the server and
-# json in the client are C: a 256-block request is one argument, and the reply one string.
+# Returns JSON {"nodes": {id: fields}, "mm": {mm_hash: {node: value}}, "prefix": {node: blocks},
+# "version": members} with current-epoch entries of live nodes only, "nodes" holding the records
+# of the nodes named in the answer. JSON both ways because redis-py's pure-Python RESP packer and
+# parser cost ~2 us per argument or reply element, while cjson on the server and json in the
+# client are C: a 256-block request is one argument, and the reply one string.
+# Cost: O(images + blocks walked + distinct holders), never O(nodes): a holder's record is read
+# the first time the answer names it, to check that it is live and that the entry carries its
+# current epoch. The membership itself (every node, with its load) is the gateway's, refreshed
+# by live_nodes and at once when "version" moves.
 # The block walk reads block 0's holders, then asks only for the nodes still matching (HMGET),
 # and stops when none is left: the server reads at most the longest cached prefix, and the reply
 # carries one count per node instead of a holder list per block.
@@ -44,21 +52,29 @@ LOOKUP_SCRIPT = """
 local call, find = redis.call, string.find
 local prefix = ARGV[1]
 local request = cjson.decode(ARGV[2])
-local tags = {}  -- live node -> "{epoch}|", the start of every entry written under its epoch
+local tags = {}  -- holder -> "{epoch}|", the start of every entry written under its epoch; false: not live
 local nodes = {}
-for _, id in ipairs(call('SMEMBERS', prefix .. 'nodes')) do
-  local fields = call('HGETALL', prefix .. 'node:' .. id)
-  local state = {}
-  for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
-  -- No epoch: not a registration (a heartbeat that raced the key's expiry); not live.
-  if state['epoch'] then
-    nodes[id] = state
-    tags[id] = state['epoch'] .. '|'
+local function tag_of(id)
+  local tag = tags[id]
+  if tag == nil then
+    local fields = call('HGETALL', prefix .. 'node:' .. id)
+    local state = {}
+    for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
+    -- No epoch: not a registration (a heartbeat that raced the key's expiry); not live.
+    if state['epoch'] then
+      nodes[id] = state
+      tag = state['epoch'] .. '|'
+    else
+      tag = false
+    end
+    tags[id] = tag
   end
+  return tag
 end
 local function current(node, value)
-  local tag = tags[node]
-  return tag ~= nil and value ~= false and find(value, tag, 1, true) == 1
+  if value == false then return false end
+  local tag = tag_of(node)
+  return tag ~= false and find(value, tag, 1, true) == 1
 end
 local mm = {}
 for _, mm_hash in ipairs(request[1]) do
@@ -97,7 +113,7 @@ for i = 2, #blocks do
   if #matching > 0 then held = i end
 end
 for _, node in ipairs(matching) do counts[node] = held end
-return cjson.encode({nodes = nodes, mm = mm, prefix = counts})
+return cjson.encode({nodes = nodes, mm = mm, prefix = counts, version = tonumber(call('GET', prefix .. 'members')) or 0})
 """
 
 
@@ -114,8 +130,8 @@ return 1
 """
 
 
-# KEYS: epochs counter, epoch key, node key, nodes set; ARGV: role, grpc, data, ttl_ms, node id,
-# encodes, epoch, seal. An empty epoch takes the next one here; a sealed record comes with the
+# KEYS: epochs counter, epoch key, node key, nodes set, members version; ARGV: role, grpc, data,
+# ttl_ms, node id, encodes, epoch, seal. An empty epoch takes the next one here; a sealed record comes with the
 # epoch its seal covers, reserved beforehand from the same counter (RedisIndex.register_node).
 # One atomic step, so a concurrent prune never sees the node half-registered.
 REGISTER_SCRIPT = """
@@ -127,15 +143,18 @@ redis.call('HSET', KEYS[3], 'role', ARGV[1], 'grpc', ARGV[2], 'data', ARGV[3], '
   'load', 0, 'kv_usage', 0, 'seal', ARGV[8])
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 redis.call('SADD', KEYS[4], ARGV[5])
+redis.call('INCR', KEYS[5])
 return epoch
 """
 
-# KEYS: epoch key, node key, nodes set; ARGV: epoch, node id. Only the current incarnation may
-# deregister: a restarted node's registration must survive its predecessor's late drain.
+# KEYS: epoch key, node key, nodes set, members version; ARGV: epoch, node id. Only the current
+# incarnation may deregister: a restarted node's registration must survive its predecessor's late
+# drain.
 DEREGISTER_SCRIPT = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('SREM', KEYS[3], ARGV[2])
+redis.call('INCR', KEYS[4])
 return 1
 """
 
@@ -152,6 +171,7 @@ for _, id in ipairs(call('SMEMBERS', prefix .. 'nodes')) do
   elseif #fields == 0 then
     call('SREM', prefix .. 'nodes', id)
     call('DEL', prefix .. 'epoch:' .. id)
+    call('INCR', prefix .. 'members')
   end
 end
 return cjson.encode(nodes)
@@ -191,7 +211,7 @@ class RedisIndex:
 
     def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
         p = self.prefix
-        keys = [p + "epochs", p + f"epoch:{node.node_id}", p + f"node:{node.node_id}", p + "nodes"]
+        keys = [p + "epochs", p + f"epoch:{node.node_id}", p + f"node:{node.node_id}", p + "nodes", p + "members"]
         try:
             epoch, seal = "", ""
             if seal_fn is not None:
@@ -205,7 +225,7 @@ class RedisIndex:
     def deregister_node(self, node_id: str, epoch: int) -> None:
         p = self.prefix
         try:
-            self._deregister(keys=[p + f"epoch:{node_id}", p + f"node:{node_id}", p + "nodes"], args=[epoch, node_id])
+            self._deregister(keys=[p + f"epoch:{node_id}", p + f"node:{node_id}", p + "nodes", p + "members"], args=[epoch, node_id])
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
 
@@ -259,7 +279,9 @@ class RedisIndex:
                 _, num_tokens, grid, num_bytes = value.split("|")
                 holders[node_id] = MmEntry(int(num_tokens), tuple(int(x) for x in grid.split(",")), int(num_bytes))
             mm_holders[mm_hash] = holders
-        return LookupResult(nodes=nodes, mm_holders=mm_holders, node_to_num_prefix_blocks=reply["prefix"])
+        return LookupResult(
+            nodes=nodes, mm_holders=mm_holders, node_to_num_prefix_blocks=reply["prefix"], membership_version=int(reply["version"])
+        )
 
     def close(self) -> None:
         self._client.close()

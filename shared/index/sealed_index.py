@@ -54,6 +54,7 @@ class SealedIndex:
             nodes=nodes,
             mm_holders={h: {n: e for n, e in holders.items() if n in nodes} for h, holders in result.mm_holders.items()},
             node_to_num_prefix_blocks={n: k for n, k in result.node_to_num_prefix_blocks.items() if n in nodes},
+            membership_version=result.membership_version,
         )
 
     def close(self) -> None:

@@ -57,9 +57,11 @@ class LookupResult:
     0..k-1 under its current epoch: n's prefix ends at its first missing block, whatever n holds
     beyond it (a prefix beyond a miss is useless). Nodes with k = 0 are absent. Backends stop
     reading blocks once no live node holds every block so far, so a lookup costs the longest
-    cached prefix, not the prompt.
+    cached prefix, not the prompt, and reads only the records of the holders it names: its cost
+    does not grow with the cluster. Every node, with its load, comes from live_nodes.
     """
 
-    nodes: dict[str, NodeState]
+    nodes: dict[str, NodeState]  # the records of the nodes named below, not every live node
     mm_holders: dict[MmHash, dict[str, MmEntry]]
     node_to_num_prefix_blocks: dict[str, int]
+    membership_version: int = 0  # moves when a node registers, deregisters or is pruned

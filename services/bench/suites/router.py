@@ -1,10 +1,13 @@
 """Router decision time: block hashing, one index lookup and scoring, for a long prompt, against
 a real Redis-protocol server on loopback (embedded Valkey by default, or --index-url).
 
-    tessera bench --suite router [--prompt-tokens 4096] [--decisions 2000]
-Prints percentiles and writes JSON (default benchmarks/results/router.json). The headline row is
-Router.route as the gateway calls it (the router hashes the prompt); the second passes the block
-hashes precomputed (Router.route(..., block_hashes=...)), as a caller that already has them can.
+    tessera bench --suite router [--prompt-tokens 4096] [--decisions 2000] [--idle-nodes 0,64,512]
+
+With --idle-nodes, each count of idle nodes (registered, holding nothing) is added to the cluster
+in turn: the decision's cost must not grow with it. Prints percentiles and writes JSON (default
+benchmarks/results/router.json). The headline columns are Router.route as the gateway calls it
+(the router hashes the prompt); "given" passes the block hashes precomputed
+(Router.route(..., block_hashes=...)), as a caller that already has them can.
 """
 
 from __future__ import annotations
@@ -34,21 +37,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, default=4096)
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--idle-nodes", default="0", help="comma-separated counts of idle nodes to add to the 6 that hold work")
     parser.add_argument("--out", type=Path, default=RESULTS / "router.json")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.index_url:
-        result = decision_times(args.index_url, args.prompt_tokens, args.decisions, args.block_size)
-    else:
-        with embedded_valkey() as url:
-            result = decision_times(url, args.prompt_tokens, args.decisions, args.block_size)
-    print(f"{'prompt tokens':>14} {'blocks':>7} {'p50 ms':>8} {'p99 ms':>8}")
-    print(f"{result['prompt_tokens']:>14} {result['blocks']:>7} {result['p50_ms']:>8.3f} {result['p99_ms']:>8.3f}")
-    given = result["hashes_given"]
-    print(f"{'(hashes given)':>14} {result['blocks']:>7} {given['p50_ms']:>8.3f} {given['p99_ms']:>8.3f}")
+    results = []
+    for idle in (int(n) for n in args.idle_nodes.split(",")):
+        if args.index_url:
+            results.append(decision_times(args.index_url, args.prompt_tokens, args.decisions, args.block_size, idle))
+        else:
+            with embedded_valkey() as url:
+                results.append(decision_times(url, args.prompt_tokens, args.decisions, args.block_size, idle))
+    print(f"{'nodes':>6} {'prompt tokens':>14} {'blocks':>7} {'p50 ms':>8} {'p99 ms':>8} {'given p50':>10} {'given p99':>10}")
+    for result in results:
+        given = result["hashes_given"]
+        print(
+            f"{result['nodes']:>6} {result['prompt_tokens']:>14} {result['blocks']:>7} {result['p50_ms']:>8.3f} {result['p99_ms']:>8.3f}"
+            f" {given['p50_ms']:>10.3f} {given['p99_ms']:>10.3f}"
+        )
     machine = {"cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
-    write_json(args.out, {"benchmark": "router", "command": command(args), "machine": machine, "results": result})
+    write_json(args.out, {"benchmark": "router", "command": command(args), "machine": machine, "results": results})
     return 0
 
 
@@ -63,16 +72,21 @@ def embedded_valkey() -> Iterator[str]:
         process.wait()
 
 
-def decision_times(index_url: str, prompt_tokens: int, decisions: int, block_size: int) -> dict:
+def decision_times(index_url: str, prompt_tokens: int, decisions: int, block_size: int, num_idle_nodes: int = 0) -> dict:
     """Two prefill nodes holding all and half of the prompt's prefix, an encoder holding its
-    image; the route is checked once, then timed ``decisions`` times both ways."""
-    index = create_index(index_url, namespace="router-bench")
+    image, and ``num_idle_nodes`` more holding nothing; the route is checked once, then timed
+    ``decisions`` times both ways."""
+    index = create_index(index_url, namespace=f"router-bench-{num_idle_nodes}")
     nodes = {role: [f"127.0.0.1:{5000 + 10 * k + i}" for i in range(2)] for k, role in enumerate(("encoder", "prefill", "decode"))}
     epochs = {}
     for role, addresses in nodes.items():
         for address in addresses:
             node_id = f"{role}@{address}"
             epochs[node_id] = index.register_node(NodeInfo(node_id, role, address), ttl_s=600)
+    for i in range(num_idle_nodes):
+        role = ("encoder", "prefill", "decode")[i % 3]
+        address = f"127.0.1.{1 + i // 250}:{6000 + i % 250}"
+        index.register_node(NodeInfo(f"{role}@{address}", role, address), ttl_s=600)
     tokens = list(range(prompt_tokens))
     image = (MmHash("f" * 64), PlaceholderRange(100, 1024))
     hashes = block_hashes(tokens, block_size, [MmSpan(image[0], image[1])])
@@ -95,7 +109,7 @@ def decision_times(index_url: str, prompt_tokens: int, decisions: int, block_siz
     assert route.prefill == nodes["prefill"][0] and route.encoder == nodes["encoder"][1], route
     expected = {nodes["prefill"][0]: len(hashes) * block_size, nodes["prefill"][1]: len(hashes) // 2 * block_size}
     assert route.prefix_tokens_by_node == {a: n for a, n in expected.items() if n}, route
-    result = {"prompt_tokens": prompt_tokens, "blocks": len(hashes), "decisions": decisions}
+    result = {"nodes": 6 + num_idle_nodes, "prompt_tokens": prompt_tokens, "blocks": len(hashes), "decisions": decisions}
     result.update(_timed(lambda: router.route(tokens, [image]), decisions))
     result["hashes_given"] = _timed(lambda: router.route(tokens, [image], block_hashes=hashes), decisions)
     return result

@@ -24,7 +24,9 @@ HASHES = block_hashes(TOKENS, BLOCK, [MmSpan(*IMAGE)])
 
 
 def router_over(index, **kwargs) -> Router:
-    return Router(Membership(index), index=index, block_size=BLOCK, **kwargs)
+    membership = Membership(index)
+    membership.refresh()  # what start() does first; the lookups then name holders only
+    return Router(membership, index=index, block_size=BLOCK, **kwargs)
 
 
 def index_holding(node_to_blocks: dict[str, list[int]], *, everyone: bool = True) -> InProcessIndex:
@@ -253,3 +255,23 @@ def test_a_stale_prefill_heartbeat_does_not_keep_images_off_an_idle_prefill_node
     router = router_over(index)
     with _queued(router, 1):
         assert router.route(TOKENS, [IMAGE]).local_encode == {IMAGE[0]}
+
+
+def test_a_large_role_scores_its_holders_and_a_bounded_random_draw_of_the_rest():
+    from services.router.router import MAX_SCORED_NODES
+
+    many = {f"encoder@e:{i}": [] for i in range(3 * MAX_SCORED_NODES)}
+    index = index_holding({**many, "prefill@p:7": list(range(10))})
+    for i in range(3 * MAX_SCORED_NODES):
+        index.register_node(NodeInfo(f"prefill@p:{100 + i}", "prefill", f"p:{100 + i}"), ttl_s=60)
+    router = router_over(index)
+    seen_encoders = set()
+    for _ in range(20):
+        route = router.route(TOKENS, [IMAGE])
+        assert route.prefill == "p:7", "the holder of the whole prefix is always scored, and wins"
+        seen_encoders.add(route.encoder)
+    candidates = router._candidates("prefill", frozenset(), 0, {"p:7": 40})
+    assert len(candidates) == MAX_SCORED_NODES + 1 and "p:7" in {c.node_id for c in candidates}
+    assert len(seen_encoders) > 1, "the draw changes with the turn"
+    round_robin = router_over(index, policy="round_robin")
+    assert len(round_robin._candidates("encoder", frozenset(), 0)) == len({*many, *(n for n in ALL_NODES if n.startswith("encoder"))})

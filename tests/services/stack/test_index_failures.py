@@ -129,7 +129,7 @@ def _restart_the_index_and_catch_up(outage: Outage) -> subprocess.Popen:
     # Membership recovers too: every node, preprocess included, registers again (each on its
     # own retry cadence, behind its own circuit breaker's cooldown).
     roles = {"preprocess", "encoder", "prefill", "decode"}
-    assert wait_until(lambda: {s.info.role for s in index.lookup([], []).nodes.values()} == roles, 15, 0.2)
+    assert wait_until(lambda: {s.info.role for s in index.live_nodes().values()} == roles, 15, 0.2)
     print(f"index caught up {time.monotonic() - started:.1f}s after it came back")
     return valkey
 
@@ -263,4 +263,4 @@ def test_launcher_restarts_a_dead_index_server_and_the_index_catches_up(two_enco
     assert stack.state()["valkey"]["url"] == url and stack.state()["valkey"]["pid"] != valkey["pid"]
     assert wait_until(lambda: served_holders(index, [mm_hash])[mm_hash] == holders, 15, 0.2), "the index did not catch up"
     members = ["decode", "encoder", "encoder", "prefill", "preprocess"]  # every node is a member again
-    assert wait_until(lambda: sorted(s.info.role for s in index.lookup([], []).nodes.values()) == members, 10), "every node registers again"
+    assert wait_until(lambda: sorted(s.info.role for s in index.live_nodes().values()) == members, 10), "every node registers again"

@@ -86,14 +86,16 @@ def test_a_prefill_node_that_encodes_says_so_in_its_record(index):
     index.register_node(node("plain"), ttl_s=30)
     live = index.live_nodes()
     assert live["pf"].info == encodes and not live["plain"].info.can_encode
-    assert index.lookup([], []).nodes["pf"].info.can_encode
+    index.publish("pf", index.live_nodes()["pf"].epoch, blocks(0))
+    assert index.lookup([], [BlockHash("b0")]).nodes["pf"].info.can_encode  # a holder's record, as the lookup names it
 
 
 def test_a_records_seal_is_stored_and_handed_back_as_given(index):
     epoch = index.register_node(node("sealed"), ttl_s=30, seal_fn=lambda e: f"seal-at-{e}")
     assert index.live_nodes()["sealed"].seal == f"seal-at-{epoch}"
     assert index.heartbeat("sealed", epoch, load=2.5, kv_usage=0.25, ttl_s=30, seal="beat")
-    state = index.lookup([], []).nodes["sealed"]
+    index.publish("sealed", epoch, blocks(0))
+    state = index.lookup([], [BlockHash("b0")]).nodes["sealed"]
     assert (state.seal, state.epoch, state.load, state.kv_usage) == ("beat", epoch, 2.5, 0.25)
     index.register_node(node("plain"), ttl_s=30)
     assert index.live_nodes()["plain"].seal == ""
@@ -192,7 +194,7 @@ def test_heartbeat_keeps_a_node_alive_and_reports_load(index, lapse):
     for _ in range(3):
         lapse(TTL / 2)
         assert index.heartbeat("busy", epoch, load=3.0, kv_usage=0.25, ttl_s=TTL)
-    state = index.lookup([], []).nodes["busy"]
+    state = index.live_nodes()["busy"]
     assert state.load == 3.0 and state.kv_usage == 0.25
 
 
@@ -218,6 +220,27 @@ def test_a_restarted_node_does_not_serve_entries_of_its_old_epoch(index):
     assert index.lookup([], [BlockHash("k")]).node_to_num_prefix_blocks == {"r": 1}
 
 
+def test_a_lookup_names_only_the_holders_and_reports_the_membership_version(index, lapse):
+    held = index.register_node(node("holder"), ttl_s=30)
+    index.register_node(node("idle"), ttl_s=30)
+    index.publish("holder", held, IndexEvents(mm_stored={MmHash("m"): ENTRY}))
+    result = index.lookup([MmHash("m")], [])
+    assert set(result.nodes) == {"holder"} and result.nodes["holder"].epoch == held
+    assert index.lookup([], []).nodes == {}
+    version = result.membership_version
+    index.register_node(node("joiner"), ttl_s=TTL)
+    assert index.lookup([], []).membership_version > version, "a registration moves the version"
+    version = index.lookup([], []).membership_version
+    index.heartbeat("holder", held, load=1.0, kv_usage=0.0, ttl_s=30)
+    assert index.lookup([], []).membership_version == version, "heartbeats do not"
+    lapse(TTL + 0.3)
+    index.live_nodes()  # prunes the lapsed joiner
+    assert index.lookup([], []).membership_version > version, "a prune moves it"
+    version = index.lookup([], []).membership_version
+    index.deregister_node("holder", held)
+    assert index.lookup([], []).membership_version > version, "a drain moves it"
+
+
 def test_lookup_is_one_round_trip(index_url, index):
     epoch = index.register_node(node("a"), ttl_s=30)
     index.publish("a", epoch, IndexEvents(kv_stored={BlockHash(f"b{i}"): "device" for i in range(64)}))
@@ -232,9 +255,32 @@ def test_lookup_is_one_round_trip(index_url, index):
     client.config_resetstat()
     index.lookup([MmHash("m1"), MmHash("m2")], hashes)
     stats = {k: v["calls"] for k, v in client.info("commandstats").items() if not k.startswith(("cmdstat_config", "cmdstat_info"))}
-    # One client command; SMEMBERS, HGETALL and HMGET run inside the script on the server.
+    # One client command; HGETALL, HMGET and GET run inside the script on the server.
     assert stats.pop("cmdstat_evalsha") == 1, stats
-    assert set(stats) <= {"cmdstat_smembers", "cmdstat_hgetall", "cmdstat_hmget"}, stats
+    assert set(stats) <= {"cmdstat_hgetall", "cmdstat_hmget", "cmdstat_get"}, stats
+
+
+def test_a_lookup_reads_the_same_whatever_the_number_of_nodes(index_url, index):
+    """O(images + blocks + holders), not O(nodes): 200 more idle nodes change nothing it reads."""
+    if index_url == "memory://":
+        pytest.skip("counts the server's commands")
+    epoch = index.register_node(node("a"), ttl_s=30)
+    index.publish("a", epoch, IndexEvents(mm_stored={MmHash("m"): ENTRY}, kv_stored={BlockHash(f"b{i}"): "device" for i in range(8)}))
+    client = redis.Redis.from_url(index_url)
+    hashes = [BlockHash(f"b{i}") for i in range(8)]
+
+    def commands() -> dict[str, int]:
+        client.config_resetstat()
+        index.lookup([MmHash("m")], hashes)
+        return {k: v["calls"] for k, v in client.info("commandstats").items() if not k.startswith(("cmdstat_config", "cmdstat_info"))}
+
+    index.lookup([], [])  # loads the script
+    few = commands()
+    for i in range(200):
+        index.register_node(node(f"idle-{i}"), ttl_s=30)
+    assert commands() == few
+    # One record read for the one holder, one entry hash per image and block 0, one HMGET per further block.
+    assert few == {"cmdstat_evalsha": 1, "cmdstat_hgetall": 3, "cmdstat_hmget": 7, "cmdstat_get": 1}, few
 
 
 def test_a_heartbeat_fails_once_someone_else_rewrote_the_record(index, index_url):

@@ -40,7 +40,7 @@ def test_events_are_published_in_batches_and_evictions_cancel_stores():
         counters = publisher.counters()
         assert counters["index_publish_seconds_count"] >= 1 and counters["index_publish_failures_total"] == 0
         time.sleep(2.5)  # heartbeats keep the node alive past its TTL
-        assert "enc" in index.lookup([], []).nodes
+        assert "enc" in index.live_nodes()
     finally:
         publisher.stop()
 

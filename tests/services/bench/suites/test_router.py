@@ -10,12 +10,14 @@ from services.cli.main import main
 
 def test_router_suite_prints_its_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "router.json"
-    assert main(["bench", "--suite", "router", "--prompt-tokens", "256", "--decisions", "20", "--out", str(out)]) == 0
+    argv = ["bench", "--suite", "router", "--prompt-tokens", "256", "--decisions", "20", "--idle-nodes", "0,30", "--out", str(out)]
+    assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "prompt tokens" in printed and "(hashes given)" in printed and f"wrote {out}" in printed
+    assert "prompt tokens" in printed and "given p99" in printed and f"wrote {out}" in printed
     result = json.loads(out.read_text())
     assert result["benchmark"] == "router"
-    assert result["command"] == f"tessera bench --suite router --prompt-tokens 256 --decisions 20 --out {out}"
-    assert result["results"]["blocks"] == 16 and result["results"]["decisions"] == 20
-    assert 0 < result["results"]["p50_ms"] <= result["results"]["p99_ms"]
-    assert 0 < result["results"]["hashes_given"]["p50_ms"]
+    assert result["command"] == f"tessera bench --suite router --prompt-tokens 256 --decisions 20 --idle-nodes 0,30 --out {out}"
+    assert [r["nodes"] for r in result["results"]] == [6, 36]
+    for row in result["results"]:
+        assert row["blocks"] == 16 and row["decisions"] == 20
+        assert 0 < row["p50_ms"] <= row["p99_ms"] and 0 < row["hashes_given"]["p50_ms"]
