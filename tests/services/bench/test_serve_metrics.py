@@ -54,7 +54,7 @@ def test_the_run_json_carries_the_vllm_fields_and_compares_with_a_vllm_result(tm
     assert serve_metrics.is_vllm_result(saved) and saved["request_goodput"] == 0.5 and saved["records"]
     assert run.summary()["goodput_requests_per_s"] == 0.5 and run.summary()["tpot_p50_s"] == pytest.approx(0.02)
     # What `vllm bench serve --save-result` writes, trimmed to the fields compared.
-    vllm = {f: saved[f] * 2 for f in serve_metrics.TABLE_FIELDS if isinstance(saved.get(f), int | float)}
+    vllm = {"label": None} | {f: saved[f] * 2 for f in serve_metrics.TABLE_FIELDS if isinstance(saved.get(f), int | float)}
     (tmp_path / "vllm.json").write_text(json.dumps(vllm))
     out = subprocess.run(
         [sys.executable, "-m", "services.cli.main", "bench", "--compare", str(tmp_path / "tessera.json"), str(tmp_path / "vllm.json")],
