@@ -207,7 +207,7 @@ def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encode
     holders = wait_until(lambda: served_holders(index, [mm_hash])[mm_hash], 10)
     assert holders and len(holders) == 1, "exactly one encoder encodes the image"
     (holder,) = holders
-    old_epoch = index.lookup([], []).nodes[holder].epoch
+    old_epoch = index.live_nodes()[holder].epoch
     role, info = next((r, i) for r, i in stack.state()["roles"].items() if f"encoder@{i['grpc_address']}" == holder)
 
     os.kill(info["pid"], signal.SIGKILL)
@@ -228,8 +228,8 @@ def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encode
         return now["restarts"] >= 1 and now["pid"] != info["pid"] and is_serving(info["grpc_address"])
 
     assert wait_until(restarted, 60, 0.5), "the launcher did not restart the killed encoder"
-    assert wait_until(lambda: holder in index.lookup([], []).nodes, 10)
-    assert index.lookup([], []).nodes[holder].epoch > old_epoch
+    assert wait_until(lambda: holder in index.live_nodes(), 10)
+    assert index.live_nodes()[holder].epoch > old_epoch
     assert raw.hget(f"{index.inner.prefix}mm:{mm_hash}", holder).startswith(f"{old_epoch}|")  # stale, not deleted
     assert holder not in served_holders(index, [mm_hash])[mm_hash]
 
@@ -242,7 +242,7 @@ def test_killed_encoder_stops_being_served_as_a_holder_within_the_ttl(two_encode
     assert stack.metrics()[ENCODED] - before == 1
     now_held_by = wait_until(lambda: served_holders(index, [mm_hash])[mm_hash], 10)
     assert now_held_by and len(now_held_by) == 1, "the re-encoded image is published by the encoder that encoded it"
-    assert index.lookup([], []).nodes[next(iter(now_held_by))].info.role == "encoder"
+    assert index.live_nodes()[next(iter(now_held_by))].info.role == "encoder"
     raw.close()
 
 
