@@ -36,6 +36,9 @@ log = logging.getLogger("tessera.index")
 
 SEAL_VERSION = 1
 DEFAULT_MAX_SKEW_S = 30.0  # clock difference tolerated between a writer and a reader
+# Node ids whose highest admitted epoch a reader remembers; past it the least recently admitted
+# is forgotten (its replays are then caught by the staleness rule alone). Ids churn with pods.
+MAX_REMEMBERED_NODES = 65536
 REJECTION_REASONS = ("unsealed", "bad_seal", "stale", "old_epoch")
 
 
@@ -93,10 +96,13 @@ class RecordSealer:
         if age_ms > ttl_ms + self.max_skew_ms or age_ms < -self.max_skew_ms:
             return "stale"
         with self._lock:
-            max_epoch = self._node_to_max_epoch.get(state.info.node_id, 0)
+            node_id = state.info.node_id
+            max_epoch = self._node_to_max_epoch.pop(node_id, 0)
+            self._node_to_max_epoch[node_id] = max(max_epoch, state.epoch)  # re-inserted: most recent last
             if state.epoch < max_epoch:
                 return "old_epoch"
-            self._node_to_max_epoch[state.info.node_id] = state.epoch
+            if len(self._node_to_max_epoch) > MAX_REMEMBERED_NODES:
+                del self._node_to_max_epoch[next(iter(self._node_to_max_epoch))]
         return None
 
     def admitted(self, nodes: dict[str, NodeState]) -> dict[str, NodeState]:

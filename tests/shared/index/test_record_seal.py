@@ -81,3 +81,14 @@ def test_a_sealed_index_drops_a_forged_node_and_its_entries_and_counts_it():
     assert result.node_to_num_prefix_blocks == {"real": 1}
     assert set(index.live_nodes()) == {"real"}
     assert index.sealer.counters()["index_records_rejected_unsealed_total"] == 2.0
+
+
+def test_the_epochs_a_reader_remembers_are_bounded(monkeypatch):
+    monkeypatch.setattr("shared.index.record_seal.MAX_REMEMBERED_NODES", 3)
+    clock = FakeClock()
+    sealer = RecordSealer(KEY, "tiny@abc", clock=clock)
+    for i in range(5):
+        assert sealer.rejection(sealed_state(sealer, epoch=10, info=node(f"n{i}"))) is None
+    assert len(sealer._node_to_max_epoch) == 3
+    assert sealer.rejection(sealed_state(sealer, epoch=9, info=node("n4"))) == "old_epoch"  # still remembered
+    assert sealer.rejection(sealed_state(sealer, epoch=9, info=node("n0"))) is None  # forgotten: staleness alone guards it
