@@ -17,7 +17,7 @@ The rule (the launcher applies it with ``plan_shares``; a lone node with ``share
     gets a thread per core. Its steps are what users see between tokens, they are short, and its
     threads sleep between them (PASSIVE), so the cores it borrows go back to encoding and
     prefill at once; with one thread, every stream stuttered while an image was encoded beside it
-    (docs/benchmarks.md, "vllm bench serve random-mm": TPOT median 37.9 -> 28.6 ms).
+    (docs/benchmarks.md, "`vllm bench serve` random-mm").
   * CPUs: what this process may use, the fewest of its affinity mask and its cgroup CPU quota
     (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), so a pod limited to 2 CPUs on a 64-core
     node runs 2 threads, not 64.

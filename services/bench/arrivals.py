@@ -12,12 +12,17 @@ from __future__ import annotations
 import random
 
 
-def arrival_offsets(num_requests: int, rate: float | None, *, burstiness: float = 1.0, seed: int = 0) -> list[float]:
-    """Seconds from the run's start at which each request is due (the first at 0)."""
+def check_pacing(rate: float | None, burstiness: float) -> None:
+    """Raises ValueError naming a rate or burstiness no schedule can have."""
     if rate is not None and rate <= 0:
         raise ValueError("the request rate must be positive (omit it for a closed loop)")
     if burstiness <= 0:
         raise ValueError("burstiness must be positive")
+
+
+def arrival_offsets(num_requests: int, rate: float | None, *, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Seconds from the run's start at which each request is due (the first at 0)."""
+    check_pacing(rate, burstiness)
     if rate is None:
         return [0.0] * num_requests
     draw = random.Random(seed).gammavariate

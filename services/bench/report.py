@@ -32,8 +32,8 @@ class Run:
         first_touch = [r.ttft_s for r in ok if r.ttft_s is not None and r.first_touch]
         latencies = [r.end_s - r.start_s for r in ok if r.end_s is not None]
         per_request = [serve_metrics.request_metrics(r) for r in ok]
-        tpots = [m["tpot"] for m in per_request if m["tpot"] is not None]
-        itls = [gap for m in per_request for gap in m["itls"]]
+        tpots = [m.tpot for m in per_request if m.tpot is not None]
+        itls = [gap for m in per_request for gap in m.itls]
         summary: dict[str, float | int | None] = {
             "requests_ok": len(ok),
             "requests_failed": len(self.records) - len(ok),

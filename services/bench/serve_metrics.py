@@ -13,6 +13,7 @@ percentiles, as vLLM). Goodput counts the requests within every given SLO (ms) p
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,16 +47,26 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
     return slos
 
 
-def request_metrics(record: RequestRecord) -> dict[str, float | list[float] | None]:
-    """One successful request's ttft, tpot and e2el (seconds) and its itls."""
+@dataclass(frozen=True, slots=True)
+class RequestMetrics:
+    """One successful request's latencies, in seconds (None where it has none)."""
+
+    ttft: float | None
+    tpot: float | None
+    e2el: float | None
+    itls: list[float]
+
+
+def inter_token_latencies(record: RequestRecord) -> list[float]:
+    return [b - a for a, b in zip(record.token_times_s, record.token_times_s[1:])]
+
+
+def request_metrics(record: RequestRecord) -> RequestMetrics:
     e2el = record.end_s - record.start_s if record.end_s is not None else None
-    itls = [b - a for a, b in zip(record.token_times_s, record.token_times_s[1:])]
-    tpot = (
-        (e2el - record.ttft_s) / (record.num_tokens - 1)
-        if e2el is not None and record.ttft_s is not None and record.num_tokens > 1
-        else None
-    )
-    return {"ttft": record.ttft_s, "tpot": tpot, "e2el": e2el, "itls": itls}
+    tpot = None
+    if e2el is not None and record.ttft_s is not None and record.num_tokens > 1:
+        tpot = (e2el - record.ttft_s) / (record.num_tokens - 1)
+    return RequestMetrics(record.ttft_s, tpot, e2el, inter_token_latencies(record))
 
 
 def vllm_result(
@@ -87,12 +98,13 @@ def vllm_result(
         "input_lens": [r.prompt_tokens for r in records],
         "output_lens": [r.num_tokens for r in records],
         "ttfts": [r.ttft_s or 0.0 for r in records],
-        "itls": [[b - a for a, b in zip(r.token_times_s, r.token_times_s[1:])] for r in records],
+        "itls": [inter_token_latencies(r) for r in records],
         "errors": [r.error or "" for r in records],
     }
     for metric in ("ttft", "tpot", "e2el"):
-        _add_metric(result, metric, [m[metric] for m in per_request if m[metric] is not None], percentiles)
-    _add_metric(result, "itl", [gap for m in per_request for gap in m["itls"]], percentiles)
+        values = [getattr(m, metric) for m in per_request]
+        _add_metric(result, metric, [v for v in values if v is not None], percentiles)
+    _add_metric(result, "itl", [gap for m in per_request for gap in m.itls], percentiles)
     return result
 
 
@@ -106,9 +118,10 @@ def _add_metric(result: dict, name: str, values_s: list[float], percentiles: Seq
         result[f"p{word}_{name}_ms"] = float(np.percentile(values_ms, p))
 
 
-def _goodput(per_request: list[dict], slos: Mapping[str, float], duration_s: float) -> float:
-    def good(metrics: dict) -> bool:
-        return all(metrics[name] is not None and metrics[name] * 1000.0 <= slo for name, slo in slos.items())
+def _goodput(per_request: list[RequestMetrics], slos: Mapping[str, float], duration_s: float) -> float:
+    def good(metrics: RequestMetrics) -> bool:
+        values = {name: getattr(metrics, name) for name in slos}
+        return all(values[name] is not None and values[name] * 1000.0 <= slo for name, slo in slos.items())
 
     return sum(good(m) for m in per_request) / duration_s if duration_s else 0.0
 

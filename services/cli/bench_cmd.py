@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from services.bench import cache_rates, plots, report, serve_metrics, suites, targets
-from services.bench.arrivals import arrival_offsets
+from services.bench.arrivals import check_pacing
 from services.bench.runner import Endpoint, RunSettings, run_workload, served_model
 from services.bench.suites.common import image_size
 from services.bench.vllm_dataset import write_custom_image_dataset
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         return run_suite(args.suite)
     try:
         args.goodput = serve_metrics.parse_goodput(args.goodput)
-        arrival_offsets(1, args.request_rate, burstiness=args.burstiness)
+        check_pacing(args.request_rate, args.burstiness)
     except ValueError as exc:
         print(f"tessera bench: error: {exc}", file=sys.stderr)
         return 2

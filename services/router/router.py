@@ -1,9 +1,9 @@
 """Routes one request: one index lookup, then a pure choice per role (see scoring.py).
 
 Candidates are the live nodes of each role from Membership (the index's node records), minus the
-nodes this request already saw fail. The lookup adds what each node holds. Without an index (or while it is unreachable) the candidates are
-the static or last-known nodes with no cached work, so cache_aware degrades to tie-breaking and
-the other policies still work. Decode placement ignores caches (the prompt's KV is shipped from
+nodes this request already saw fail; the lookup adds what each node holds. Without an index (or
+while it is unreachable) the candidates are the static or last-known nodes with no cached work,
+so cache_aware degrades to tie-breaking and the other policies still work. Decode placement ignores caches (the prompt's KV is shipped from
 prefill): cache_aware places decode least-loaded. Whatever the policy, when cache lookups are on
 the route reports how many leading prompt tokens each live prefill and decode node holds, so the
 caller can pull a prefix from a peer instead of recomputing it. Adaptive dispatch (scoring.py)

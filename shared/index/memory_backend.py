@@ -29,8 +29,7 @@ class InProcessIndex:
         with self._lock:
             self._num_epochs += 1
             epoch = self._num_epochs
-        seal = seal_fn(epoch) if seal_fn is not None else ""
-        with self._lock:
+            seal = seal_fn(epoch) if seal_fn is not None else ""
             self._node_to_epoch[node.node_id] = epoch
             self._node_to_state[node.node_id] = (NodeState(node, epoch, 0.0, 0.0, seal), self._clock() + ttl_s)
             self._membership_version += 1
