@@ -11,7 +11,7 @@ from pathlib import Path
 
 from services.engine.config import EngineConfig
 from services.engine.engine import RequestRejectedError
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.preprocess import PreprocessError
 
 

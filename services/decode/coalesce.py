@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from services.engine.output_processor import RequestOutput
-from services.engine.sampling import TokenLogprobs
+from services.engine.sampling_params import TokenLogprobs
 
 Forward = Callable[[RequestOutput | BaseException], None]
 

@@ -14,7 +14,7 @@ from services.engine.engine_node import EngineNode
 from services.engine.kv_pages import KVPages
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
-from services.engine.sampling import TokenLogprobs
+from services.engine.sampling_params import TokenLogprobs
 from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth
 from shared.index.publisher import IndexPublisher

@@ -21,7 +21,8 @@ from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.model_runner import ModelRunner
 from services.engine.output_processor import OutputProcessor, RequestOutput
 from services.engine.request import MmFeature, Request, RequestStatus
-from services.engine.sampling import Sampler, SamplingError, SamplingParams, TokenHistory, TokenLogprobs
+from services.engine.sampling import Sampler, SamplingError, TokenHistory
+from services.engine.sampling_params import SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
 from services.engine.structured_output import GrammarError, Grammars
 from services.models.registry import ModelRef

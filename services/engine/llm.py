@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.models.registry import resolve_model
 from services.preprocess import PreprocessConfig, Preprocessor
 

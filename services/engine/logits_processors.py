@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from services.engine.sampling import SamplingParams
+    from services.engine.sampling_params import SamplingParams
 
 
 def process_logits(

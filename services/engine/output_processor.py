@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.request import Request, RequestStatus
-from services.engine.sampling import TokenLogprobs
+from services.engine.sampling_params import TokenLogprobs
 from shared.holdback import num_held_back
 
 

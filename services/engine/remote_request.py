@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.request import MmFeature, Request
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from shared.types import MmHash, PlaceholderRange
 
 # (num_tokens, ranges, grids) -> ((3, num_tokens) positions, delta): the family's, for one model.

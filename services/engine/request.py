@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.engine.detokenizer import DetokenizerState
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from shared.hashing import MmSpan, extend_block_hashes
 from shared.types import BlockHash, MmHash, PlaceholderRange
 

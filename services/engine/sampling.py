@@ -1,4 +1,4 @@
-"""Sampling parameters and the sampler.
+"""The sampler; what it reads and reports are the records in sampling_params.py.
 
 Order per request: the logits processors (min_tokens, logit_bias, penalties: see
 logits_processors.py), then temperature == 0 -> argmax. Otherwise logits / temperature -> min_p ->
@@ -16,97 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 
 from services.engine.logits_processors import apply_min_p, process_logits
-
-MAX_LOGPROBS = 20
-MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI and vLLM require
-
-
-@dataclass(frozen=True, slots=True)
-class TokenLogprobs:
-    """A sampled token's logprob and the most likely alternatives, most likely first."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class StructuredOutput:
-    """A constraint on the output's text (compiled in structured_output.py), named as vLLM
-    names them: ``json`` (a JSON Schema), ``regex``, ``choice`` (one of a list of strings) and
-    ``grammar`` (Lark, or GBNF)."""
-
-    kind: Literal["json", "regex", "choice", "grammar"]
-    spec: str  # the JSON Schema text, the regex, a JSON list of the choices, or the grammar text
-    compact_whitespace: bool = False  # JSON only: no whitespace outside strings
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 disables
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0  # 1 disables
-    min_p: float = 0.0  # 0 disables
-    min_tokens: int = 0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unique
-    structured: StructuredOutput | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
-                raise ValueError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {getattr(self, name)}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
-        if len({token for token, _ in self.logit_bias}) != len(self.logit_bias):
-            raise ValueError("logit_bias names a token twice")
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @property
-    def has_logits_processors(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_tokens or self.logit_bias)
-
-    @property
-    def has_grammar(self) -> bool:
-        return self.structured is not None
-
-    @property
-    def reads_logits(self) -> bool:
-        """False for the fast greedy path: the argmax of the raw logits (among the grammar's
-        allowed tokens, with one), nothing reported."""
-        return not self.is_greedy or self.logprobs is not None or self.has_logits_processors
+from services.engine.sampling_params import SamplingParams, TokenLogprobs
 
 
 class SamplingError(Exception):

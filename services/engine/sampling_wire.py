@@ -5,7 +5,7 @@ know the engine."""
 from __future__ import annotations
 
 from protos.gen import pb
-from services.engine.sampling import SamplingParams, StructuredOutput, TokenLogprobs
+from services.engine.sampling_params import SamplingParams, StructuredOutput, TokenLogprobs
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:

@@ -24,7 +24,7 @@ import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
 from llguidance.torch import fill_next_token_bitmask
 
-from services.engine.sampling import StructuredOutput
+from services.engine.sampling_params import StructuredOutput
 
 
 class GrammarError(ValueError):

@@ -3,9 +3,9 @@
 Routes: POST /v1/chat/completions and /v1/completions (JSON, or server-sent events when
 ``stream``), POST /tokenize and /detokenize, GET /v1/models, /version, /live, /ready, /health and
 /metrics, and FastAPI's /openapi.json and /docs. Every
-error, request validation included, is OpenAI's error JSON. The pipeline is blocking gRPC, so
-each choice's events are produced on a thread (event_bridge); a client that disconnects cancels
-its request's work on every node.
+error, request validation included, is OpenAI's error JSON. Every handler is a coroutine on the
+one event loop the pipeline's grpc.aio calls run on; a client that disconnects cancels its
+request's task, and with it the request's work on every node.
 """
 
 # No `from __future__ import annotations` here: FastAPI reads the routes' annotations at runtime,
@@ -127,23 +127,22 @@ def create_app(
     async def version() -> VersionResponse:
         return VersionResponse(version=TESSERA_VERSION)
 
-    # Plain defs: the pipeline's calls block, so FastAPI runs these on its worker threads.
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_RESPONSES, dependencies=[Depends(tenant)])
-    def tokenize(request: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
         report_ignored_fields(request, "/tokenize")
         openai_api.check_model(request.model, state.served_names)
-        tokens = list(state.pipeline.tokenize(request.preprocess_body()).prompt_token_ids)
+        tokens = list((await state.pipeline.tokenize(request.preprocess_body())).prompt_token_ids)
         return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_RESPONSES, dependencies=[Depends(tenant)])
-    def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
         report_ignored_fields(request, "/detokenize")
         openai_api.check_model(request.model, state.served_names)
-        return DetokenizeResponse(prompt=state.pipeline.detokenize(request.tokens))
+        return DetokenizeResponse(prompt=await state.pipeline.detokenize(request.tokens))
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    def metrics() -> PlainTextResponse:  # a plain def: Stats calls block, so FastAPI runs it on a worker thread
-        return PlainTextResponse(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(await state.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_RESPONSES)
     async def chat_completions(request: ChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):

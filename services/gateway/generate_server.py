@@ -1,16 +1,16 @@
 """The public gRPC Generate service (for product backends): the same pipeline as the HTTP API,
-streaming text deltas, with usage on the final chunk."""
+streaming text deltas, with usage on the final chunk. A grpc.aio server on the gateway's event
+loop: a call the client cancels cancels its handler's task, and with it the request's work on
+every node."""
 
 from __future__ import annotations
 
 import json
-from concurrent import futures
 
 import grpc
 
 from protos.gen import pb, rpc
 from services.gateway.errors import GatewayError
-from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.gateway.openai_api import parse_chat_request
 from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
@@ -37,7 +37,7 @@ class GenerateServicer(rpc.GenerateServicer):
         self.served_names = served_names
         self.default_max_tokens = default_max_tokens
 
-    def Generate(self, request: pb.GenerateRequest, context):
+    async def Generate(self, request: pb.GenerateRequest, context):
         try:
             body = json.loads(request.request_json)
             tenant = current_principal()  # set by the API-key interceptor when keys are on
@@ -52,16 +52,10 @@ class GenerateServicer(rpc.GenerateServicer):
                 raise GatewayError(400, "Generate streams one choice: n must be 1", param="n")
             [generation] = request.generations
             sent, completion_tokens = "", 0
-            calls = InFlightCalls()
-            context.add_callback(calls.cancel)  # runs when the call ends: a cancelled one stops its work on the nodes
             events = self.pipeline.run(
-                generation.preprocess_body,
-                generation.sampling,
-                cache_salt=generation.cache_salt,
-                calls=calls,
-                fit_max_tokens=generation.fit_max_tokens,
+                generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt, fit_max_tokens=generation.fit_max_tokens
             )
-            for event in events:
+            async for event in events:
                 completion_tokens += len(event.token_ids)
                 delta = event.text[len(sent) :]
                 sent = event.text
@@ -77,30 +71,26 @@ class GenerateServicer(rpc.GenerateServicer):
                     finish_reason=event.finish_reason or "",
                     usage=usage,
                 )
-        except RequestCancelledError:
-            return  # the client cancelled: nobody is listening
         except json.JSONDecodeError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_json is not valid JSON: {exc}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_json is not valid JSON: {exc}")
         except GatewayError as exc:
             context.set_trailing_metadata(((HTTP_STATUS_KEY, str(exc.status)),))
-            context.abort(_STATUS_TO_CODE.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+            await context.abort(_STATUS_TO_CODE.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
 
 
-def start_generate_server(
-    servicer: GenerateServicer, address: str, *, max_workers: int = 32, api_keys: ApiKeys | None = None
-) -> grpc.Server:
+async def start_generate_server(servicer: GenerateServicer, address: str, *, api_keys: ApiKeys | None = None) -> grpc.aio.Server:
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
     interceptors = [ApiKeyInterceptor(api_keys.tenant_for)] if api_keys is not None else []
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=SERVER_OPTIONS, interceptors=interceptors)
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     rpc.add_GenerateServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
+    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(["tessera.v1.Generate", health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     if server.add_insecure_port(address) == 0:
         raise RuntimeError(f"could not bind gRPC address {address}")
-    server.start()
+    await server.start()
     for name in ("", "tessera.v1.Generate"):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from services.engine.sampling import SamplingParams, StructuredOutput
+from services.engine.sampling_params import SamplingParams, StructuredOutput
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.ignored_fields import report_ignored_fields

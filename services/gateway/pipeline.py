@@ -23,22 +23,22 @@ gRPC deadline, which the called node sees too, and a request out of time ends wi
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 import grpc
 from opentelemetry import trace
 
 from protos.gen import pb, rpc
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.context_length import DEFAULT_MAX_MODEL_LEN, check_context_length
 from services.gateway.errors import GatewayError
 from services.gateway.failures import Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
-from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.gateway.stages import Attempt, Stages
 from services.gateway.token_events import TokenEvent
 from services.router.route_attributes import route_attributes
@@ -84,35 +84,34 @@ class Pipeline:
     def stub(self, role: str, address: str):
         key = (role, address)
         if key not in self._stubs:
-            self._stubs[key] = _STUBS[role](internal_channel(address, self.auth))
+            self._stubs[key] = _STUBS[role](internal_channel(address, self.auth, aio=True))
         return self._stubs[key]
 
-    def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:
-        out = []
-        for state in self.membership.snapshot().values():
-            role, address = state.info.role, state.info.grpc_address
-            if role not in _STUBS:
-                continue
-            try:
-                out.append((role, address, self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s)))
-            except grpc.RpcError:
-                continue
-        return out
+    async def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:
+        """Every live node's Stats, asked of all at once; a node that does not answer is left out."""
+        nodes = [(s.info.role, s.info.grpc_address) for s in self.membership.snapshot().values() if s.info.role in _STUBS]
+        answers = await asyncio.gather(
+            *(self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s) for role, address in nodes),
+            return_exceptions=True,
+        )
+        return [(role, address, answer) for (role, address), answer in zip(nodes, answers) if isinstance(answer, pb.StatsResponse)]
 
-    def data_address(self, role: str, address: str) -> str:
+    async def data_address(self, role: str, address: str) -> str:
         state = self.membership.find(address)
         if state is not None and state.info.data_address:
             return state.info.data_address
         data = self._data_addresses.get(address)  # static lists: ask the node itself
         if data is None:
             try:
-                data = self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s, metadata=outgoing_metadata())
+                stats = await self.stub(role, address).Stats(
+                    pb.StatsRequest(), timeout=self.connect_timeout_s, metadata=outgoing_metadata()
+                )
             except grpc.RpcError as exc:
                 raise classify_rpc_error(role, address, exc) from None
-            data = self._data_addresses[address] = data.data_address
+            data = self._data_addresses[address] = stats.data_address
         return data
 
-    def run(
+    async def run(
         self,
         body: dict,
         sampling: SamplingParams,
@@ -120,29 +119,23 @@ class Pipeline:
         cache_salt: str | None = None,
         request_id: str | None = None,
         stream: bool = True,
-        calls: InFlightCalls | None = None,
         fit_max_tokens: bool = False,
-    ) -> Iterator[TokenEvent]:
+    ) -> AsyncIterator[TokenEvent]:
         """Token events: one per token when ``stream``, else just the first and the last of each
-        decode node (the last carries every token since that node's first). ``calls.cancel()``
-        (the client went away) cancels the call in flight and ends the run with
-        RequestCancelledError. ``fit_max_tokens`` (the client gave no max_tokens): the default
-        shrinks to the context the prompt leaves, as vLLM does."""
+        decode node (the last carries every token since that node's first). Cancelling the task
+        that runs it (the client went away) cancels the call in flight on its node, and nothing
+        is retried. ``fit_max_tokens`` (the client gave no max_tokens): the default shrinks to
+        the context the prompt leaves, as vLLM does. Iterate it from one task only
+        (services/gateway/request_task.py), as its trace span is that task's current span."""
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
-            yield from self._run(body, sampling, cache_salt, request_id, stream, calls or InFlightCalls(), fit_max_tokens)
+            async for event in self._run(body, sampling, cache_salt, request_id, stream, fit_max_tokens):
+                yield event
 
-    def _run(
-        self,
-        body: dict,
-        sampling: SamplingParams,
-        cache_salt: str | None,
-        request_id: str,
-        stream: bool,
-        calls: InFlightCalls,
-        fit_max_tokens: bool,
-    ) -> Iterator[TokenEvent]:
+    async def _run(
+        self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, fit_max_tokens: bool
+    ) -> AsyncIterator[TokenEvent]:
         attempts = Attempts(self.max_failures)
         deadline = self.clock() + self.timeout_s  # one budget for the whole request, every retry included
         preprocess_address: str | None = None
@@ -154,31 +147,29 @@ class Pipeline:
                 if preprocess_address is None:
                     preprocess_address = self._pick_preprocess(attempts.excluded)
                 if prep is None:
-                    prep = self.stages.preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
+                    prep = await self.stages.preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
                     param = "messages" if "messages" in body else "prompt"
                     room = self.max_model_len - len(prep.prompt_token_ids)
                     if fit_max_tokens and max(1, sampling.min_tokens) <= room < sampling.max_tokens:
                         sampling = replace(sampling, max_tokens=room)
                     check_context_length(len(prep.prompt_token_ids), sampling.max_tokens, self.max_model_len, param=param)
                 route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
-                current = Attempt(f"{request_id}-{attempt}", preprocess_address, body, route, deadline, calls)
+                current = Attempt(f"{request_id}-{attempt}", preprocess_address, body, route, deadline)
                 assert route.reservation is not None  # routed with reserve=True, released here
                 with route.reservation:
                     if lacking:
-                        self.stages.push_images(current, lacking)
-                    prefill = self.stages.prefill(current, prep, sampling, cache_salt, emitted)
+                        await self.stages.push_images(current, lacking)
+                    prefill = await self.stages.prefill(current, prep, sampling, cache_salt, emitted)
                 cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
                 _trace_prefill(prep, prefill)
                 with self.membership.in_flight(route.decode):
-                    for event in self.stages.decode(current, prep, sampling, cache_salt, prefill, emitted, stream, cached_tokens):
+                    async for event in self.stages.decode(current, prep, sampling, cache_salt, prefill, emitted, stream, cached_tokens):
                         emitted.extend(event.token_ids)
                         yield event
                         if event.finished:
                             return
                 raise NodeFailure("decode", route.decode, "the stream ended early")
             except (NodeFailure, NodeOverloaded) as failure:
-                if calls.cancelled:  # the client left and its call was cancelled: not the node's failure
-                    raise RequestCancelledError() from None
                 if isinstance(failure, NodeFailure):
                     self._record_failure(failure, attempts, deadline, migrating=bool(emitted))
                 else:  # busy, not broken: another node of the role, without quarantining this one
@@ -191,25 +182,26 @@ class Pipeline:
                 raise attempts.no_node_left(exc) from None
         raise AssertionError("unreachable")
 
-    def tokenize(self, body: dict) -> pb.PreprocessResponse:
+    async def tokenize(self, body: dict) -> pb.PreprocessResponse:
         """/tokenize: preprocessing alone (chat template, image expansion), nothing routed."""
-        return self._on_preprocess(lambda address, deadline: self.stages.preprocess(address, body, deadline=deadline))
+        return await self._on_preprocess(lambda address, deadline: self.stages.preprocess(address, body, deadline=deadline))
 
-    def detokenize(self, token_ids: list[int]) -> str:
+    async def detokenize(self, token_ids: list[int]) -> str:
         request = pb.DetokenizeRequest(token_ids=token_ids)
-        return self._on_preprocess(
-            lambda address, deadline: (
-                self.stages.call("preprocess", address, self.stub("preprocess", address).Detokenize, request, deadline).text
-            )
-        )
 
-    def _on_preprocess(self, call: Callable[[str, float], object]):
+        async def call(address: str, deadline: float) -> str:
+            response = await self.stages.call("preprocess", address, self.stub("preprocess", address).Detokenize, request, deadline)
+            return response.text
+
+        return await self._on_preprocess(call)
+
+    async def _on_preprocess(self, call: Callable[[str, float], Awaitable]):
         """``call(address, deadline)`` on a preprocess node, failing over as a request does."""
         attempts = Attempts(self.max_failures)
         deadline = self.clock() + self.timeout_s
         while True:
             try:
-                return call(self._pick_preprocess(attempts.excluded), deadline)
+                return await call(self._pick_preprocess(attempts.excluded), deadline)
             except NodeFailure as failure:
                 self._record_failure(failure, attempts, deadline, migrating=False)
             except NodeOverloaded as busy:

@@ -1,18 +1,20 @@
 """The gateway role's server: the OpenAI HTTP API (FastAPI on uvicorn) and the public Generate
 service over one Pipeline, with nodes discovered through the index (or static lists without one).
 
+Both servers and every call to the nodes run on one asyncio event loop.
+
 Drain on SIGTERM: stop accepting (HTTP listener closed, /health 503, new requests 503, Generate
 refuses new calls), let the requests in flight finish for up to ``drain_timeout_s``, then exit 0.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -20,12 +22,14 @@ from services.gateway.app import create_app
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
-from services.models.registry import BUILTIN_TO_FAMILY, ModelRef
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
 from services.router.scoring import ENCODE_DISPATCHES, POLICIES
 from services.transport.index_access import open_index
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
+
+if TYPE_CHECKING:  # the gateway runs no model: it must not load the families' tensor code
+    from services.models.registry import ModelRef
 
 log = logging.getLogger("tessera")
 
@@ -98,7 +102,7 @@ def served_names(settings: Settings, model: ModelRef) -> tuple[str, ...]:
     """--served-model-name's names, in order, each once; without it a built-in is served under
     its own name ("tiny", "gemma3-tiny") and a checkpoint under its name (a Hub id, a directory's)."""
     names = tuple(dict.fromkeys(n.strip() for n in settings.served_model_name.split(",") if n.strip()))
-    return names or (settings.model if settings.model in BUILTIN_TO_FAMILY else model.name,)
+    return names or (model.builtin or model.name,)
 
 
 def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_model_len: int) -> Pipeline:
@@ -127,6 +131,16 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_mod
 def run_gateway(
     config: Settings, *, served_names: tuple[str, ...], namespace: str, block_size: int, max_model_len: int, tool_parser: str | None = None
 ) -> None:
+    # uvicorn re-raises the signal that stopped it once it has shut down, with the handler it
+    # found installed: ours, so a drained gateway exits 0 instead of dying of its SIGTERM.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    asyncio.run(_serve(config, served_names, namespace, block_size, max_model_len, tool_parser))
+
+
+async def _serve(
+    config: Settings, served_names: tuple[str, ...], namespace: str, block_size: int, max_model_len: int, tool_parser: str | None
+) -> None:
     api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size, max_model_len=max_model_len)
     app, state = create_app(
@@ -138,23 +152,20 @@ def run_gateway(
         model_root=config.model,
         tool_parser=tool_parser,
     )
-    generate = start_generate_server(
+    generate = await start_generate_server(
         GenerateServicer(pipeline, served_names=served_names, default_max_tokens=config.default_max_tokens, tool_parser=tool_parser),
         config.generate_address,
         api_keys=api_keys,
     )
-    generate_stopped: list[threading.Event] = []
+    loop = asyncio.get_running_loop()
+    generate_stopped: list[asyncio.Task] = []
 
     def drain() -> None:
         if not generate_stopped:
             log.info("draining: %d requests in flight", state.num_in_flight)
             state.draining = True
-            generate_stopped.append(generate.stop(grace=config.drain_timeout_s))
+            generate_stopped.append(loop.create_task(generate.stop(grace=config.drain_timeout_s)))
 
-    # uvicorn re-raises the signal that stopped it once it has shut down, with the handler it
-    # found installed: ours, so a drained gateway exits 0 instead of dying of its SIGTERM.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
     server = _DrainingServer(
         uvicorn.Config(
             app,
@@ -166,15 +177,14 @@ def run_gateway(
             timeout_graceful_shutdown=config.drain_timeout_s,
             timeout_keep_alive=config.http_keep_alive_s,
         ),
-        on_exit=drain,
+        on_exit=lambda: loop.call_soon_threadsafe(drain),  # from a signal handler: onto the loop
     )
     log.info("gateway on http://%s:%d, Generate on %s", config.http_host, config.http_port, config.generate_address)
     try:
-        server.run()  # returns once SIGTERM/SIGINT has stopped it and its open streams ended
+        await server.serve()  # returns once SIGTERM/SIGINT has stopped it and its open streams ended
     finally:
         drain()
-        deadline = time.monotonic() + config.drain_timeout_s
-        generate_stopped[0].wait(max(0.0, deadline - time.monotonic()))
+        await asyncio.wait(generate_stopped, timeout=config.drain_timeout_s)
         pipeline.membership.stop()
     log.info("drained; exiting with %d requests unfinished", state.num_in_flight)
 

@@ -11,20 +11,20 @@ skipping; pixels a node reports missing at prefill time are pushed again once, f
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
 from opentelemetry import trace
 
 from protos.gen import pb
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
 from services.gateway.failures import NodeFailure, classify_rpc_error, remaining_s, trailing_value
-from services.gateway.in_flight import InFlightCalls
 from services.gateway.token_events import TokenEvent, TokenLogprob
 from services.router.router import Route, Router
 from services.transport.grpc_server import MISSING_PIXELS_KEY
@@ -41,14 +41,13 @@ class PixelTarget:
 
 @dataclass(frozen=True, slots=True)
 class Attempt:
-    """What one attempt's calls share: its id, the nodes and deadline, the client's calls."""
+    """What one attempt's calls share: its id, the nodes and the deadline."""
 
     request_id: str
     preprocess_address: str
     body: dict
     route: Route
     deadline: float
-    calls: InFlightCalls
 
     def encoder_target(self) -> PixelTarget:
         return PixelTarget("encoder", self.route.encoder)
@@ -62,7 +61,7 @@ class Stages:
         self,
         router: Router,
         stub: Callable[[str, str], object],
-        data_address: Callable[[str, str], str],
+        data_address: Callable[[str, str], Awaitable[str]],
         watchdog: CallWatchdog,
         clock: Callable[[], float],
     ) -> None:
@@ -72,7 +71,7 @@ class Stages:
         self.watchdog = watchdog
         self.clock = clock
 
-    def preprocess(
+    async def preprocess(
         self, address: str, body: dict, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
     ) -> pb.PreprocessResponse:
         with_index = self.router.index is not None
@@ -82,37 +81,37 @@ class Stages:
             block_size=self.router.block_size if with_index else 0,
             cache_salt=cache_salt or "",
         )
-        return self.call("preprocess", address, self.stub("preprocess", address).Preprocess, request, deadline)
+        return await self.call("preprocess", address, self.stub("preprocess", address).Preprocess, request, deadline)
 
-    def push_images(self, attempt: Attempt, lacking: list[MmHash]) -> None:
+    async def push_images(self, attempt: Attempt, lacking: list[MmHash]) -> None:
         """Pixels of the images the chosen encoder lacks, each to where it will be encoded."""
         for target, hashes in _by_target(attempt, lacking):
             # An encoder's pushes may be skipped by the preprocess node's mirror; a prefill
             # node's never are (it keeps embeddings, not pixels).
-            self.ensure_pixels(attempt, hashes, target, force=target.role == "prefill")
+            await self.ensure_pixels(attempt, hashes, target, force=target.role == "prefill")
 
-    def ensure_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> None:
+    async def ensure_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> None:
         """Push these images' pixels to ``target``. Pixels preprocess does not hold (it skipped
         them because the index said an encoder had them, or evicted them, or another preprocess
         node made them) are made by running preprocessing again without skipping, then pushed."""
-        not_found = [MmHash(h) for h in self._push_pixels(attempt, mm_hashes, target, force=force).not_found]
+        not_found = [MmHash(h) for h in (await self._push_pixels(attempt, mm_hashes, target, force=force)).not_found]
         if not_found:
-            self.preprocess(attempt.preprocess_address, attempt.body, skip_indexed=False, deadline=attempt.deadline)
-            if self._push_pixels(attempt, not_found, target, force=force).not_found:
+            await self.preprocess(attempt.preprocess_address, attempt.body, skip_indexed=False, deadline=attempt.deadline)
+            if (await self._push_pixels(attempt, not_found, target, force=force)).not_found:
                 raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
 
-    def _push_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> pb.ResendPixelsResponse:
+    async def _push_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> pb.ResendPixelsResponse:
         request = pb.ResendPixelsRequest(
             mm_hashes=mm_hashes,
             encoder_id=target.address,
-            encoder_data_address=self.data_address(target.role, target.address),
+            encoder_data_address=await self.data_address(target.role, target.address),
             force=force,
             key_prefix=target.key_prefix,
         )
         address = attempt.preprocess_address
-        return self.call("preprocess", address, self.stub("preprocess", address).ResendPixels, request, attempt.deadline)
+        return await self.call("preprocess", address, self.stub("preprocess", address).ResendPixels, request, attempt.deadline)
 
-    def prefill(
+    async def prefill(
         self, attempt: Attempt, prep: pb.PreprocessResponse, sampling: SamplingParams, cache_salt: str | None, emitted: list[int]
     ) -> pb.PrefillResponse:
         route = attempt.route
@@ -121,7 +120,7 @@ class Stages:
             prompt_token_ids=prep.prompt_token_ids,
             mm_items=prep.mm_items,
             cache_salt=cache_salt or "",
-            decode_data_address=self.data_address("decode", route.decode),
+            decode_data_address=await self.data_address("decode", route.decode),
             sampling=sampling_to_pb(sampling),
             encoder_address=route.encoder,
             kv_sources=[pb.KVSource(grpc_address=a, num_tokens=n) for a, n in kv_sources(route)],
@@ -129,14 +128,10 @@ class Stages:
             local_encode_mm_hashes=sorted(route.local_encode),
             local_pixels_key_prefix=attempt.prefill_target().key_prefix if route.local_encode else "",
         )
-        stub = self.stub("prefill", route.prefill)
+        method = self.stub("prefill", route.prefill).Prefill
         for resent in (False, True):
             try:
-                call = stub.Prefill.future(request, timeout=self.remaining_s(attempt.deadline), metadata=outgoing_metadata())
-                with self.watchdog.watching(call, route.prefill), attempt.calls.tracking(call):
-                    return call.result()
-            except grpc.FutureCancelledError:  # by the watchdog (its node left the cluster), or for the client
-                raise NodeFailure("prefill", route.prefill, "the call was cancelled") from None
+                return await self.call("prefill", route.prefill, method, request, attempt.deadline, classify=False)
             except grpc.RpcError as exc:
                 missing = trailing_value(exc, MISSING_PIXELS_KEY)
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or resent:
@@ -145,10 +140,10 @@ class Stages:
                 # mirror thought it had, or a push to the prefill node came late): push again.
                 missing_hashes = [MmHash(h) for h in missing.split(",")]
                 for target, hashes in _by_target(attempt, missing_hashes):
-                    self.ensure_pixels(attempt, hashes, target, force=True)
+                    await self.ensure_pixels(attempt, hashes, target, force=True)
         raise AssertionError("unreachable")
 
-    def decode(
+    async def decode(
         self,
         attempt: Attempt,
         prep: pb.PreprocessResponse,
@@ -158,7 +153,7 @@ class Stages:
         emitted: list[int],
         stream: bool,
         cached_tokens: int,
-    ) -> Iterator[TokenEvent]:
+    ) -> AsyncIterator[TokenEvent]:
         route = attempt.route
         decode_request = pb.DecodeRequest(
             request_id=attempt.request_id,
@@ -174,20 +169,28 @@ class Stages:
         )
         if prefill.HasField("first_token_logprob"):
             decode_request.first_token_logprob.CopyFrom(prefill.first_token_logprob)
-        chunks = self.call("decode", route.decode, self.stub("decode", route.decode).Decode, decode_request, attempt.deadline)
+        chunks = self.stub("decode", route.decode).Decode(
+            decode_request, timeout=self.remaining_s(attempt.deadline), metadata=outgoing_metadata()
+        )
         prompt_tokens = len(prep.prompt_token_ids)
+        number = 0
         try:
-            with self.watchdog.watching(chunks, route.decode), attempt.calls.tracking(chunks):
-                for number, chunk in enumerate(chunks):
+            with self.watchdog.watching(chunks, route.decode) as watch:
+                async for chunk in chunks:
                     if number == 0:
                         trace.get_current_span().add_event("first_decode_chunk")
                     logprobs = tuple(
                         TokenLogprob(lp.token, lp.logprob, tuple(zip(lp.top_tokens, lp.top_logprobs))) for lp in chunk.logprobs
                     )
                     finish_reason = chunk.finish_reason or None
+                    number += 1
                     yield TokenEvent(
                         list(chunk.token_ids), chunk.text, chunk.finished, finish_reason, prompt_tokens, cached_tokens, logprobs
                     )
+        except asyncio.CancelledError:
+            if watch.fired_alone():  # the watchdog's doing: the node left the cluster
+                raise NodeFailure("decode", route.decode, "its node left the cluster mid-stream") from None
+            raise
         except grpc.RpcError as exc:
             raise classify_rpc_error("decode", route.decode, exc) from None
         finally:
@@ -196,11 +199,22 @@ class Stages:
     def remaining_s(self, deadline: float) -> float:
         return remaining_s(deadline, self.clock())
 
-    def call(self, role: str, address: str, method, request, deadline: float):
-        try:
-            return method(request, timeout=self.remaining_s(deadline), metadata=outgoing_metadata())
-        except grpc.RpcError as exc:
-            raise classify_rpc_error(role, address, exc) from None
+    async def call(self, role: str, address: str, method, request, deadline: float, *, classify: bool = True):
+        """One unary call with what is left of the deadline, watched (services/gateway/call_watchdog.py).
+        A gRPC error leaves classified, or raw with ``classify=False`` for a caller that reads its
+        trailers first."""
+        call = method(request, timeout=self.remaining_s(deadline), metadata=outgoing_metadata())
+        with self.watchdog.watching(call, address) as watch:
+            try:
+                return await call
+            except asyncio.CancelledError:
+                if watch.fired_alone():
+                    raise NodeFailure(role, address, "its node left the cluster; the call was cancelled") from None
+                raise  # the request's task was cancelled: its client went away
+            except grpc.RpcError as exc:
+                if not classify:
+                    raise
+                raise classify_rpc_error(role, address, exc) from None
 
 
 def _by_target(attempt: Attempt, mm_hashes: list[MmHash]) -> list[tuple[PixelTarget, list[MmHash]]]:

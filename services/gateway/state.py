@@ -1,17 +1,15 @@
 """What the HTTP gateway's handlers share: the pipeline, the served model, metrics, the draining
-flag, and the one way a choice's token events are produced (on a thread of its own)."""
+flag, and the one way a choice's token events are produced (in a task of its own)."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from services.gateway.event_bridge import iterate_in_thread
-from services.gateway.in_flight import InFlightCalls
 from services.gateway.metrics import GatewayMetrics, RoleCounters
 from services.gateway.openai_api import Generation
 from services.gateway.pipeline import Pipeline
+from services.gateway.request_task import events_in_task
 from services.gateway.token_events import TokenEvent
 from shared.process_stats import process_counters
 
@@ -25,15 +23,20 @@ class GatewayState:
     metrics: GatewayMetrics = field(init=False)
     draining: bool = False
     num_in_flight: int = 0  # choices whose pipeline run is in progress
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _scraped: RoleCounters = field(default_factory=dict)  # the counters the next render reports
 
     def __post_init__(self) -> None:
-        self.metrics = GatewayMetrics(self.cluster_counters, lambda: float(self.num_in_flight), model_name=self.served_names[0])
+        self.metrics = GatewayMetrics(lambda: self._scraped, lambda: float(self.num_in_flight), model_name=self.served_names[0])
         self.pipeline.route_observers.append(lambda route: self.metrics.record_route(route.decision_s))
 
-    def cluster_counters(self) -> RoleCounters:
-        """Every live node's counters (one Stats call each, so: blocking), and the gateway's own."""
-        counters = {f"{role}@{address}": dict(s.counters) for role, address, s in self.pipeline.stats()}
+    async def render_metrics(self) -> bytes:
+        """/metrics: every live node's counters, asked for now, with the gateway's own."""
+        self._scraped = await self.cluster_counters()
+        return self.metrics.render()
+
+    async def cluster_counters(self) -> RoleCounters:
+        """Every live node's counters (one Stats call each, all at once), and the gateway's own."""
+        counters = {f"{role}@{address}": dict(s.counters) for role, address, s in await self.pipeline.stats()}
         router = self.pipeline.router
         breaker = getattr(router.index or self.pipeline.membership.index, "breaker", None)
         counters["gateway@self"] = {
@@ -50,22 +53,19 @@ class GatewayState:
 
     def events(self, generation: Generation, *, stream: bool) -> AsyncIterator[TokenEvent]:
         """One choice's token events. Closing the iterator early cancels its work on every node."""
-        calls = InFlightCalls()
 
-        def counted() -> Iterator[TokenEvent]:
-            with self._lock:
-                self.num_in_flight += 1
+        async def counted() -> AsyncIterator[TokenEvent]:
+            self.num_in_flight += 1
             try:
-                yield from self.pipeline.run(
+                async for event in self.pipeline.run(
                     generation.preprocess_body,
                     generation.sampling,
                     cache_salt=generation.cache_salt,
                     stream=stream,
-                    calls=calls,
                     fit_max_tokens=generation.fit_max_tokens,
-                )
+                ):
+                    yield event
             finally:
-                with self._lock:
-                    self.num_in_flight -= 1
+                self.num_in_flight -= 1
 
-        return iterate_in_thread(counted, on_stop=calls.cancel)
+        return events_in_task(counted)

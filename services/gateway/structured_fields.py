@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from services.engine.sampling import StructuredOutput
+from services.engine.sampling_params import StructuredOutput
 from services.gateway.errors import GatewayError
 from services.gateway.wire_base import NonEmptyStr, WireModel
 

@@ -23,7 +23,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from services.engine.sampling import StructuredOutput
+from services.engine.sampling_params import StructuredOutput
 from services.gateway.errors import GatewayError
 from services.gateway.protocol import NamedToolChoice, Tool
 from shared.holdback import num_held_back

@@ -39,6 +39,7 @@ class ModelRef:
     path: Path
     model_type: str
     name: str  # what it is called: a built-in's name, a Hub id, a directory's name
+    builtin: str | None = None  # the built-in's short name ("tiny"), for a built-in
 
     @property
     def family(self) -> ModelFamily:
@@ -99,4 +100,5 @@ def resolve_model(reference: str, *, model_id: str | None = None, progress: Prog
         raise ModelNotFoundError(f"{config_file} is missing or unreadable: {exc}") from None
     if model_type not in MODEL_TYPE_TO_FAMILY:
         raise ModelNotFoundError(f"model type {model_type!r} is not supported (expected {', '.join(SUPPORTED_MODEL_TYPES)})")
-    return ModelRef(model_id=model_id or f"{name}@{fingerprint(path)}", path=path, model_type=model_type, name=name)
+    builtin = reference if reference in BUILTIN_TO_FAMILY else None
+    return ModelRef(model_id=model_id or f"{name}@{fingerprint(path)}", path=path, model_type=model_type, name=name, builtin=builtin)

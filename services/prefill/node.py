@@ -32,7 +32,7 @@ from services.engine.engine_node import EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
-from services.engine.sampling import TokenLogprobs
+from services.engine.sampling_params import TokenLogprobs
 from services.models.registry import ModelRef
 from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, kv_bytes_per_token, updated_rate

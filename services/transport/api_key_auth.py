@@ -1,8 +1,8 @@
-"""API-key authentication for a (synchronous) gRPC server, as an interceptor: a call must carry
+"""API-key authentication for a grpc.aio server, as an interceptor: a call must carry
 ``authorization: Bearer <key>`` metadata that ``lookup`` resolves to a principal, or it fails with
 UNAUTHENTICATED before any servicer code runs. The principal is handed to the servicer through a
-context variable (``current_principal``), set around the handler on the handler's own thread.
-Health checks and reflection stay open, for probes."""
+context variable (``current_principal``), set inside the call's own task, so no other call sees
+it. Health checks and reflection stay open, for probes."""
 
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
-class ApiKeyInterceptor(grpc.ServerInterceptor):
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, lookup: Callable[[str], object | None]) -> None:
         self.lookup = lookup
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(OPEN_METHODS):
             return handler
         metadata = {k: v for k, v in handler_call_details.invocation_metadata or () if isinstance(v, str)}
@@ -49,35 +49,33 @@ class ApiKeyInterceptor(grpc.ServerInterceptor):
 
 
 def _with_principal(handler: grpc.RpcMethodHandler, principal: object) -> grpc.RpcMethodHandler:
+    """The handler, with ``principal`` current while it runs (set inside the call's own task)."""
+    args = (handler.request_deserializer, handler.response_serializer)
     if handler.unary_stream is not None:
         inner_stream = handler.unary_stream
 
-        def unary_stream(request, context):
-            token = _principal.set(principal)
-            try:
-                yield from inner_stream(request, context)
-            finally:
-                _principal.reset(token)
+        async def unary_stream(request, context):
+            _principal.set(principal)
+            async for item in inner_stream(request, context):
+                yield item
 
-        return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer, handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(unary_stream, *args)
     if handler.unary_unary is not None:
         inner = handler.unary_unary
 
-        def unary_unary(request, context):
-            token = _principal.set(principal)
-            try:
-                return inner(request, context)
-            finally:
-                _principal.reset(token)
+        async def unary_unary(request, context):
+            _principal.set(principal)
+            return await inner(request, context)
 
-        return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer, handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(unary_unary, *args)
     return handler
 
 
 def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    def refuse(request, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+    async def refuse(request, context) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
+    args = (handler.request_deserializer, handler.response_serializer)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(refuse, handler.request_deserializer, handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(refuse, handler.request_deserializer, handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(refuse, *args)
+    return grpc.unary_unary_rpc_method_handler(refuse, *args)

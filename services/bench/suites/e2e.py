@@ -78,7 +78,7 @@ def measure_http(args) -> dict:
 
 
 def _time_engine(llm, request: BenchRequest, max_tokens: int) -> float:
-    from services.engine.sampling import SamplingParams
+    from services.engine.sampling_params import SamplingParams
 
     started = time.perf_counter()
     llm.generate([{"messages": request.messages}], SamplingParams(max_tokens=max_tokens, ignore_eos=True))

@@ -26,7 +26,7 @@ import torch
 from services.bench.suites.common import RESULTS, command, image_size, machine, write_json
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from tests.oracle import ReferenceOracle

@@ -28,7 +28,7 @@ def _held_bytes(windowed: bool, model: str, num_words: int) -> tuple[int, int, l
     """(bytes held after the prompt, prompt tokens, greedy tokens)."""
     from services.engine.config import EngineConfig
     from services.engine.llm import LLM
-    from services.engine.sampling import SamplingParams
+    from services.engine.sampling_params import SamplingParams
 
     llm = LLM(model, EngineConfig(sliding_window_kv=windowed, max_model_len=65536, kv_cache_bytes=2 << 30))
     engine = llm.engine

@@ -16,7 +16,7 @@ from services.decode.node import DecodeNode
 from services.decode.server import DecodeServicer
 from services.engine.config import EngineConfig
 from services.engine.remote_request import build_request
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.prefill.node import PrefillNode
 from services.transport.grpc_server import OVERLOADED_KEY

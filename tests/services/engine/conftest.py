@@ -4,7 +4,7 @@ import pytest
 
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 
 GREEDY_16 = SamplingParams(max_tokens=16, ignore_eos=True)
 

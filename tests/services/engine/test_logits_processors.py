@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from services.engine.logits_processors import apply_min_p, process_logits
-from services.engine.sampling import Sampler, SamplingParams, TokenHistory
+from services.engine.sampling import Sampler, TokenHistory
+from services.engine.sampling_params import SamplingParams
 
 VOCAB = 40
 EOS = frozenset({2})

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from services.engine.sampling import Sampler, SamplingParams, TokenLogprobs
+from services.engine.sampling import Sampler
+from services.engine.sampling_params import SamplingParams, TokenLogprobs
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.engine.conftest import oracle_tokens
 

@@ -6,7 +6,7 @@ import torch
 
 from services.engine.output_processor import OutputProcessor
 from services.engine.request import Request, RequestStatus
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from shared.holdback import num_held_back
 
 EOS = 0

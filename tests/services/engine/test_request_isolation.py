@@ -3,7 +3,8 @@ finish oracle-equal, and the engine goes on serving."""
 
 from __future__ import annotations
 
-from services.engine.sampling import Sampler, SamplingError, SamplingParams
+from services.engine.sampling import Sampler, SamplingError
+from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case
 from tests.services.engine.conftest import oracle_tokens
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.engine.sampling import Sampler, SamplingParams, TokenHistory
+from services.engine.sampling import Sampler, TokenHistory
+from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case
 
 

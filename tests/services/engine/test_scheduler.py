@@ -10,7 +10,7 @@ from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.engine import RequestRejectedError
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.request import MmFeature, Request, RequestStatus
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.engine.scheduler import Scheduler
 from shared.types import PlaceholderRange
 from tests.factories import chat_case, encode_image, make_image

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from services.engine.engine import RequestRejectedError
-from services.engine.sampling import SamplingParams, StructuredOutput
+from services.engine.sampling_params import SamplingParams, StructuredOutput
 from tests.factories import chat_case
 
 PERSON = {

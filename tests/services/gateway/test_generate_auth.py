@@ -3,6 +3,7 @@ health checks stay open, and the caller's tenant decides the request's cache sal
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -18,23 +19,30 @@ from tests.services.gateway.test_app import FakePipeline
 REQUEST = pb.GenerateRequest(request_json=json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
 
 
+async def _generate(stub: rpc.GenerateStub, metadata: tuple = ()) -> list[pb.GenerateChunk]:
+    return [chunk async for chunk in stub.Generate(REQUEST, metadata=metadata, timeout=10)]
+
+
 def test_generate_needs_a_key_and_passes_the_tenant_on():
     pipeline = FakePipeline()
     address = f"127.0.0.1:{free_port()}"
-    server = start_generate_server(
-        GenerateServicer(pipeline, served_names=("tiny",), default_max_tokens=4), address, api_keys=ApiKeys({"sk-a": Tenant("acme")})
-    )
-    try:
-        with grpc.insecure_channel(address) as channel:
-            stub = rpc.GenerateStub(channel)
-            for metadata in ((), (("authorization", "Bearer sk-wrong"),)):
-                with pytest.raises(grpc.RpcError) as info:
-                    list(stub.Generate(REQUEST, metadata=metadata, timeout=10))
-                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            chunks = list(stub.Generate(REQUEST, metadata=(("authorization", "Bearer sk-a"),), timeout=10))
-            assert "".join(c.text_delta for c in chunks) == "Hello there friend"
-            assert pipeline.calls[-1][2] == "tenant:acme|"
-            health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
-            assert health.status == health_pb2.HealthCheckResponse.SERVING
-    finally:
-        server.stop(grace=None)
+
+    async def scenario() -> None:
+        servicer = GenerateServicer(pipeline, served_names=("tiny",), default_max_tokens=4)
+        server = await start_generate_server(servicer, address, api_keys=ApiKeys({"sk-a": Tenant("acme")}))
+        try:
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = rpc.GenerateStub(channel)
+                for metadata in ((), (("authorization", "Bearer sk-wrong"),)):
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await _generate(stub, metadata)
+                    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                chunks = await _generate(stub, (("authorization", "Bearer sk-a"),))
+                assert "".join(c.text_delta for c in chunks) == "Hello there friend"
+                assert pipeline.calls[-1][2] == "tenant:acme|"
+                health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+                assert health.status == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            await server.stop(grace=None)
+
+    asyncio.run(scenario())

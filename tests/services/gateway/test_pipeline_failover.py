@@ -1,17 +1,16 @@
-"""The gateway pipeline's retry, failover and migration logic, over in-process fake stubs (the
-real thing runs on the stack in tests/services/stack/test_failover.py)."""
+"""The gateway pipeline's retry, failover and migration logic, over in-process fake grpc.aio
+stubs (the real thing runs on the stack in tests/services/stack/test_failover.py)."""
 
 from __future__ import annotations
 
-import threading
+import asyncio
 
 import grpc
 import pytest
 
 from protos.gen import pb
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.gateway.errors import GatewayError
-from services.gateway.in_flight import InFlightCalls, RequestCancelledError
 from services.gateway.pipeline import Pipeline
 from services.router.membership import Membership
 from services.router.router import Router
@@ -42,12 +41,15 @@ UNAVAILABLE = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")
 
 
 class Pending:
-    """A unary call's future: the call runs when its result is asked for."""
+    """A unary grpc.aio call: it runs when awaited."""
 
     def __init__(self, run) -> None:
         self.run, self.cancelled = run, False
 
-    def result(self):
+    def __await__(self):
+        return self._result().__await__()
+
+    async def _result(self):
         return self.run()
 
     def cancel(self) -> bool:
@@ -61,8 +63,9 @@ class Stream:
     def __init__(self, chunks: list[pb.DecodeChunk], error: grpc.RpcError | None = None) -> None:
         self.chunks, self.error, self.cancelled = chunks, error, False
 
-    def __iter__(self):
-        yield from self.chunks
+    async def __aiter__(self):
+        for chunk in self.chunks:
+            yield chunk
         if self.error is not None:
             raise self.error
 
@@ -85,34 +88,32 @@ class FakeNode:
         if self.failures:
             raise self.failures.pop(0)
 
+    def _unary(self, method: str, request, response):
+        def run():
+            self._record(method, request)
+            return response
+
+        return Pending(run)
+
     def Preprocess(self, request, timeout=None, metadata=None):
-        self._record("Preprocess", request)
-        return pb.PreprocessResponse(prompt_token_ids=PROMPT, mm_items=self.mm_items)
+        return self._unary("Preprocess", request, pb.PreprocessResponse(prompt_token_ids=PROMPT, mm_items=self.mm_items))
 
     def ResendPixels(self, request, timeout=None, metadata=None):
-        self._record("ResendPixels", request)
-        return pb.ResendPixelsResponse()
+        return self._unary("ResendPixels", request, pb.ResendPixelsResponse())
 
     def Stats(self, request, timeout=None, metadata=None):
-        return pb.StatsResponse(data_address=f"tcp://{self.address}")
+        return Pending(lambda: pb.StatsResponse(data_address=f"tcp://{self.address}"))
 
-    @property
-    def Prefill(self):
-        def call(request, timeout=None, metadata=None):
-            self._record("Prefill", request)
-            return pb.PrefillResponse(first_token_id=100 + len(request.prior_output_token_ids))
-
-        def future(request, timeout=None, metadata=None):
-            if self.hanging:
-                self.calls.append(("Prefill", self.address, request))
-                return self.hanging.pop(0)
-            return Pending(lambda: call(request))
-
-        call.future = future
-        return call
+    def Prefill(self, request, timeout=None, metadata=None):
+        if self.hanging:
+            self.calls.append(("Prefill", self.address, request))
+            return self.hanging.pop(0)
+        return self._unary("Prefill", request, pb.PrefillResponse(first_token_id=100 + len(request.prior_output_token_ids)))
 
     def Decode(self, request, timeout=None, metadata=None):
-        self._record("Decode", request)
+        self.calls.append(("Decode", self.address, request))
+        if self.failures:  # a grpc.aio stream fails when read, not when called
+            return Stream([], self.failures.pop(0))
         if self.streams:
             return self.streams.pop(0)
         first = request.first_token_id
@@ -134,8 +135,11 @@ class FakePipeline(Pipeline):
     def stub(self, role: str, address: str):
         return self.nodes[address]
 
-    def generate(self, max_tokens: int = 8) -> list:
-        return list(self.run({"prompt": "x"}, SamplingParams(max_tokens=max_tokens, temperature=0.0)))
+    def generate(self, max_tokens: int = 8, **kwargs) -> list:
+        return asyncio.run(self.collect(SamplingParams(max_tokens=max_tokens, temperature=0.0), **kwargs))
+
+    async def collect(self, sampling: SamplingParams, **kwargs) -> list:
+        return [event async for event in self.run({"prompt": "x"}, sampling, **kwargs)]
 
     def called(self, method: str) -> list:
         return [(address, request) for m, address, request in self.calls if m == method]
@@ -219,13 +223,18 @@ def test_the_watchdog_cancels_calls_to_nodes_that_left_the_cluster():
     membership.refresh()
     watchdog = CallWatchdog(membership, interval_s=3600)
     alive, hung = Pending(None), Pending(None)
-    with watchdog.watching(alive, "d:1"), watchdog.watching(hung, "d:2"):
-        watchdog.check()
-        assert not alive.cancelled and not hung.cancelled
-        index.deregister_node("decode@d:2", epoch)  # its heartbeat lapsed, as a hung node's does
-        membership.refresh()
-        watchdog.check()
-        assert hung.cancelled and not alive.cancelled
+
+    async def watch() -> None:
+        with watchdog.watching(alive, "d:1") as alive_watch, watchdog.watching(hung, "d:2") as hung_watch:
+            watchdog.check()
+            assert not alive.cancelled and not hung.cancelled
+            index.deregister_node("decode@d:2", epoch)  # its heartbeat lapsed, as a hung node's does
+            membership.refresh()
+            watchdog.check()
+            assert hung.cancelled and not alive.cancelled
+            assert hung_watch.fired_alone() and not alive_watch.fired
+
+    asyncio.run(watch())
 
 
 def test_every_call_gets_what_is_left_of_one_request_deadline():
@@ -233,14 +242,14 @@ def test_every_call_gets_what_is_left_of_one_request_deadline():
     pipeline = FakePipeline(timeout_s=30.0, clock=clock)
     call = pipeline.stages.call
 
-    def timed(role, address, method, request, deadline):
+    async def timed(role, address, method, request, deadline, **kwargs):
         timeouts.append(pipeline.stages.remaining_s(deadline))
         clock.now += 4.0  # each stage takes 4 s
-        return call(role, address, method, request, deadline)
+        return await call(role, address, method, request, deadline, **kwargs)
 
     pipeline.stages.call = timed
     pipeline.generate()
-    assert timeouts == [30.0, 26.0]  # preprocess, then decode: one budget, not 30 s per stage
+    assert timeouts == [30.0, 26.0]  # preprocess, then prefill: one budget, not 30 s per stage
 
 
 def test_a_request_out_of_time_gets_a_504_and_is_not_retried():
@@ -315,15 +324,24 @@ def test_a_prompt_plus_max_tokens_over_the_context_gets_a_400_naming_both_before
 
 
 class Hanging:
-    """A prefill call that runs until cancelled (a long prompt, or a hung node)."""
+    """A prefill call that runs until cancelled (a long prompt, or a hung node); as a grpc.aio
+    call does, it cancels itself when the task awaiting it is cancelled, and a cancelled call
+    raises asyncio.CancelledError."""
 
     def __init__(self) -> None:
-        self.started, self.cancelled = threading.Event(), threading.Event()
+        self.started, self.cancelled = asyncio.Event(), asyncio.Event()
 
-    def result(self):
+    def __await__(self):
+        return self._wait().__await__()
+
+    async def _wait(self):
         self.started.set()
-        self.cancelled.wait(10)
-        raise grpc.FutureCancelledError()
+        try:
+            await asyncio.wait_for(self.cancelled.wait(), 10)
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        raise asyncio.CancelledError()
 
     def cancel(self) -> bool:
         self.cancelled.set()
@@ -339,30 +357,42 @@ def _hang_prefill(pipeline: FakePipeline, address: str) -> Hanging:
 def test_a_client_that_leaves_mid_prefill_cancels_the_call_and_nothing_is_retried():
     pipeline = FakePipeline()
     hanging = _hang_prefill(pipeline, "p:1")
-    calls, outcome = InFlightCalls(), []
 
-    def run() -> None:
-        try:
-            list(pipeline.run({"prompt": "x"}, SamplingParams(max_tokens=8), calls=calls))
-        except RequestCancelledError as exc:
-            outcome.append(exc)
+    async def leave_mid_prefill() -> None:
+        task = asyncio.create_task(pipeline.collect(SamplingParams(max_tokens=8)))
+        await asyncio.wait_for(hanging.started.wait(), 5)
+        task.cancel()  # what the HTTP server does when its client disconnects
+        with pytest.raises(asyncio.CancelledError):
+            await task
 
-    thread = threading.Thread(target=run)
-    thread.start()
-    assert hanging.started.wait(5)
-    calls.cancel()  # what the HTTP handler does when its client disconnects
-    thread.join(5)
-    assert hanging.cancelled.is_set() and len(outcome) == 1
+    asyncio.run(leave_mid_prefill())
+    assert hanging.cancelled.is_set()
     assert len(pipeline.called("Prefill")) == 1 and pipeline.called("Decode") == []
     assert pipeline.num_retries == 0 and pipeline.membership.nodes("prefill")[0].info.grpc_address == "p:1"
 
 
-def test_a_prefill_call_cancelled_for_its_node_is_that_nodes_failure_and_retried():
-    pipeline = FakePipeline()
+def test_a_prefill_call_the_watchdog_cancels_is_that_nodes_failure_and_retried():
+    index = InProcessIndex()
+    epochs = {}
+    for role, addresses in NODES.items():
+        for address in addresses:
+            epochs[address] = index.register_node(NodeInfo(f"{role}@{address}", role, address, f"tcp://{address}"), ttl_s=60)
+    membership = Membership(index)
+    membership.refresh()
+    pipeline = FakePipeline(Router(membership, policy="round_robin"))
+    pipeline.watchdog.interval_s = 0.05
     hanging = _hang_prefill(pipeline, "p:1")
-    threading.Timer(0.2, hanging.cancel).start()  # as the watchdog does when the node leaves the cluster
-    assert [e.token_ids for e in pipeline.generate()] == [[100], [101]]
+
+    async def lose_the_prefill_node() -> list:
+        task = asyncio.create_task(pipeline.collect(SamplingParams(max_tokens=8)))
+        await asyncio.wait_for(hanging.started.wait(), 5)
+        index.deregister_node("prefill@p:1", epochs["p:1"])  # its heartbeat lapsed, as a hung node's does
+        membership.refresh()
+        return await asyncio.wait_for(task, 5)
+
+    assert [e.token_ids for e in asyncio.run(lose_the_prefill_node())] == [[100], [101]]
     assert [a for a, _ in pipeline.called("Prefill")] == ["p:1", "p:2"] and pipeline.num_retries == 1
+    assert hanging.cancelled.is_set() and pipeline.watchdog.num_cancelled == 1
 
 
 IMAGE_ITEM = pb.MmItem(mm_hash="img", offset=1, length=4, grid_thw=[1, 4, 4])
@@ -417,10 +447,10 @@ def test_images_without_a_prefill_node_that_encodes_go_to_the_encoder():
 
 def test_a_defaulted_max_tokens_shrinks_to_the_context_the_prompt_leaves():
     pipeline = FakePipeline(max_model_len=10)  # the fake prompt has 3 tokens: 7 left
-    list(pipeline.run({"prompt": "x"}, SamplingParams(max_tokens=256, temperature=0.0), fit_max_tokens=True))
+    asyncio.run(pipeline.collect(SamplingParams(max_tokens=256, temperature=0.0), fit_max_tokens=True))
     [(_, prefill)] = pipeline.called("Prefill")
     [(_, decode)] = pipeline.called("Decode")
     assert prefill.sampling.max_tokens == decode.sampling.max_tokens == 7
     with pytest.raises(GatewayError) as caught:  # asked for explicitly: never shrunk
-        list(pipeline.run({"prompt": "x"}, SamplingParams(max_tokens=256, temperature=0.0)))
+        asyncio.run(pipeline.collect(SamplingParams(max_tokens=256, temperature=0.0)))
     assert caught.value.status == 400 and "maximum context length is 10 tokens" in caught.value.message

@@ -6,7 +6,7 @@ from __future__ import annotations
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.remote_request import PromptItem, build_request
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.prefill.node import PrefillNode
 from services.preprocess import Preprocessor
 from services.transport.tensor_channel import TensorInbox

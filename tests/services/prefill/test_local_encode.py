@@ -14,7 +14,7 @@ import pytest
 
 from protos.gen import pb, rpc
 from services.engine.config import EngineConfig
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.prefill.node import PrefillNode
 from services.prefill.server import PrefillServicer

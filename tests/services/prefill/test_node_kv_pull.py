@@ -11,7 +11,7 @@ import pytest
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.remote_request import PromptItem, build_request
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.prefill.kv_pull import KVSource
 from services.prefill.node import PrefillNode
 from services.preprocess import Preprocessor

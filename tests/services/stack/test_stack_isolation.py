@@ -27,7 +27,7 @@ import torch
 from openai import APIStatusError
 
 from protos.gen import pb, rpc
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.models.qwen2_vl.config import read_config as load_config
 from services.transport.grpc_server import HTTP_STATUS_KEY

@@ -8,7 +8,7 @@ import torch
 
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.request import Request
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 
 
 def make_request(request_id: str, tokens: list[int]) -> Request:

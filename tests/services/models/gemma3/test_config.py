@@ -11,7 +11,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from services.models.gemma3.config import FULL, SLIDING, read_config, weight_group
 from tests.factories import chat_case, encode_image, make_image
 

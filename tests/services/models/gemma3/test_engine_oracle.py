@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case, conversation, encode_image, make_image
 from tests.oracle import ReferenceOracle, assert_tokens_match
 

@@ -45,7 +45,7 @@ def qwen2_5_vl_dir(tmp_path_factory):
 
 def test_qwen2_5_vl_checkpoint_matches_its_oracle(qwen2_5_vl_dir):
     from services.engine.llm import LLM
-    from services.engine.sampling import SamplingParams
+    from services.engine.sampling_params import SamplingParams
 
     ref = resolve_model(str(qwen2_5_vl_dir))
     assert ref.model_type == "qwen2_5_vl"

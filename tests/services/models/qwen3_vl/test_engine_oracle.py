@@ -9,7 +9,7 @@ import pytest
 
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
-from services.engine.sampling import SamplingParams
+from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case, conversation, encode_image, make_image
 from tests.oracle import ReferenceOracle, assert_tokens_match
 
