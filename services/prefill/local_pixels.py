@@ -3,7 +3,7 @@
 The gateway pushes them before the Prefill call, keyed by the request attempt (key_prefix +
 mm_hash), so concurrent requests for one image never take each other's message. Each message is
 claimed: the pixels of images still lacking are encoded by the node's own tower beside the
-engine (PrefillNode.encode_here); those of images that got cached here meanwhile are dropped. A
+engine (embeddings.py); those of images that got cached here meanwhile are dropped. A
 tensor that does not match its image's grid and placeholder is refused before it is encoded.
 """
 
@@ -22,10 +22,11 @@ PixelsMatchFn = Callable[[torch.Tensor, tuple[int, int, int], int], bool]
 
 
 class MissingPixelsError(RuntimeError):
-    """Pixels of images this node was asked to encode never arrived (the caller resends them)."""
+    """Pixels of images to encode never arrived here, or the encoder lacks them: the caller
+    resends them."""
 
-    def __init__(self, missing: list[str]) -> None:
-        super().__init__(f"pixels for {len(missing)} image(s) to encode here never arrived")
+    def __init__(self, missing: list[str], message: str | None = None) -> None:
+        super().__init__(message or f"pixels for {len(missing)} image(s) to encode here never arrived")
         self.missing = missing
 
 

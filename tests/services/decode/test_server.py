@@ -15,13 +15,14 @@ from protos.gen import pb, rpc
 from services.decode.node import DecodeNode
 from services.decode.server import DecodeServicer
 from services.engine.config import EngineConfig
-from services.engine.remote_request import build_request
 from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
+from services.prefill.job import PrefillJob
 from services.prefill.node import PrefillNode
 from services.transport.grpc_server import OVERLOADED_KEY
 from services.transport.node_admission import NodeAdmission
 from tests.aio_server import serving
+from tests.services.prefill.fakes import FakeUpstream
 
 # 64 blocks of 16 tokens: one long stream (40 blocks reserved: prompt + max_tokens) leaves too few
 # for a second one.
@@ -48,8 +49,8 @@ def _sampling() -> SamplingParams:
 
 async def _prefill(prefill: PrefillNode, decode: DecodeNode, request_id: str, seed: int) -> int:
     """Prefill the prompt and ship its KV pages to the decode node; its first token."""
-    request = build_request(request_id, _prompt(seed), [], _sampling(), None, prefill.positions)
-    return (await asyncio.to_thread(prefill.prefill, request, decode.data_address)).first_token_id
+    job = PrefillJob(request_id, _prompt(seed), [], _sampling(), decode.data_address)
+    return (await prefill.run(job, FakeUpstream())).first_token_id  # text only: no upstream call
 
 
 def _decode_request(request_id: str, seed: int, first_token: int) -> pb.DecodeRequest:

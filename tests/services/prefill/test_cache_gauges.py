@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
-from services.engine import connector
+import asyncio
+
 from services.engine.config import EngineConfig
-from services.engine.remote_request import PromptItem, build_request
+from services.engine.remote_request import PromptItem
 from services.engine.sampling_params import SamplingParams
+from services.prefill.job import PrefillJob
 from services.prefill.node import PrefillNode
 from services.preprocess import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from shared.cache_gauges import cache_usage
 from tests.factories import chat_case, encode_image, make_image
+from tests.services.prefill.fakes import FakeUpstream
 
 BLOCK = 16
 
@@ -23,22 +26,19 @@ def test_gauges_after_a_prefill(tiny_model):
         data_bind="tcp://127.0.0.1:0",
     )
     sink = TensorInbox("tcp://127.0.0.1:0")  # stands in for a decode node's inbox
+    upstream = _upstream(node)
     try:
         assert _usage(node) == {"kv": (0.0, 64.0), "prefix": (0.0, 64.0), "embedding": (0.0, 512.0)}
         prep = Preprocessor(tiny_model).preprocess(chat_case(encode_image(make_image(112, 112, seed=5)), "What is it?").body)
-        items = [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items]
-        request = build_request("r1", list(prep.prompt_token_ids), items, SamplingParams(max_tokens=4), None, node.positions)
-        item = prep.mm_items[0]
-        embeds = _embeddings(node, item.placeholder.length)
-        node.loop.call(lambda engine: connector.import_embeddings(engine, "r1", item.mm_hash, embeds)).result()
-        node.prefill(request, sink.address)
+        asyncio.run(node.run(_job("r1", prep, sink, max_tokens=4), upstream))
         # Finished: no block is held, its full blocks stay cached, its embeddings stay resident.
         assert _usage(node) == {
             "kv": (0.0, 64.0),
-            "prefix": (float(request.num_prompt_tokens // BLOCK), 64.0),
-            "embedding": (float(item.placeholder.length), 512.0),
+            "prefix": (float(len(prep.prompt_token_ids) // BLOCK), 64.0),
+            "embedding": (float(prep.mm_items[0].placeholder.length), 512.0),
         }
     finally:
+        upstream.close()
         sink.close()
         node.close()
 
@@ -50,10 +50,19 @@ def _usage(node: PrefillNode) -> dict[str, tuple[float, float]]:
     return {u.cache: (u.used, u.capacity) for u in cache_usage(counters) if u.cache != "tensor_inbox"}
 
 
-def _embeddings(node: PrefillNode, num_rows: int):
-    import torch
+def _upstream(node: PrefillNode) -> FakeUpstream:
+    return FakeUpstream(node.engine.runner.checkpoint.text.hidden_size)
 
-    return torch.randn(num_rows, node.engine.runner.checkpoint.text.hidden_size, generator=torch.Generator().manual_seed(0))
+
+def _job(request_id: str, prep, sink: TensorInbox, *, max_tokens: int) -> PrefillJob:
+    return PrefillJob(
+        request_id=request_id,
+        prompt_token_ids=list(prep.prompt_token_ids),
+        items=[PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items],
+        sampling=SamplingParams(max_tokens=max_tokens),
+        decode_address=sink.address,
+        encoder_address="encoder",
+    )
 
 
 def test_hit_miss_and_eviction_counters(tiny_model):
@@ -69,14 +78,10 @@ def test_hit_miss_and_eviction_counters(tiny_model):
     )
     node = PrefillNode(tiny_model, config, data_bind="tcp://127.0.0.1:0")
     sink = TensorInbox("tcp://127.0.0.1:0")
+    upstream = _upstream(node)
     try:
         for request_id, prep in (("a1", preps[0]), ("a2", preps[0]), ("b1", preps[1])):
-            items = [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items]
-            for item in node.claim_local_embeddings(request_id, items):
-                embeds = _embeddings(node, item.placeholder.length)
-                node.loop.call(lambda engine, r=request_id, i=item, e=embeds: connector.import_embeddings(engine, r, i.mm_hash, e)).result()
-            request = build_request(request_id, list(prep.prompt_token_ids), items, SamplingParams(max_tokens=1), None, node.positions)
-            node.prefill(request, sink.address)
+            asyncio.run(node.run(_job(request_id, prep, sink, max_tokens=1), upstream))
         counters = node.loop.call(lambda engine: node.counters()).result()
         assert [counters[f"embedding_cache_{kind}_total"] for kind in ("hits", "misses", "evictions")] == [1.0, 2.0, 1.0]
         num_prompt_tokens = len(preps[0].prompt_token_ids)
@@ -85,5 +90,6 @@ def test_hit_miss_and_eviction_counters(tiny_model):
         assert counters["prefix_cache_misses_total"] == 2 * num_prompt_tokens + len(preps[1].prompt_token_ids) - cached
         assert counters["prefix_cache_evictions_total"] >= 1
     finally:
+        upstream.close()
         sink.close()
         node.close()

@@ -1,0 +1,199 @@
+"""Making a request's image embeddings resident in the prefill engine's encoder cache before the
+request is scheduled: a request rebuilt from the wire carries no pixels (remote_request.py).
+
+Images already held are claimed. Of the rest, those the router chose this node to encode arrive as
+pixels in the inbox and are encoded by the node's own tower; the others are fetched from the
+encoder, which pushes them to the inbox. Claims and imports run on the engine thread and each
+holds a reference for the request, so nothing it needs is evicted before it is scheduled;
+PrefillNode.run releases them if the request fails.
+
+An image is fetched or encoded by one request at a time: the inbox hands a pushed message to one
+waiter only, so a second request for an image in flight waits for that work and claims the
+result (doing it itself if that failed). The tower runs beside the engine, not inside an engine
+step, where a pass would hold back every prompt whose embeddings were ready; one pass at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from services.engine import connector
+from services.engine.engine import Engine, RequestRejectedError
+from services.engine.engine_loop import EngineLoop
+from services.engine.remote_request import PromptItem
+from services.models.family import VisionEncoder
+from services.prefill.embedding_index import EmbeddingIndex
+from services.prefill.job import PrefillJob, Upstream
+from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMatchFn, take_pixels
+from services.transport.tensor_channel import TensorInbox
+from shared.types import MmHash
+
+NO_TOWER = "this prefill node has no vision tower (started with --local-encode false)"
+
+
+class EmbeddingsUnavailableError(RuntimeError):
+    """The encoder never pushed some embeddings it was asked for."""
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(f"embeddings unavailable for {len(missing)} image(s)")
+        self.missing = missing
+
+
+class ResidentEmbeddings:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        inbox: TensorInbox,
+        index: EmbeddingIndex,
+        vision: VisionEncoder | None,
+        pixels_match: PixelsMatchFn,
+        *,
+        wait_s: float,
+    ) -> None:
+        self.loop = loop
+        self.inbox = inbox
+        self.index = index  # touched on the engine thread only
+        self.vision = vision
+        self.pixels_match = pixels_match
+        self.wait_s = wait_s
+        self._fetches_lock = threading.Lock()
+        self._mm_hash_to_fetch: dict[MmHash, threading.Event] = {}
+        self._tower_lock = threading.Lock()
+        self.num_pulled = 0  # images pushed here by an encoder
+        self.num_local_encodes = 0  # images whose pixels came here to be encoded by this node
+        self.num_hits = 0  # images of a request found in the cache (claims)
+        self.num_misses = 0
+
+    async def make_resident(self, job: PrefillJob, upstream: Upstream) -> None:
+        """Reference every image of ``job`` for its request, encoding or fetching those lacking.
+        Raises on failure, leaving the references taken so far for ``release``."""
+        rid = job.request_id
+        lacking = await asyncio.to_thread(self.claim, rid, job.items)
+        here = [i for i in job.items if i.mm_hash in job.local_encode]
+        if here:
+            lacking_here = [i for i in lacking if i.mm_hash in job.local_encode]
+            pixels = await asyncio.to_thread(self._receive_pixels, job.local_pixels_key_prefix, here, lacking_here)
+            if pixels:
+                await asyncio.to_thread(self._encode_here, rid, lacking_here, pixels)
+        lacking = [i for i in lacking if i.mm_hash not in job.local_encode]
+        if lacking:
+            if not job.encoder_address:
+                raise RequestRejectedError("images need embeddings but no encoder_address was given")
+            await self._fetch(rid, lacking, job.encoder_address, upstream)
+
+    def claim(self, request_id: str, items: Sequence[PromptItem]) -> list[PromptItem]:
+        """Reference the items this node already holds; returns those it lacks."""
+
+        def claim(engine: Engine) -> list[PromptItem]:
+            for item in items:  # every image reaching this node passes here, on the engine thread
+                self.index.remember_grid(item.mm_hash, item.grid_thw)
+            lacking = [i for i in items if not engine.encoder_cache.check_and_update_cache(request_id, i.mm_hash)]
+            self.num_hits += len(items) - len(lacking)
+            self.num_misses += len(lacking)
+            return lacking
+
+        return self.loop.call(claim).result()
+
+    def release(self, request_id: str, items: Sequence[PromptItem]) -> None:
+        self.loop.call(lambda engine: engine.encoder_cache.free_request(request_id, [i.mm_hash for i in items]))
+
+    async def _fetch(self, request_id: str, lacking: list[PromptItem], encoder_address: str, upstream: Upstream) -> None:
+        # Twice: an image another request was fetching, and failed to, is fetched here once.
+        for _ in range(2):
+            mine, others = self._begin(lacking)
+            try:
+                if mine:
+                    missing = await upstream.encode(encoder_address, mine, self.inbox.address)
+                    if missing:
+                        raise MissingPixelsError(missing, "encoder lacks pixels for some images")
+                    await asyncio.to_thread(self._receive, request_id, mine)
+            finally:
+                self._end(mine)
+            lacking = await asyncio.to_thread(self._await_others, request_id, others) if others else []
+            if not lacking:
+                return
+        raise EmbeddingsUnavailableError([i.mm_hash for i in lacking])
+
+    def _begin(self, items: list[PromptItem]) -> tuple[list[PromptItem], list[PromptItem]]:
+        """Split ``items`` into those the caller fetches or encodes, and those another request
+        already does."""
+        mine, others = [], []
+        with self._fetches_lock:
+            for item in items:
+                if item.mm_hash in self._mm_hash_to_fetch:
+                    others.append(item)
+                else:
+                    self._mm_hash_to_fetch[item.mm_hash] = threading.Event()
+                    mine.append(item)
+        return mine, others
+
+    def _end(self, items: list[PromptItem]) -> None:
+        """The caller's work on ``items`` is over (imported or failed): wake their waiters."""
+        with self._fetches_lock:
+            events = [self._mm_hash_to_fetch.pop(item.mm_hash, None) for item in items]
+        for event in events:
+            if event is not None:
+                event.set()
+
+    def _await_others(self, request_id: str, items: list[PromptItem]) -> list[PromptItem]:
+        """Wait for other requests' work on ``items``, then claim them; returns those still
+        lacking (that work failed, or the image was evicted since)."""
+        for item in items:
+            with self._fetches_lock:
+                event = self._mm_hash_to_fetch.get(item.mm_hash)
+            if event is not None:
+                event.wait(self.wait_s)
+        return self.claim(request_id, items)
+
+    def _receive(self, request_id: str, items: list[PromptItem]) -> None:
+        """Wait for pushed embeddings of ``items`` and import them; raises if any never arrive."""
+        missing = []
+        for item in items:
+            message = self.inbox.wait(item.mm_hash, self.wait_s)
+            if message is None:
+                missing.append(item.mm_hash)
+                continue
+            self._import(request_id, item, message.tensors["embeds"])
+            self.num_pulled += 1
+        if missing:
+            raise EmbeddingsUnavailableError(missing)
+
+    def _receive_pixels(self, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem]) -> dict[MmHash, torch.Tensor]:
+        """Pixels pushed here for ``items``, for those among ``lacking``: local_pixels.take_pixels."""
+        if self.vision is None:
+            raise LocalEncodeUnavailableError(NO_TOWER)
+        pixels = take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.wait_s, pixels_match=self.pixels_match)
+        self.num_local_encodes += len(pixels)
+        return pixels
+
+    def _encode_here(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:
+        """Encode ``items`` with this node's tower and import them as if an encoder had sent them;
+        an image another request is already encoding or fetching is awaited, and encoded here
+        after all if that fails."""
+        mine, others = self._begin(items)
+        try:
+            self._encode_and_import(request_id, mine, pixels)
+        finally:
+            self._end(mine)
+        if others:
+            self._encode_and_import(request_id, self._await_others(request_id, others), pixels)
+
+    def _encode_and_import(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:
+        if not items:
+            return
+        if self.vision is None:
+            raise LocalEncodeUnavailableError(NO_TOWER)
+        with self._tower_lock:
+            embeds = self.vision.encode([pixels[i.mm_hash] for i in items], [i.grid_thw for i in items])
+        for item, rows in zip(items, embeds):
+            self._import(request_id, item, rows)
+
+    def _import(self, request_id: str, item: PromptItem, embeds: torch.Tensor) -> None:
+        if embeds.shape[0] != item.placeholder.length:
+            raise ValueError(f"embeddings for {item.mm_hash} have {embeds.shape[0]} rows, expected {item.placeholder.length}")
+        if not self.loop.call(lambda engine: connector.import_embeddings(engine, request_id, item.mm_hash, embeds)).result():
+            raise RuntimeError("prefill node's embedding cache is full; retry later")

@@ -1,0 +1,62 @@
+"""One prefill as plain data: what the servicer hands the node (PrefillJob), what it gets back
+(PrefillResult), and the calls to other nodes a prefill may make (Upstream). The node sees
+neither protobuf nor gRPC; server.py converts at the edges and dials the other nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from services.engine.remote_request import PositionsFn, PromptItem, build_request
+from services.engine.request import Request
+from services.engine.sampling_params import SamplingParams, TokenLogprobs
+from services.prefill.kv_pull import KVSource
+from shared.types import BlockHash, MmHash
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillJob:
+    request_id: str
+    prompt_token_ids: Sequence[int]
+    items: Sequence[PromptItem]
+    sampling: SamplingParams
+    decode_address: str  # the decode node's data address: the prompt's KV pages go there
+    cache_salt: str | None = None
+    prior_output_token_ids: Sequence[int] = ()  # a migrated request's answer so far
+    encoder_address: str | None = None  # where lacking embeddings are fetched from
+    local_encode: frozenset[MmHash] = frozenset()  # images the router chose this node to encode
+    local_pixels_key_prefix: str = ""  # their pixels wait in the inbox under prefix + mm_hash
+    kv_sources: Sequence[KVSource] = ()  # peers holding a prefix of the prompt's KV
+
+    def engine_request(self, positions: PositionsFn) -> Request:
+        # The answer so far is computed like prompt text (same positions) and counts toward
+        # min_tokens, so a migrated request continues exactly as if it had never moved.
+        num_prior = len(self.prior_output_token_ids)
+        sampling = replace(self.sampling, min_tokens=max(0, self.sampling.min_tokens - num_prior))
+        token_ids = [*self.prompt_token_ids, *self.prior_output_token_ids]
+        return build_request(self.request_id, token_ids, list(self.items), sampling, self.cache_salt, positions)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    first_token_id: int
+    num_cached_tokens: int
+    mrope_delta: int
+    first_token_logprobs: TokenLogprobs | None = None
+    num_pulled_tokens: int = 0  # prompt tokens whose KV came from a peer
+
+
+class Upstream(Protocol):
+    """The calls one prefill makes to other nodes. A failed encoder call raises whatever its
+    transport raises: the servicer fails the request the way the encoder failed it."""
+
+    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str) -> list[MmHash]:
+        """Have the encoder push the embeddings of ``items`` to ``target``'s inbox (keyed by
+        mm_hash); returns the images it lacks pixels for."""
+        ...
+
+    async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:
+        """Have the peer push its pages of the leading ``hashes`` to ``target`` under
+        ``transfer_id``; returns how many blocks it sends, None if the peer could not be asked."""
+        ...

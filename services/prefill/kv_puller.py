@@ -1,0 +1,102 @@
+"""Pulling the prefix KV of a prompt from a peer the router named, when kv_pull's cost model says
+that beats recomputing it. Pulled pages are filed under their block hashes as ordinary cached
+blocks, so the engine's normal prefix lookup adopts them; a failed or late pull leaves them to be
+recomputed, which is always correct."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from services.engine import connector, kv_pages
+from services.engine.engine_loop import EngineLoop
+from services.engine.request import Request
+from services.prefill.job import Upstream
+from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, updated_rate
+from shared.types import BlockHash
+
+# (key, timeout_s) -> the pages pushed under key, None if they did not come: EngineNode.receive_pages.
+ReceivePagesFn = Callable[[str, float], kv_pages.KVPages | None]
+
+
+@dataclass(frozen=True, slots=True)
+class PullPlan:
+    source: KVSource
+    hashes: list[BlockHash]  # the blocks to ask the source for, in prompt order
+    transfer_id: str
+
+
+class KVPuller:
+    def __init__(
+        self,
+        loop: EngineLoop,
+        receive_pages: ReceivePagesFn,
+        cost: PullCostModel,
+        *,
+        block_size: int,
+        timeout_s: float,
+        prefill_s_per_token: float,
+    ) -> None:
+        self.loop = loop
+        self.receive_pages = receive_pages
+        self.cost = cost
+        self.block_size = block_size
+        self.timeout_s = timeout_s
+        self.prefill_s_per_token = prefill_s_per_token  # refined by every prefill (observe_prefill)
+        self.num_blocks_pulled = 0
+        self.num_failures = 0
+        self.num_blocks_missed = 0  # blocks a pull was planned for but did not bring
+
+    async def pull(self, request: Request, sources: Sequence[KVSource], upstream: Upstream, target: str) -> int:
+        """Pull ``request``'s prefix pages to ``target`` (this node's inbox) if worth it; returns
+        the number of prompt tokens pulled. Never raises for the peer's failure."""
+        if not sources:
+            return 0
+        plan = await asyncio.to_thread(self.plan, request, sources)
+        if plan is None:
+            return 0
+        num_blocks = await upstream.export_kv(plan.source.grpc_address, plan.hashes, target, plan.transfer_id, self.timeout_s)
+        if num_blocks is None:
+            self._record_failure(plan)
+            return 0
+        imported = await asyncio.to_thread(self.receive, plan, num_blocks)
+        return imported * self.block_size
+
+    def plan(self, request: Request, sources: Sequence[KVSource]) -> PullPlan | None:
+        """The pull worth making for ``request``, if any: from the source holding the longest
+        prefix beyond ours, when the cost model says pulling beats recomputing."""
+        hashes = request.update_block_hashes(self.block_size)
+        if not sources:
+            return None
+        source = max(sources, key=lambda s: s.num_tokens)  # a shorter prefix could only save less
+        num_local = self.loop.call(lambda engine: connector.num_cached_blocks(engine, hashes)).result()
+        wanted = blocks_to_pull(num_local, source, request.num_prompt_tokens, self.block_size)
+        if not self.cost.should_pull(len(wanted) * self.block_size, self.prefill_s_per_token, self.block_size):
+            return None
+        return PullPlan(source, hashes[wanted.start : wanted.stop], f"kv-{uuid.uuid4().hex}")
+
+    def receive(self, plan: PullPlan, num_blocks: int) -> int:
+        """Wait for the pages the source announced and file them as cached blocks; returns the
+        number imported (0 on timeout: the prompt is then recomputed)."""
+        if num_blocks == 0:
+            self.num_blocks_missed += len(plan.hashes)
+            return 0  # the source no longer held them: nothing was sent
+        pages = self.receive_pages(plan.transfer_id, self.timeout_s)
+        if pages is None:
+            self._record_failure(plan)
+            return 0
+        hashes = plan.hashes[:num_blocks]
+        imported = self.loop.call(lambda engine: connector.import_blocks(engine, hashes, pages)).result()
+        self.num_blocks_pulled += imported
+        self.num_blocks_missed += len(plan.hashes) - imported
+        return imported
+
+    def observe_prefill(self, elapsed_s: float, num_computed: int) -> None:
+        """Fold a finished prefill into the recompute side of the cost model."""
+        self.prefill_s_per_token = updated_rate(self.prefill_s_per_token, elapsed_s, num_computed)
+
+    def _record_failure(self, plan: PullPlan) -> None:
+        self.num_failures += 1
+        self.num_blocks_missed += len(plan.hashes)

@@ -1,0 +1,52 @@
+"""job.Upstream without gRPC, for running PrefillNode.run directly: the encoder pushes seeded
+embeddings to the node's inbox as an encoder node would (or reports it lacks their pixels), and each peer is a real node exporting
+its pages (or one that announces pages and never sends them)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from services.engine.engine_node import EngineNode
+from services.engine.remote_request import PromptItem
+from services.transport.tensor_channel import TensorSender
+from shared.types import BlockHash, MmHash
+
+
+def seeded_embeddings(item: PromptItem, hidden_size: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(int(item.mm_hash[:8], 16))
+    return torch.randn(item.placeholder.length, hidden_size, generator=generator)
+
+
+@dataclass
+class FakeUpstream:
+    hidden_size: int = 0  # of the embeddings the encoder pushes
+    peers: dict[str, EngineNode] = field(default_factory=dict)
+    silent_peers: frozenset[str] = frozenset()  # announce every block asked for, send none
+    lacks_pixels: frozenset[MmHash] = frozenset()  # images the encoder reports it has no pixels for
+    num_export_calls: int = 0
+    _sender: TensorSender | None = None
+
+    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str) -> list[MmHash]:
+        if self._sender is None:
+            self._sender = TensorSender()
+        for item in items:
+            if item.mm_hash not in self.lacks_pixels:
+                await asyncio.to_thread(self._sender.send, target, item.mm_hash, {"embeds": seeded_embeddings(item, self.hidden_size)})
+        return [i.mm_hash for i in items if i.mm_hash in self.lacks_pixels]
+
+    async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:
+        self.num_export_calls += 1
+        if peer in self.silent_peers:
+            return len(hashes)
+        node = self.peers.get(peer)
+        if node is None:
+            return None
+        return await asyncio.to_thread(node.export_kv, list(hashes), target, transfer_id)
+
+    def close(self) -> None:
+        if self._sender is not None:
+            self._sender.close()

@@ -1,0 +1,68 @@
+"""PrefillNode.run releases what it claimed when a step fails: a request whose images cannot all
+be made resident leaves no reference on the embeddings it found here, so they stay evictable."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.engine.config import EngineConfig
+from services.engine.engine import RequestRejectedError
+from services.engine.remote_request import PromptItem
+from services.engine.sampling_params import SamplingParams
+from services.prefill.job import PrefillJob
+from services.prefill.local_pixels import MissingPixelsError
+from services.prefill.node import PrefillNode
+from services.preprocess import Preprocessor
+from services.transport.tensor_channel import TensorInbox
+from tests.factories import chat_case, encode_image, make_image
+from tests.services.prefill.fakes import FakeUpstream
+
+
+@pytest.fixture(scope="module")
+def held_and_new(tiny_model):
+    """A node holding the first of two images, and a prompt with both."""
+    node = PrefillNode(tiny_model, EngineConfig(), data_bind="tcp://127.0.0.1:0")
+    sink = TensorInbox("tcp://127.0.0.1:0")  # stands in for a decode node's inbox
+    held, new = (encode_image(make_image(112, 112, seed=s)) for s in (11, 12))
+    preprocessor = Preprocessor(tiny_model)
+    first = preprocessor.preprocess(chat_case(held, "What is it?").body)
+    both = preprocessor.preprocess(chat_case(held, new, "Which differ?").body)
+    items = [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in both.mm_items]
+    upstream = FakeUpstream(node.engine.runner.checkpoint.text.hidden_size, lacks_pixels=frozenset({items[1].mm_hash}))
+    asyncio.run(node.run(_job("held", first, sink, "encoder"), upstream))
+    yield node, both, items, sink, upstream
+    upstream.close()
+    sink.close()
+    node.close()
+
+
+def _job(request_id: str, prep, sink: TensorInbox, encoder: str | None) -> PrefillJob:
+    return PrefillJob(
+        request_id=request_id,
+        prompt_token_ids=list(prep.prompt_token_ids),
+        items=[PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items],
+        sampling=SamplingParams(max_tokens=1),
+        decode_address=sink.address,
+        encoder_address=encoder,
+    )
+
+
+def _users(node: PrefillNode, item: PromptItem) -> set[str]:
+    return node.loop.call(lambda engine: set(engine.encoder_cache.mm_hash_to_requests.get(item.mm_hash, ()))).result()
+
+
+def test_images_lacking_with_no_encoder_named_reject_the_request_and_release_the_held_one(held_and_new):
+    node, both, items, sink, upstream = held_and_new
+    with pytest.raises(RequestRejectedError, match="no encoder_address"):
+        asyncio.run(node.run(_job("no-encoder", both, sink, None), upstream))
+    assert "no-encoder" not in _users(node, items[0])
+
+
+def test_an_encoder_lacking_pixels_names_them_and_the_held_image_is_released(held_and_new):
+    node, both, items, sink, upstream = held_and_new
+    with pytest.raises(MissingPixelsError, match="encoder lacks pixels") as caught:
+        asyncio.run(node.run(_job("no-pixels", both, sink, "encoder"), upstream))
+    assert caught.value.missing == [items[1].mm_hash]
+    assert "no-pixels" not in _users(node, items[0])
