@@ -33,9 +33,9 @@ end
 # ARGV[1]: key prefix; ARGV[2]: JSON [[mm_hash...], [block_hash...]].
 # Returns JSON {"nodes": {id: fields}, "mm": {mm_hash: {node: value}}, "prefix": {node: blocks},
 # "version": members} with current-epoch entries of live nodes only, "nodes" holding the records
-# of the nodes named in the answer. JSON both ways because redis-py's pure-Python RESP packer and
-# parser cost ~2 us per argument or reply element, while cjson on the server and json in the
-# client are C: a 256-block request is one argument, and the reply one string.
+# of the nodes named in the answer. JSON both ways because redis-py's RESP packer and parser are
+# pure Python, paying per argument and per reply element, while cjson on the server and json in
+# the client are C: a 256-block request is one argument, and the reply one string.
 # Cost: O(images + blocks walked + distinct holders), never O(nodes): a holder's record is read
 # the first time the answer names it, to check that it is live, agrees with the cluster's
 # settings (their record read once per lookup) and that the entry carries its current epoch. The
