@@ -2,10 +2,9 @@
 
 Why chunks: with many rows (a decode step of hundreds of streams) the logits themselves are the
 cost. 256 rows of the tiny model's 151,936-token vocabulary are 155 MB of float32 written out and
-read back for the argmax, far past the L3 cache: 101 ms a step. Taking each chunk's maximum while
-its logits are still in cache took 38 ms (small model: 323 against 246 ms), with the same float32
-products. Few rows cost the same either way: reading the weight dominates (benchmarks in
-docs/benchmarks.md, "Session 2026-11-24 (2)").
+read back for the argmax, far past the L3 cache. Taking each chunk's maximum while its logits are
+still in cache does the same float32 products without that traffic. Few rows cost the same either
+way: reading the weight dominates (docs/benchmarks.md, "Session 2026-11-24 (2)").
 
 Argmax order: chunks are visited in vocabulary order and a later chunk wins only when strictly
 larger, so ties go to the lowest token id, as torch.argmax. A NaN in the logits (a broken hidden

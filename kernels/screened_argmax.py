@@ -2,8 +2,9 @@
 tokens that could win against the float32 weight: the same token as the float32 argmax, at about
 half the memory traffic.
 
-Why: a decode step of the small built-in model reads its 768 x 151,936 float32 LM head (467 MB),
-about 12 of the step's 20 ms on one core; the bfloat16 copy is read in 6 ms (oneDNN, prepacked).
+Why: reading the float32 LM head is most of a decode step of a few streams (the small built-in
+model's is 768 x 151,936, 467 MB); the bfloat16 copy is half the bytes (docs/benchmarks.md,
+"Session 2026-11-24 (2)").
 
 The screen (per row h, weight rows W_j, j over the vocabulary):
   1. a_j = bf16 product of bf16(h) and bf16(W_j), summed in float32 and rounded to bfloat16.
@@ -19,8 +20,8 @@ computed whole in float32. With ``allowed`` (a structured-output grammar's token
 outside it are never candidates: the screen's bound holds for any subset of the vocabulary.
 
 The screen pays where reading the weight dominates: a few rows (decode steps of a few streams).
-Its passes over [rows, vocab] grow with the rows, and at 64 rows it took twice the float32 product
-(small model: 145 against 73 ms), so ``max_rows``, the most rows it is worth, is timed once when
+Its passes over [rows, vocab] grow with the rows, and at many rows it costs more than the float32
+product, so ``max_rows``, the most rows it is worth, is timed once when
 the head is built (TIMED_ROWS, both ways, each keeping its fastest run); more rows return None
 and the caller runs the float32 product.
 The float32 logits of step 4 are summed in another order than a full product would, so they may

@@ -2,11 +2,11 @@
 
 Why: each thread that runs a parallel torch op gets its own OpenMP team. Once a process has more
 OpenMP threads than cores (two teams on a 2-core machine), libgomp throttles its spin-waiting,
-and every small op then pays a futex wake-up: measured on 2 cores, an elementwise op on a
-64x768 tensor went from 0.02 ms to 0.15-0.2 ms, about 20% of a small-model decode step. So
-servers build their models on, and run every forward pass from, one dedicated thread; asyncio
-and gRPC threads only move bytes. The engine loop (services/engine/engine_loop.py) is such a
-thread; ComputeThread is the same idea for request/response work such as the encoder's.
+and every small op then pays a futex wake-up, many times the op itself and a large share of a
+small-model decode step (docs/benchmarks.md, "Measurements behind code comments"). So servers
+build their models on, and run every forward pass from, one dedicated thread; asyncio and gRPC
+threads only move bytes. The engine loop (services/engine/engine_loop.py) is such a thread;
+ComputeThread is the same idea for request/response work such as the encoder's.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ optionally, the cores it may run on.
 Why: every role is its own process with its own OpenMP team. libgomp's default (ACTIVE) wait
 policy keeps a team spinning on its cores after every parallel region; on a box where the
 roles share cores, each team's spinning takes the cores the other roles are waiting to compute
-on. Measured on 2 cores (docs/benchmarks.md, "CPU budgets"): the one-command stack went from
-0.39 to 1.13 requests/s on the shared-images workload with only the wait policy changed.
+on: changing the wait policy alone nearly tripled the one-command stack's throughput on 2 cores
+(docs/benchmarks.md, "CPU shares").
 
 The rule (the launcher applies it with ``plan_shares``; a lone node with ``share_for_this_node``):
   * wait policy PASSIVE everywhere: a waiting thread sleeps instead of spinning. An idle team then

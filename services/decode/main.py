@@ -25,7 +25,8 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     admission = NodeAdmission("decode", settings.max_pending_requests)
     auth, channel_auth = node_auth(settings)
     node = DecodeNode(model, engine_config, data_bind=settings.data_address, liveness=liveness, channel_auth=channel_auth)
-    node.publisher = node_publisher("decode", settings, model.model_id, node.data_address, node.load, liveness)
+    config = node.cluster_config()
+    node.publisher = node_publisher("decode", settings, model.model_id, node.data_address, node.load, liveness, config=config)
     lifecycle = node_lifecycle(
         "decode", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters, admission=admission
     )

@@ -52,8 +52,8 @@ class DecodeNode(EngineNode):
     def first_output(self, request: Request, first_token: int, first_token_logprobs: TokenLogprobs | None = None) -> RequestOutput:
         """The request's first output: its first token (sampled by the prefill node), detokenized
         and checked against its stop conditions. Made on the caller's thread before adoption, so
-        the client gets its first token without waiting for the engine's step in progress (about
-        one decode step, 20 ms median on the shared-images workload); the request is not the
+        the client gets its first token without waiting for the engine's step in progress (up to
+        one decode step); the request is not the
         engine's yet, and the engine's configuration and tokenizer are only read. Raises
         RequestRejectedError for a request that can never run here."""
         engine = self.engine

@@ -26,9 +26,9 @@ if TYPE_CHECKING:  # the node imports torch; the role's settings import this mod
 DEFAULT_MAX_BATCH_ROWS = 16384
 # On CPU, one call per pass: the tower is compute-bound at any image worth encoding (a 448x448
 # image is 1024 patches, rows enough for full-speed matrix products), so a batch of two only holds
-# the first image's embeddings back until the second's are done. Measured on 2 cores (the
-# shared-images workload, 1/1/1 stack, three runs each): TTFT p99 2.35-3.04 s batched, 1.89-2.21 s
-# one call per pass, same throughput. An accelerator amortizes its launches over a batch.
+# the first image's embeddings back until the second's are done: a worse TTFT tail for the same
+# throughput (docs/benchmarks.md, "Session 2026-11-24 (2)"). An accelerator amortizes its
+# launches over a batch.
 CPU_MAX_BATCH_ROWS = 1
 
 

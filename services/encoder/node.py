@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import torch
 
 from services.engine.encoder_cache_manager import EncoderCacheManager
-from services.models.checkpoint import load_weights
+from services.models.checkpoint import COMPUTE_DTYPE, dtype_name, load_weights
 from services.models.family import VisionEncoder
 from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
 from shared.cache_gauges import cache_counters, cache_gauges
 from shared.compute_thread import ComputeThread
 from shared.flat_histogram import FlatHistogram
+from shared.index.cluster_config import ClusterConfig
 from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
 from shared.liveness import Liveness
@@ -104,6 +105,11 @@ class EncoderNode:
         finally:
             with self._pending_lock:
                 self.num_pending -= len(calls)
+
+    def cluster_config(self) -> ClusterConfig:
+        """What this node must share with its cluster: the dtype of the embeddings it sends (it
+        keeps no KV pages, so no block size)."""
+        return ClusterConfig(dtype=dtype_name(COMPUTE_DTYPE))
 
     def load(self) -> tuple[float, float]:
         """(calls queued or running, 0: no KV pool), for heartbeats."""
@@ -221,5 +227,5 @@ def _plan_call(items: list[EncodeItem], node: EncoderNode, to_encode: dict[MmHas
 
 def _build_vision(model: ModelRef, device: str, prepack: bool) -> VisionEncoder:
     family = model.family
-    _, vision_weights = load_weights(model.path, torch.float32, family.weight_group)
-    return family.build_vision(family.read_config(model.path), vision_weights, torch.float32, torch.device(device), prepack=prepack)
+    _, vision_weights = load_weights(model.path, COMPUTE_DTYPE, family.weight_group)
+    return family.build_vision(family.read_config(model.path), vision_weights, COMPUTE_DTYPE, torch.device(device), prepack=prepack)

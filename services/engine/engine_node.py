@@ -11,9 +11,11 @@ from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
+from services.models.checkpoint import dtype_name
 from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
 from shared.cache_gauges import cache_gauges
+from shared.index.cluster_config import ClusterConfig
 from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
@@ -47,6 +49,11 @@ class EngineNode:
     @property
     def data_address(self) -> str:
         return self.inbox.address
+
+    def cluster_config(self) -> ClusterConfig:
+        """What this node must share with its cluster: the block size its KV blocks and their
+        hashes are cut at, and the dtype of the pages it exchanges."""
+        return ClusterConfig(block_size=self.engine.config.block_size, dtype=dtype_name(self.engine.runner.dtype))
 
     def load(self) -> tuple[float, float]:
         """(requests queued or running, fraction of KV pages in use), for heartbeats."""

@@ -18,7 +18,7 @@ from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.kv.layout import KVLayout
 from services.engine.request import Request
 from services.engine.scheduler import SchedulerOutput
-from services.models.checkpoint import load_weights
+from services.models.checkpoint import COMPUTE_DTYPE, load_weights
 from services.models.family import VisionEncoder
 from services.models.registry import ModelRef
 from shared.types import MmHash
@@ -37,7 +37,7 @@ class StepLogits:
 class ModelRunner:
     def __init__(self, model: ModelRef, config: EngineConfig, *, load_vision: bool = True) -> None:
         self.device = torch.device(config.device)
-        self.dtype = torch.float32
+        self.dtype = COMPUTE_DTYPE
         self.family = model.family
         self.checkpoint = self.family.read_config(model.path)
         text_weights, vision_weights = load_weights(model.path, self.dtype, self.family.weight_group)

@@ -11,6 +11,14 @@ import torch
 from safetensors import safe_open
 
 WeightGroup = Callable[[str], "tuple[str, str] | None"]
+# What every node computes in, vision tower and decoder alike: the embeddings and KV pages nodes
+# send each other are of this dtype, so it is one of the settings a cluster agrees on
+# (shared/index/cluster_config.py).
+COMPUTE_DTYPE = torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def weight_files(path: Path) -> list[Path]:

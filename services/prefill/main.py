@@ -51,7 +51,10 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         channel_auth=channel_auth,
         local_encode=settings.local_encode,
     )
-    node.publisher = node_publisher("prefill", settings, model.model_id, node.data_address, node.load, liveness, can_encode=node.can_encode)
+    config = node.cluster_config()
+    node.publisher = node_publisher(
+        "prefill", settings, model.model_id, node.data_address, node.load, liveness, config=config, can_encode=node.can_encode
+    )
     lifecycle = node_lifecycle(
         "prefill", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters, admission=admission
     )

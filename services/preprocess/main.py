@@ -10,6 +10,7 @@ from services.preprocess.config import PreprocessConfig
 from services.transport.index_access import open_index
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
+from shared.index.cluster_config import ClusterConfig
 from shared.liveness import Liveness
 
 
@@ -28,7 +29,8 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config: 
     index = open_index(settings.index_url, namespace=model.model_id, settings=settings) if settings.index_url else None
     auth, channel_auth = node_auth(settings)
     node = PreprocessNode(model, preprocess_config, index=index, liveness=liveness, channel_auth=channel_auth)
-    publisher = node_publisher("preprocess", settings, model.model_id, "", node.load, liveness)
+    # Pixels are the same whatever the cluster's block size and compute dtype: nothing to agree on.
+    publisher = node_publisher("preprocess", settings, model.model_id, "", node.load, liveness, config=ClusterConfig())
     lifecycle = node_lifecycle(
         "preprocess", settings, publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters, admission=admission
     )

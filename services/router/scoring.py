@@ -47,11 +47,11 @@ image tokens e lacks:
                     decision. Every one of them lands on p's cores whichever way its images go,
                     so an image encoded on p waits behind them. Without this term a burst of four
                     cold images on a 1/1/1 stack went two to p, which then had two encodes and
-                    four prefills to run while e idled (traces: the last finished at 3.1 s)
+                    four prefills to run while e idled
 
   R                 PREFILL_TO_ENCODE_COST: what a prompt token costs to prefill, in image tokens
-                    encoded (small model, one core: 0.28 s for a 300-token prefill, 0.65 s to
-                    encode a 256-token image: about 0.4)
+                    encoded, from the prefill and tower times of the small model on one core
+                    (docs/benchmarks.md, "Measurements behind code comments")
 
   mean_call_tokens  the mean image tokens of the requests routed to encoders (the router's moving
                     average): what one call queued on e is assumed to cost

@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV
 from shared.cpu_budget import CpuShare, available_cpus, cgroup_cpu_limit, plan_shares
+from shared.index.cluster_config import EXIT_REFUSED
 
 
 def _detach_but_die_with_parent() -> None:
@@ -246,7 +247,10 @@ class Stack:
             for role in self.roles:
                 if role.process is not None and role.process.poll() is not None and not self._stopping:
                     print(f"{role.role} (pid {role.process.pid}) exited with {role.process.returncode}", file=sys.stderr, flush=True)
-                    if self.config.restart_roles:
+                    if role.process.returncode == EXIT_REFUSED:  # its settings disagree with the cluster's: a restart would too
+                        print(f"{role.role} was refused by the cluster (its log says why); not restarting it", file=sys.stderr, flush=True)
+                        role.process = None
+                    elif self.config.restart_roles:
                         time.sleep(min(5.0, 0.5 * 2 ** min(role.num_restarts, 3)))
                         role.num_restarts += 1
                         self._spawn(role)

@@ -13,6 +13,7 @@ from services.engine.config import EngineConfig
 from services.models.registry import resolve_model
 from services.preprocess.config import PreprocessConfig
 from shared import cpu_budget
+from shared.index.cluster_config import EXIT_REFUSED, ConfigMismatchError
 from shared.settings import dataclass_from_sources
 from shared.tracing import configure_tracing
 
@@ -59,4 +60,8 @@ def run_role(role: str, settings, engine_config: EngineConfig, preprocess_config
     cpu_budget.apply_torch_threads(share)
     log.info("CPU share: %d threads, OMP_WAIT_POLICY=%s, cores %s", share.num_threads, share.wait_policy, share.cpus or "any")
     model = resolve_model(settings.model)
-    importlib.import_module(ROLE_TO_MODULE[role]).main(settings, model, engine_config, preprocess_config)
+    try:
+        importlib.import_module(ROLE_TO_MODULE[role]).main(settings, model, engine_config, preprocess_config)
+    except ConfigMismatchError as exc:
+        log.error("%s", exc)
+        raise SystemExit(EXIT_REFUSED) from None

@@ -10,7 +10,8 @@ one shared secret (CURVE needs a keypair per node and a ZAP authenticator thread
 and it keeps the sender's zero-copy send. What it does not do: encrypt (use mTLS for gRPC and a
 network policy or an encrypted overlay network for the data port when the network itself is not
 trusted), or stop a replay of a captured message by someone who can already read the network.
-Cost: about 1.5 GB/s per core with SHA extensions, on each side.
+Its cost, on each side, is one HMAC-SHA256 pass over the bytes (docs/benchmarks.md,
+"Measurements behind code comments").
 
 Each frame is hashed with its length in front, so bytes cannot be moved from one frame to the
 next without changing the tag.

@@ -64,9 +64,10 @@ class Lifecycle:
     """How a role's server joins and leaves the cluster.
 
     Start: bind -> SERVING -> ``on_start`` (register in the index: only a node that answers is
-    ever routed to). SIGTERM, a drain: NOT_SERVING -> ``on_drain`` (deregister, so no router
-    picks it again) -> refuse new calls and give the ones in flight up to ``drain_timeout_s`` to
-    finish -> ``on_stop`` (release resources) -> exit. A call refused while draining fails
+    ever routed to; should it raise, the server stops, ``on_stop`` runs and the error
+    propagates). SIGTERM, a drain: NOT_SERVING -> ``on_drain`` (deregister, so no router picks it
+    again) -> refuse new calls and give the ones in flight up to ``drain_timeout_s`` to finish ->
+    ``on_stop`` (release resources) -> exit. A call refused while draining fails
     UNAVAILABLE, which the gateway retries on another node.
     """
 
@@ -92,7 +93,14 @@ async def serve_forever(server: grpc.aio.Server, address: str, service_names: li
     stop = asyncio.Event()
     ticker = asyncio.create_task(report_liveness(health_servicer, ["", *service_names], lifecycle.liveness, stop))
     if lifecycle.on_start is not None:
-        lifecycle.on_start()
+        try:
+            lifecycle.on_start()
+        except BaseException:  # e.g. the cluster refused this node: stop serving, release, and fail
+            await server.stop(0)
+            ticker.cancel()
+            if lifecycle.on_stop is not None:
+                lifecycle.on_stop()
+            raise
     log.info("serving %s on %s", ", ".join(service_names), address)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

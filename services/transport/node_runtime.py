@@ -2,10 +2,14 @@
 advertises, the index it joins, how it drains, how the internal plane is authenticated) and the
 wiring of its membership: an index publisher whose heartbeat is gated by the node's liveness, and
 the server Lifecycle that joins the cluster once serving, exposes the node's metrics, and leaves
-on drain."""
+on drain. A node the cluster refuses (its settings disagree: shared/index/cluster_config.py)
+leaves with ConfigMismatchError: at once when it first registers, after a drain when a later
+re-registration is refused."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,6 +19,7 @@ from services.transport.index_access import open_index
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings, warn_if_open
 from services.transport.node_admission import DEFAULT_MAX_PENDING_REQUESTS, NodeAdmission
 from services.transport.tensor_channel import DEFAULT_MAX_FRAME_BYTES, ChannelAuth
+from shared.index.cluster_config import ClusterConfig, ConfigMismatchError
 from shared.index.publisher import IndexPublisher
 from shared.index.types import NodeInfo
 from shared.liveness import DEFAULT_STALL_S, Liveness
@@ -65,19 +70,36 @@ def node_auth(settings: NodeSettings) -> tuple[InternalAuth, ChannelAuth]:
 
 
 def node_publisher(
-    role: str, settings: NodeSettings, namespace: str, data_address: str, load_fn: LoadFn, liveness: Liveness, *, can_encode: bool = False
+    role: str,
+    settings: NodeSettings,
+    namespace: str,
+    data_address: str,
+    load_fn: LoadFn,
+    liveness: Liveness,
+    *,
+    config: ClusterConfig,
+    can_encode: bool = False,
 ) -> IndexPublisher | None:
     """The node's membership in the index (None without one): registered under its advertised
-    addresses, heartbeating only while ``liveness`` holds. ``can_encode``: a prefill node with
-    its own vision tower, which the router may ask to encode images."""
+    addresses with the settings it must share with the cluster (``config``), heartbeating only
+    while ``liveness`` holds. ``can_encode``: a prefill node with its own vision tower, which the
+    router may ask to encode images."""
     if not settings.index_url:
         return None
     grpc_address = advertise(settings.grpc_address, settings.advertise_host)
     data = advertise(data_address, settings.advertise_host) if data_address else ""
     node_id = settings.node_id or f"{role}@{grpc_address}"
-    info = NodeInfo(node_id=node_id, role=role, grpc_address=grpc_address, data_address=data, can_encode=can_encode)
+    info = NodeInfo(node_id=node_id, role=role, grpc_address=grpc_address, data_address=data, can_encode=can_encode, config=config)
     index = open_index(settings.index_url, namespace=namespace, settings=settings)
-    return IndexPublisher(index, info, ttl_s=settings.index_ttl_s, load_fn=load_fn, alive_fn=liveness.is_alive)
+    return IndexPublisher(
+        index, info, ttl_s=settings.index_ttl_s, load_fn=load_fn, alive_fn=liveness.is_alive, on_refused=_drain_this_process
+    )
+
+
+def _drain_this_process(_: ConfigMismatchError) -> None:
+    """A node refused after it served: it drains like on SIGTERM, and its Lifecycle's on_stop
+    then raises the refusal."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def node_lifecycle(
@@ -101,10 +123,15 @@ def node_lifecycle(
         if publisher is not None:
             publisher.start()
 
+    def on_stop() -> None:
+        close()
+        if publisher is not None and publisher.refusal is not None:
+            raise publisher.refusal
+
     return Lifecycle(
         drain_timeout_s=settings.drain_timeout_s,
         on_start=on_start,
         on_drain=publisher.deregister if publisher is not None else None,
-        on_stop=close,
+        on_stop=on_stop,
         liveness=liveness,
     )

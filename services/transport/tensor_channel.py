@@ -169,7 +169,7 @@ class TensorInbox:
         self.capacity_bytes = capacity_bytes
         # Unclaimed messages (their request was cancelled, or its waiter timed out) are dropped
         # after max_age_s: without it they stayed until the inbox filled, up to capacity_bytes of
-        # a process's memory (the 10-minute soak saw prefill RSS grow 15-17%). Every waiter waits
+        # a process's memory (docs/benchmarks.md, "Measurements behind code comments"). Every waiter waits
         # far less than this; a pixel message that expires anyway is resent on request.
         self.max_age_s = max_age_s
         self._next_expiry_check = 0.0

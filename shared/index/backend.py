@@ -12,6 +12,10 @@ Semantics every backend must honour (tests/shared/index/test_conformance.py chec
     returns it), so a reader knows when to call live_nodes again;
   * a record carries the seal its writer gave at registration and at its latest heartbeat,
     byte for byte (shared/index/sealed_index.py checks it; backends store it and hand it back);
+  * config agreement (shared/index/cluster_config.py): a registration whose cluster settings
+    disagree with the namespace's record raises ConfigMismatchError and writes nothing; else its
+    settings fill in what the record lacks. Registrations and heartbeats keep the record alive
+    for a TTL; live_nodes and lookup serve only nodes agreeing with it;
   * membership: the live node records *are* the cluster. live_nodes lists them (and prunes the
     records of nodes whose heartbeat lapsed); deregister_node removes a draining node at once.
 """
@@ -30,7 +34,8 @@ from shared.types import BlockHash, MmHash
 
 class CacheIndex(Protocol):
     def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
-        """Announce ``node`` and return its new epoch; ``seal_fn(epoch)`` is the record's seal."""
+        """Announce ``node`` and return its new epoch; ``seal_fn(epoch)`` is the record's seal.
+        Raises ConfigMismatchError when ``node.config`` disagrees with the cluster's."""
 
     def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
         """Refresh liveness, load and the record's seal; False if ``epoch`` is no longer the node's

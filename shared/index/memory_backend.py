@@ -1,6 +1,7 @@
 """In-process index backend for single-process use and unit tests. Same semantics as Redis:
 epochs from one counter, heartbeat TTLs, entries tagged with the epoch that wrote them, lapsed
-nodes pruned by live_nodes."""
+nodes pruned by live_nodes, one cluster config record agreed at registration
+(shared/index/cluster_config.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from shared.index.cluster_config import ConfigMismatchError, agrees, disagreements
 from shared.index.types import IndexEvents, LookupResult, MmEntry, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
@@ -24,9 +26,17 @@ class InProcessIndex:
         self._kv: dict[BlockHash, dict[str, tuple[int, str]]] = {}
         self.num_round_trips = 0
         self._membership_version = 0  # bumped by registration, deregistration and prune, as in Redis
+        self._agreed: dict[str, str] = {}  # the cluster config record: setting -> value
+        self._agreed_until = 0.0  # when it lapses, unless a registration or heartbeat extends it
 
     def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
         with self._lock:
+            settings = node.config.settings()
+            agreed = self._agreed_config()
+            if found := disagreements(settings, agreed):
+                raise ConfigMismatchError(self.namespace, node.node_id, found)
+            self._agreed = {**settings, **agreed}
+            self._extend_agreement(ttl_s)
             self._num_epochs += 1
             epoch = self._num_epochs
             seal = seal_fn(epoch) if seal_fn is not None else ""
@@ -43,6 +53,8 @@ class InProcessIndex:
             if expires_at <= self._clock():  # lapsed: it must register again, as with Redis
                 return False
             self._node_to_state[node_id] = (NodeState(state.info, epoch, float(load), float(kv_usage), seal), self._clock() + ttl_s)
+            if self._agreed_config():
+                self._extend_agreement(ttl_s)
             return True
 
     def deregister_node(self, node_id: str, epoch: int) -> None:
@@ -59,7 +71,8 @@ class InProcessIndex:
                 del self._node_to_state[node_id]
                 self._node_to_epoch.pop(node_id, None)
                 self._membership_version += 1
-            return {node_id: state for node_id, (state, _) in self._node_to_state.items()}
+            agreed = self._agreed_config()
+            return {node_id: state for node_id, (state, _) in self._node_to_state.items() if agrees(state.info.config.settings(), agreed)}
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None:
         with self._lock:
@@ -76,7 +89,12 @@ class InProcessIndex:
         with self._lock:
             self.num_round_trips += 1
             now = self._clock()
-            nodes = {nid: state for nid, (state, expires) in self._node_to_state.items() if expires > now}
+            agreed = self._agreed_config()
+            nodes = {
+                nid: state
+                for nid, (state, expires) in self._node_to_state.items()
+                if expires > now and agrees(state.info.config.settings(), agreed)
+            }
 
             def live(node_id: str, epoch: int) -> bool:
                 return node_id in nodes and nodes[node_id].epoch == epoch
@@ -101,3 +119,12 @@ class InProcessIndex:
 
     def close(self) -> None:
         pass
+
+    def _agreed_config(self) -> dict[str, str]:
+        """The cluster config record, empty once lapsed (call with the lock held)."""
+        if self._agreed and self._agreed_until <= self._clock():
+            self._agreed = {}
+        return self._agreed
+
+    def _extend_agreement(self, ttl_s: float) -> None:
+        self._agreed_until = max(self._agreed_until, self._clock() + ttl_s)

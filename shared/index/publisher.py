@@ -1,13 +1,15 @@
 """Publishes one node's cache contents to the index, off the model loop.
 
 The node calls ``record`` from its own thread (cheap: a lock and a queue append). Once the node
-serves (``start``), a background thread registers it, heartbeats every ttl/3 with the node's load,
-and publishes queued events in batches. A heartbeat is sent only while ``alive_fn`` says the
-node's compute loops make progress (shared/liveness.py), so a hung node leaves the rotation
-within its TTL. ``deregister`` (a drain) withdraws the node and its entries at once. The
+serves, ``start`` registers it (a node whose settings the cluster refuses learns it there:
+ConfigMismatchError, shared/index/cluster_config.py), and a background thread heartbeats every
+ttl/3 with the node's load and publishes queued events in batches. A heartbeat is sent only
+while ``alive_fn`` says the node's compute loops make progress (shared/liveness.py), so a hung
+node leaves the rotation within its TTL. ``deregister`` (a drain) withdraws the node and its entries at once. The
 publisher also keeps the node's current holdings, so that after the index was unreachable (or
 the node re-registered under a new epoch) it republishes the full snapshot: the index catches up
-by itself, and a node never depends on the index to serve.
+by itself, and a node never depends on the index to serve. A re-registration the cluster refuses
+(it was redeployed with other settings meanwhile) ends the publisher and calls ``on_refused``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 from shared import process_stats
 from shared.flat_histogram import FlatHistogram
 from shared.index.backend import CacheIndex
+from shared.index.cluster_config import ConfigMismatchError
 from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
 from shared.types import BlockHash, MmHash
 
@@ -39,6 +42,7 @@ class IndexPublisher:
         load_fn: LoadFn = lambda: (0.0, 0.0),
         alive_fn: Callable[[], bool] = lambda: True,
         flush_s: float = 0.05,
+        on_refused: Callable[[ConfigMismatchError], None] | None = None,
     ) -> None:
         self.index = index
         self.node = node
@@ -46,7 +50,9 @@ class IndexPublisher:
         self.load_fn = load_fn
         self.alive_fn = alive_fn
         self.flush_s = flush_s
+        self.on_refused = on_refused
         self.epoch: int | None = None
+        self.refusal: ConfigMismatchError | None = None  # set once the cluster refused this node
         self._lock = threading.Lock()
         self._pending = IndexEvents()
         self._mm_holdings: dict[MmHash, MmEntry] = {}
@@ -60,7 +66,17 @@ class IndexPublisher:
         self._thread = threading.Thread(target=self._run, name="index-publisher", daemon=True)
 
     def start(self) -> None:
-        """Join the cluster: call once the node answers requests."""
+        """Join the cluster: call once the node answers requests. Raises ConfigMismatchError if
+        the cluster refuses this node's settings; an unreachable index is no error (the
+        background thread keeps trying)."""
+        try:
+            self._register()
+        except IndexUnavailableError as exc:
+            self.num_publish_failures += 1
+            log.warning("index unreachable (%s); serving from local caches, will register once it answers", exc)
+        except ConfigMismatchError as exc:
+            self.refusal = exc
+            raise
         self._thread.start()
 
     def record(self, events: IndexEvents) -> None:
@@ -156,6 +172,12 @@ class IndexPublisher:
                     log.warning("index unreachable (%s); serving from local caches, will catch up", exc)
                 self.epoch = None
                 self._stopped.wait(min(1.0, self.ttl_s / 3))
+            except ConfigMismatchError as exc:
+                log.error("%s", exc)
+                self.refusal = exc
+                if self.on_refused is not None:
+                    self.on_refused(exc)
+                return
 
     def counters(self) -> dict[str, float]:
         return {

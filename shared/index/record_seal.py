@@ -7,9 +7,10 @@ internal secret, services/transport/internal_auth.py), and readers ignore, and c
 whose seal fails.
 
 Seal layout: "{sealed_at_ms}.{ttl_ms}.{mac}", where mac is HMAC-SHA256, in hex, over the JSON list
-  [SEAL_VERSION, namespace, node_id, role, grpc, data, can_encode, epoch, load, kv_usage,
-   sealed_at_ms, ttl_ms]
-with load and kv_usage as repr(float) (what the index stores and hands back). The namespace is the
+  [SEAL_VERSION, namespace, node_id, role, grpc, data, can_encode, settings, epoch, load,
+   kv_usage, sealed_at_ms, ttl_ms]
+with settings the node's cluster settings as sorted [name, value] pairs (cluster_config.py), and
+load and kv_usage as repr(float) (what the index stores and hands back). The namespace is the
 model id, "name@fingerprint", so a record sealed for one set of weights fails under another.
 
 A record is admitted when:
@@ -34,7 +35,7 @@ from shared.index.types import NodeState
 
 log = logging.getLogger("tessera.index")
 
-SEAL_VERSION = 1
+SEAL_VERSION = 2
 DEFAULT_MAX_SKEW_S = 30.0  # clock difference tolerated between a writer and a reader
 # Node ids whose highest admitted epoch a reader remembers; past it the least recently admitted
 # is forgotten (its replays are then caught by the staleness rule alone). Ids churn with pods.
@@ -52,6 +53,7 @@ def _mac(key: bytes, namespace: str, state: NodeState, sealed_at_ms: int, ttl_ms
         info.grpc_address,
         info.data_address,
         info.can_encode,
+        sorted(info.config.settings().items()),
         state.epoch,
         repr(float(state.load)),
         repr(float(state.kv_usage)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.index.cluster_config import ClusterConfig
 from shared.types import BlockHash, MmHash
 
 
@@ -18,6 +19,7 @@ class NodeInfo:
     grpc_address: str
     data_address: str = ""
     can_encode: bool = False  # a prefill node with its own vision tower (adaptive dispatch)
+    config: ClusterConfig = ClusterConfig()  # what it must share with its cluster (cluster_config.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,8 +199,8 @@ def _cancel_embedding_scale(model: torch.nn.Module, spec: Gemma3Spec) -> None:
 
     Gemma scales input embeddings by sqrt(hidden_size). On a std-0.3 table that makes the current
     token's embedding dominate the residual stream, and through the tied unembedding each token
-    then predicts itself: greedy decoding locks onto one id (measured on gemma3-tiny: most image
-    prompts and some text prompts repeat a single id for 16 tokens), so the reply stops depending
+    then predicts itself: greedy decoding locks onto one id (docs/benchmarks.md, "Measurements
+    behind code comments"), so the reply stops depending
     on the context and a broken KV cache or sliding window would go unnoticed. Cancelling the
     scale gives the residual stream the same N(0, std) input as the Qwen2-VL built-ins. Image soft
     tokens bypass Gemma's scaling, so the projector is left as filled. Side effect: logits are

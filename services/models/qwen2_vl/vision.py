@@ -1,8 +1,8 @@
 """The vision tower and merger, run through transformers' own module (not reimplemented: its
 numerics are the oracle's). With ``prepack`` on CPU, its linear layers and its patch embedding (a
 convolution that is a linear product over each patch) run on weights prepacked for oneDNN
-(kernels/cpu_linear.py), the same products summed in another order: a 448x448 image's tower pass
-went from 0.61 to 0.3x s on one AMD EPYC thread, where MKL runs AVX2 code.
+(kernels/cpu_linear.py), the same products summed in another order, faster where MKL runs AVX2
+code (docs/benchmarks.md, "Session 2026-11-24 (2)").
 
 encode(pixel_values, grid_thw) returns one (num_tokens, text_hidden) tensor per image, in order.
 """

@@ -15,6 +15,7 @@ import time
 import pytest
 import redis
 
+from shared.index.cluster_config import ClusterConfig
 from shared.index.record_seal import RecordSealer
 from shared.index.types import NodeInfo, NodeState
 from tests.factories import chat_case
@@ -123,7 +124,8 @@ def test_a_real_node_record_names_its_fingerprinted_namespace_in_its_seal(stack,
     with stack.redis_client() as raw:
         node_id = next(iter(raw.smembers(prefix + "nodes")))
         fields = raw.hgetall(prefix + f"node:{node_id}")
-    info = NodeInfo(node_id, fields["role"], fields["grpc"], fields["data"], fields["encodes"] == "1")
+    config = ClusterConfig.from_settings({name.removeprefix("cfg:"): value for name, value in fields.items() if name.startswith("cfg:")})
+    info = NodeInfo(node_id, fields["role"], fields["grpc"], fields["data"], fields["encodes"] == "1", config)
     state = NodeState(info, int(fields["epoch"]), float(fields["load"]), float(fields["kv_usage"]), fields["seal"])
     assert RecordSealer(key, tiny_model.model_id).rejection(state) is None
     assert RecordSealer(key, tiny_model.model_id + "-other").rejection(state) == "bad_seal"

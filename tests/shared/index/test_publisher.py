@@ -5,7 +5,11 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from shared.index.backend import create_index
+from shared.index.cluster_config import ClusterConfig, ConfigMismatchError, Disagreement
+from shared.index.memory_backend import InProcessIndex
 from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
 from shared.types import BlockHash, MmHash
@@ -101,5 +105,44 @@ def test_a_node_whose_compute_loop_hangs_stops_heartbeating_and_lapses():
         alive[0] = False
         assert _wait_for(lambda: "enc" not in index.live_nodes(), timeout_s=3)
         assert publisher.num_heartbeats_withheld > 0
+    finally:
+        publisher.stop()
+
+
+def test_a_node_the_cluster_refuses_learns_it_when_it_starts():
+    index = create_index("memory://", namespace="refused")
+    index.register_node(NodeInfo("first", "prefill", "a:1", config=ClusterConfig(block_size=16)), ttl_s=30)
+    publisher = IndexPublisher(index, NodeInfo("odd", "prefill", "b:1", config=ClusterConfig(block_size=32)), ttl_s=2)
+    with pytest.raises(ConfigMismatchError, match="block_size is 32, the cluster's is 16"):
+        publisher.start()
+    assert publisher.refusal is not None and publisher.epoch is None
+    assert set(index.live_nodes()) == {"first"}
+
+
+class _RefusesLaterRegistrations(InProcessIndex):
+    """A cluster redeployed with other settings while this node was away: it registers once only."""
+
+    def __init__(self) -> None:
+        super().__init__(namespace="redeployed")
+        self.num_registrations = 0
+
+    def register_node(self, node, *, ttl_s, seal_fn=None):
+        self.num_registrations += 1
+        if self.num_registrations > 1:
+            raise ConfigMismatchError(self.namespace, node.node_id, [Disagreement("block_size", "16", "32")])
+        return super().register_node(node, ttl_s=ttl_s, seal_fn=seal_fn)
+
+
+def test_a_later_refusal_ends_the_publisher_and_tells_the_node():
+    index = _RefusesLaterRegistrations()
+    refusals: list[ConfigMismatchError] = []
+    publisher = IndexPublisher(index, NodeInfo("pf", "prefill", "a:1"), ttl_s=0.3, on_refused=refusals.append)
+    publisher.start()
+    try:
+        index.deregister_node("pf", publisher.epoch)  # its next heartbeat fails: it registers again
+        assert _wait_for(lambda: refusals, timeout_s=3)
+        assert publisher.refusal is refusals[0]
+        publisher._thread.join(timeout=3)
+        assert not publisher._thread.is_alive()
     finally:
         publisher.stop()

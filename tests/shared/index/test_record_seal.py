@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from shared.index.cluster_config import ClusterConfig
 from shared.index.memory_backend import InProcessIndex
 from shared.index.record_seal import RecordSealer
 from shared.index.sealed_index import SealedIndex
@@ -38,6 +39,8 @@ def test_unsealed_and_tampered_records_are_rejected():
     moved = dataclasses.replace(state, info=dataclasses.replace(state.info, grpc_address="attacker.example:1"))
     assert sealer.rejection(moved) == "bad_seal"
     assert sealer.rejection(dataclasses.replace(state, load=0.0)) == "bad_seal"  # load steers routing: sealed too
+    regauged = dataclasses.replace(state, info=dataclasses.replace(state.info, config=ClusterConfig(block_size=32)))
+    assert sealer.rejection(regauged) == "bad_seal"  # the settings decide whom readers serve: sealed too
     other_key = RecordSealer(b"x" * 32, "tiny@abc", clock=FakeClock())
     assert sealer.rejection(sealed_state(other_key)) == "bad_seal"
 

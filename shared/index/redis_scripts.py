@@ -1,0 +1,204 @@
+"""The Lua scripts of the Redis / Valkey index backend (redis_backend.py has the key layout).
+Each runs atomically on the server. Node records carry their cluster settings as "cfg:{setting}"
+fields, and the scripts that hand records out serve only those agreeing with "P config"
+(shared/index/cluster_config.py)."""
+
+from __future__ import annotations
+
+# Lua helpers prepended to the scripts that use them. agrees: whether a node record's settings
+# agree with the cluster's record (read once per script run); extend: keep the cluster's record
+# alive for at least ttl_ms (PTTL -1: just created, no expiry yet; -2: there is none).
+AGREES = """
+local agreed = nil
+local function agrees(prefix, state)
+  if agreed == nil then
+    agreed = {}
+    local fields = redis.call('HGETALL', prefix .. 'config')
+    for i = 1, #fields, 2 do agreed[fields[i]] = fields[i + 1] end
+  end
+  for name, value in pairs(agreed) do
+    local mine = state['cfg:' .. name]
+    if mine and mine ~= value then return false end
+  end
+  return true
+end
+"""
+EXTEND = """
+local function extend(key, ttl_ms)
+  local left = redis.call('PTTL', key)
+  if left == -1 or (left >= 0 and left < tonumber(ttl_ms)) then redis.call('PEXPIRE', key, ttl_ms) end
+end
+"""
+
+# ARGV[1]: key prefix; ARGV[2]: JSON [[mm_hash...], [block_hash...]].
+# Returns JSON {"nodes": {id: fields}, "mm": {mm_hash: {node: value}}, "prefix": {node: blocks},
+# "version": members} with current-epoch entries of live nodes only, "nodes" holding the records
+# of the nodes named in the answer. JSON both ways because redis-py's RESP packer and parser are
+# pure Python, paying per argument and per reply element, while cjson on the server and json in
+# the client are C: a 256-block request is one argument, and the reply one string.
+# Cost: O(images + blocks walked + distinct holders), never O(nodes): a holder's record is read
+# the first time the answer names it, to check that it is live, agrees with the cluster's
+# settings (their record read once per lookup) and that the entry carries its current epoch. The
+# membership itself (every node, with its load) is the gateway's, refreshed by live_nodes and at
+# once when "version" moves.
+# The block walk reads block 0's holders, then asks only for the nodes still matching (HMGET),
+# and stops when none is left: the server reads at most the longest cached prefix, and the reply
+# carries one count per node instead of a holder list per block.
+LOOKUP_SCRIPT = (
+    AGREES
+    + """
+local call, find = redis.call, string.find
+local prefix = ARGV[1]
+local request = cjson.decode(ARGV[2])
+local tags = {}  -- holder -> "{epoch}|", the start of every entry written under its epoch; false: not live
+local nodes = {}
+local function tag_of(id)
+  local tag = tags[id]
+  if tag == nil then
+    local fields = call('HGETALL', prefix .. 'node:' .. id)
+    local state = {}
+    for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
+    -- No epoch: not a registration (a heartbeat that raced the key's expiry); not live. Nor is a
+    -- node whose settings disagree with the cluster's.
+    if state['epoch'] and agrees(prefix, state) then
+      nodes[id] = state
+      tag = state['epoch'] .. '|'
+    else
+      tag = false
+    end
+    tags[id] = tag
+  end
+  return tag
+end
+local function current(node, value)
+  if value == false then return false end
+  local tag = tag_of(node)
+  return tag ~= false and find(value, tag, 1, true) == 1
+end
+local mm = {}
+for _, mm_hash in ipairs(request[1]) do
+  local holders = {}
+  local entries = call('HGETALL', prefix .. 'mm:' .. mm_hash)
+  for j = 1, #entries, 2 do
+    if current(entries[j], entries[j + 1]) then holders[entries[j]] = entries[j + 1] end
+  end
+  mm[mm_hash] = holders
+end
+local kv = prefix .. 'kv:'
+local blocks = request[2]
+local counts = {}
+local matching = {}  -- live nodes holding every block so far
+if #blocks > 0 then
+  local entries = call('HGETALL', kv .. blocks[1])
+  for j = 1, #entries, 2 do
+    if current(entries[j], entries[j + 1]) then matching[#matching + 1] = entries[j] end
+  end
+end
+local held = #matching > 0 and 1 or 0  -- blocks the still-matching nodes hold
+for i = 2, #blocks do
+  if #matching == 0 then break end
+  local values = call('HMGET', kv .. blocks[i], unpack(matching))
+  local all = true
+  for j = 1, #matching do
+    if not current(matching[j], values[j]) then all = false break end
+  end
+  if not all then  -- rare: a node's prefix ends here; rebuild the list without it
+    local still = {}
+    for j = 1, #matching do
+      if current(matching[j], values[j]) then still[#still + 1] = matching[j] else counts[matching[j]] = i - 1 end
+    end
+    matching = still
+  end
+  if #matching > 0 then held = i end
+end
+for _, node in ipairs(matching) do counts[node] = held end
+return cjson.encode({nodes = nodes, mm = mm, prefix = counts, version = tonumber(call('GET', prefix .. 'members')) or 0})
+"""
+)
+
+
+# KEYS: epoch key, node key, cluster config; ARGV: epoch, load, kv_usage, ttl_ms, seal. Check and refresh in one atomic
+# step: refreshing a node key that expired after a separate check would recreate it without its
+# registration fields, a node no lookup can see and whose heartbeats keep succeeding. A record
+# whose epoch field is not the node's (rewritten by someone else) fails too: the node registers
+# again, rather than re-seal fields it did not write. A live node keeps its cluster's config alive.
+HEARTBEAT_SCRIPT = (
+    EXTEND
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('HGET', KEYS[2], 'epoch') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[2], 'load', ARGV[2], 'kv_usage', ARGV[3], 'seal', ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+extend(KEYS[3], ARGV[4])
+return 1
+"""
+)
+
+
+# KEYS: epochs counter, epoch key, node key, nodes set, members version, cluster config; ARGV:
+# role, grpc, data, ttl_ms, node id, encodes, epoch, seal, then the node's settings as name, value
+# pairs. An empty epoch takes the next one here; a sealed record comes with the epoch its seal
+# covers, reserved beforehand from the same counter (RedisIndex.register_node). Settings that
+# disagree with the cluster's refuse the node, writing nothing: {0, the cluster's record as
+# name, value pairs}; else its settings fill in the ones the record lacks, and {epoch}.
+# One atomic step, so a concurrent prune never sees the node half-registered, and two first
+# registrants cannot both write the cluster's settings.
+REGISTER_SCRIPT = (
+    EXTEND
+    + """
+local agreed = redis.call('HGETALL', KEYS[6])
+local cluster = {}
+for i = 1, #agreed, 2 do cluster[agreed[i]] = agreed[i + 1] end
+for i = 9, #ARGV, 2 do
+  if cluster[ARGV[i]] and cluster[ARGV[i]] ~= ARGV[i + 1] then return {0, unpack(agreed)} end
+end
+local epoch = ARGV[7]
+if epoch == '' then epoch = redis.call('INCR', KEYS[1]) end
+redis.call('SET', KEYS[2], epoch)
+redis.call('DEL', KEYS[3])
+redis.call('HSET', KEYS[3], 'role', ARGV[1], 'grpc', ARGV[2], 'data', ARGV[3], 'encodes', ARGV[6], 'epoch', epoch,
+  'load', 0, 'kv_usage', 0, 'seal', ARGV[8])
+for i = 9, #ARGV, 2 do
+  redis.call('HSET', KEYS[3], 'cfg:' .. ARGV[i], ARGV[i + 1])
+  redis.call('HSETNX', KEYS[6], ARGV[i], ARGV[i + 1])
+end
+redis.call('PEXPIRE', KEYS[3], ARGV[4])
+extend(KEYS[6], ARGV[4])
+redis.call('SADD', KEYS[4], ARGV[5])
+redis.call('INCR', KEYS[5])
+return {tonumber(epoch)}
+"""
+)
+
+# KEYS: epoch key, node key, nodes set, members version; ARGV: epoch, node id. Only the current
+# incarnation may deregister: a restarted node's registration must survive its predecessor's late
+# drain.
+DEREGISTER_SCRIPT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[2])
+redis.call('INCR', KEYS[4])
+return 1
+"""
+
+# ARGV[1]: key prefix. Returns JSON {id: fields} of live nodes agreeing with the cluster's
+# settings; forgets lapsed ones.
+LIVE_NODES_SCRIPT = (
+    AGREES
+    + """
+local call, prefix = redis.call, ARGV[1]
+local nodes = {}
+for _, id in ipairs(call('SMEMBERS', prefix .. 'nodes')) do
+  local fields = call('HGETALL', prefix .. 'node:' .. id)
+  local state = {}
+  for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
+  if state['epoch'] then
+    if agrees(prefix, state) then nodes[id] = state end
+  elseif #fields == 0 then
+    call('SREM', prefix .. 'nodes', id)
+    call('DEL', prefix .. 'epoch:' .. id)
+    call('INCR', prefix .. 'members')
+  end
+end
+return cjson.encode(nodes)
+"""
+)
