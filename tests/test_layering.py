@@ -70,3 +70,53 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
     (package / "bad.py").write_text("from services.engine.engine import Engine\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert violations("shared", FORBIDDEN["shared"]) == ["shared/bad.py:1 imports services.engine.engine"]
+
+
+def test_the_gateway_loads_no_tensor_library():
+    """The gateway runs no model: importing every gateway module leaves torch unloaded."""
+    import subprocess
+
+    modules = sorted(f"services.gateway.{p.stem}" for p in (ROOT / "services/gateway").glob("*.py") if p.stem != "__init__")
+    code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+# What would bring threads or blocking gRPC back into the gateway, which is async end to end.
+BLOCKING_IN_GATEWAY = ("threading", "concurrent.futures", "queue")
+BLOCKING_CALLS = (
+    "to_thread",
+    "run_in_executor",
+    "call_soon_threadsafe",
+    "insecure_channel",
+    "secure_channel",
+    "intercept_channel",
+    "server",
+)
+
+
+def blocking_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = [f"{path.name}:{line} imports {m}" for line, m in imports(path) if m.split(".")[0] in BLOCKING_IN_GATEWAY]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in BLOCKING_CALLS:
+            owner = node.func.value
+            if node.func.attr in ("server", "insecure_channel", "secure_channel", "intercept_channel"):
+                if not (isinstance(owner, ast.Name) and owner.id == "grpc"):  # grpc.aio.server(...) is the async one
+                    continue
+            found.append(f"{path.name}:{node.lineno} calls {node.func.attr}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "internal_channel":
+            if not any(k.arg == "aio" and isinstance(k.value, ast.Constant) and k.value.value is True for k in node.keywords):
+                found.append(f"{path.name}:{node.lineno} dials a blocking internal channel")
+    return sorted(found)
+
+
+def test_the_gateway_starts_no_thread_and_dials_no_blocking_channel():
+    assert [v for p in sorted((ROOT / "services/gateway").glob("*.py")) for v in blocking_uses(p)] == []
+
+
+def test_the_blocking_check_catches_a_thread_and_a_blocking_channel(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import threading\nimport grpc\nasync def f(loop):\n    await asyncio.to_thread(g)\n    grpc.insecure_channel('a')\n")
+    assert blocking_uses(bad) == ["bad.py:1 imports threading", "bad.py:4 calls to_thread", "bad.py:5 calls insecure_channel"]

@@ -177,7 +177,7 @@ async def _serve(
             timeout_graceful_shutdown=config.drain_timeout_s,
             timeout_keep_alive=config.http_keep_alive_s,
         ),
-        on_exit=lambda: loop.call_soon_threadsafe(drain),  # from a signal handler: onto the loop
+        on_exit=lambda: loop.call_soon(drain),  # signal handlers run on the loop's own thread, between its steps
     )
     log.info("gateway on http://%s:%d, Generate on %s", config.http_host, config.http_port, config.generate_address)
     try:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -154,6 +155,42 @@ def test_cancelled_stream_frees_its_kv_pages(stack):
     while time.monotonic() < deadline and stack.metrics()["tessera_decode_kv_blocks_free"] != free_before:
         time.sleep(0.5)
     assert stack.metrics()["tessera_decode_kv_blocks_free"] == free_before
+
+
+def _num_threads(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
+def test_a_client_disconnect_stops_its_decode_at_once_and_leaves_no_gateway_thread(stack):
+    """The gateway is async end to end: a dropped stream cancels the request's task, whose
+    cancelled gRPC call aborts the engine request on the decode node, and no thread was ever
+    started for it."""
+    gateway_pid = stack.state()["roles"]["gateway"]["pid"]
+    client = client_for(stack)
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "warm up"}], max_tokens=2)
+    threads_before = _num_threads(gateway_pid)
+    aborted_before = stack.metrics()["tessera_engine_requests_aborted_total"]
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Tell me an endless story."}],
+        stream=True,
+        temperature=0,
+        max_tokens=2000,
+        extra_body={"ignore_eos": True},
+    )
+    for i, _ in enumerate(stream):
+        if i == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and stack.metrics()["tessera_engine_requests_aborted_total"] == aborted_before:
+        time.sleep(0.1)
+    generated = stack.metrics()["tessera_decode_tokens_generated_total"]
+    time.sleep(1.0)  # a decode still running would add tens of tokens here
+    assert stack.metrics()["tessera_decode_tokens_generated_total"] == generated
+    assert stack.metrics()["tessera_engine_requests_aborted_total"] == aborted_before + 1
+    assert _num_threads(gateway_pid) <= threads_before
 
 
 def test_public_grpc_generate_streams_tokens(stack, oracle):
