@@ -39,7 +39,8 @@ from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.context_length import DEFAULT_MAX_MODEL_LEN, check_context_length
 from services.gateway.errors import GatewayError
 from services.gateway.failures import Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
-from services.gateway.stages import Attempt, Stages
+from services.gateway.request_run import Attempt, RequestRun
+from services.gateway.stages import Stages
 from services.gateway.token_events import TokenEvent
 from services.router.route_attributes import route_attributes
 from services.router.router import NoLiveNodeError, Route, Router
@@ -136,51 +137,54 @@ class Pipeline:
     async def _run(
         self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, fit_max_tokens: bool
     ) -> AsyncIterator[TokenEvent]:
-        attempts = Attempts(self.max_failures)
-        deadline = self.clock() + self.timeout_s  # one budget for the whole request, every retry included
-        preprocess_address: str | None = None
-        prep: pb.PreprocessResponse | None = None
-        emitted: list[int] = []  # answer tokens already yielded: a migration continues after them
-        cached_tokens: int | None = None
-        for attempt in itertools.count():
+        deadline = self.clock() + self.timeout_s
+        run = RequestRun(request_id, body, sampling, cache_salt, stream, deadline, Attempts(self.max_failures))
+        for number in itertools.count():
             try:
-                if preprocess_address is None:
-                    preprocess_address = self._pick_preprocess(attempts.excluded)
-                if prep is None:
-                    prep = await self.stages.preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
-                    param = "messages" if "messages" in body else "prompt"
-                    room = self.max_model_len - len(prep.prompt_token_ids)
-                    if fit_max_tokens and max(1, sampling.min_tokens) <= room < sampling.max_tokens:
-                        sampling = replace(sampling, max_tokens=room)
-                    check_context_length(len(prep.prompt_token_ids), sampling.max_tokens, self.max_model_len, param=param)
-                route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
-                current = Attempt(f"{request_id}-{attempt}", preprocess_address, body, route, deadline)
-                assert route.reservation is not None  # routed with reserve=True, released here
-                with route.reservation:
+                attempt, lacking = await self._next_attempt(run, number, fit_max_tokens)
+                assert attempt.route.reservation is not None  # routed with reserve=True, released here
+                with attempt.route.reservation:
                     if lacking:
-                        await self.stages.push_images(current, lacking)
-                    prefill = await self.stages.prefill(current, prep, sampling, cache_salt, emitted)
-                cached_tokens = prefill.num_cached_tokens if cached_tokens is None else cached_tokens
-                _trace_prefill(prep, prefill)
-                with self.membership.in_flight(route.decode):
-                    async for event in self.stages.decode(current, prep, sampling, cache_salt, prefill, emitted, stream, cached_tokens):
-                        emitted.extend(event.token_ids)
+                        await self.stages.push_images(attempt, lacking)
+                    prefill = await self.stages.prefill(attempt)
+                if run.cached_tokens is None:
+                    run.cached_tokens = prefill.num_cached_tokens  # what the client is told: the first prefill's
+                _trace_prefill(attempt.prep, prefill)
+                with self.membership.in_flight(attempt.route.decode):
+                    async for event in self.stages.decode(attempt, prefill):
+                        run.emitted.extend(event.token_ids)
                         yield event
                         if event.finished:
                             return
-                raise NodeFailure("decode", route.decode, "the stream ended early")
+                raise NodeFailure("decode", attempt.route.decode, "the stream ended early")
             except (NodeFailure, NodeOverloaded) as failure:
                 if isinstance(failure, NodeFailure):
-                    self._record_failure(failure, attempts, deadline, migrating=bool(emitted))
+                    self._record_failure(failure, run.attempts, run.deadline, migrating=bool(run.emitted))
                 else:  # busy, not broken: another node of the role, without quarantining this one
                     trace.get_current_span().add_event("node_busy", {"tessera.role": failure.role, "tessera.node": failure.address})
-                    attempts.record_busy(failure)
+                    run.attempts.record_busy(failure)
                     self.num_busy_refusals += 1
                 if failure.role == "preprocess":
-                    preprocess_address = None
+                    run.preprocess_address = None
             except NoLiveNodeError as exc:
-                raise attempts.no_node_left(exc) from None
+                raise run.attempts.no_node_left(exc) from None
         raise AssertionError("unreachable")
+
+    async def _next_attempt(self, run: RequestRun, number: int, fit_max_tokens: bool) -> tuple[Attempt, list[MmHash]]:
+        """Preprocess the request once (on a new node if its node failed before answering), then
+        route it: the attempt, and the images whose pixels must be pushed."""
+        if run.preprocess_address is None:
+            run.preprocess_address = self._pick_preprocess(run.attempts.excluded)
+        if run.prep is None:
+            run.prep = await self.stages.preprocess(run.preprocess_address, run.body, cache_salt=run.cache_salt, deadline=run.deadline)
+            num_prompt_tokens = len(run.prep.prompt_token_ids)
+            room = self.max_model_len - num_prompt_tokens
+            if fit_max_tokens and max(1, run.sampling.min_tokens) <= room < run.sampling.max_tokens:
+                run.sampling = replace(run.sampling, max_tokens=room)
+            param = "messages" if "messages" in run.body else "prompt"
+            check_context_length(num_prompt_tokens, run.sampling.max_tokens, self.max_model_len, param=param)
+        route, lacking = self._route(run.prep, run.cache_salt, run.attempts.excluded, number)
+        return Attempt(run, number, route, run.preprocess_address, run.prep), lacking
 
     async def tokenize(self, body: dict) -> pb.PreprocessResponse:
         """/tokenize: preprocessing alone (chat template, image expansion), nothing routed."""

@@ -14,46 +14,21 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 
 import grpc
 from opentelemetry import trace
 
 from protos.gen import pb
-from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
 from services.gateway.failures import NodeFailure, classify_rpc_error, remaining_s, trailing_value
+from services.gateway.request_run import Attempt, PixelTarget
 from services.gateway.token_events import TokenEvent, TokenLogprob
 from services.router.router import Route, Router
 from services.transport.grpc_server import MISSING_PIXELS_KEY
 from shared.tracing import outgoing_metadata
 from shared.types import MmHash
-
-
-@dataclass(frozen=True, slots=True)
-class PixelTarget:
-    role: str  # "encoder", or "prefill" for a prefill node encoding the images itself
-    address: str
-    key_prefix: str = ""  # data-plane keys are key_prefix + mm_hash; "" for an encoder
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """What one attempt's calls share: its id, the nodes and the deadline."""
-
-    request_id: str
-    preprocess_address: str
-    body: dict
-    route: Route
-    deadline: float
-
-    def encoder_target(self) -> PixelTarget:
-        return PixelTarget("encoder", self.route.encoder)
-
-    def prefill_target(self) -> PixelTarget:
-        return PixelTarget("prefill", self.route.prefill, key_prefix=f"px/{self.request_id}/")
 
 
 class Stages:
@@ -96,7 +71,7 @@ class Stages:
         node made them) are made by running preprocessing again without skipping, then pushed."""
         not_found = [MmHash(h) for h in (await self._push_pixels(attempt, mm_hashes, target, force=force)).not_found]
         if not_found:
-            await self.preprocess(attempt.preprocess_address, attempt.body, skip_indexed=False, deadline=attempt.deadline)
+            await self.preprocess(attempt.preprocess_address, attempt.run.body, skip_indexed=False, deadline=attempt.run.deadline)
             if (await self._push_pixels(attempt, not_found, target, force=force)).not_found:
                 raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
 
@@ -109,29 +84,27 @@ class Stages:
             key_prefix=target.key_prefix,
         )
         address = attempt.preprocess_address
-        return await self.call("preprocess", address, self.stub("preprocess", address).ResendPixels, request, attempt.deadline)
+        return await self.call("preprocess", address, self.stub("preprocess", address).ResendPixels, request, attempt.run.deadline)
 
-    async def prefill(
-        self, attempt: Attempt, prep: pb.PreprocessResponse, sampling: SamplingParams, cache_salt: str | None, emitted: list[int]
-    ) -> pb.PrefillResponse:
-        route = attempt.route
+    async def prefill(self, attempt: Attempt) -> pb.PrefillResponse:
+        run, route, prep = attempt.run, attempt.route, attempt.prep
         request = pb.PrefillRequest(
             request_id=attempt.request_id,
             prompt_token_ids=prep.prompt_token_ids,
             mm_items=prep.mm_items,
-            cache_salt=cache_salt or "",
+            cache_salt=run.cache_salt or "",
             decode_data_address=await self.data_address("decode", route.decode),
-            sampling=sampling_to_pb(sampling),
+            sampling=sampling_to_pb(run.sampling),
             encoder_address=route.encoder,
             kv_sources=[pb.KVSource(grpc_address=a, num_tokens=n) for a, n in kv_sources(route)],
-            prior_output_token_ids=emitted,
+            prior_output_token_ids=run.emitted,
             local_encode_mm_hashes=sorted(route.local_encode),
             local_pixels_key_prefix=attempt.prefill_target().key_prefix if route.local_encode else "",
         )
         method = self.stub("prefill", route.prefill).Prefill
         for resent in (False, True):
             try:
-                return await self.call("prefill", route.prefill, method, request, attempt.deadline, classify=False)
+                return await self.call("prefill", route.prefill, method, request, run.deadline, classify=False)
             except grpc.RpcError as exc:
                 missing = trailing_value(exc, MISSING_PIXELS_KEY)
                 if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or resent:
@@ -143,34 +116,27 @@ class Stages:
                     await self.ensure_pixels(attempt, hashes, target, force=True)
         raise AssertionError("unreachable")
 
-    async def decode(
-        self,
-        attempt: Attempt,
-        prep: pb.PreprocessResponse,
-        sampling: SamplingParams,
-        cache_salt: str | None,
-        prefill: pb.PrefillResponse,
-        emitted: list[int],
-        stream: bool,
-        cached_tokens: int,
-    ) -> AsyncIterator[TokenEvent]:
-        route = attempt.route
+    async def decode(self, attempt: Attempt, prefill: pb.PrefillResponse) -> AsyncIterator[TokenEvent]:
+        """The decode stream's token events. ``run.emitted`` is read when the call starts (a
+        migration continues after those tokens); the caller extends it."""
+        run, route, prep = attempt.run, attempt.route, attempt.prep
+        cached_tokens = prefill.num_cached_tokens if run.cached_tokens is None else run.cached_tokens
         decode_request = pb.DecodeRequest(
             request_id=attempt.request_id,
             prompt_token_ids=prep.prompt_token_ids,
             first_token_id=prefill.first_token_id,
             mrope_delta=prefill.mrope_delta,
-            sampling=sampling_to_pb(sampling),
+            sampling=sampling_to_pb(run.sampling),
             num_cached_tokens=cached_tokens,
             mm_items=prep.mm_items,
-            cache_salt=cache_salt or "",
-            stream=stream,
-            prior_output_token_ids=emitted,
+            cache_salt=run.cache_salt or "",
+            stream=run.stream,
+            prior_output_token_ids=run.emitted,
         )
         if prefill.HasField("first_token_logprob"):
             decode_request.first_token_logprob.CopyFrom(prefill.first_token_logprob)
         chunks = self.stub("decode", route.decode).Decode(
-            decode_request, timeout=self.remaining_s(attempt.deadline), metadata=outgoing_metadata()
+            decode_request, timeout=self.remaining_s(run.deadline), metadata=outgoing_metadata()
         )
         prompt_tokens = len(prep.prompt_token_ids)
         number = 0
