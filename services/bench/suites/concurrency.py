@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from services.bench.local_stack import start_stack, stop_stack
+from services.bench.local_stack import scrape_metrics, start_stack, stop_stack
 from services.bench.peer_vllm import start_vllm, stop_vllm
 from services.bench.report import percentile
 from services.bench.suites.common import RESULTS, ms
@@ -177,5 +177,16 @@ def measure_vllm(args: argparse.Namespace) -> dict:
 
 
 def measure(base_url: str, model: str, args: argparse.Namespace) -> dict:
+    cpu_before = frontend_cpu_s(base_url)
     outcomes, wall_s, peak_open = asyncio.run(run_clients(base_url, model, args.clients, args.max_tokens, args.timeout_s))
-    return summarize(outcomes, wall_s, peak_open)
+    cpu_after = frontend_cpu_s(base_url)
+    summary = summarize(outcomes, wall_s, peak_open)
+    cpu_s = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    summary["frontend_cpu_s_per_1000_requests"] = None if cpu_s is None else round(cpu_s * 1000 / max(1, len(outcomes)), 2)
+    return summary
+
+
+def frontend_cpu_s(base_url: str) -> float | None:
+    """CPU-seconds of the process serving ``base_url`` (Tessera's gateway, vLLM's API server),
+    from the process collector on its /metrics; None where it has none."""
+    return scrape_metrics(base_url).get("process_cpu_seconds_total")
