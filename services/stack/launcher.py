@@ -65,6 +65,16 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {_PORT_RANGE[0]}-{_PORT_RANGE[1]}")
 
 
+def _move_internal_ports(role: RoleProcess) -> None:
+    """Give a node that has not served yet new internal ports (the gateway's are the user's)."""
+    for flag, scheme in (("--grpc-address", ""), ("--data-address", "tcp://")):
+        if flag in role.argv:
+            at = role.argv.index(flag) + 1
+            role.argv[at] = f"{scheme}{INTERNAL_HOST}:{free_port()}"
+            if flag == "--grpc-address":
+                role.grpc_address = role.argv[at]
+
+
 class ServerExitedError(RuntimeError):
     """A server process exited before it answered SERVING."""
 
@@ -237,6 +247,7 @@ class Stack:
                 if attempt == max_attempts:
                     raise
                 print(f"{role.role}: {exc}; starting it again", file=sys.stderr, flush=True)
+                _move_internal_ports(role)  # another process may hold the ports it drew: draw new ones
                 self._spawn(role)
 
     def supervise(self) -> None:

@@ -53,3 +53,16 @@ def test_each_role_is_spawned_with_its_cpu_share_and_operator_variables_win(monk
     assert set(spawned) == {"preprocess", "encoder", "encoder-1", "prefill", "decode"}
     for env in spawned.values():
         assert env["OMP_WAIT_POLICY"] == "ACTIVE" and int(env["OMP_NUM_THREADS"]) >= 1
+
+
+def test_a_node_that_died_starting_is_restarted_on_new_internal_ports():
+    """Its ports were free when drawn, but another process may have bound them since: the
+    retry draws new ones instead of failing on the same port again."""
+    from services.stack.launcher import _move_internal_ports
+
+    [decode] = [p for p in Stack(StackConfig()).node_processes(["tessera", "serve"]) if p.role == "decode"]
+    old_grpc, old_data = addresses(decode.argv, "--grpc-address"), addresses(decode.argv, "--data-address")
+    _move_internal_ports(decode)
+    [grpc_address], [data_address] = addresses(decode.argv, "--grpc-address"), addresses(decode.argv, "--data-address")
+    assert [grpc_address] != old_grpc and [data_address] != old_data and decode.grpc_address == grpc_address
+    assert grpc_address.startswith(f"{INTERNAL_HOST}:") and data_address.startswith(f"tcp://{INTERNAL_HOST}:")
