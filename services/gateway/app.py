@@ -24,6 +24,7 @@ from services.gateway import openai_api
 from services.gateway.admission import Admission
 from services.gateway.body_limit import BodyLimitMiddleware
 from services.gateway.completion_protocol import CompletionRequest, CompletionResponse
+from services.gateway.config_agreement import DisagreementLog, block_size_disagreement
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChatFormatter, CompletionFormatter
 from services.gateway.ignored_fields import report_ignored_fields
@@ -88,11 +89,20 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
     _add_error_handlers(app, state)
 
+    disagreements = DisagreementLog()
+
     def readiness() -> tuple[str, dict[str, int]]:
         membership = state.pipeline.membership
         role_to_count = {role: len(membership.nodes(role)) for role in ROUTED_ROLES}
         missing = [role for role, count in role_to_count.items() if not count]
-        status = "draining" if state.draining else ("ok" if not missing else f"no live {', '.join(missing)} node")
+        disagreement = block_size_disagreement(membership.snapshot().values(), state.pipeline.router.block_size)
+        disagreements.note(disagreement)
+        if state.draining:
+            status = "draining"
+        elif disagreement is not None:
+            status = disagreement
+        else:
+            status = "ok" if not missing else f"no live {', '.join(missing)} node"
         return status, role_to_count
 
     @app.get("/live", response_model=LiveResponse)

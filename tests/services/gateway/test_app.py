@@ -26,12 +26,13 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 class FakeMembership:
     roles: tuple[str, ...] = ("preprocess", "encoder", "prefill", "decode")
     index: None = None
+    states: dict = field(default_factory=dict)
 
     def nodes(self, role, exclude=frozenset()):
         return [object()] if role in self.roles else []
 
     def snapshot(self):
-        return {}
+        return self.states
 
 
 @dataclass
@@ -42,7 +43,9 @@ class FakePipeline:
     error: GatewayError | None = None
     fail_after: int = 0
     membership: FakeMembership = field(default_factory=FakeMembership)
-    router: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(index=None, num_index_failures=0, num_local_encodes=0))
+    router: SimpleNamespace = field(
+        default_factory=lambda: SimpleNamespace(index=None, num_index_failures=0, num_local_encodes=0, block_size=16)
+    )
     calls: list = field(default_factory=list)
     route_observers: list = field(default_factory=list)
     num_retries: int = 0
@@ -283,3 +286,18 @@ def test_served_model_names_come_from_the_flag_or_the_model(tiny_model):
     from services.stack.roles import setting_names
 
     assert "served_model_name" in setting_names()  # so `tessera serve --served-model-name` exists and passes through
+
+
+def test_a_gateway_whose_block_size_is_not_the_cluster_s_is_not_ready_and_says_why():
+    from shared.index.cluster_config import ClusterConfig
+    from shared.index.types import NodeInfo, NodeState
+
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline)
+    pipeline.membership.states = {
+        "prefill@p:1": NodeState(NodeInfo("prefill@p:1", "prefill", "p:1", config=ClusterConfig(16)), 1, 0.0, 0.0)
+    }
+    assert http.get("/ready").status_code == 200  # the gateway's block_size is 16 too
+    pipeline.membership.states["decode@d:1"] = NodeState(NodeInfo("decode@d:1", "decode", "d:1", config=ClusterConfig(32)), 1, 0.0, 0.0)
+    ready = http.get("/ready")
+    assert ready.status_code == 503 and "block_size 16 is not the cluster's (16, 32)" in ready.json()["status"]
