@@ -8,7 +8,6 @@ import asyncio
 import functools
 import os
 
-import grpc
 from opentelemetry import trace
 
 from protos.gen import pb, rpc
@@ -20,10 +19,11 @@ from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem, build_request
 from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
 from services.transport.convert import item_from_pb
-from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
+from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.kv_peer import add_kv_peer
 from services.transport.node_admission import NodeAdmission, abort_overloaded
+from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with
 from shared.process_stats import process_counters
 
 
@@ -68,11 +68,11 @@ class DecodeServicer(rpc.DecodeServicer):
                 if not first.finished and not self.node.can_adopt(engine_request):
                     raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
             except KVPagesExhaustedError as exc:
-                await abort_overloaded(context, "decode", str(exc))
+                await abort_overloaded(context, NodeRef("decode"), str(exc))
             except KVTransferTimeoutError as exc:
-                await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), 503)
+                await abort_with(context, NodeError(ErrorKind.KV_TRANSFER_TIMEOUT, str(exc)))
             except RequestRejectedError as exc:  # it can never run here (too long for the model or the KV pool)
-                await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), 400)
+                await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, str(exc)))
             # The first token goes out now, before adoption waits for the engine's step in progress.
             finished = first.finished
             yield self._chunk(first)
@@ -83,11 +83,11 @@ class DecodeServicer(rpc.DecodeServicer):
                 await asyncio.wrap_future(self.node.adopt(engine_request, pages, to_client))
                 span.add_event("adopted")
             except KVPagesExhaustedError as exc:  # taken since can_adopt: the gateway continues elsewhere
-                await abort_overloaded(context, "decode", str(exc))
+                await abort_overloaded(context, NodeRef("decode"), str(exc))
             while not finished:
                 output = await queue.get()
                 if isinstance(output, BaseException):
-                    await abort_with(context, grpc.StatusCode.INTERNAL, f"decode failed: {output}", 500)
+                    await abort_with(context, NodeError(ErrorKind.REQUEST_FAILED, f"decode failed: {output}"))
                 finished = output.finished
                 yield self._chunk(output)
         finally:

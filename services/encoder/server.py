@@ -16,9 +16,10 @@ import grpc
 from protos.gen import pb, rpc
 from services.encoder.batching import DEFAULT_MAX_BATCH_ROWS, DeadlinePassedError, EncodeBatcher
 from services.encoder.node import EncodeItem, EncoderNode
-from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
+from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
+from services.transport.node_error import ErrorKind, NodeError, abort_with
 from shared.process_stats import process_counters
 from shared.types import MmHash
 
@@ -39,7 +40,7 @@ class EncodeServicer(rpc.EncodeServicer):
             except DeadlinePassedError as exc:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
             except Exception as exc:
-                await abort_with(context, grpc.StatusCode.INTERNAL, f"encoding failed for this request: {exc}", 500)
+                await abort_with(context, NodeError(ErrorKind.REQUEST_FAILED, f"encoding failed for this request: {exc}"))
         return pb.EncodeResponse(missing_pixels=result.missing_pixels, num_encoded=result.num_encoded, num_cache_hits=result.num_cache_hits)
 
     async def Stats(self, request, context) -> pb.StatsResponse:

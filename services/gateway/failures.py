@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from services.gateway.admission import rate_limited
+from services.gateway.error_kinds import KIND_RULES, Action
 from services.gateway.errors import GatewayError
 from services.router.router import NoLiveNodeError
-from services.transport.grpc_server import FAILED_NODE_KEY, HTTP_STATUS_KEY, OVERLOADED_KEY
+from services.transport.node_error import NodeRef, node_error_of
 
 # gRPC codes that mean "the node failed", not "the request is bad": retried on another node.
 _NODE_FAILURE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED)
@@ -66,33 +67,25 @@ class Attempts:
 
 def classify_rpc_error(role: str, address: str, exc: grpc.RpcError) -> NodeFailure | NodeOverloaded | GatewayError:
     """A node's failure (retried elsewhere), a busy node (tried elsewhere, without quarantine), or
-    the request's own error (returned to the client)."""
+    the request's own error (returned to the client): by the kind of the node's typed error, or
+    without one (a drain, a dead peer, a deadline) by the gRPC code."""
     detail = exc.details() or exc.code().name
-    busy = trailing_value(exc, OVERLOADED_KEY)
-    if busy is not None and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        busy_role, _, busy_address = busy.partition("=")  # "role": the node called; "role=address": one it called
-        return NodeOverloaded(busy_role, busy_address or address, detail)
-    failed = trailing_value(exc, FAILED_NODE_KEY)
-    if failed is not None:
-        failed_role, _, failed_address = failed.partition("=")
-        return NodeFailure(failed_role, failed_address, detail)
-    status = trailing_value(exc, HTTP_STATUS_KEY)
-    if status is not None:
-        return GatewayError(int(status), detail or f"{role} rejected the request")
+    error = node_error_of(exc)
+    if error is not None:
+        rule = KIND_RULES[error.kind]
+        # The node the error names: the one called, unless it is one that node called (its encoder).
+        named = error.node or NodeRef(role)
+        named_address = named.address or address
+        if rule.action is Action.TRY_ANOTHER:
+            return NodeOverloaded(named.role, named_address, detail)
+        if rule.action is Action.RETRY_ELSEWHERE:
+            return NodeFailure(named.role, named_address, detail)
+        if rule.action is Action.REJECT and rule.status is not None:
+            return GatewayError(rule.status, detail)
+        # RESEND_PIXELS here: the pixels are still missing after the resend; the node's failure as below.
     if exc.code() in _NODE_FAILURE_CODES:
         return NodeFailure(role, address, detail)
     return GatewayError(500, f"the {role} service failed: {detail}")
-
-
-def trailing_value(exc: grpc.RpcError, key: str) -> str | None:
-    try:
-        metadata = exc.trailing_metadata() or ()
-    except Exception:
-        return None
-    for k, v in metadata:
-        if k == key:
-            return v
-    return None
 
 
 def remaining_s(deadline: float, now: float) -> float:

@@ -15,7 +15,11 @@ from services.gateway.openai_api import parse_chat_request
 from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
 from services.transport.api_key_auth import ApiKeyInterceptor, current_principal
-from services.transport.grpc_server import HTTP_STATUS_KEY, SERVER_OPTIONS
+from services.transport.grpc_server import SERVER_OPTIONS
+
+# The HTTP status the same request would get from the HTTP API, for Generate's clients: a string
+# trailer of the public surface (nodes report typed errors to the gateway instead, node_error.py).
+HTTP_STATUS_KEY = "tessera-http-status"
 
 _STATUS_TO_CODE = {
     400: grpc.StatusCode.INVALID_ARGUMENT,

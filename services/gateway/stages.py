@@ -22,11 +22,11 @@ from protos.gen import pb
 from services.engine.sampling_wire import sampling_to_pb
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
-from services.gateway.failures import NodeFailure, classify_rpc_error, remaining_s, trailing_value
+from services.gateway.failures import NodeFailure, classify_rpc_error, remaining_s
 from services.gateway.request_run import Attempt, PixelTarget
 from services.gateway.token_events import TokenEvent, TokenLogprob
 from services.router.router import Route, Router
-from services.transport.grpc_server import MISSING_PIXELS_KEY
+from services.transport.node_error import ErrorKind, node_error_of
 from shared.tracing import outgoing_metadata
 from shared.types import MmHash
 
@@ -106,13 +106,12 @@ class Stages:
             try:
                 return await self.call("prefill", route.prefill, method, request, run.deadline, classify=False)
             except grpc.RpcError as exc:
-                missing = trailing_value(exc, MISSING_PIXELS_KEY)
-                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not missing or resent:
+                error = node_error_of(exc)
+                if error is None or error.kind is not ErrorKind.MISSING_PIXELS or not error.missing_mm_hashes or resent:
                     raise classify_rpc_error("prefill", route.prefill, exc) from None
                 # The node that encodes them lacks their pixels (the encoder evicted images our
                 # mirror thought it had, or a push to the prefill node came late): push again.
-                missing_hashes = [MmHash(h) for h in missing.split(",")]
-                for target, hashes in _by_target(attempt, missing_hashes):
+                for target, hashes in _by_target(attempt, list(error.missing_mm_hashes)):
                     await self.ensure_pixels(attempt, hashes, target, force=True)
         raise AssertionError("unreachable")
 

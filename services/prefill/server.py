@@ -1,13 +1,13 @@
 """gRPC Prefill service, a thin edge over PrefillNode.run: converts the request to a PrefillJob and
 the result back, dials the encoders and KV peers the request names (GrpcUpstream), and maps a
-failure to the status the gateway acts on. Also serves KVPeer, so other prefill nodes can pull
+failure to the kind of error the gateway acts on. Also serves KVPeer, so other prefill nodes can pull
 from this one.
 
-An encoder that fails is named in the error (FAILED_NODE_KEY): the gateway retries the request on
-another one; this servicer never retries by itself. Images whose pixels never reached the node
-that encodes them are named in MISSING_PIXELS_KEY: the gateway pushes them again. A call that
-goes away (cancelled, or past its deadline) aborts its engine request; a node at its limit of
-calls refuses new ones as busy (services/transport/node_admission.py)."""
+An encoder that fails is named in the error (NODE_FAILED, services/transport/node_error.py): the
+gateway retries the request on another one; this servicer never retries by itself. Images whose
+pixels never reached the node that encodes them are named in a MISSING_PIXELS error: the gateway
+pushes them again. A call that goes away (cancelled, or past its deadline) aborts its engine
+request; a node at its limit of calls refuses new ones as busy (services/transport/node_admission.py)."""
 
 from __future__ import annotations
 
@@ -27,19 +27,12 @@ from services.prefill.kv_pull import KVSource
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMismatchError
 from services.prefill.node import PrefillNode
 from services.transport.convert import item_from_pb, item_to_pb
-from services.transport.grpc_server import (
-    HTTP_STATUS_KEY,
-    MISSING_PIXELS_KEY,
-    OVERLOADED_KEY,
-    Lifecycle,
-    abort_with,
-    new_server,
-    serve_forever,
-)
+from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
 from services.transport.kv_peer import add_kv_peer
 from services.transport.node_admission import NodeAdmission, abort_overloaded
+from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with, node_error_of
 from shared.process_stats import process_counters
 from shared.tracing import outgoing_metadata
 from shared.types import BlockHash, MmHash
@@ -62,16 +55,15 @@ class PrefillServicer(rpc.PrefillServicer):
         except grpc.aio.AioRpcError as exc:  # only the encoder's: a failed peer pull is recomputed
             await fail_like_encoder(context, exc, encoder)
         except MissingPixelsError as exc:
-            context.set_trailing_metadata(((MISSING_PIXELS_KEY, ",".join(exc.missing)),))
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await abort_with(context, NodeError(ErrorKind.MISSING_PIXELS, str(exc), missing_mm_hashes=tuple(exc.missing)))
         except (LocalEncodeUnavailableError, PixelsMismatchError) as exc:  # this request's own failure
-            await abort_with(context, grpc.StatusCode.INTERNAL, str(exc), 500)
+            await abort_with(context, NodeError(ErrorKind.REQUEST_FAILED, str(exc)))
         except EmbeddingsUnavailableError as exc:
-            await abort_with(context, grpc.StatusCode.UNAVAILABLE, f"{exc} from encoder {encoder}", None, failed_node=("encoder", encoder))
+            await abort_with(context, NodeError(ErrorKind.NODE_FAILED, f"{exc} from encoder {encoder}", NodeRef("encoder", encoder)))
         except RequestRejectedError as exc:
-            await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc), 400)
+            await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, str(exc)))
         except SamplingError as exc:  # this request's own failure; the batch beside it went on
-            await abort_with(context, grpc.StatusCode.INTERNAL, str(exc), 500)
+            await abort_with(context, NodeError(ErrorKind.REQUEST_FAILED, str(exc)))
         return result_to_pb(result)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
@@ -108,17 +100,17 @@ def result_to_pb(result: PrefillResult) -> pb.PrefillResponse:
 
 
 async def fail_like_encoder(context, exc: grpc.aio.AioRpcError, encoder: str) -> None:
-    """Fail the call the way the encoder failed it: busy is relayed as busy (the gateway tries
-    another encoder), the request's own error as that error (never retried), and anything else
-    names the encoder as the failed node (retried without it)."""
-    trailers = dict(exc.trailing_metadata() or ())
-    if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and OVERLOADED_KEY in trailers:
-        await abort_overloaded(context, f"encoder={encoder}", exc.details() or "the encoder is busy")
-    if HTTP_STATUS_KEY in trailers:
-        await abort_with(context, exc.code(), exc.details() or "the encoder refused the request", int(trailers[HTTP_STATUS_KEY]))
-    await abort_with(
-        context, grpc.StatusCode.UNAVAILABLE, f"encoder {encoder} unavailable: {exc.details()}", None, failed_node=("encoder", encoder)
-    )
+    """Fail the call the way the encoder failed it: busy is relayed as busy, with the encoder's
+    address (the gateway tries another encoder); any other typed error, the request's own, as it
+    came (never retried); and a failure without one names the encoder as the failed node
+    (retried without it)."""
+    error = node_error_of(exc)
+    if error is not None and error.kind is ErrorKind.OVERLOADED:
+        await abort_overloaded(context, NodeRef("encoder", encoder), exc.details() or "the encoder is busy")
+    if error is not None:
+        await abort_with(context, error)
+    failed = NodeError(ErrorKind.NODE_FAILED, f"encoder {encoder} unavailable: {exc.details()}", NodeRef("encoder", encoder))
+    await abort_with(context, failed)
 
 
 class GrpcUpstream:

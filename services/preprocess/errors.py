@@ -1,13 +1,16 @@
-"""Typed preprocessing errors. Each carries an HTTP status and a stable machine-readable code, so
-the gateway can answer with a 4xx that says exactly what was wrong."""
+"""Typed preprocessing errors. Each carries the kind of error it is to the gateway (which alone
+picks the HTTP status, services/gateway/error_kinds.py) and a stable machine-readable code, so the
+gateway can answer with a 4xx that says exactly what was wrong."""
 
 from __future__ import annotations
+
+from services.transport.node_error import ErrorKind
 
 
 class PreprocessError(Exception):
     """Base class: the request is at fault, never the service."""
 
-    status_code = 400
+    kind = ErrorKind.INVALID_REQUEST
     code = "invalid_request"
 
     def __init__(self, message: str) -> None:
@@ -30,7 +33,7 @@ class InvalidImageDataError(PreprocessError):
 class ImageTooLargeError(PreprocessError):
     """Encoded bytes or decoded pixel count over the configured limit (decompression bombs)."""
 
-    status_code = 413
+    kind = ErrorKind.IMAGE_TOO_LARGE
     code = "image_too_large"
 
 
@@ -48,7 +51,7 @@ class ImageSourceNotAllowedError(PreprocessError):
     """A remote URL while fetching is disabled or off the allow-list, or a path outside the
     configured media directory."""
 
-    status_code = 403
+    kind = ErrorKind.IMAGE_SOURCE_NOT_ALLOWED
     code = "image_source_not_allowed"
 
 

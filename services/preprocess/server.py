@@ -8,15 +8,14 @@ import asyncio
 import json
 import os
 
-import grpc
-
 from protos.gen import pb, rpc
 from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
 from services.transport.convert import item_to_pb
-from services.transport.grpc_server import Lifecycle, abort_with, new_server, serve_forever
+from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
+from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with
 from services.transport.tensor_channel import TensorSendTimeoutError
 from shared.hashing import MmSpan, block_hashes
 from shared.process_stats import process_counters
@@ -36,7 +35,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
         try:
             body = json.loads(request.request_json)
         except json.JSONDecodeError as exc:
-            await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, f"request body is not valid JSON: {exc}", 400)
+            await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, f"request body is not valid JSON: {exc}"))
         try:
             result, transfer = await asyncio.to_thread(
                 self.node.preprocess,
@@ -47,7 +46,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
                 skip_indexed=request.skip_indexed_pixels,
             )
         except PreprocessError as exc:
-            await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code}: {exc.message}", exc.status_code)
+            await abort_with(context, NodeError(exc.kind, f"{exc.code}: {exc.message}"))
         hashes: list[str] = []
         if request.block_size > 0:
             # Hashed here, where the tokens are, so the router's decision is one index lookup.
@@ -73,7 +72,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
             )
         except TensorSendTimeoutError as exc:  # the target's inbox is not draining: it is the failed node
             role = "prefill" if request.key_prefix else "encoder"
-            await abort_with(context, grpc.StatusCode.UNAVAILABLE, str(exc), None, failed_node=(role, request.encoder_id))
+            await abort_with(context, NodeError(ErrorKind.NODE_FAILED, str(exc), NodeRef(role, request.encoder_id)))
         return pb.ResendPixelsResponse(
             not_found=not_found, pixel_bytes_sent=transfer.num_bytes_sent, pixel_bytes_skipped=transfer.num_bytes_skipped
         )
@@ -82,7 +81,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
         try:
             text = await asyncio.to_thread(self.node.detokenize, list(request.token_ids))
         except PreprocessError as exc:
-            await abort_with(context, grpc.StatusCode.INVALID_ARGUMENT, f"{exc.code}: {exc.message}", exc.status_code)
+            await abort_with(context, NodeError(exc.kind, f"{exc.code}: {exc.message}"))
         return pb.DetokenizeResponse(text=text)
 
     async def Stats(self, request, context) -> pb.StatsResponse:

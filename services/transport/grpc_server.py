@@ -1,6 +1,6 @@
 """Shared gRPC plumbing: server construction (health, reflection, size limits, keepalive, the
 internal plane's authentication), the server lifecycle (join the cluster once serving, drain on
-SIGTERM/SIGINT), channel options, and the mapping of errors to status codes."""
+SIGTERM/SIGINT), and channel options. How a node fails a call: services/transport/node_error.py."""
 
 from __future__ import annotations
 
@@ -44,17 +44,6 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.max_ping_strikes", 0),
 ]
-# The HTTP status a gRPC error maps to, carried in trailing metadata by thin servicers.
-HTTP_STATUS_KEY = "tessera-http-status"
-# "role=grpc_address" of a node that failed a call made on the request's behalf (a prefill node's
-# encoder): the gateway retries the request without it.
-FAILED_NODE_KEY = "tessera-failed-node"
-# Comma-separated mm_hashes an encoder lacks pixels for: the gateway resends them and retries.
-MISSING_PIXELS_KEY = "tessera-missing-pixels"
-# On a RESOURCE_EXHAUSTED refusal: the node is busy, not broken ("role", or "role=grpc_address" for
-# a node called on the request's behalf). The gateway tries another node of that role, or
-# answers 429 (services/transport/node_admission.py).
-OVERLOADED_KEY = "tessera-overloaded"
 
 log = logging.getLogger("tessera")
 
@@ -154,22 +143,3 @@ def new_server(auth: InternalAuth) -> grpc.aio.Server:
     from services.transport.tracing_interceptor import TracingServerInterceptor
 
     return grpc.aio.server(options=SERVER_OPTIONS, interceptors=[*server_interceptors(auth), TracingServerInterceptor()])
-
-
-async def abort_with(
-    context: grpc.aio.ServicerContext,
-    code: grpc.StatusCode,
-    message: str,
-    http_status: int | None,
-    *,
-    failed_node: tuple[str, str] | None = None,
-) -> None:
-    """Fail the call; ``http_status`` None marks a node failure the gateway may retry elsewhere,
-    ``failed_node`` (role, address) names the node that failed."""
-    metadata = []
-    if http_status is not None:
-        metadata.append((HTTP_STATUS_KEY, str(http_status)))
-    if failed_node is not None:
-        metadata.append((FAILED_NODE_KEY, f"{failed_node[0]}={failed_node[1]}"))
-    context.set_trailing_metadata(tuple(metadata))
-    await context.abort(code, message)

@@ -1,6 +1,6 @@
 """Per-node admission: a node holds at most ``max_pending_requests`` calls queued or running.
 
-Past that, a call is refused at once with RESOURCE_EXHAUSTED and the OVERLOADED_KEY trailer, which
+Past that, a call is refused at once as OVERLOADED (services/transport/node_error.py), which
 the gateway reads as "busy, not broken": it tries another node of the role (without quarantining
 this one), or answers 429 with Retry-After. Refusing at the door keeps a node's queue, and so the
 latency of everything in it, bounded; without it a burst would queue without limit and the
@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import NoReturn
 
 import grpc
 
-from services.transport.grpc_server import OVERLOADED_KEY
+from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with
 
 # The gateway's own admission default (--max-num-requests): everything one gateway admits may sit
 # on one node of a role, as in the one-command stack, without a 429 a vLLM user would not get
@@ -54,7 +55,7 @@ class NodeAdmission:
         if not self.try_admit():
             on_refused()
             message = f"the {self.role} node is at its limit of {self.max_pending_requests} requests queued or running"
-            await abort_overloaded(context, self.role, message)
+            await abort_overloaded(context, NodeRef(self.role), message)
         try:
             yield
         finally:
@@ -64,7 +65,7 @@ class NodeAdmission:
         return {"node_requests_pending": float(self.num_pending), "node_requests_refused_total": float(self.num_refused)}
 
 
-async def abort_overloaded(context: grpc.aio.ServicerContext, node: str, message: str) -> None:
-    """Refuse a call because ``node`` ("role", or "role=grpc_address") is busy; raises."""
-    context.set_trailing_metadata(((OVERLOADED_KEY, node),))
-    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+async def abort_overloaded(context: grpc.aio.ServicerContext, node: NodeRef, message: str) -> NoReturn:
+    """Refuse a call because ``node`` (this one, or one called on the request's behalf) is busy;
+    raises."""
+    await abort_with(context, NodeError(ErrorKind.OVERLOADED, message, node))

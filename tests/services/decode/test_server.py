@@ -19,8 +19,8 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.prefill.job import PrefillJob
 from services.prefill.node import PrefillNode
-from services.transport.grpc_server import OVERLOADED_KEY
 from services.transport.node_admission import NodeAdmission
+from services.transport.node_error import ErrorKind, NodeError, NodeRef, node_error_of
 from tests.aio_server import serving
 from tests.services.prefill.fakes import FakeUpstream
 
@@ -129,7 +129,7 @@ def test_a_node_out_of_kv_pages_refuses_a_stream_as_busy_and_a_cancelled_stream_
                 received.append(chunk)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert received == []  # refused before its first token went out
-        assert (OVERLOADED_KEY, "decode") in tuple(refused.value.trailing_metadata())
+        assert node_error_of(refused.value) == NodeError(ErrorKind.OVERLOADED, refused.value.details(), NodeRef("decode"))
         assert "no free KV pages" in refused.value.details()
         holder.cancel()  # the client went away mid-stream
         await _until(lambda: _idle_with_free_pages(decode))

@@ -1,7 +1,7 @@
 """The Encode servicer over a stand-in node: calls that arrive while a batch runs make up the next
 batch, a call that goes away while waiting (cancelled, or past its deadline) is never encoded,
-and an encode that fails fails its own call only, as the request's error (500, with the status
-trailer: never retried elsewhere)."""
+and an encode that fails fails its own call only, as the request's error (REQUEST_FAILED: a 500,
+never retried elsewhere)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 from protos.gen import pb, rpc
 from services.encoder.node import EncodeItem, EncodeResult
 from services.encoder.server import EncodeServicer
-from services.transport.grpc_server import HTTP_STATUS_KEY
 from services.transport.node_admission import NodeAdmission
+from services.transport.node_error import ErrorKind, node_error_of
 from tests.aio_server import serving
 
 
@@ -114,7 +114,7 @@ def test_a_failing_encode_fails_its_own_call_as_the_requests_error_and_the_next_
             with pytest.raises(grpc.aio.AioRpcError) as failed:
                 await stub.Encode(_request("poison"), timeout=5)
             assert failed.value.code() == grpc.StatusCode.INTERNAL
-            assert (HTTP_STATUS_KEY, "500") in tuple(failed.value.trailing_metadata())
+            assert node_error_of(failed.value).kind is ErrorKind.REQUEST_FAILED
             assert "encoding failed for this request: shape" in failed.value.details()
             assert (await stub.Encode(_request("healthy"), timeout=5)).num_encoded == 1
 

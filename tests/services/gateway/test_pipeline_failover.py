@@ -14,27 +14,15 @@ from services.gateway.errors import GatewayError
 from services.gateway.pipeline import Pipeline
 from services.router.membership import Membership
 from services.router.router import Router
-from services.transport.grpc_server import FAILED_NODE_KEY, HTTP_STATUS_KEY, MISSING_PIXELS_KEY, OVERLOADED_KEY
+from services.transport.node_error import ErrorKind, NodeError, NodeRef
 from shared.index.memory_backend import InProcessIndex
 from shared.index.types import NodeInfo
+from shared.types import MmHash
 from tests.fake_clock import FakeClock
+from tests.fake_rpc_error import FakeRpcError, failed_with
 
 PROMPT = [11, 12, 13]
 NODES = {"preprocess": ("pre:1", "pre:2"), "encoder": ("e:1", "e:2"), "prefill": ("p:1", "p:2"), "decode": ("d:1", "d:2")}
-
-
-class FakeRpcError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode, details: str = "", trailing: tuple = ()) -> None:
-        self._code, self._details, self._trailing = code, details, trailing
-
-    def code(self):
-        return self._code
-
-    def details(self):
-        return self._details
-
-    def trailing_metadata(self):
-        return self._trailing
 
 
 UNAVAILABLE = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")
@@ -157,7 +145,7 @@ def test_a_failed_prefill_node_is_retried_on_the_other_and_quarantined():
 
 def test_the_encoder_a_prefill_node_names_as_failed_is_avoided_on_the_retry():
     pipeline = FakePipeline()
-    failed = FakeRpcError(grpc.StatusCode.UNAVAILABLE, "encoder down", ((FAILED_NODE_KEY, "encoder=e:1"),))
+    failed = failed_with(NodeError(ErrorKind.NODE_FAILED, "encoder down", NodeRef("encoder", "e:1")))
     pipeline.nodes["p:1"].failures = [failed]
     pipeline.generate()
     encoders = [r.encoder_address for _, r in pipeline.called("Prefill")]
@@ -166,10 +154,10 @@ def test_the_encoder_a_prefill_node_names_as_failed_is_avoided_on_the_retry():
 
 def test_a_request_error_is_returned_at_once_and_never_retried():
     pipeline = FakePipeline()
-    pipeline.nodes["p:1"].failures = [FakeRpcError(grpc.StatusCode.INVALID_ARGUMENT, "too long", ((HTTP_STATUS_KEY, "400"),))]
+    pipeline.nodes["p:1"].failures = [failed_with(NodeError(ErrorKind.INVALID_REQUEST, "too long"))]
     with pytest.raises(GatewayError) as caught:
         pipeline.generate()
-    assert caught.value.status == 400 and len(pipeline.called("Prefill")) == 1
+    assert caught.value.status == 400 and caught.value.message == "too long" and len(pipeline.called("Prefill")) == 1
 
 
 def test_a_failed_preprocess_node_is_replaced():
@@ -268,9 +256,9 @@ def test_a_request_out_of_time_gets_a_504_and_is_not_retried():
     assert pipeline.num_retries == 0 and pipeline.called("Prefill") == []
 
 
-def busy(node: str) -> FakeRpcError:
+def busy(role: str, address: str | None = None) -> FakeRpcError:
     """A node's refusal at its limit of requests (services/transport/node_admission.py)."""
-    return FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "at its limit", ((OVERLOADED_KEY, node),))
+    return failed_with(NodeError(ErrorKind.OVERLOADED, "at its limit", NodeRef(role, address)))
 
 
 def test_a_busy_decode_node_is_skipped_for_the_request_without_quarantine_or_a_failure():
@@ -298,13 +286,13 @@ def test_when_every_node_of_a_role_is_busy_the_request_gets_a_429_to_retry_later
 
 def test_a_busy_encoder_relayed_by_the_prefill_node_is_skipped():
     pipeline = FakePipeline()
-    pipeline.nodes["p:1"].failures = [busy("encoder=e:1")]
+    pipeline.nodes["p:1"].failures = [busy("encoder", "e:1")]
     pipeline.generate()
     assert [(a, r.encoder_address) for a, r in pipeline.called("Prefill")] == [("p:1", "e:1"), ("p:2", "e:2")]
     assert pipeline.membership.nodes("encoder")[0].info.grpc_address == "e:1"  # not quarantined
 
 
-def test_resource_exhausted_without_the_busy_trailer_is_not_taken_for_a_busy_node():
+def test_resource_exhausted_without_an_overloaded_error_is_not_taken_for_a_busy_node():
     pipeline = FakePipeline()
     pipeline.nodes["p:1"].failures = [FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "message larger than max")]
     with pytest.raises(GatewayError) as caught:
@@ -425,7 +413,7 @@ def test_images_a_prefill_node_encodes_have_their_pixels_pushed_to_it_per_attemp
 
 def test_pixels_a_prefill_node_reports_missing_are_pushed_to_it_again():
     pipeline = pipeline_encoding_on_prefill()
-    missing = FakeRpcError(grpc.StatusCode.FAILED_PRECONDITION, "pixels never arrived", ((MISSING_PIXELS_KEY, "img"),))
+    missing = failed_with(NodeError(ErrorKind.MISSING_PIXELS, "pixels never arrived", missing_mm_hashes=(MmHash("img"),)))
     for address in NODES["prefill"]:
         pipeline.nodes[address].failures = [missing]
     assert [e.token_ids for e in pipeline.generate()] == [[100], [101]]

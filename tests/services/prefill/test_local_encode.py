@@ -18,9 +18,9 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.prefill.node import PrefillNode
 from services.prefill.server import PrefillServicer
-from services.transport.grpc_server import HTTP_STATUS_KEY, MISSING_PIXELS_KEY
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
+from services.transport.node_error import ErrorKind, node_error_of
 from services.transport.tensor_channel import TensorInbox, TensorSender
 from tests.aio_server import serving
 from tests.factories import chat_case, encode_image, make_image
@@ -131,7 +131,8 @@ def test_pixels_that_never_arrive_are_reported_missing(nodes, inputs):
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.Prefill(_request("lost-1", inputs, sink, "img-lost", local=True), timeout=60)
         assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert dict(caught.value.trailing_metadata())[MISSING_PIXELS_KEY] == "img-lost"
+        error = node_error_of(caught.value)
+        assert error.kind is ErrorKind.MISSING_PIXELS and error.missing_mm_hashes == ("img-lost",)
 
     _run(encoding, scenario)
 
@@ -147,7 +148,7 @@ def test_a_node_without_a_vision_tower_refuses_to_encode_with_a_clear_error(node
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.Prefill(_request("plain-1", inputs, sink, "img-b", local=True), timeout=60)
         assert caught.value.code() == grpc.StatusCode.INTERNAL and "no vision tower" in caught.value.details()
-        assert dict(caught.value.trailing_metadata())[HTTP_STATUS_KEY] == "500"
+        assert node_error_of(caught.value).kind is ErrorKind.REQUEST_FAILED
 
     _run(plain, scenario)
 

@@ -17,9 +17,9 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.prefill.node import PrefillNode
 from services.prefill.server import PrefillServicer
-from services.transport.grpc_server import HTTP_STATUS_KEY
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
+from services.transport.node_error import ErrorKind, node_error_of
 from services.transport.tensor_channel import TensorInbox
 from tests.aio_server import serving
 
@@ -109,7 +109,7 @@ def test_requests_that_fail_on_their_own_get_a_clear_status_and_the_node_goes_on
         with pytest.raises(grpc.aio.AioRpcError) as sampling:
             await stub.Prefill(_request("nan", sink, _prompt(4, 64), poisoned), timeout=60)
         assert sampling.value.code() == grpc.StatusCode.INTERNAL and "sampling failed for this request" in sampling.value.details()
-        assert (HTTP_STATUS_KEY, "500") in tuple(sampling.value.trailing_metadata())
+        assert node_error_of(sampling.value).kind is ErrorKind.REQUEST_FAILED
         vocab_size = node.engine.runner.checkpoint.text.vocab_size
         with pytest.raises(grpc.aio.AioRpcError) as vocab:
             await stub.Prefill(_request("vocab", sink, [*_prompt(5, 8), vocab_size + 5]), timeout=60)

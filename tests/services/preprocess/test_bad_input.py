@@ -9,6 +9,7 @@ import zlib
 
 import pytest
 
+from services.gateway.error_kinds import KIND_RULES
 from services.preprocess import PreprocessConfig, Preprocessor
 from services.preprocess import errors as E
 from tests.factories import data_url, encode_image, image_data_url, make_image
@@ -108,7 +109,7 @@ def test_bad_input_raises_typed_error(name, body, error_type, message, strict_pr
     with pytest.raises(error_type) as info:
         strict_preprocessor.preprocess(body)
     assert message in info.value.message
-    assert 400 <= info.value.status_code < 500
+    assert 400 <= KIND_RULES[info.value.kind].status < 500  # the client's error, as the gateway answers it
     # The preprocessor is unharmed: a good request still succeeds.
     result = strict_preprocessor.preprocess(_user(_img(data_url(GOOD_PNG)), {"type": "text", "text": "ok"}))
     assert len(result.mm_items) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.gateway.error_kinds import KIND_RULES
 from services.preprocess import PreprocessConfig, Preprocessor
 from services.preprocess import errors as E
 
@@ -74,7 +75,7 @@ def test_bad_template_inputs_are_the_requests_fault(probe, body, message):
 def test_a_template_that_refuses_the_conversation_is_a_400(probe):
     with pytest.raises(E.InvalidRequestError, match="cannot render these messages: roles must alternate") as info:
         probe.preprocess({"messages": [{"role": "user", "content": "refuse me"}]})
-    assert info.value.status_code == 400
+    assert KIND_RULES[info.value.kind].status == 400
 
 
 def test_detokenize_round_trips_and_refuses_ids_outside_the_vocabulary(preprocessor):

@@ -30,8 +30,8 @@ from protos.gen import pb, rpc
 from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.models.qwen2_vl.config import read_config as load_config
-from services.transport.grpc_server import HTTP_STATUS_KEY
 from services.transport.internal_channel import internal_channel
+from services.transport.node_error import node_error_of
 from services.transport.tensor_channel import ChannelAuth, TensorInbox, TensorSender
 from tests.factories import chat_case
 from tests.services.stack.e2e_helpers import client_for, png
@@ -45,7 +45,7 @@ HEALTHY = [
 STREAM = {"temperature": 0, "max_tokens": 48, "extra_body": {"ignore_eos": True}}
 NAN_TEMPERATURE = 1e-40  # logits / this overflow to inf: the softmax is NaN, and sampling fails
 PROMPT = [10 + i for i in range(40)]
-# (the role that failed it; its HTTP status, or its gRPC code / the HTTP status its trailer carries;
+# (the role that failed it; its HTTP status, or its gRPC code / the kind of its typed node error;
 # its message, or for the expected outcomes a fragment of it)
 Outcome = tuple[str, str, str]
 
@@ -129,10 +129,10 @@ class _Nodes:
                 "400",
                 "40000 in the completion). Please reduce the length of the messages or completion. [context_length_exceeded]",
             ),
-            ("encoder", "INTERNAL/500", "encoding failed for this request"),
-            ("prefill", "INTERNAL/500", "sampling failed for this request"),
-            ("prefill", "INVALID_ARGUMENT/400", f"is outside the vocabulary of {self.vocab_size}"),
-            ("decode", "INTERNAL/500", "decode failed: sampling failed for this request"),
+            ("encoder", "INTERNAL/REQUEST_FAILED", "encoding failed for this request"),
+            ("prefill", "INTERNAL/REQUEST_FAILED", "sampling failed for this request"),
+            ("prefill", "INVALID_ARGUMENT/INVALID_REQUEST", f"is outside the vocabulary of {self.vocab_size}"),
+            ("decode", "INTERNAL/REQUEST_FAILED", "decode failed: sampling failed for this request"),
         ]
 
     # -- from the API ---------------------------------------------------------------------------
@@ -193,8 +193,8 @@ class _Nodes:
         try:
             call()
         except grpc.RpcError as exc:
-            status = dict(exc.trailing_metadata() or ()).get(HTTP_STATUS_KEY, "-")
-            return role, f"{exc.code().name}/{status}", exc.details()
+            error = node_error_of(exc)
+            return role, f"{exc.code().name}/{error.kind.name if error is not None else '-'}", exc.details()
         return role, "OK", "served"
 
     def close(self) -> None:

@@ -1,5 +1,5 @@
 """A node's admission: at most max_pending_requests calls queued or running; past that, a busy
-refusal (RESOURCE_EXHAUSTED with the overloaded trailer) at once, and the place is given back when
+refusal (RESOURCE_EXHAUSTED, an OVERLOADED node error) at once, and the place is given back when
 a call ends however it ends."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from protos.gen import pb, rpc
-from services.transport.grpc_server import OVERLOADED_KEY
 from services.transport.node_admission import NodeAdmission
+from services.transport.node_error import ErrorKind, NodeError, NodeRef, node_error_of
 from tests.aio_server import serving
 
 
@@ -55,7 +55,7 @@ def test_a_full_node_refuses_at_once_as_busy_and_frees_places_when_calls_end():
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await stub.Encode(pb.EncodeRequest(target_data_address="third"), timeout=5)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            assert (OVERLOADED_KEY, "encoder") in tuple(refused.value.trailing_metadata())
+            assert node_error_of(refused.value) == NodeError(ErrorKind.OVERLOADED, refused.value.details(), NodeRef("encoder"))
             assert "at its limit of 2 requests" in refused.value.details() and servicer.refused == ["third"]
             held[0].cancel()  # a cancelled call gives its place back
             while admission.num_pending > 1:
