@@ -113,7 +113,7 @@ class Pipeline:
 
     async def run(
         self,
-        body: dict,
+        prompt: pb.PromptInput,
         sampling: SamplingParams,
         *,
         cache_salt: str | None = None,
@@ -130,11 +130,11 @@ class Pipeline:
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
-            async for event in self._run(body, sampling, cache_salt, request_id, stream, fit_max_tokens):
+            async for event in self._run(prompt, sampling, cache_salt, request_id, stream, fit_max_tokens):
                 yield event
 
     async def _run(
-        self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, fit_max_tokens: bool
+        self, prompt: pb.PromptInput, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, fit_max_tokens: bool
     ) -> AsyncIterator[TokenEvent]:
         attempts = Attempts(self.max_failures)
         deadline = self.clock() + self.timeout_s  # one budget for the whole request, every retry included
@@ -147,14 +147,14 @@ class Pipeline:
                 if preprocess_address is None:
                     preprocess_address = self._pick_preprocess(attempts.excluded)
                 if prep is None:
-                    prep = await self.stages.preprocess(preprocess_address, body, cache_salt=cache_salt, deadline=deadline)
-                    param = "messages" if "messages" in body else "prompt"
+                    prep = await self.stages.preprocess(preprocess_address, prompt, cache_salt=cache_salt, deadline=deadline)
+                    param = "messages" if prompt.WhichOneof("prompt") == "chat" else "prompt"
                     room = self.max_model_len - len(prep.prompt_token_ids)
                     if fit_max_tokens and max(1, sampling.min_tokens) <= room < sampling.max_tokens:
                         sampling = replace(sampling, max_tokens=room)
                     check_context_length(len(prep.prompt_token_ids), sampling.max_tokens, self.max_model_len, param=param)
                 route, lacking = self._route(prep, cache_salt, attempts.excluded, attempt)
-                current = Attempt(f"{request_id}-{attempt}", preprocess_address, body, route, deadline)
+                current = Attempt(f"{request_id}-{attempt}", preprocess_address, prompt, route, deadline)
                 assert route.reservation is not None  # routed with reserve=True, released here
                 with route.reservation:
                     if lacking:
@@ -182,9 +182,9 @@ class Pipeline:
                 raise attempts.no_node_left(exc) from None
         raise AssertionError("unreachable")
 
-    async def tokenize(self, body: dict) -> pb.PreprocessResponse:
+    async def tokenize(self, prompt: pb.PromptInput) -> pb.PreprocessResponse:
         """/tokenize: preprocessing alone (chat template, image expansion), nothing routed."""
-        return await self._on_preprocess(lambda address, deadline: self.stages.preprocess(address, body, deadline=deadline))
+        return await self._on_preprocess(lambda address, deadline: self.stages.preprocess(address, prompt, deadline=deadline))
 
     async def detokenize(self, token_ids: list[int]) -> str:
         request = pb.DetokenizeRequest(token_ids=token_ids)
@@ -251,7 +251,5 @@ def _trace_prefill(prep: pb.PreprocessResponse, prefill: pb.PrefillResponse) -> 
         {
             "tessera.prefill.cached_tokens": prefill.num_cached_tokens,
             "tessera.prefill.pulled_tokens": prefill.num_pulled_tokens,
-            "tessera.preprocess.pixel_bytes_sent": prep.pixel_bytes_sent,
-            "tessera.preprocess.pixel_bytes_skipped": prep.pixel_bytes_skipped,
         }
     )

@@ -12,7 +12,6 @@ skipping; pixels a node reports missing at prefill time are pushed again once, f
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -45,7 +44,7 @@ class Attempt:
 
     request_id: str
     preprocess_address: str
-    body: dict
+    prompt: pb.PromptInput
     route: Route
     deadline: float
 
@@ -72,11 +71,11 @@ class Stages:
         self.clock = clock
 
     async def preprocess(
-        self, address: str, body: dict, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
+        self, address: str, prompt: pb.PromptInput, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
     ) -> pb.PreprocessResponse:
         with_index = self.router.index is not None
         request = pb.PreprocessRequest(
-            request_json=json.dumps(body),
+            prompt=prompt,
             skip_indexed_pixels=skip_indexed and with_index,
             block_size=self.router.block_size if with_index else 0,
             cache_salt=cache_salt or "",
@@ -96,20 +95,20 @@ class Stages:
         node made them) are made by running preprocessing again without skipping, then pushed."""
         not_found = [MmHash(h) for h in (await self._push_pixels(attempt, mm_hashes, target, force=force)).not_found]
         if not_found:
-            await self.preprocess(attempt.preprocess_address, attempt.body, skip_indexed=False, deadline=attempt.deadline)
+            await self.preprocess(attempt.preprocess_address, attempt.prompt, skip_indexed=False, deadline=attempt.deadline)
             if (await self._push_pixels(attempt, not_found, target, force=force)).not_found:
                 raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
 
-    async def _push_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> pb.ResendPixelsResponse:
-        request = pb.ResendPixelsRequest(
+    async def _push_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> pb.PushPixelsResponse:
+        request = pb.PushPixelsRequest(
             mm_hashes=mm_hashes,
-            encoder_id=target.address,
-            encoder_data_address=await self.data_address(target.role, target.address),
+            target_id=target.address,
+            target_data_address=await self.data_address(target.role, target.address),
             force=force,
             key_prefix=target.key_prefix,
         )
         address = attempt.preprocess_address
-        return await self.call("preprocess", address, self.stub("preprocess", address).ResendPixels, request, attempt.deadline)
+        return await self.call("preprocess", address, self.stub("preprocess", address).PushPixels, request, attempt.deadline)
 
     async def prefill(
         self, attempt: Attempt, prep: pb.PreprocessResponse, sampling: SamplingParams, cache_salt: str | None, emitted: list[int]
