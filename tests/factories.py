@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
+from protos.gen import pb
+from services.gateway.prompt_wire import prompt_from_body
+
 
 def make_image(width: int, height: int, *, seed: int = 0, mode: str = "RGB") -> Image.Image:
     rng = np.random.default_rng(seed)
@@ -57,6 +60,11 @@ class ChatCase:
     body: dict
     oracle_messages: list[dict]
     images: list[Image.Image] = field(default_factory=list)
+
+    @property
+    def prompt(self) -> pb.PromptInput:
+        """The body as the gateway sends it to the preprocess role."""
+        return prompt_from_body(self.body)
 
 
 def chat_case(*parts: str | bytes | tuple[bytes, str], fmt: str = "PNG") -> ChatCase:

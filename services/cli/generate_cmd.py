@@ -39,6 +39,7 @@ def _image_part(path: Path) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from services.engine.llm import LLM
+    from services.gateway.prompt_wire import prompt_from_body
 
     try:
         content = [_image_part(path) for path in args.image] + [{"type": "text", "text": args.prompt}]
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
         )
         llm = LLM(args.model, EngineConfig.from_sources(args))
-        [result] = llm.generate([{"messages": [{"role": "user", "content": content}]}], sampling)
+        [result] = llm.generate([prompt_from_body({"messages": [{"role": "user", "content": content}]})], sampling)
     except OSError as exc:
         print(f"error: cannot read image: {exc}", file=sys.stderr)
         return 2

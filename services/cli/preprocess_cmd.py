@@ -7,6 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
+from services.gateway.prompt_wire import prompt_from_body
 from services.models.registry import ModelNotFoundError, resolve_model
 from services.preprocess import PreprocessConfig, PreprocessError, Preprocessor
 
@@ -23,14 +26,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         raw = sys.stdin.read() if args.request == "-" else Path(args.request).read_text()
-        body = json.loads(raw)
+        prompt = prompt_from_body(json.loads(raw))
     except (OSError, json.JSONDecodeError) as exc:
         print(f"error: cannot read request JSON: {exc}", file=sys.stderr)
+        return 2
+    except (ValidationError, ValueError, TypeError) as exc:  # not an OpenAI-shaped body
+        print(f"error: invalid request: {exc}", file=sys.stderr)
         return 2
     try:
         config = PreprocessConfig.from_sources(args)
         preprocessor = Preprocessor(resolve_model(args.model), config)
-        result = preprocessor.preprocess(body)
+        result = preprocessor.preprocess(prompt)
     except PreprocessError as exc:
         print(f"error ({exc.code}): {exc.message}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 """A small Python API over preprocessing and the engine.
 
 llm = LLM("tiny")
-[result] = llm.generate([{"messages": [...]}], SamplingParams(max_tokens=32))
+[result] = llm.generate([prompt], SamplingParams(max_tokens=32))   # prompt: a pb.PromptInput
+(services/gateway/prompt_wire.py's prompt_from_body makes one from an OpenAI-shaped body)
 result.text, result.token_ids, result.usage
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from protos.gen import pb
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.sampling_params import SamplingParams
@@ -46,15 +48,21 @@ class LLM:
         self.engine = Engine(self.model, engine_config, tokenizer=self.preprocessor.tokenizer)
         self._ids = itertools.count()
 
-    def generate(self, requests: list[dict], sampling: SamplingParams | list[SamplingParams] | None = None) -> list[GenerationResult]:
+    def generate(
+        self,
+        prompts: list[pb.PromptInput],
+        sampling: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> list[GenerationResult]:
         """Run every request to completion, batched together; results in input order."""
-        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(requests)
-        if len(params) != len(requests):
+        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
             raise ValueError("one SamplingParams per request, or a single one for all")
         order = []
-        for body, p in zip(requests, params):
+        for prompt, p in zip(prompts, params):
             request_id = f"req-{next(self._ids)}"
-            self.engine.add_request(request_id, self.preprocessor.preprocess(body), p, cache_salt=body.get("cache_salt"))
+            self.engine.add_request(request_id, self.preprocessor.preprocess(prompt), p, cache_salt=cache_salt)
             order.append(request_id)
         finals = {}
         for output in self.engine.run_to_completion():

@@ -141,7 +141,7 @@ def create_app(
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
         report_ignored_fields(request, "/tokenize")
         openai_api.check_model(request.model, state.served_names)
-        tokens = list((await state.pipeline.tokenize(request.preprocess_body())).prompt_token_ids)
+        tokens = list((await state.pipeline.tokenize(request.prompt_input())).prompt_token_ids)
         return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_RESPONSES, dependencies=[Depends(tenant)])

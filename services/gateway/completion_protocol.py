@@ -24,9 +24,8 @@ class ImageRef(WireModel):
 class MultiModalData(WireModel):
     image: NonEmptyStr | ImageRef | list[NonEmptyStr | ImageRef] = Field(description="the prompt's images, in placeholder order")
 
-    def images(self) -> list[str | dict]:
-        images = self.image if isinstance(self.image, list) else [self.image]
-        return [image if isinstance(image, str) else image.model_dump(exclude_none=True) for image in images]
+    def images(self) -> list[str | ImageRef]:
+        return self.image if isinstance(self.image, list) else [self.image]
 
 
 class CompletionRequest(SamplingFields):

@@ -57,7 +57,7 @@ class GenerateServicer(rpc.GenerateServicer):
             [generation] = request.generations
             sent, completion_tokens = "", 0
             events = self.pipeline.run(
-                generation.preprocess_body, generation.sampling, cache_salt=generation.cache_salt, fit_max_tokens=generation.fit_max_tokens
+                generation.prompt, generation.sampling, cache_salt=generation.cache_salt, fit_max_tokens=generation.fit_max_tokens
             )
             async for event in events:
                 completion_tokens += len(event.token_ids)

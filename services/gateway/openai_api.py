@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from protos.gen import pb
 from services.engine.sampling_params import SamplingParams, StructuredOutput
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.ignored_fields import report_ignored_fields
+from services.gateway.prompt_wire import chat_prompt, raw_prompt
 from services.gateway.protocol import GREEDY_TEMPERATURE_EPS, INT64_MIN, ChatCompletionRequest
 from services.gateway.tenants import Tenant
 from services.gateway.tool_calls import ToolMode, tool_mode_of
@@ -27,7 +29,7 @@ class Generation:
 
     index: int
     prompt_index: int
-    preprocess_body: dict
+    prompt: pb.PromptInput
     sampling: SamplingParams
     cache_salt: str | None
     # max_tokens was not given: the default shrinks to the context the prompt leaves (as vLLM
@@ -56,42 +58,24 @@ def to_chat_request(
     """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one."""
     model = check_model(request.model, served_names)
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
-    messages = [message.model_dump(exclude_none=True) for message in request.messages]
-    if tenant is not None:
-        for message in messages:
-            for part in message["content"] if isinstance(message.get("content"), list) else ():
-                if "uuid" in part:
-                    part["uuid"] = tenant.image_uuid(part["uuid"])
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
     fit = request.max_completion_tokens is None and request.max_tokens is None
-    body: dict = {"messages": messages}
-    if request.tools:
-        body["tools"] = [tool.model_dump(exclude_none=True) for tool in request.tools]
-    if request.chat_template_kwargs:
-        body["chat_template_kwargs"] = request.chat_template_kwargs
+    prompt = chat_prompt(request.messages, request.tools, request.chat_template_kwargs, tenant)
     structured = request.structured_output()
     forced = tools.constraint() if tools is not None else None
     if forced is not None and structured is not None:
         raise GatewayError(400, f"tool_choice {tools.kind} constrains the output already; drop the structured output it conflicts with")
-    return _fan_out(request, model, [body], max_tokens, tenant, fit_max_tokens=fit, structured=forced or structured, tool_mode=tools)
+    return _fan_out(request, model, [prompt], max_tokens, tenant, fit_max_tokens=fit, structured=forced or structured, tool_mode=tools)
 
 
 def to_completion_request(request: CompletionRequest, *, served_names: tuple[str, ...], tenant: Tenant | None = None) -> ApiRequest:
     model = check_model(request.model, served_names)
     images = request.multi_modal_data.images() if request.multi_modal_data is not None else []
-    if tenant is not None:
-        images = [
-            {**image, "uuid": tenant.image_uuid(image["uuid"])} if isinstance(image, dict) and "uuid" in image else image
-            for image in images
-        ]
-    bodies = [
-        {"prompt": prompt, "images": images} if isinstance(prompt, str) else {"prompt_token_ids": prompt, "images": images}
-        for prompt in request.prompts()
-    ]
+    prompts = [raw_prompt(prompt, images, tenant) for prompt in request.prompts()]
     return _fan_out(
         request,
         model,
-        bodies,
+        prompts,
         request.max_tokens or 16,
         tenant,
         fit_max_tokens=request.max_tokens is None,
@@ -116,7 +100,7 @@ def parse_chat_request(
 def _fan_out(
     request: ChatCompletionRequest | CompletionRequest,
     model: str,
-    bodies: list[dict],
+    prompts: list[pb.PromptInput],
     max_tokens: int,
     tenant: Tenant | None,
     *,
@@ -129,12 +113,12 @@ def _fan_out(
         Generation(
             index=prompt_index * request.n + i,
             prompt_index=prompt_index,
-            preprocess_body=body,
+            prompt=prompt,
             sampling=_sampling(request, max_tokens, choice=i, structured=structured),
             cache_salt=cache_salt,
             fit_max_tokens=fit_max_tokens,
         )
-        for prompt_index, body in enumerate(bodies)
+        for prompt_index, prompt in enumerate(prompts)
         for i in range(request.n)
     )
     options = request.stream_options

@@ -114,7 +114,7 @@ class Pipeline:
 
     async def run(
         self,
-        body: dict,
+        prompt: pb.PromptInput,
         sampling: SamplingParams,
         *,
         cache_salt: str | None = None,
@@ -131,14 +131,14 @@ class Pipeline:
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
-            async for event in self._run(body, sampling, cache_salt, request_id, stream, fit_max_tokens):
+            async for event in self._run(prompt, sampling, cache_salt, request_id, stream, fit_max_tokens):
                 yield event
 
     async def _run(
-        self, body: dict, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, fit_max_tokens: bool
+        self, prompt: pb.PromptInput, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, fit_max_tokens: bool
     ) -> AsyncIterator[TokenEvent]:
         deadline = self.clock() + self.timeout_s
-        run = RequestRun(request_id, body, sampling, cache_salt, stream, deadline, Attempts(self.max_failures))
+        run = RequestRun(request_id, prompt, sampling, cache_salt, stream, deadline, Attempts(self.max_failures))
         for number in itertools.count():
             try:
                 attempt, lacking = await self._next_attempt(run, number, fit_max_tokens)
@@ -176,19 +176,19 @@ class Pipeline:
         if run.preprocess_address is None:
             run.preprocess_address = self._pick_preprocess(run.attempts.excluded)
         if run.prep is None:
-            run.prep = await self.stages.preprocess(run.preprocess_address, run.body, cache_salt=run.cache_salt, deadline=run.deadline)
+            run.prep = await self.stages.preprocess(run.preprocess_address, run.prompt, cache_salt=run.cache_salt, deadline=run.deadline)
             num_prompt_tokens = len(run.prep.prompt_token_ids)
             room = self.max_model_len - num_prompt_tokens
             if fit_max_tokens and max(1, run.sampling.min_tokens) <= room < run.sampling.max_tokens:
                 run.sampling = replace(run.sampling, max_tokens=room)
-            param = "messages" if "messages" in run.body else "prompt"
+            param = "messages" if run.prompt.WhichOneof("prompt") == "chat" else "prompt"
             check_context_length(num_prompt_tokens, run.sampling.max_tokens, self.max_model_len, param=param)
         route, lacking = self._route(run.prep, run.cache_salt, run.attempts.excluded, number)
         return Attempt(run, number, route, run.preprocess_address, run.prep), lacking
 
-    async def tokenize(self, body: dict) -> pb.PreprocessResponse:
+    async def tokenize(self, prompt: pb.PromptInput) -> pb.PreprocessResponse:
         """/tokenize: preprocessing alone (chat template, image expansion), nothing routed."""
-        return await self._on_preprocess(lambda address, deadline: self.stages.preprocess(address, body, deadline=deadline))
+        return await self._on_preprocess(lambda address, deadline: self.stages.preprocess(address, prompt, deadline=deadline))
 
     async def detokenize(self, token_ids: list[int]) -> str:
         request = pb.DetokenizeRequest(token_ids=token_ids)
@@ -255,7 +255,5 @@ def _trace_prefill(prep: pb.PreprocessResponse, prefill: pb.PrefillResponse) -> 
         {
             "tessera.prefill.cached_tokens": prefill.num_cached_tokens,
             "tessera.prefill.pulled_tokens": prefill.num_pulled_tokens,
-            "tessera.preprocess.pixel_bytes_sent": prep.pixel_bytes_sent,
-            "tessera.preprocess.pixel_bytes_skipped": prep.pixel_bytes_skipped,
         }
     )

@@ -19,7 +19,7 @@ from services.router.router import Route
 @dataclass(slots=True)
 class RequestRun:
     request_id: str
-    body: dict
+    prompt: pb.PromptInput
     sampling: SamplingParams
     cache_salt: str | None
     stream: bool

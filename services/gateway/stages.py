@@ -12,7 +12,6 @@ skipping; pixels a node reports missing at prefill time are pushed again once, f
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -47,11 +46,11 @@ class Stages:
         self.clock = clock
 
     async def preprocess(
-        self, address: str, body: dict, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
+        self, address: str, prompt: pb.PromptInput, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
     ) -> pb.PreprocessResponse:
         with_index = self.router.index is not None
         request = pb.PreprocessRequest(
-            request_json=json.dumps(body),
+            prompt=prompt,
             skip_indexed_pixels=skip_indexed and with_index,
             block_size=self.router.block_size if with_index else 0,
             cache_salt=cache_salt or "",
@@ -71,20 +70,20 @@ class Stages:
         node made them) are made by running preprocessing again without skipping, then pushed."""
         not_found = [MmHash(h) for h in (await self._push_pixels(attempt, mm_hashes, target, force=force)).not_found]
         if not_found:
-            await self.preprocess(attempt.preprocess_address, attempt.run.body, skip_indexed=False, deadline=attempt.run.deadline)
+            await self.preprocess(attempt.preprocess_address, attempt.run.prompt, skip_indexed=False, deadline=attempt.run.deadline)
             if (await self._push_pixels(attempt, not_found, target, force=force)).not_found:
                 raise GatewayError(503, "image pixels expired from the preprocess cache mid-request; retry the request")
 
-    async def _push_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> pb.ResendPixelsResponse:
-        request = pb.ResendPixelsRequest(
+    async def _push_pixels(self, attempt: Attempt, mm_hashes: list[MmHash], target: PixelTarget, *, force: bool) -> pb.PushPixelsResponse:
+        request = pb.PushPixelsRequest(
             mm_hashes=mm_hashes,
-            encoder_id=target.address,
-            encoder_data_address=await self.data_address(target.role, target.address),
+            target_id=target.address,
+            target_data_address=await self.data_address(target.role, target.address),
             force=force,
             key_prefix=target.key_prefix,
         )
         address = attempt.preprocess_address
-        return await self.call("preprocess", address, self.stub("preprocess", address).ResendPixels, request, attempt.run.deadline)
+        return await self.call("preprocess", address, self.stub("preprocess", address).PushPixels, request, attempt.run.deadline)
 
     async def prefill(self, attempt: Attempt) -> pb.PrefillResponse:
         run, route, prep = attempt.run, attempt.route, attempt.prep

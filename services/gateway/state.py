@@ -58,7 +58,7 @@ class GatewayState:
             self.num_in_flight += 1
             try:
                 async for event in self.pipeline.run(
-                    generation.preprocess_body,
+                    generation.prompt,
                     generation.sampling,
                     cache_salt=generation.cache_salt,
                     stream=stream,

@@ -11,6 +11,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, Field, model_validator
 
+from protos.gen import pb
+from services.gateway.prompt_wire import chat_prompt, raw_prompt
 from services.gateway.protocol import INT32_MAX, ChatMessage, NonEmptyStr, Tool, WireModel
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
@@ -35,15 +37,10 @@ class TokenizeRequest(WireModel):
             raise ValueError("return_token_strs is not supported")
         return self
 
-    def preprocess_body(self) -> dict:
+    def prompt_input(self) -> pb.PromptInput:
         if self.prompt is not None:
-            return {"prompt": self.prompt, "images": []}
-        body: dict = {"messages": [message.model_dump(exclude_none=True) for message in self.messages or ()]}
-        if self.tools:
-            body["tools"] = [tool.model_dump(exclude_none=True) for tool in self.tools]
-        if self.chat_template_kwargs:
-            body["chat_template_kwargs"] = self.chat_template_kwargs
-        return body
+            return raw_prompt(self.prompt, [])
+        return chat_prompt(self.messages or [], self.tools, self.chat_template_kwargs)
 
 
 class TokenizeResponse(BaseModel):

@@ -19,7 +19,9 @@ class PreprocessError(Exception):
 
 
 class InvalidRequestError(PreprocessError):
-    """Malformed request structure: wrong JSON types, unknown content part, bad role."""
+    """A prompt this role refuses (services/preprocess/prompt_input.py): none given, no messages,
+    a bad role, an image outside a user turn, bad template variables, token ids outside the
+    vocabulary; or a template that cannot render the conversation."""
 
     code = "invalid_request"
 

@@ -1,6 +1,7 @@
-"""Turn an image reference from a request into encoded bytes, enforcing the source policy.
+"""Turn a request's image (an ImageInput: its bytes, or a reference) into encoded bytes, enforcing
+the source policy.
 
-Accepted references:
+Accepted references (ImageInput.url):
   data:image/...;base64,...       always (png, jpeg, webp, gif)
   bare base64 string               always (the ``{"type": "image", "image": ...}`` form)
   http(s)://host/...               only with allow_remote_images, host on the allow-list and
@@ -17,6 +18,7 @@ import re
 import urllib.parse
 from pathlib import Path
 
+from protos.gen import pb
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import (
     ImageFetchError,
@@ -28,6 +30,23 @@ from services.preprocess.remote_fetch import FetchPolicy, fetch
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.I)
 _BASE64_CHARS = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
+
+
+def load_image(image: pb.ImageInput, config: PreprocessConfig) -> bytes:
+    """Encoded image bytes of ``image``; raises a typed PreprocessError on any violation."""
+    if image.WhichOneof("source") == "data":
+        if not image.data:
+            raise InvalidImageDataError("image data is empty")
+        _check_size(len(image.data), config)
+        return image.data
+    return load_image_bytes(image.url, config)
+
+
+def remote_url(image: pb.ImageInput) -> str | None:
+    """The http(s) URL ``image`` is fetched from, if it is a remote one."""
+    if image.WhichOneof("source") != "url" or not image.url[:8].lower().startswith(("http://", "https://")):
+        return None
+    return image.url
 
 
 def load_image_bytes(reference: str, config: PreprocessConfig) -> bytes:

@@ -1,12 +1,16 @@
 """Preprocess node: the preprocessing library plus the sender side of the pixel cache mirror.
 
+Preprocessing sends no pixels: the gateway routes the request first, then asks for the pixels
+of the images the chosen encoder lacks to be pushed (``push_pixels``) to that encoder, or to a
+prefill node that encodes them itself.
+
 For each encoder it feeds, the node mirrors which mm_hashes that encoder already holds (an LRU
-of hashes it has sent). Pixels are pushed to the encoder's data address only on a mirror miss;
-a hit sends nothing and counts the bytes skipped. The mirror can be stale (the encoder evicted
-an item): the encoder then reports the item missing and the caller asks for a resend.
+of hashes it has sent). An unforced push sends an image only on a mirror miss; a hit sends
+nothing and counts the bytes skipped. The mirror can be stale (the encoder evicted an item): the
+node that encodes then reports the item missing and the caller pushes again, forced.
 
 With a cache index, a request may also skip processing images that a live encoder already holds
-(Preprocessor's ``indexed_grids``); such items have no pixels here, so a resend reports them not
+(Preprocessor's ``indexed_grids``); such items have no pixels here, so a push reports them not
 found and the caller preprocesses again without skipping.
 """
 
@@ -17,13 +21,14 @@ import threading
 import time
 from dataclasses import dataclass
 
+from protos.gen import pb
 from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import PreprocessError
-from services.preprocess.image_sources import load_image_bytes
+from services.preprocess.image_sources import load_image_bytes, remote_url
 from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor
 from services.preprocess.processor_cache import BoundedMemo
-from services.preprocess.request_parsing import parse_request
+from services.preprocess.prompt_input import check_prompt
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSender
 from shared.cache_gauges import cache_counters, cache_gauges
 from shared.flat_histogram import FlatHistogram
@@ -67,35 +72,21 @@ class PreprocessNode:
         self.num_waiting = 0  # calls waiting for or holding the lock: this node's load
         self.queue_time = FlatHistogram("queue_seconds")  # a call's wait for the lock
 
-    def preprocess(
-        self, body: object, *, encoder_id: str, encoder_address: str, force_send: bool = False, skip_indexed: bool = False
-    ) -> tuple[PreprocessedRequest, PixelTransfer]:
-        fetched = self._fetch_remote_images(body)  # before the lock: a slow image host delays this request only
+    def preprocess(self, prompt: pb.PromptInput, *, skip_indexed: bool = False) -> PreprocessedRequest:
+        fetched = self._fetch_remote_images(prompt)  # before the lock: a slow image host delays this request only
         with self._working():
-            result = self.preprocessor.preprocess(body, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched)
+            result = self.preprocessor.preprocess(prompt, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched)
             self.num_images_skipped += sum(1 for item in result.mm_items if item.image.pixel_values is None)
-            mirror = self._mirror(encoder_id) if encoder_address else None
-            sent = skipped = 0
-            for item in result.mm_items if mirror is not None else ():
-                if item.image.pixel_values is None:
-                    continue  # not processed: the encoder the index named holds its embeddings
-                if not force_send and mirror.get(item.mm_hash):
-                    skipped += item.image.num_bytes
-                    continue
-                sent += self._send_pixels(item.mm_hash, item.image, encoder_address)
-                mirror.put(item.mm_hash, True)
             self.num_requests += 1
-            self.num_pixel_bytes_sent += sent
-            self.num_pixel_bytes_skipped += skipped
-            return result, PixelTransfer(sent, skipped)
+            return result
 
     def detokenize(self, token_ids: list[int]) -> str:
         """The text of ``token_ids``, special tokens included (as vLLM's /detokenize)."""
         with self._lock:  # the tokenizer is the preprocessor's, single-threaded as it is
             return self.preprocessor.detokenize(token_ids)
 
-    def resend(
-        self, mm_hashes: list[MmHash], *, encoder_id: str, encoder_address: str, force: bool = True, key_prefix: str = ""
+    def push_pixels(
+        self, mm_hashes: list[MmHash], *, target_id: str, target_address: str, force: bool = True, key_prefix: str = ""
     ) -> tuple[list[MmHash], PixelTransfer]:
         """Push cached pixels to an encoder; without ``force``, skip those the mirror says it
         holds. With ``key_prefix`` the target is a prefill node encoding them itself: every image
@@ -103,7 +94,7 @@ class PreprocessNode:
         embeddings, not pixels). Returns (hashes no longer cached here, bytes sent and skipped)."""
         with self._working():
             not_found, sent, skipped = [], 0, 0
-            mirror = None if key_prefix else self._mirror(encoder_id)
+            mirror = None if key_prefix else self._mirror(target_id)
             for mm_hash in mm_hashes:
                 image = self.preprocessor.processor_cache.get(mm_hash)
                 if image is None:
@@ -111,23 +102,23 @@ class PreprocessNode:
                 elif mirror is not None and not force and mirror.get(mm_hash):
                     skipped += image.num_bytes
                 else:
-                    sent += self._send_pixels(mm_hash, image, encoder_address, key=key_prefix + mm_hash)
+                    sent += self._send_pixels(key_prefix + mm_hash, image, target_address)
                     if mirror is not None:
                         mirror.put(mm_hash, True)
             self.num_pixel_bytes_sent += sent
             self.num_pixel_bytes_skipped += skipped
             return not_found, PixelTransfer(sent, skipped)
 
-    def _fetch_remote_images(self, body: object) -> dict[str, bytes]:
-        """Encoded bytes of the request's http(s) images, fetched on the caller's thread. A body
-        that does not parse fetches nothing: preprocessing reports the error."""
+    def _fetch_remote_images(self, prompt: pb.PromptInput) -> dict[str, bytes]:
+        """Encoded bytes of the request's http(s) images, by URL, fetched on the caller's thread.
+        A prompt that fails its checks fetches nothing: preprocessing reports the error."""
         config = self.preprocessor.config
         try:
-            parsed = parse_request(body, max_images=config.max_images_per_request)
+            checked = check_prompt(prompt, max_images=config.max_images_per_request)
         except PreprocessError:
             return {}
-        remote = {i.reference for i in parsed.images if i.reference[:8].lower().startswith(("http://", "https://"))}
-        return {reference: load_image_bytes(reference, config) for reference in remote}
+        remote = {url for url in map(remote_url, checked.images) if url is not None}
+        return {url: load_image_bytes(url, config) for url in remote}
 
     def counters(self) -> dict[str, float]:
         stats = self.preprocessor.processor_cache.stats
@@ -178,8 +169,8 @@ class PreprocessNode:
         self._encoder_to_mirror[encoder_id] = mirror
         return mirror
 
-    def _send_pixels(self, mm_hash: MmHash, image, address: str, *, key: str | None = None) -> int:
-        return self.sender.send(address, key or mm_hash, {"pixel_values": image.pixel_values}, {"grid_thw": list(image.grid_thw)})
+    def _send_pixels(self, key: str, image, address: str) -> int:
+        return self.sender.send(address, key, {"pixel_values": image.pixel_values}, {"grid_thw": list(image.grid_thw)})
 
     def close(self) -> None:
         self.sender.close()

@@ -1,6 +1,7 @@
-"""The preprocessing pipeline. One call turns a request body into model-ready inputs:
+"""The preprocessing pipeline. One call turns a PromptInput (protos/tessera.proto) into model-ready
+inputs:
 
-  parse -> render prompt (chat template) -> per image: load bytes, decode, mm_hash, processor
+  check (prompt_input.py) -> render prompt (chat template) -> per image: load bytes, decode, mm_hash, processor
   cache (hit skips the image processor) -> the family expands the image markers and tokenizes
   -> check length -> positions (the family's: M-RoPE or 1-D)
 
@@ -27,14 +28,15 @@ import jinja2
 import torch
 from PIL import Image
 
+from protos.gen import pb
 from services.models.family import ImageOptions, PlaceholderCountError, ProcessedImage
 from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import InvalidRequestError, PlaceholderMismatchError, PromptTooLongError
 from services.preprocess.image_decode import decode_image
-from services.preprocess.image_sources import load_image_bytes
+from services.preprocess.image_sources import load_image
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
-from services.preprocess.request_parsing import ImageInput, ParsedRequest, parse_request
+from services.preprocess.prompt_input import CheckedPrompt, check_prompt, image_uuid
 from shared.cache_gauges import cache_gauges
 from shared.hashing import mm_hash_of_part, mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.types import MmHash, PlaceholderRange
@@ -110,12 +112,12 @@ class Preprocessor:
         }
 
     def preprocess(
-        self, body: object, *, indexed_grids: IndexedGrids | None = None, fetched: Mapping[str, bytes] | None = None
+        self, prompt: pb.PromptInput, *, indexed_grids: IndexedGrids | None = None, fetched: Mapping[str, bytes] | None = None
     ) -> PreprocessedRequest:
-        """``fetched``: encoded bytes of remote images already fetched (by reference), so the
-        caller can fetch them outside any lock this call runs under."""
+        """``fetched``: encoded bytes of remote images already fetched (by URL), so the caller can
+        fetch them outside any lock this call runs under."""
         fetched = fetched or {}
-        parsed = parse_request(body, max_images=self.config.max_images_per_request)
+        parsed = check_prompt(prompt, max_images=self.config.max_images_per_request)
         prompt = self._prompt(parsed)
         identified = [self._identify(image, fetched) for image in parsed.images]
         cached = [self.processor_cache.get(mm_hash) for mm_hash, _ in identified]
@@ -169,32 +171,33 @@ class Preprocessor:
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
 
-    def _prompt(self, parsed: ParsedRequest) -> str | list[int]:
+    def _prompt(self, parsed: CheckedPrompt) -> str | list[int]:
         """The rendered prompt text, or the request's token ids (checked against the vocabulary);
         the family tokenizes text together with its image expansion."""
-        if parsed.prompt_token_ids is not None:
-            self._check_vocabulary(parsed.prompt_token_ids, "prompt_token_ids contains id")
-            return list(parsed.prompt_token_ids)
-        if parsed.prompt_text is not None:
-            return parsed.prompt_text
+        if parsed.token_ids is not None:
+            self._check_vocabulary(parsed.token_ids, "prompt_token_ids contains id")
+            return list(parsed.token_ids)
+        if parsed.text is not None:
+            return parsed.text
         return self.render_prompt(parsed.template_messages or [], tools=parsed.tools, template_kwargs=parsed.template_kwargs)
 
-    def _image_bytes(self, reference: str, fetched: Mapping[str, bytes]) -> bytes:
-        data = fetched.get(reference)
-        return data if data is not None else load_image_bytes(reference, self.config)
+    def _image_bytes(self, image: pb.ImageInput, fetched: Mapping[str, bytes]) -> bytes:
+        data = fetched.get(image.url) if image.WhichOneof("source") == "url" else None
+        return data if data is not None else load_image(image, self.config)
 
-    def _identify(self, image_input: ImageInput, fetched: Mapping[str, bytes]) -> tuple[MmHash, Image.Image | None]:
+    def _identify(self, image_input: pb.ImageInput, fetched: Mapping[str, bytes]) -> tuple[MmHash, Image.Image | None]:
         """(mm_hash, the decoded image if decoding was needed to hash it).
 
         Lookup order: client stable id, else the encoded-bytes memo (a repeat of the exact same
         file skips decoding), else decode and hash the pixels.
         """
-        if image_input.uuid is not None:
+        uuid = image_uuid(image_input)
+        if uuid is not None:
             # A stable id names the content: neither the bytes nor the pixels are touched.
             return mm_hash_of_stable_id(
-                model_id=self.model.model_id, modality="image", stable_id=image_input.uuid, processor_kwargs=self._hash_kwargs
+                model_id=self.model.model_id, modality="image", stable_id=uuid, processor_kwargs=self._hash_kwargs
             ), None
-        data = self._image_bytes(image_input.reference, fetched)
+        data = self._image_bytes(image_input, fetched)
         file_key = blake3.blake3(data).digest()
         memo_hash = self._file_to_mm_hash.get(file_key)
         if memo_hash is not None:
@@ -206,7 +209,7 @@ class Preprocessor:
 
     def _materialize(
         self,
-        image_input: ImageInput,
+        image_input: pb.ImageInput,
         mm_hash: MmHash,
         pil: Image.Image | None,
         cached: ProcessedImage | None,
@@ -222,7 +225,7 @@ class Preprocessor:
         if indexed_grid is not None:
             return mm_hash, ProcessedImage(None, indexed_grid, self.image_processor.num_tokens(indexed_grid)), False
         if pil is None:
-            pil = decode_image(self._image_bytes(image_input.reference, fetched), self.config)
+            pil = decode_image(self._image_bytes(image_input, fetched), self.config)
         processed = self.image_processor.process(pil)
         self.processor_cache.put(mm_hash, processed)
         return mm_hash, processed, False

@@ -1,11 +1,10 @@
 """gRPC Preprocess service: converts at the edge and calls PreprocessNode. A node at its limit of
-calls refuses new requests as busy (services/transport/node_admission.py); ResendPixels continues
+calls refuses new requests as busy (services/transport/node_admission.py); PushPixels continues
 a request already admitted, so it is never refused."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 
 from protos.gen import pb, rpc
@@ -33,18 +32,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
 
     async def _preprocess(self, request: pb.PreprocessRequest, context) -> pb.PreprocessResponse:
         try:
-            body = json.loads(request.request_json)
-        except json.JSONDecodeError as exc:
-            await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, f"request body is not valid JSON: {exc}"))
-        try:
-            result, transfer = await asyncio.to_thread(
-                self.node.preprocess,
-                body,
-                encoder_id=request.encoder_id,
-                encoder_address=request.encoder_data_address,
-                force_send=request.force_send_pixels,
-                skip_indexed=request.skip_indexed_pixels,
-            )
+            result = await asyncio.to_thread(self.node.preprocess, request.prompt, skip_indexed=request.skip_indexed_pixels)
         except PreprocessError as exc:
             await abort_with(context, NodeError(exc.kind, f"{exc.code}: {exc.message}"))
         hashes: list[str] = []
@@ -56,24 +44,22 @@ class PreprocessServicer(rpc.PreprocessServicer):
             block_hashes=hashes,
             prompt_token_ids=result.prompt_token_ids,
             mm_items=[item_to_pb(i.mm_hash, i.placeholder, i.image.grid_thw) for i in result.mm_items],
-            pixel_bytes_sent=transfer.num_bytes_sent,
-            pixel_bytes_skipped=transfer.num_bytes_skipped,
         )
 
-    async def ResendPixels(self, request: pb.ResendPixelsRequest, context) -> pb.ResendPixelsResponse:
+    async def PushPixels(self, request: pb.PushPixelsRequest, context) -> pb.PushPixelsResponse:
         try:
             not_found, transfer = await asyncio.to_thread(
-                self.node.resend,
+                self.node.push_pixels,
                 [MmHash(h) for h in request.mm_hashes],
-                encoder_id=request.encoder_id,
-                encoder_address=request.encoder_data_address,
+                target_id=request.target_id,
+                target_address=request.target_data_address,
                 force=request.force,
                 key_prefix=request.key_prefix,
             )
         except TensorSendTimeoutError as exc:  # the target's inbox is not draining: it is the failed node
             role = "prefill" if request.key_prefix else "encoder"
-            await abort_with(context, NodeError(ErrorKind.NODE_FAILED, str(exc), NodeRef(role, request.encoder_id)))
-        return pb.ResendPixelsResponse(
+            await abort_with(context, NodeError(ErrorKind.NODE_FAILED, str(exc), NodeRef(role, request.target_id)))
+        return pb.PushPixelsResponse(
             not_found=not_found, pixel_bytes_sent=transfer.num_bytes_sent, pixel_bytes_skipped=transfer.num_bytes_skipped
         )
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from protos.gen import pb
 from services.bench.suites.common import RESULTS, command, image_size, machine, write_json
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
@@ -64,26 +65,26 @@ def _cases(seed: int, n: int, size: tuple[int, int]):
     return [chat_case(encode_image(make_image(*size, seed=seed + i)), questions[i % 4]) for i in range(n)]
 
 
-def _engine_ttft(llm: LLM, body: dict) -> float:
+def _engine_ttft(llm: LLM, prompt: pb.PromptInput) -> float:
     started = time.perf_counter()
     request_id = f"ttft-{time.perf_counter_ns()}"
-    llm.engine.add_request(request_id, llm.preprocessor.preprocess(body), SamplingParams(max_tokens=1, ignore_eos=True))
+    llm.engine.add_request(request_id, llm.preprocessor.preprocess(prompt), SamplingParams(max_tokens=1, ignore_eos=True))
     while llm.engine.has_unfinished():
         llm.engine.step()
     return time.perf_counter() - started
 
 
-def _engine_decode(llm: LLM, bodies: list[dict], num_tokens: int) -> tuple[float, float]:
+def _engine_decode(llm: LLM, prompts: list[pb.PromptInput], num_tokens: int) -> tuple[float, float]:
     """(TTFT of the batch, decode tokens/s after every request has its first token)."""
     params = SamplingParams(max_tokens=num_tokens, ignore_eos=True)
     started = time.perf_counter()
-    for i, body in enumerate(bodies):
-        llm.engine.add_request(f"dec-{time.perf_counter_ns()}-{i}", llm.preprocessor.preprocess(body), params)
+    for i, prompt in enumerate(prompts):
+        llm.engine.add_request(f"dec-{time.perf_counter_ns()}-{i}", llm.preprocessor.preprocess(prompt), params)
     first_token_at = None
     decoded = 0
     while llm.engine.has_unfinished():
         outputs = llm.engine.step()
-        if first_token_at is None and outputs and all(len(o.output_token_ids) >= 1 for o in outputs) and len(outputs) == len(bodies):
+        if first_token_at is None and outputs and all(len(o.output_token_ids) >= 1 for o in outputs) and len(outputs) == len(prompts):
             first_token_at = time.perf_counter()
             continue
         if first_token_at is not None:
@@ -117,18 +118,18 @@ def measure(args) -> dict:
     llm = LLM(args.model, EngineConfig())
     oracle = ReferenceOracle(llm.model.path)
     warm = _cases(9000, 1, size)[0]
-    _engine_ttft(llm, warm.body)
+    _engine_ttft(llm, warm.prompt)
     _hf_run(oracle, warm, 2)
 
     cold_cases = _cases(100, args.repeats, size)
-    ttft_cold = [_engine_ttft(llm, c.body) for c in cold_cases]
-    ttft_cached = [_engine_ttft(llm, c.body) for c in cold_cases]
+    ttft_cold = [_engine_ttft(llm, c.prompt) for c in cold_cases]
+    ttft_cached = [_engine_ttft(llm, c.prompt) for c in cold_cases]
     hf_ttft = [_hf_run(oracle, c, 1) for c in _cases(200, args.repeats, size)]
 
     b1_case = _cases(300, 1, size)
-    _, engine_b1 = _engine_decode(llm, [b1_case[0].body], args.decode_tokens)
+    _, engine_b1 = _engine_decode(llm, [b1_case[0].prompt], args.decode_tokens)
     batch8 = _cases(400, 8, size)
-    _, engine_b8 = _engine_decode(llm, [c.body for c in batch8], args.decode_tokens)
+    _, engine_b8 = _engine_decode(llm, [c.prompt for c in batch8], args.decode_tokens)
     hf_b1 = _hf_decode_rate(oracle, size, args.decode_tokens)
     return {
         "ttft_cold_s": statistics.median(ttft_cold),

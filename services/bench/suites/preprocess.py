@@ -15,8 +15,10 @@ import statistics
 import time
 from pathlib import Path
 
+from protos.gen import pb
 from services.bench.suites.common import RESULTS, command, image_size, machine, write_json
 from services.bench.workloads import user_turn
+from services.gateway.prompt_wire import prompt_from_body
 from services.models.registry import resolve_model
 from services.preprocess import Preprocessor
 from shared.hashing import mm_hash_of_pixels
@@ -55,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _request(url: str) -> dict:
-    return {"messages": user_turn(url, "Describe.")}
+def _request(url: str) -> pb.PromptInput:
+    return prompt_from_body({"messages": user_turn(url, "Describe.")})
 
 
 def _time(fn) -> float:

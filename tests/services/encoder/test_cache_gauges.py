@@ -20,9 +20,9 @@ def test_rows_held_follow_the_cache_and_stay_within_budget(tiny_model):
             ("tensor_inbox", "bytes", 0.0, float(encoder.inbox.capacity_bytes)),  # pixels waiting to be encoded
         ]
         for seed in range(4):  # 56x56: 4 rows each, so at most 2 fit
-            body = chat_case(encode_image(make_image(56, 56, seed=seed)), "What is it?").body
-            result, _ = preprocess.preprocess(body, encoder_id="e", encoder_address=encoder.data_address)
-            item = result.mm_items[0]
+            prompt = chat_case(encode_image(make_image(56, 56, seed=seed)), "What is it?").prompt
+            item = preprocess.preprocess(prompt).mm_items[0]
+            preprocess.push_pixels([item.mm_hash], target_id="e", target_address=encoder.data_address, force=False)
             encoder.encode([EncodeItem(item.mm_hash, item.placeholder.length, item.image.grid_thw)], sink.address)
             (usage,) = [u for u in cache_usage(encoder.counters()) if u.cache == "encoder"]
             assert usage.used <= usage.capacity

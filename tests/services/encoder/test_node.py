@@ -26,9 +26,9 @@ def setup(tiny_model):
 
 def push(preprocess: PreprocessNode, encoder: EncoderNode, seed: int, size: tuple[int, int]) -> tuple[EncodeItem, torch.Tensor]:
     """An image's pixels pushed to the encoder, as the preprocess node does; and those pixels."""
-    body = chat_case(encode_image(make_image(*size, seed=seed)), "What is it?").body
-    result, _ = preprocess.preprocess(body, encoder_id="e", encoder_address=encoder.data_address)
-    item = result.mm_items[0]
+    prompt = chat_case(encode_image(make_image(*size, seed=seed)), "What is it?").prompt
+    item = preprocess.preprocess(prompt).mm_items[0]
+    preprocess.push_pixels([item.mm_hash], target_id="e", target_address=encoder.data_address, force=False)
     return EncodeItem(item.mm_hash, item.placeholder.length, item.image.grid_thw), item.image.pixel_values
 
 

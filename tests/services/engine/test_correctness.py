@@ -26,7 +26,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_single_request_matches_oracle(name, make_llm, oracle):
     case = CASES[name]()
-    [result] = make_llm().generate([case.body], GREEDY_16)
+    [result] = make_llm().generate([case.prompt], GREEDY_16)
     assert_tokens_match(result.token_ids, oracle_tokens(oracle, case), context=name)
     assert result.usage.prompt_tokens == len(oracle.process(oracle.chat_text(case.oracle_messages), case.images).token_ids)
 
@@ -57,7 +57,7 @@ def _batch_of_8():
 def test_batch_of_8_in_flight_matches_oracle(engine_config, make_llm, oracle):
     cases = _batch_of_8()
     llm = make_llm(**engine_config)
-    results = llm.generate([c.body for c in cases], GREEDY_16)
+    results = llm.generate([c.prompt for c in cases], GREEDY_16)
     for i, (case, result) in enumerate(zip(cases, results)):
         assert_tokens_match(result.token_ids, oracle_tokens(oracle, case), context=f"request {i} {engine_config}")
     if engine_config:
@@ -67,7 +67,7 @@ def test_batch_of_8_in_flight_matches_oracle(engine_config, make_llm, oracle):
 def test_chunked_prefill_with_image_spanning_chunks(make_llm, oracle):
     case = chat_case("x " * 30, _png(224, 224, 21), "what is it?")  # 64 image tokens straddle chunk borders
     for disable in (False, True):
-        [result] = make_llm(max_num_batched_tokens=64, disable_chunked_mm_input=disable).generate([case.body], GREEDY_16)
+        [result] = make_llm(max_num_batched_tokens=64, disable_chunked_mm_input=disable).generate([case.prompt], GREEDY_16)
         assert_tokens_match(result.token_ids, oracle_tokens(oracle, case), context=f"disable_chunked_mm_input={disable}")
 
 
@@ -78,7 +78,7 @@ def test_greedy_tokens_match_oracle_with_and_without_the_screened_head(screen_gr
     head = llm.engine.runner.decoder.greedy_head
     if head is not None:
         head.max_rows = 8  # whatever the startup timing found worth it on this machine
-    results = llm.generate([c.body for c in cases], GREEDY_16)
+    results = llm.generate([c.prompt for c in cases], GREEDY_16)
     for i, (case, result) in enumerate(zip(cases, results)):
         assert_tokens_match(result.token_ids, oracle_tokens(oracle, case), context=f"request {i}, screen_greedy={screen_greedy}")
     if screen_greedy and head is not None:

@@ -12,8 +12,8 @@ from tests.services.engine.conftest import GREEDY_16, oracle_tokens
 BLOCK = 16
 
 
-def _hashes(llm, body):
-    prep = llm.preprocessor.preprocess(body)
+def _hashes(llm, prompt):
+    prep = llm.preprocessor.preprocess(prompt)
     spans = [MmSpan(i.mm_hash, i.placeholder) for i in prep.mm_items]
     return prep, block_hashes(prep.prompt_token_ids, BLOCK, spans)
 
@@ -21,15 +21,15 @@ def _hashes(llm, body):
 def test_imported_prefix_is_a_cache_hit_with_identical_output(make_llm, oracle):
     source, puller = make_llm(block_size=BLOCK), make_llm(block_size=BLOCK)
     case = chat_case(encode_image(make_image(112, 84, seed=41)), "What is shown here?")
-    [expected] = source.generate([case.body], GREEDY_16)
-    prep, hashes = _hashes(source, case.body)
+    [expected] = source.generate([case.prompt], GREEDY_16)
+    prep, hashes = _hashes(source, case.prompt)
     assert connector.num_cached_blocks(source.engine, hashes) == len(hashes)
     pages = connector.export_prefix(source.engine, hashes)
     assert pages[0][0].shape[0] == len(hashes)
 
     assert connector.import_blocks(puller.engine, hashes, pages) == len(hashes)
     assert connector.import_blocks(puller.engine, hashes, pages) == 0  # already held: nothing rewritten
-    [result] = puller.generate([case.body], GREEDY_16)
+    [result] = puller.generate([case.prompt], GREEDY_16)
     assert result.usage.cached_tokens == (len(prep.prompt_token_ids) - 1) // BLOCK * BLOCK
     assert result.token_ids == expected.token_ids
     assert_tokens_match(result.token_ids, oracle_tokens(oracle, case))
@@ -38,8 +38,8 @@ def test_imported_prefix_is_a_cache_hit_with_identical_output(make_llm, oracle):
 def test_export_stops_at_first_missing_block(make_llm):
     llm = make_llm(block_size=BLOCK)
     case = chat_case(encode_image(make_image(224, 224, seed=42)), "Describe.")
-    llm.generate([case.body], GREEDY_16)
-    _, hashes = _hashes(llm, case.body)
+    llm.generate([case.prompt], GREEDY_16)
+    _, hashes = _hashes(llm, case.prompt)
     broken = [*hashes[:2], "0" * 64, *hashes[3:]]
     assert connector.num_cached_blocks(llm.engine, broken) == 2
     assert connector.export_prefix(llm.engine, broken)[0][0].shape[0] == 2
@@ -50,10 +50,10 @@ def test_partial_import_of_a_prefix_still_matches_oracle(make_llm, oracle):
     """Only the first blocks arrive (a peer held less): the rest is recomputed, output unchanged."""
     source, puller = make_llm(block_size=BLOCK), make_llm(block_size=BLOCK)
     case = chat_case(encode_image(make_image(224, 224, seed=43)), "Which colours appear?")
-    source.generate([case.body], GREEDY_16)
-    _, hashes = _hashes(source, case.body)
+    source.generate([case.prompt], GREEDY_16)
+    _, hashes = _hashes(source, case.prompt)
     pages = connector.export_prefix(source.engine, hashes[:3])
     assert connector.import_blocks(puller.engine, hashes[:3], pages) == 3
-    [result] = puller.generate([case.body], GREEDY_16)
+    [result] = puller.generate([case.prompt], GREEDY_16)
     assert result.usage.cached_tokens == 3 * BLOCK
     assert_tokens_match(result.token_ids, oracle_tokens(oracle, case))

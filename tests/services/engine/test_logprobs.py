@@ -14,7 +14,7 @@ from tests.services.engine.conftest import oracle_tokens
 def run(llm, cases_and_params) -> dict[str, list[TokenLogprobs]]:
     ids = []
     for i, (case, params) in enumerate(cases_and_params):
-        llm.engine.add_request(f"r{i}", llm.preprocessor.preprocess(case.body), params)
+        llm.engine.add_request(f"r{i}", llm.preprocessor.preprocess(case.prompt), params)
         ids.append(f"r{i}")
     logprobs: dict[str, list[TokenLogprobs]] = {rid: [] for rid in ids}
     for output in llm.engine.run_to_completion():

@@ -26,11 +26,11 @@ def test_a_poisoned_request_fails_alone_and_its_neighbours_equal_the_oracle(make
     healthy, bystander = chat_case("Describe the weather."), chat_case("Name a colour.")
     greedy = SamplingParams(max_tokens=8, ignore_eos=True)
     engine = llm.engine
-    engine.add_request("healthy", llm.preprocessor.preprocess(healthy.body), greedy)
+    engine.add_request("healthy", llm.preprocessor.preprocess(healthy.prompt), greedy)
     engine.add_request(
-        "poisoned", llm.preprocessor.preprocess(chat_case("Hi.").body), SamplingParams(max_tokens=8, temperature=1.0, seed=POISON_SEED)
+        "poisoned", llm.preprocessor.preprocess(chat_case("Hi.").prompt), SamplingParams(max_tokens=8, temperature=1.0, seed=POISON_SEED)
     )
-    engine.add_request("bystander", llm.preprocessor.preprocess(bystander.body), greedy)
+    engine.add_request("bystander", llm.preprocessor.preprocess(bystander.prompt), greedy)
     tokens: dict[str, list[int]] = {"healthy": [], "poisoned": [], "bystander": []}
     failures = []
     while engine.has_unfinished():
@@ -43,5 +43,5 @@ def test_a_poisoned_request_fails_alone_and_its_neighbours_equal_the_oracle(make
     assert tokens["healthy"] == oracle_tokens(oracle, healthy, max_new_tokens=8).token_ids
     assert tokens["bystander"] == oracle_tokens(oracle, bystander, max_new_tokens=8).token_ids
     # The engine goes on: its pages were freed, and a new request runs.
-    [again] = llm.generate([healthy.body], greedy)
+    [again] = llm.generate([healthy.prompt], greedy)
     assert again.token_ids == tokens["healthy"]

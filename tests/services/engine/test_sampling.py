@@ -67,14 +67,14 @@ def test_top_k_restricts_the_support():
 
 def test_stop_strings_tokens_and_max_tokens(make_llm):
     llm = make_llm()
-    body = chat_case("Tell me something.").body
-    [free] = llm.generate([body], SamplingParams(max_tokens=12, ignore_eos=True))
+    prompt = chat_case("Tell me something.").prompt
+    [free] = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))
     assert free.finish_reason == "length" and len(free.token_ids) == 12
     # Stop on the 4th generated token id.
-    [by_token] = llm.generate([body], SamplingParams(max_tokens=12, stop_token_ids=(free.token_ids[3],), ignore_eos=True))
+    [by_token] = llm.generate([prompt], SamplingParams(max_tokens=12, stop_token_ids=(free.token_ids[3],), ignore_eos=True))
     assert by_token.finish_reason == "stop" and by_token.token_ids == free.token_ids[:4]
     # Stop on a string taken from the middle of the free-running text; the text is cut before it.
     stop = free.text[len(free.text) // 2 :][:4]
-    [by_string] = llm.generate([body], SamplingParams(max_tokens=12, stop=(stop,), ignore_eos=True))
+    [by_string] = llm.generate([prompt], SamplingParams(max_tokens=12, stop=(stop,), ignore_eos=True))
     assert by_string.finish_reason == "stop"
     assert stop not in by_string.text and free.text.startswith(by_string.text)

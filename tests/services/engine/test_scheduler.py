@@ -108,7 +108,7 @@ def test_decode_pressure_preempts_the_newest_request():
 def test_preempted_requests_still_match_the_oracle(make_llm, oracle):
     cases = [chat_case(encode_image(make_image(112, 112, seed=s)), "describe " * 4) for s in range(4)]
     llm = make_llm(block_size=4, num_kv_blocks=40)
-    results = llm.generate([c.body for c in cases], GREEDY_16)
+    results = llm.generate([c.prompt for c in cases], GREEDY_16)
     assert llm.engine.scheduler.num_preemptions > 0
     for case, result in zip(cases, results):
         assert_tokens_match(result.token_ids, oracle_tokens(oracle, case))
@@ -116,9 +116,9 @@ def test_preempted_requests_still_match_the_oracle(make_llm, oracle):
 
 def test_impossible_requests_are_rejected_up_front(make_llm):
     llm = make_llm(num_kv_blocks=4, block_size=4)
-    body = chat_case("word " * 40).body
+    prompt = chat_case("word " * 40).prompt
     with pytest.raises(RequestRejectedError, match="KV pages"):
-        llm.generate([body], GREEDY_16)
+        llm.generate([prompt], GREEDY_16)
     llm = make_llm(encoder_cache_tokens=32, max_encoder_tokens_per_step=32)
     with pytest.raises(RequestRejectedError, match="embedding rows"):
-        llm.generate([chat_case(encode_image(make_image(224, 224, seed=1))).body], GREEDY_16)
+        llm.generate([chat_case(encode_image(make_image(224, 224, seed=1))).prompt], GREEDY_16)

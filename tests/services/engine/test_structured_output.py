@@ -34,7 +34,7 @@ def llm(tiny_model):
     return LLM(str(tiny_model.path), EngineConfig())
 
 
-BODY = chat_case("Describe a person as JSON.").body
+BODY = chat_case("Describe a person as JSON.").prompt
 
 
 def test_a_json_schema_gives_complete_valid_json_greedy_and_sampled(llm):
@@ -85,7 +85,7 @@ def test_a_grammar_that_does_not_compile_rejects_its_request(llm, structured, me
 
 def test_plain_requests_beside_a_constrained_one_are_unchanged(llm):
     plain = SamplingParams(max_tokens=12, ignore_eos=True)
-    other = chat_case("Name a colour.").body
+    other = chat_case("Name a colour.").prompt
     alone = [r.token_ids for r in llm.generate([BODY, other], plain)]
     spec = StructuredOutput("json", json.dumps(PERSON), compact_whitespace=True)
     together = llm.generate([BODY, other, BODY], [plain, plain, SamplingParams(max_tokens=64, structured=spec)])

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from protos.gen import pb
 from services.gateway.app import create_app
 from services.gateway.errors import GatewayError
 from services.gateway.token_events import TokenEvent
@@ -206,7 +207,7 @@ def test_the_official_client_gets_text_completions_streamed_and_batched():
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http)
     done = client.completions.create(model="tiny", prompt="Once upon", max_tokens=3)
     assert done.object == "text_completion" and done.choices[0].text == "Hello there friend"
-    assert pipeline.calls[-1][0] == {"prompt": "Once upon", "images": []} and pipeline.calls[-1][1].max_tokens == 3
+    assert pipeline.calls[-1][0] == pb.PromptInput(text="Once upon") and pipeline.calls[-1][1].max_tokens == 3
     batch = client.completions.create(model="tiny", prompt=[[1, 2], [3]], n=2)
     assert [c.index for c in batch.choices] == [0, 1, 2, 3] and batch.usage.prompt_tokens == 14  # two prompts of 7
     assert batch.usage.completion_tokens == 12

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from protos.gen import pb
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import parse_chat_request, to_completion_request
@@ -61,7 +62,11 @@ def test_a_temperature_below_the_epsilon_is_greedy():
 def test_messages_reach_preprocess_without_defaults_added():
     parts = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": "data:x"}, "uuid": "cat-1"}]
     request = parse_chat_request({"messages": [{"role": "user", "content": parts}]}, served_names=("tiny",), default_max_tokens=1)
-    assert request.generations[0].preprocess_body == {"messages": [{"role": "user", "content": parts}]}
+    user = pb.ChatMessage(
+        role=pb.ChatMessage.USER,
+        parts=pb.ContentParts(parts=[pb.ContentPart(text="what is it?"), pb.ContentPart(image=pb.ImageInput(url="data:x", uuid="cat-1"))]),
+    )
+    assert request.generations[0].prompt == pb.PromptInput(chat=pb.ChatPrompt(messages=[user]))
 
 
 def test_n_choices_are_numbered_and_seeded_apart():
@@ -75,9 +80,9 @@ def completion_request(**body):
     return to_completion_request(CompletionRequest.model_validate(body), served_names=("tiny",))
 
 
-def test_completion_prompts_become_preprocess_bodies_numbered_prompt_major():
+def test_completion_prompts_become_prompt_inputs_numbered_prompt_major():
     batch = completion_request(prompt=["a", "b"], n=2, max_tokens=5)
-    assert [(g.index, g.prompt_index, g.preprocess_body["prompt"]) for g in batch.generations] == [
+    assert [(g.index, g.prompt_index, g.prompt.text) for g in batch.generations] == [
         (0, 0, "a"),
         (1, 0, "a"),
         (2, 1, "b"),
@@ -85,13 +90,13 @@ def test_completion_prompts_become_preprocess_bodies_numbered_prompt_major():
     ]
     assert batch.generations[0].sampling.max_tokens == 5
     [tokens] = completion_request(prompt=[5, 6, 7]).generations
-    assert tokens.preprocess_body == {"prompt_token_ids": [5, 6, 7], "images": []} and tokens.sampling.max_tokens == 16
+    assert tokens.prompt == pb.PromptInput(token_ids=pb.TokenIds(ids=[5, 6, 7])) and tokens.sampling.max_tokens == 16
     assert len(completion_request(prompt=[[5], [6, 7]]).generations) == 2
     [image] = completion_request(
         prompt="<|vision_start|><|image_pad|><|vision_end|>What?",
         multi_modal_data={"image": [{"url": "data:image/png;base64,AAAA", "uuid": "cat"}, "data:x"]},
     ).generations
-    assert image.preprocess_body["images"] == [{"url": "data:image/png;base64,AAAA", "uuid": "cat"}, "data:x"]
+    assert list(image.prompt.images) == [pb.ImageInput(url="data:image/png;base64,AAAA", uuid="cat"), pb.ImageInput(url="data:x")]
 
 
 @pytest.mark.parametrize(
@@ -236,9 +241,11 @@ def test_what_common_clients_send_is_accepted():
         default_max_tokens=256,
     )
     [generation] = request.generations
-    body = generation.preprocess_body
-    assert body["tools"] == tools and body["chat_template_kwargs"] == {"enable_thinking": False}
-    assert body["messages"][2]["tool_calls"][0]["function"]["name"] == "get_weather" and body["messages"][3]["tool_call_id"] == "c1"
+    chat = generation.prompt.chat
+    assert [tool.name for tool in chat.tools] == ["get_weather"] and json.loads(chat.chat_template_kwargs_json) == {
+        "enable_thinking": False
+    }
+    assert chat.messages[2].tool_calls[0].name == "get_weather" and chat.messages[3].tool_call_id == "c1"
     assert request.continuous_usage and request.include_usage
 
 

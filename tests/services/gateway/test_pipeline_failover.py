@@ -86,8 +86,8 @@ class FakeNode:
     def Preprocess(self, request, timeout=None, metadata=None):
         return self._unary("Preprocess", request, pb.PreprocessResponse(prompt_token_ids=PROMPT, mm_items=self.mm_items))
 
-    def ResendPixels(self, request, timeout=None, metadata=None):
-        return self._unary("ResendPixels", request, pb.ResendPixelsResponse())
+    def PushPixels(self, request, timeout=None, metadata=None):
+        return self._unary("PushPixels", request, pb.PushPixelsResponse())
 
     def Stats(self, request, timeout=None, metadata=None):
         return Pending(lambda: pb.StatsResponse(data_address=f"tcp://{self.address}"))
@@ -127,7 +127,7 @@ class FakePipeline(Pipeline):
         return asyncio.run(self.collect(SamplingParams(max_tokens=max_tokens, temperature=0.0), **kwargs))
 
     async def collect(self, sampling: SamplingParams, **kwargs) -> list:
-        return [event async for event in self.run({"prompt": "x"}, sampling, **kwargs)]
+        return [event async for event in self.run(pb.PromptInput(text="x"), sampling, **kwargs)]
 
     def called(self, method: str) -> list:
         return [(address, request) for m, address, request in self.calls if m == method]
@@ -404,9 +404,9 @@ def pipeline_encoding_on_prefill() -> FakePipeline:
 def test_images_a_prefill_node_encodes_have_their_pixels_pushed_to_it_per_attempt():
     pipeline = pipeline_encoding_on_prefill()
     pipeline.generate()
-    [(_, push)] = pipeline.called("ResendPixels")
+    [(_, push)] = pipeline.called("PushPixels")
     [(prefill_address, prefill)] = pipeline.called("Prefill")
-    assert push.encoder_id == prefill_address and push.encoder_data_address == f"tcp://{prefill_address}"
+    assert push.target_id == prefill_address and push.target_data_address == f"tcp://{prefill_address}"
     assert push.key_prefix.startswith("px/") and push.force and list(push.mm_hashes) == ["img"]
     assert list(prefill.local_encode_mm_hashes) == ["img"] and prefill.local_pixels_key_prefix == push.key_prefix
 
@@ -417,8 +417,8 @@ def test_pixels_a_prefill_node_reports_missing_are_pushed_to_it_again():
     for address in NODES["prefill"]:
         pipeline.nodes[address].failures = [missing]
     assert [e.token_ids for e in pipeline.generate()] == [[100], [101]]
-    pushes = [request for _, request in pipeline.called("ResendPixels")]
-    assert len(pushes) == 2 and len({(p.encoder_id, p.key_prefix) for p in pushes}) == 1
+    pushes = [request for _, request in pipeline.called("PushPixels")]
+    assert len(pushes) == 2 and len({(p.target_id, p.key_prefix) for p in pushes}) == 1
     assert pipeline.num_retries == 0  # resent within the attempt, not failed over
 
 
@@ -427,9 +427,9 @@ def test_images_without_a_prefill_node_that_encodes_go_to_the_encoder():
     for address in NODES["preprocess"]:
         pipeline.nodes[address].mm_items = [IMAGE_ITEM]
     pipeline.generate()
-    [(_, push)] = pipeline.called("ResendPixels")
+    [(_, push)] = pipeline.called("PushPixels")
     [(_, prefill)] = pipeline.called("Prefill")
-    assert push.encoder_id == prefill.encoder_address and push.key_prefix == "" and not push.force
+    assert push.target_id == prefill.encoder_address and push.key_prefix == "" and not push.force
     assert list(prefill.local_encode_mm_hashes) == []
 
 

@@ -51,9 +51,9 @@ def test_requests_carry_the_tenants_salt_and_namespaced_image_uuids():
     }
     [generation] = parse_chat_request(body, served_names=("tiny",), default_max_tokens=4, tenant=ACME).generations
     assert generation.cache_salt == "tenant:acme|mine"
-    assert generation.preprocess_body["messages"][0]["content"][0]["uuid"] == "acme/cat"
+    assert generation.prompt.chat.messages[0].parts.parts[0].image.uuid == "acme/cat"
     [untouched] = parse_chat_request(body, served_names=("tiny",), default_max_tokens=4).generations
-    assert untouched.cache_salt == "mine" and untouched.preprocess_body["messages"][0]["content"][0]["uuid"] == "cat"
+    assert untouched.cache_salt == "mine" and untouched.prompt.chat.messages[0].parts.parts[0].image.uuid == "cat"
 
 
 def test_admission_refuses_past_its_limit_with_a_rate_limit_error_and_releases_once():

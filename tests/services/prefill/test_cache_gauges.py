@@ -29,7 +29,7 @@ def test_gauges_after_a_prefill(tiny_model):
     upstream = _upstream(node)
     try:
         assert _usage(node) == {"kv": (0.0, 64.0), "prefix": (0.0, 64.0), "embedding": (0.0, 512.0)}
-        prep = Preprocessor(tiny_model).preprocess(chat_case(encode_image(make_image(112, 112, seed=5)), "What is it?").body)
+        prep = Preprocessor(tiny_model).preprocess(chat_case(encode_image(make_image(112, 112, seed=5)), "What is it?").prompt)
         asyncio.run(node.run(_job("r1", prep, sink, max_tokens=4), upstream))
         # Finished: no block is held, its full blocks stay cached, its embeddings stay resident.
         assert _usage(node) == {
@@ -70,7 +70,7 @@ def test_hit_miss_and_eviction_counters(tiny_model):
     first from an embedding cache that holds one, and its prompt's blocks evict cached ones from
     a pool that holds one prompt."""
     preprocessor = Preprocessor(tiny_model)
-    preps = [preprocessor.preprocess(chat_case(encode_image(make_image(112, 112, seed=s)), "What is it?").body) for s in (5, 6)]
+    preps = [preprocessor.preprocess(chat_case(encode_image(make_image(112, 112, seed=s)), "What is it?").prompt) for s in (5, 6)]
     num_rows = preps[0].mm_items[0].placeholder.length
     num_blocks = -(-len(preps[0].prompt_token_ids) // BLOCK)
     config = EngineConfig(

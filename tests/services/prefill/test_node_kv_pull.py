@@ -45,7 +45,7 @@ def _preprocessor(model) -> Preprocessor:
 
 def _job(tiny_model, sink: TensorInbox, request_id: str, seed: int, sources: list[KVSource] | None = None) -> PrefillJob:
     case = chat_case(encode_image(make_image(224, 224, seed=seed)), "What is in the picture?")
-    prep = _preprocessor(tiny_model).preprocess(case.body)
+    prep = _preprocessor(tiny_model).preprocess(case.prompt)
     return PrefillJob(
         request_id=request_id,
         prompt_token_ids=list(prep.prompt_token_ids),

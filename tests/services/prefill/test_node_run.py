@@ -27,8 +27,8 @@ def held_and_new(tiny_model):
     sink = TensorInbox("tcp://127.0.0.1:0")  # stands in for a decode node's inbox
     held, new = (encode_image(make_image(112, 112, seed=s)) for s in (11, 12))
     preprocessor = Preprocessor(tiny_model)
-    first = preprocessor.preprocess(chat_case(held, "What is it?").body)
-    both = preprocessor.preprocess(chat_case(held, new, "Which differ?").body)
+    first = preprocessor.preprocess(chat_case(held, "What is it?").prompt)
+    both = preprocessor.preprocess(chat_case(held, new, "Which differ?").prompt)
     items = [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in both.mm_items]
     upstream = FakeUpstream(node.engine.runner.checkpoint.text.hidden_size, lacks_pixels=frozenset({items[1].mm_hash}))
     asyncio.run(node.run(_job("held", first, sink, "encoder"), upstream))

@@ -9,7 +9,9 @@ import zlib
 
 import pytest
 
+from protos.gen import pb
 from services.gateway.error_kinds import KIND_RULES
+from services.gateway.prompt_wire import prompt_from_body
 from services.preprocess import PreprocessConfig, Preprocessor
 from services.preprocess import errors as E
 from tests.factories import data_url, encode_image, image_data_url, make_image
@@ -37,18 +39,6 @@ GOOD_PNG = encode_image(make_image(64, 64, seed=1))
 
 # (name, request body, expected error type, substring of the message)
 BAD_CASES = [
-    ("not_an_object", ["messages"], E.InvalidRequestError, "JSON object"),
-    ("no_prompt", {"model": "tiny"}, E.InvalidRequestError, "exactly one of"),
-    ("messages_not_list", {"messages": "hi"}, E.InvalidRequestError, "must be a list"),
-    ("empty_messages", {"messages": []}, E.InvalidRequestError, "must not be empty"),
-    ("bad_role", {"messages": [{"role": "robot", "content": "hi"}]}, E.InvalidRequestError, "role"),
-    (
-        "unknown_part_type",
-        _user({"type": "audio_url", "audio_url": {"url": "x"}}),
-        E.InvalidRequestError,
-        "unsupported content part type 'audio_url'",
-    ),
-    ("text_part_not_string", _user({"type": "text", "text": 5}), E.InvalidRequestError, "text must be a string"),
     ("invalid_base64", _user(_img("data:image/png;base64,@@@not-base64@@@")), E.InvalidImageDataError, "not valid base64"),
     ("bad_base64_padding", _user({"type": "image", "image": "abc"}), E.InvalidImageDataError, "not valid base64"),
     ("non_image_bytes", _user(_img(data_url(b"hello, I am plain text, not a picture"))), E.InvalidImageDataError, "not a supported image"),
@@ -85,15 +75,45 @@ BAD_CASES = [
         E.PlaceholderMismatchError,
         "0 image placeholder(s)",
     ),
-    ("token_id_out_of_vocab", {"prompt_token_ids": [1, 10**9]}, E.InvalidRequestError, "outside the vocabulary"),
-    ("token_ids_not_ints", {"prompt_token_ids": ["a"]}, E.InvalidRequestError, "non-negative integers"),
+    ("token_id_out_of_vocab", {"prompt_token_ids": [1, 2**31 - 1]}, E.InvalidRequestError, "outside the vocabulary"),
     ("prompt_too_long", {"prompt": "word " * 600}, E.PromptTooLongError, "limit is 512"),
     ("oversized_encoded_image", _user(_img(data_url(b"\0" * (3 * 1024 * 1024)))), E.ImageTooLargeError, "bytes, over the limit"),
+]
+_IMAGE = pb.ImageInput(url=data_url(GOOD_PNG))
+_USER = pb.ChatMessage.USER
+# What a typed client can still get wrong (the gateway's models refuse these at the HTTP edge).
+TYPED_CASES = [
+    ("no_prompt", pb.PromptInput(), "the prompt is empty"),
+    ("empty_messages", pb.PromptInput(chat=pb.ChatPrompt()), "must not be empty"),
+    ("no_role", pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(text="hi")])), "role must be one of"),
+    ("user_without_content", pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=_USER)])), "needs content"),
     (
-        "bad_uuid",
-        _user({"type": "image_url", "image_url": {"url": image_data_url(make_image(32, 32))}, "uuid": ""}),
-        E.InvalidRequestError,
-        "uuid",
+        "tool_calls_on_a_user_turn",
+        pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=_USER, text="hi", tool_calls=[pb.ToolCall(id="1", name="f")])])),
+        "only assistant messages carry tool_calls",
+    ),
+    (
+        "empty_part",
+        pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=_USER, parts=pb.ContentParts(parts=[pb.ContentPart()]))])),
+        "is empty",
+    ),
+    (
+        "chat_images_beside_the_messages",
+        pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=_USER, text="hi")]), images=[_IMAGE]),
+        "go in its messages",
+    ),
+    ("image_without_source", pb.PromptInput(text="x", images=[pb.ImageInput(uuid="cat")]), "has no source"),
+    ("empty_uuid", pb.PromptInput(text="x", images=[pb.ImageInput(url=_IMAGE.url, uuid="")]), "uuid"),
+    ("long_uuid", pb.PromptInput(text="x", images=[pb.ImageInput(url=_IMAGE.url, uuid="u" * 257)]), "uuid"),
+    (
+        "template_kwargs_not_an_object",
+        pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=_USER, text="hi")], chat_template_kwargs_json="[1]")),
+        "must be a JSON object",
+    ),
+    (
+        "template_kwargs_set_messages",
+        pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=_USER, text="hi")], chat_template_kwargs_json='{"messages": []}')),
+        "may not set messages",
     ),
 ]
 
@@ -107,19 +127,36 @@ def strict_preprocessor(tiny_model):
 @pytest.mark.parametrize("name,body,error_type,message", BAD_CASES, ids=[c[0] for c in BAD_CASES])
 def test_bad_input_raises_typed_error(name, body, error_type, message, strict_preprocessor):
     with pytest.raises(error_type) as info:
-        strict_preprocessor.preprocess(body)
+        strict_preprocessor.preprocess(prompt_from_body(body))
     assert message in info.value.message
     assert 400 <= KIND_RULES[info.value.kind].status < 500  # the client's error, as the gateway answers it
     # The preprocessor is unharmed: a good request still succeeds.
-    result = strict_preprocessor.preprocess(_user(_img(data_url(GOOD_PNG)), {"type": "text", "text": "ok"}))
+    result = strict_preprocessor.preprocess(prompt_from_body(_user(_img(data_url(GOOD_PNG)), {"type": "text", "text": "ok"})))
     assert len(result.mm_items) == 1
+
+
+@pytest.mark.parametrize("name,prompt,message", TYPED_CASES, ids=[c[0] for c in TYPED_CASES])
+def test_a_malformed_prompt_input_is_an_invalid_request(name, prompt, message, strict_preprocessor):
+    with pytest.raises(E.InvalidRequestError) as info:
+        strict_preprocessor.preprocess(prompt)
+    assert message in info.value.message
+
+
+def test_image_bytes_are_taken_as_they_are_and_their_size_is_checked(strict_preprocessor):
+    as_url = strict_preprocessor.preprocess(pb.PromptInput(text="<|vision_start|><|image_pad|><|vision_end|>", images=[_IMAGE]))
+    as_bytes = strict_preprocessor.preprocess(
+        pb.PromptInput(text="<|vision_start|><|image_pad|><|vision_end|>", images=[pb.ImageInput(data=GOOD_PNG)])
+    )
+    assert as_bytes.mm_items[0].mm_hash == as_url.mm_items[0].mm_hash
+    with pytest.raises(E.ImageTooLargeError, match="over the limit"):
+        strict_preprocessor.preprocess(pb.PromptInput(text="x", images=[pb.ImageInput(data=b"\0" * (3 * 1024 * 1024))]))
 
 
 def test_remote_url_off_allow_list_is_refused(tiny_model):
     config = PreprocessConfig(allow_remote_images=True, allowed_image_domains=("images.example.org",))
     preprocessor = Preprocessor(tiny_model, config)
     with pytest.raises(E.ImageSourceNotAllowedError, match="not on the allowed domain list"):
-        preprocessor.preprocess(_user(_img("https://evil.example.com/x.png")))
+        preprocessor.preprocess(prompt_from_body(_user(_img("https://evil.example.com/x.png"))))
 
 
 def test_local_path_outside_media_dir_is_refused(tiny_model, tmp_path):
@@ -128,10 +165,10 @@ def test_local_path_outside_media_dir_is_refused(tiny_model, tmp_path):
     (media / "ok.png").write_bytes(GOOD_PNG)
     (tmp_path / "secret.png").write_bytes(GOOD_PNG)
     preprocessor = Preprocessor(tiny_model, PreprocessConfig(local_media_dir=media))
-    assert len(preprocessor.preprocess(_user(_img(str(media / "ok.png")))).mm_items) == 1
-    assert len(preprocessor.preprocess(_user(_img(f"file://{media / 'ok.png'}"))).mm_items) == 1
+    assert len(preprocessor.preprocess(prompt_from_body(_user(_img(str(media / "ok.png"))))).mm_items) == 1
+    assert len(preprocessor.preprocess(prompt_from_body(_user(_img(f"file://{media / 'ok.png'}")))).mm_items) == 1
     for escape in (str(tmp_path / "secret.png"), str(media / ".." / "secret.png"), f"file://{tmp_path}/secret.png"):
         with pytest.raises(E.ImageSourceNotAllowedError, match="outside the allowed media directory"):
-            preprocessor.preprocess(_user(_img(escape)))
+            preprocessor.preprocess(prompt_from_body(_user(_img(escape))))
     with pytest.raises(E.ImageFetchError, match="could not read"):
-        preprocessor.preprocess(_user(_img(str(media / "missing.png"))))
+        preprocessor.preprocess(prompt_from_body(_user(_img(str(media / "missing.png")))))

@@ -21,8 +21,8 @@ def test_gauges_follow_the_caches_and_stay_within_budget(tiny_model):
             "pixel_mirror": (0.0, 0.0),  # a mirror per encoder fed; none yet
         }
         for seed in range(5):
-            body = chat_case(encode_image(make_image(56, 56, seed=seed)), "What is it?").body
-            node.preprocess(body, encoder_id="e", encoder_address=inbox.address)
+            [item] = node.preprocess(chat_case(encode_image(make_image(56, 56, seed=seed)), "What is it?").prompt).mm_items
+            node.push_pixels([item.mm_hash], target_id="e", target_address=inbox.address, force=False)
             usage = {u.cache: u for u in cache_usage(node.counters())}
             assert all(u.used <= u.capacity for u in usage.values())
         cache = node.preprocessor.processor_cache
@@ -40,11 +40,12 @@ def test_only_encoders_fed_get_a_mirror_and_their_number_is_bounded(tiny_model, 
     node = PreprocessNode(tiny_model, PreprocessConfig(), mirror_entries=4)
     inbox = TensorInbox("tcp://127.0.0.1:0")
     try:
-        body = chat_case(encode_image(make_image(56, 56, seed=0)), "What is it?").body
-        node.preprocess(body, encoder_id="", encoder_address="")  # routed later: no encoder yet
-        assert node._encoder_to_mirror == {}
+        [item] = node.preprocess(chat_case(encode_image(make_image(56, 56, seed=0)), "What is it?").prompt).mm_items
+        assert node._encoder_to_mirror == {}  # preprocessing sends nothing: the gateway routes first
+        node.push_pixels([item.mm_hash], target_id="p", target_address=inbox.address, key_prefix="px/1/")
+        assert node._encoder_to_mirror == {}  # a prefill node encoding locally keeps no pixels
         for encoder_id in ("a", "b", "a", "c"):  # c joins: b, the least recently used, goes
-            node.preprocess(body, encoder_id=encoder_id, encoder_address=inbox.address)
+            node.push_pixels([item.mm_hash], target_id=encoder_id, target_address=inbox.address, force=False)
         assert list(node._encoder_to_mirror) == ["a", "c"]
     finally:
         inbox.close()

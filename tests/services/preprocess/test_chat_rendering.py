@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.error_kinds import KIND_RULES
+from services.gateway.prompt_wire import prompt_from_body
 from services.preprocess import PreprocessConfig, Preprocessor
 from services.preprocess import errors as E
 
@@ -34,7 +35,7 @@ def probe(preprocessor):
 
 
 def render(preprocessor, **body) -> str:
-    return preprocessor.tokenizer.decode(preprocessor.preprocess(body).prompt_token_ids)
+    return preprocessor.tokenizer.decode(preprocessor.preprocess(prompt_from_body(body)).prompt_token_ids)
 
 
 def test_developer_renders_as_system_with_the_real_template(preprocessor):
@@ -63,18 +64,16 @@ def test_tool_history_names_tools_and_template_variables_reach_the_template(prob
     [
         ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tokenize": True}}, "only set template variables"),
         ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}}, "may not set messages"),
-        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []}, "must be an object"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [1]}, "list of objects"),
     ],
 )
 def test_bad_template_inputs_are_the_requests_fault(probe, body, message):
     with pytest.raises(E.InvalidRequestError, match=message):
-        probe.preprocess(body)
+        probe.preprocess(prompt_from_body(body))
 
 
 def test_a_template_that_refuses_the_conversation_is_a_400(probe):
     with pytest.raises(E.InvalidRequestError, match="cannot render these messages: roles must alternate") as info:
-        probe.preprocess({"messages": [{"role": "user", "content": "refuse me"}]})
+        probe.preprocess(prompt_from_body({"messages": [{"role": "user", "content": "refuse me"}]}))
     assert KIND_RULES[info.value.kind].status == 400
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.gateway.prompt_wire import prompt_from_body
 from services.preprocess import Preprocessor
 from shared.models.tokens import IMAGE_PAD_ID
 from shared.types import PlaceholderRange
@@ -82,7 +83,7 @@ def _assert_same(ours, oracle, oracle_inputs):
 def test_chat_prompt_matches_transformers(name, preprocessor, oracle):
     case = CASES[name]()
     oracle_inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
-    _assert_same(preprocessor.preprocess(case.body), oracle, oracle_inputs)
+    _assert_same(preprocessor.preprocess(case.prompt), oracle, oracle_inputs)
 
 
 @pytest.mark.parametrize("name", ["one_image", "three_images", "image_in_middle", "rgba_png", "text_only"])
@@ -91,7 +92,7 @@ def test_pretokenized_prompt_matches_transformers(name, preprocessor, oracle):
     text = oracle.chat_text(case.oracle_messages)
     token_ids = oracle.tokenizer.encode(text, add_special_tokens=False)
     urls = [part["image_url"]["url"] for part in case.body["messages"][0]["content"] if part["type"] == "image_url"]
-    ours = preprocessor.preprocess({"prompt_token_ids": token_ids, "images": urls})
+    ours = preprocessor.preprocess(prompt_from_body({"prompt_token_ids": token_ids, "images": urls}))
     _assert_same(ours, oracle, oracle.process(text, case.images))
 
 
@@ -99,7 +100,7 @@ def test_text_prompt_matches_transformers(preprocessor, oracle):
     case = CASES["three_images"]()
     text = oracle.chat_text(case.oracle_messages)
     urls = [part["image_url"]["url"] for part in case.body["messages"][0]["content"] if part["type"] == "image_url"]
-    ours = preprocessor.preprocess({"prompt": text, "images": urls})
+    ours = preprocessor.preprocess(prompt_from_body({"prompt": text, "images": urls}))
     _assert_same(ours, oracle, oracle.process(text, case.images))
 
 
@@ -119,7 +120,7 @@ def test_multi_turn_chat_matches_transformers(preprocessor, oracle):
     from tests.factories import decoded
 
     images = first.images + [decoded(_png(80, 64, 21))]
-    _assert_same(preprocessor.preprocess(body), oracle, oracle.process(oracle.chat_text(oracle_messages), images))
+    _assert_same(preprocessor.preprocess(prompt_from_body(body)), oracle, oracle.process(oracle.chat_text(oracle_messages), images))
 
 
 def _b64(data: bytes) -> str:

@@ -33,13 +33,13 @@ def _publish(index, mm_hash: str, grid: tuple[int, int, int]) -> None:
 
 
 def test_indexed_image_is_not_processed_and_matches_a_processed_one(tiny_model, index, node):
-    body = chat_case(encode_image(make_image(140, 112, seed=3)), "What is this?").body
+    prompt = chat_case(encode_image(make_image(140, 112, seed=3)), "What is this?").prompt
     reference = PreprocessNode(tiny_model, PreprocessConfig())
-    expected, _ = reference.preprocess(body, encoder_id="e", encoder_address="")
+    expected = reference.preprocess(prompt)
     reference.close()
     _publish(index, expected.mm_items[0].mm_hash, expected.mm_items[0].image.grid_thw)
 
-    result, _ = node.preprocess(body, encoder_id="e", encoder_address="", skip_indexed=True)
+    result = node.preprocess(prompt, skip_indexed=True)
     item = result.mm_items[0]
     assert item.image.pixel_values is None
     assert result.prompt_token_ids == expected.prompt_token_ids
@@ -47,14 +47,14 @@ def test_indexed_image_is_not_processed_and_matches_a_processed_one(tiny_model, 
     assert result.mrope_delta == expected.mrope_delta
     assert node.counters()["preprocess_images_skipped_total"] == 1
 
-    # Pixels it never made cannot be resent; preprocessing again without skipping makes them.
+    # Pixels it never made cannot be pushed; preprocessing again without skipping makes them.
     inbox = TensorInbox("tcp://127.0.0.1:0")
     try:
-        not_found, _ = node.resend([item.mm_hash], encoder_id="e", encoder_address=inbox.address)
+        not_found, _ = node.push_pixels([item.mm_hash], target_id="e", target_address=inbox.address)
         assert not_found == [item.mm_hash]
-        again, _ = node.preprocess(body, encoder_id="e", encoder_address="", skip_indexed=False)
+        again = node.preprocess(prompt, skip_indexed=False)
         assert again.mm_items[0].image.pixel_values is not None
-        not_found, transfer = node.resend([item.mm_hash], encoder_id="e", encoder_address=inbox.address)
+        not_found, transfer = node.push_pixels([item.mm_hash], target_id="e", target_address=inbox.address)
         assert not_found == [] and transfer.num_bytes_sent > 0
         assert inbox.wait(item.mm_hash, 10) is not None
     finally:
@@ -62,7 +62,7 @@ def test_indexed_image_is_not_processed_and_matches_a_processed_one(tiny_model, 
 
 
 def test_unindexed_or_unskipped_images_are_processed(index, node):
-    body = chat_case(encode_image(make_image(84, 84, seed=4)), "Describe.").body
-    result, _ = node.preprocess(body, encoder_id="e", encoder_address="", skip_indexed=True)
+    prompt = chat_case(encode_image(make_image(84, 84, seed=4)), "Describe.").prompt
+    result = node.preprocess(prompt, skip_indexed=True)
     assert result.mm_items[0].image.pixel_values is not None  # the index knows nothing of it
     assert node.counters()["preprocess_images_skipped_total"] == 0

@@ -9,6 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from protos.gen import pb
+from services.gateway.prompt_wire import prompt_from_body
 from services.preprocess import errors as E
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.remote_fetch import FetchPolicy, fetch
@@ -101,18 +103,16 @@ def test_a_slow_image_host_does_not_hold_up_other_requests(tiny_model, host):
     config = PreprocessConfig(allow_remote_images=True, allowed_image_domains=("localhost",), allow_private_image_addresses=True)
     node = PreprocessNode(tiny_model, config)
 
-    def request(url: str) -> dict:
-        return {
-            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]}]
-        }
+    def request(url: str) -> pb.PromptInput:
+        return prompt_from_body(
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]}]}
+        )
 
-    slow = threading.Thread(
-        target=node.preprocess, args=(request(f"http://{host}/held.png"),), kwargs={"encoder_id": "", "encoder_address": ""}
-    )
+    slow = threading.Thread(target=node.preprocess, args=(request(f"http://{host}/held.png"),))
     try:
         slow.start()
         assert ARRIVED.wait(timeout=10), "the held request never reached the image host"
-        result, _ = node.preprocess(request(data_url(encode_image(make_image(30, 30, seed=5)))), encoder_id="", encoder_address="")
+        result = node.preprocess(request(data_url(encode_image(make_image(30, 30, seed=5)))))
         assert len(result.mm_items) == 1 and slow.is_alive()  # done while the other fetch is still held
     finally:
         RELEASE.set()

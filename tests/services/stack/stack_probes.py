@@ -56,7 +56,7 @@ def index_is_up(stack, url: str) -> bool:
 
 
 def mm_hash_of(preprocessor: Preprocessor, case) -> str:
-    return preprocessor.preprocess(case.body).mm_items[0].mm_hash
+    return preprocessor.preprocess(case.prompt).mm_items[0].mm_hash
 
 
 def served_holders(index, mm_hashes: list[str], role: str = "encoder") -> dict[str, set[str]]:

@@ -157,7 +157,7 @@ def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_c
     images = {name: png_image(seed) for name, seed in (("A", 301), ("B", 302), ("C", 303), ("D", 304), ("E", 305))}
     cases = [chat_case(images[name], question) for name, question, _, _ in OUTAGE_PLAN]
     mm = {name: mm_hash_of(preprocessor, chat_case(data, "x")) for name, data in images.items()}
-    prep = preprocessor.preprocess(cases[0].body)
+    prep = preprocessor.preprocess(cases[0].prompt)
     blocks_a = block_hashes(prep.prompt_token_ids, EngineConfig().block_size, [MmSpan(i.mm_hash, i.placeholder) for i in prep.mm_items])
     expected = [oracle_text(oracle, case) for case in cases]
     valkey = None
@@ -187,7 +187,7 @@ def test_index_killed_mid_load_serving_goes_on_from_local_caches_and_the_index_c
 def two_encoder_stack(tmp_path_factory, tiny_model, repo_root, preprocessor):
     # Embedding caches (encoder and prefill nodes alike) that hold one test image: the next image
     # evicts it, so the prefill node has to pull it from an encoder again.
-    rows = preprocessor.preprocess(chat_case(png_image(0), "x").body).mm_items[0].placeholder.length
+    rows = preprocessor.preprocess(chat_case(png_image(0), "x").prompt).mm_items[0].placeholder.length
     budget = ["--encoder-cache-tokens", str(rows), "--max-encoder-tokens-per-step", str(rows)]
     running = launch_stack(tmp_path_factory.mktemp("two-encoders"), repo_root, "--encoders", "2", *budget, env=stack_env())
     yield running

@@ -267,7 +267,7 @@ def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
 
     case = chat_case(png(112, 112, 8), "Index me.")
     client_for(stack).chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
-    prep = Preprocessor(resolve_model("tiny")).preprocess(case.body)
+    prep = Preprocessor(resolve_model("tiny")).preprocess(case.prompt)
     item = prep.mm_items[0]
     hashes = block_hashes(prep.prompt_token_ids, EngineConfig().block_size, [MmSpan(item.mm_hash, item.placeholder)])
     index = stack.index(resolve_model("tiny").model_id)  # name@fingerprint

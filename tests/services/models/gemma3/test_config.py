@@ -76,12 +76,12 @@ def test_a_checkpoint_with_transformers_5_module_names_serves_the_same_tokens(ge
             prefix = next((p for p in hub_to_module if name.startswith(p)), "")
             tensors[hub_to_module.get(prefix, "") + name[len(prefix) :]] = handle.get_tensor(name)
     save_file(tensors, str(renamed / "model.safetensors"), metadata={"format": "pt"})
-    body = chat_case(encode_image(make_image(80, 80, seed=3)), "What is it?").body
+    prompt = chat_case(encode_image(make_image(80, 80, seed=3)), "What is it?").prompt
     greedy = SamplingParams(max_tokens=8, ignore_eos=True)
     from services.engine.llm import LLM
 
-    [ours] = LLM(str(renamed)).generate([body], greedy)
-    [reference] = make_gemma3_llm().generate([body], greedy)
+    [ours] = LLM(str(renamed)).generate([prompt], greedy)
+    [reference] = make_gemma3_llm().generate([prompt], greedy)
     assert ours.token_ids == reference.token_ids
 
 

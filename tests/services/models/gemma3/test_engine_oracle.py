@@ -39,7 +39,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_single_request_matches_oracle(name, make_gemma3_llm, gemma3_oracle):
     case = CASES[name]()
-    [result] = make_gemma3_llm().generate([case.body], GREEDY_12)
+    [result] = make_gemma3_llm().generate([case.prompt], GREEDY_12)
     assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, case), context=name)
     oracle_inputs = gemma3_oracle.process(gemma3_oracle.chat_text(case.oracle_messages), case.images)
     assert result.usage.prompt_tokens == len(oracle_inputs.token_ids)
@@ -51,7 +51,7 @@ def test_multi_turn_with_a_repeated_image_matches_oracle(make_gemma3_llm, gemma3
     second = conversation(first, "A pattern.", chat_case(image, "And again?"))
     llm = make_gemma3_llm()
     for case in (first, second):  # the second turn hits the first's prefix and its image
-        [result] = llm.generate([case.body], GREEDY_12)
+        [result] = llm.generate([case.prompt], GREEDY_12)
         assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, case), context="multi-turn")
     assert result.usage.cached_tokens > 0
 
@@ -60,7 +60,7 @@ def test_batch_in_flight_with_chunked_prefill_never_splits_an_image(make_gemma3_
     cases = [CASES[name]() for name in ("one_image", "image_after_long_text", "two_images", "text_only", "long_text_past_window")]
     llm = make_gemma3_llm(max_num_batched_tokens=80)  # an image is 64 tokens: chunks must cut around it
     assert llm.engine.config.disable_chunked_mm_input  # forced for this family
-    results = llm.generate([c.body for c in cases], GREEDY_12)
+    results = llm.generate([c.prompt for c in cases], GREEDY_12)
     for case, result in zip(cases, results):
         assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, case), context="chunked")
     assert llm.engine.num_steps > 12
@@ -70,7 +70,7 @@ def test_an_image_longer_than_the_step_budget_is_rejected(make_gemma3_llm):
     from services.engine.engine import RequestRejectedError
 
     with pytest.raises(RequestRejectedError, match="disable_chunked_mm_input"):
-        make_gemma3_llm(max_num_batched_tokens=32).generate([chat_case(_png(64, 64, 9), "Hi").body], GREEDY_12)
+        make_gemma3_llm(max_num_batched_tokens=32).generate([chat_case(_png(64, 64, 9), "Hi").prompt], GREEDY_12)
 
 
 @pytest.mark.parametrize("budget", [2048, 80], ids=["whole_step", "chunks_of_80"])
@@ -85,12 +85,12 @@ def test_a_prefix_hit_ending_inside_an_image_stays_exact_and_another_image_gets_
     first, second = chat_case(intro, image, "First question?"), chat_case(intro, image, "Other?")
     other_image = chat_case(intro, _png(72, 72, 11), "Other?")
     llm = make_gemma3_llm(block_size=16, max_num_batched_tokens=budget)
-    llm.generate([first.body], GREEDY_12)
-    [item] = llm.preprocessor.preprocess(second.body).mm_items
-    [result] = llm.generate([second.body], GREEDY_12)
+    llm.generate([first.prompt], GREEDY_12)
+    [item] = llm.preprocessor.preprocess(second.prompt).mm_items
+    [result] = llm.generate([second.prompt], GREEDY_12)
     assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, second), context="prefix mid-image")
     assert item.placeholder.offset < result.usage.cached_tokens < item.placeholder.end  # the hit ends inside the image
-    [result] = llm.generate([other_image.body], GREEDY_12)
+    [result] = llm.generate([other_image.prompt], GREEDY_12)
     assert_tokens_match(result.token_ids, _oracle_tokens(gemma3_oracle, other_image), context="another image")
     assert result.usage.cached_tokens <= item.placeholder.offset
 
@@ -99,17 +99,17 @@ def test_pan_and_scan_matches_oracle(make_gemma3_llm, gemma3_model):
     oracle = ReferenceOracle(gemma3_model.path, do_pan_and_scan=True)
     case = chat_case(_png(1200, 400, 11), "Describe the wide picture.")  # 3:1, crops of 400x400
     llm = make_gemma3_llm(pan_and_scan=True)
-    prep = llm.preprocessor.preprocess(case.body)
+    prep = llm.preprocessor.preprocess(case.prompt)
     assert len(prep.mm_items) > 1  # the full view and its crops, one span each
-    [result] = llm.generate([case.body], GREEDY_12)
+    [result] = llm.generate([case.prompt], GREEDY_12)
     assert_tokens_match(result.token_ids, _oracle_tokens(oracle, case), context="pan-and-scan")
     assert result.usage.prompt_tokens == len(oracle.process(oracle.chat_text(case.oracle_messages), case.images).token_ids)
 
 
 def test_pan_and_scan_setting_is_part_of_mm_hash(make_gemma3_llm):
-    body = chat_case(_png(64, 64, 12), "x").body
-    plain = make_gemma3_llm().preprocessor.preprocess(body).mm_items[0].mm_hash
-    scanned = make_gemma3_llm(pan_and_scan=True).preprocessor.preprocess(body).mm_items[0].mm_hash
+    prompt = chat_case(_png(64, 64, 12), "x").prompt
+    plain = make_gemma3_llm().preprocessor.preprocess(prompt).mm_items[0].mm_hash
+    scanned = make_gemma3_llm(pan_and_scan=True).preprocessor.preprocess(prompt).mm_items[0].mm_hash
     assert plain != scanned
 
 
@@ -129,7 +129,7 @@ def test_sliding_layers_hold_only_their_window_and_stay_exact(make_gemma3_llm, g
             held[windowed] = (pool.num_blocks - pool.num_free_blocks) * layers_per_page
 
         llm.engine.finish_listeners.append(count)
-        [result] = llm.generate([case.body], GREEDY_12)
+        [result] = llm.generate([case.prompt], GREEDY_12)
         assert_tokens_match(result.token_ids, expected, context=f"sliding_window_kv={windowed}")
     num_blocks = -(-(result.usage.prompt_tokens + 11) // 16)
     assert held[False] == 4 * num_blocks

@@ -52,9 +52,9 @@ def test_qwen2_5_vl_checkpoint_matches_its_oracle(qwen2_5_vl_dir):
     oracle = ReferenceOracle(qwen2_5_vl_dir)
     llm = LLM(str(qwen2_5_vl_dir))
     cases = [chat_case(encode_image(make_image(224, 168, seed=1)), "What is this?"), chat_case("No image here.")]
-    results = llm.generate([c.body for c in cases], SamplingParams(max_tokens=12, ignore_eos=True))
+    results = llm.generate([c.prompt for c in cases], SamplingParams(max_tokens=12, ignore_eos=True))
     for case, result in zip(cases, results):
         inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
-        assert llm.preprocessor.preprocess(case.body).prompt_token_ids == inputs.token_ids
+        assert llm.preprocessor.preprocess(case.prompt).prompt_token_ids == inputs.token_ids
         assert_tokens_match(result.token_ids, oracle.generate(inputs, 12), context="qwen2.5-vl")
     assert len(set(results[0].token_ids)) > 1

@@ -44,9 +44,9 @@ def shared_llm(qwen3vl_model) -> LLM:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_single_request_matches_oracle(name, shared_llm, qwen3vl_oracle):
     case = CASES[name]()
-    [result] = shared_llm.generate([case.body], GREEDY_12)
+    [result] = shared_llm.generate([case.prompt], GREEDY_12)
     inputs = qwen3vl_oracle.process(qwen3vl_oracle.chat_text(case.oracle_messages), case.images)
-    assert shared_llm.preprocessor.preprocess(case.body).prompt_token_ids == inputs.token_ids
+    assert shared_llm.preprocessor.preprocess(case.prompt).prompt_token_ids == inputs.token_ids
     assert_tokens_match(result.token_ids, qwen3vl_oracle.generate(inputs, 12), context=name)
     assert result.usage.prompt_tokens == len(inputs.token_ids)
 
@@ -57,7 +57,7 @@ def test_multi_turn_with_a_repeated_image_matches_oracle(make_qwen3vl_llm, qwen3
     second = conversation(first, "A pattern.", chat_case(image, "And again?"))
     llm = make_qwen3vl_llm()
     for case in (first, second):  # the second turn hits the first's prefix and its image
-        [result] = llm.generate([case.body], GREEDY_12)
+        [result] = llm.generate([case.prompt], GREEDY_12)
         assert_tokens_match(result.token_ids, _oracle_tokens(qwen3vl_oracle, case), context="multi-turn")
     assert result.usage.cached_tokens > 0
     assert llm.engine.runner.vision.num_items_encoded == 1  # three sights of one image, one encoding
@@ -69,9 +69,9 @@ def test_an_image_split_across_prefill_chunks_matches_oracle(make_qwen3vl_llm, q
     case = chat_case("x " * 7, _png(224, 224, 21), "what is it?")
     llm = make_qwen3vl_llm(max_num_batched_tokens=24)
     assert not llm.engine.config.disable_chunked_mm_input  # images may be split for this family
-    [item] = llm.preprocessor.preprocess(case.body).mm_items
+    [item] = llm.preprocessor.preprocess(case.prompt).mm_items
     assert item.placeholder.offset % 24 != 0 and item.placeholder.length > 2 * 24
-    [result] = llm.generate([case.body], GREEDY_12)
+    [result] = llm.generate([case.prompt], GREEDY_12)
     assert_tokens_match(result.token_ids, _oracle_tokens(qwen3vl_oracle, case), context="image split across chunks")
     assert llm.engine.num_steps >= result.usage.prompt_tokens // 24 + 11  # prefill really ran in chunks
 
@@ -80,7 +80,7 @@ def test_batch_in_flight_with_chunked_prefill_matches_oracle(make_qwen3vl_llm, q
     """Several requests share each step; image rows of different requests sit in one batch."""
     cases = [CASES[name]() for name in ("one_image_at_start", "text_only", "two_images", "image_in_middle", "image_at_end")]
     llm = make_qwen3vl_llm(max_num_batched_tokens=64)
-    results = llm.generate([c.body for c in cases], GREEDY_12)
+    results = llm.generate([c.prompt for c in cases], GREEDY_12)
     for case, result in zip(cases, results):
         assert_tokens_match(result.token_ids, _oracle_tokens(qwen3vl_oracle, case), context="batch")
     assert llm.engine.num_steps > 12
@@ -97,16 +97,16 @@ def test_prefix_and_encoder_cache_hits_stay_exact(make_qwen3vl_llm, qwen3vl_orac
     first, second = chat_case(intro, image, "First question?"), chat_case(intro, image, "Other?")
     other_image = chat_case(intro, _png(72, 72, 11), "Other?")
     llm = make_qwen3vl_llm(block_size=block)
-    llm.generate([first.body], GREEDY_12)
-    [item] = llm.preprocessor.preprocess(second.body).mm_items
-    [result] = llm.generate([second.body], GREEDY_12)
+    llm.generate([first.prompt], GREEDY_12)
+    [item] = llm.preprocessor.preprocess(second.prompt).mm_items
+    [result] = llm.generate([second.prompt], GREEDY_12)
     assert_tokens_match(result.token_ids, _oracle_tokens(qwen3vl_oracle, second), context="prefix hit inside the image")
     assert item.placeholder.offset < result.usage.cached_tokens < item.placeholder.end
     assert llm.engine.runner.vision.num_items_encoded == 1  # encoder-cache hit
-    [again] = llm.generate([second.body], GREEDY_12)  # the whole prompt but its last block
+    [again] = llm.generate([second.prompt], GREEDY_12)  # the whole prompt but its last block
     assert again.token_ids == result.token_ids
     assert again.usage.cached_tokens == (again.usage.prompt_tokens - 1) // block * block
-    [result] = llm.generate([other_image.body], GREEDY_12)
+    [result] = llm.generate([other_image.prompt], GREEDY_12)
     assert_tokens_match(result.token_ids, _oracle_tokens(qwen3vl_oracle, other_image), context="another image")
     assert result.usage.cached_tokens <= item.placeholder.offset
     assert llm.engine.runner.vision.num_items_encoded == 2

@@ -1,0 +1,99 @@
+"""The validated OpenAI models' prompt as the typed PromptInput the preprocess role takes
+(protos/tessera.proto): a chat (messages, tools, template variables) or a raw prompt (text or
+token ids) with its images. The only place the gateway's wire models meet the internal one.
+
+A tenant scopes every image uuid to itself (tenants.py), so no tenant can claim another's image.
+"""
+
+from __future__ import annotations
+
+import json
+
+from protos.gen import pb
+from services.gateway.completion_protocol import ImageRef, MultiModalData
+from services.gateway.protocol import ChatCompletionRequest, ChatMessage, ImagePart, ImageUrlPart, TextPart, Tool
+from services.gateway.tenants import Tenant
+
+ROLES = {
+    "system": pb.ChatMessage.SYSTEM,
+    "developer": pb.ChatMessage.DEVELOPER,
+    "user": pb.ChatMessage.USER,
+    "assistant": pb.ChatMessage.ASSISTANT,
+    "tool": pb.ChatMessage.TOOL,
+}
+
+
+def chat_prompt(
+    messages: list[ChatMessage], tools: list[Tool] | None, template_kwargs: dict | None, tenant: Tenant | None = None
+) -> pb.PromptInput:
+    chat = pb.ChatPrompt(
+        messages=[_message(message, tenant) for message in messages],
+        tools=[_tool(tool) for tool in tools or ()],
+        chat_template_kwargs_json=json.dumps(template_kwargs) if template_kwargs else "",
+    )
+    return pb.PromptInput(chat=chat)
+
+
+def raw_prompt(prompt: str | list[int], images: list[str | ImageRef], tenant: Tenant | None = None) -> pb.PromptInput:
+    """A completion's prompt: text, or token ids, with the images its placeholders stand for."""
+    wire_images = [_image(image, None, tenant) if isinstance(image, str) else _image(image.url, image.uuid, tenant) for image in images]
+    if isinstance(prompt, str):
+        return pb.PromptInput(text=prompt, images=wire_images)
+    return pb.PromptInput(token_ids=pb.TokenIds(ids=prompt), images=wire_images)
+
+
+def prompt_from_body(body: dict) -> pb.PromptInput:
+    """An in-process caller's OpenAI-shaped body through the HTTP edge's models: a chat body
+    (``messages``, ``tools``, ``chat_template_kwargs``), or ``prompt`` / ``prompt_token_ids`` with
+    ``images`` (as /v1/completions' multi_modal_data). Raises pydantic's ValidationError."""
+    if "messages" in body:
+        request = ChatCompletionRequest.model_validate(body)
+        return chat_prompt(request.messages, request.tools, request.chat_template_kwargs)
+    if ("prompt" in body) == ("prompt_token_ids" in body):
+        raise ValueError("give exactly one of 'messages', 'prompt' and 'prompt_token_ids'")
+    images = MultiModalData.model_validate({"image": body["images"]}).images() if body.get("images") else []
+    prompt = body["prompt"] if "prompt" in body else list(body["prompt_token_ids"])
+    return raw_prompt(prompt, images)
+
+
+def _message(message: ChatMessage, tenant: Tenant | None) -> pb.ChatMessage:
+    out = pb.ChatMessage(role=ROLES[message.role])
+    if isinstance(message.content, str):
+        out.text = message.content
+    elif message.content is not None:
+        out.parts.SetInParent()  # an empty list of parts is still parts, not "no content"
+        out.parts.parts.extend(_part(part, tenant) for part in message.content)
+    if message.name is not None:
+        out.name = message.name
+    for call in message.tool_calls or ():
+        out.tool_calls.add(id=call.id, name=call.function.name, arguments=call.function.arguments)
+    if message.tool_call_id is not None:
+        out.tool_call_id = message.tool_call_id
+    return out
+
+
+def _part(part: TextPart | ImageUrlPart | ImagePart, tenant: Tenant | None) -> pb.ContentPart:
+    if isinstance(part, TextPart):
+        return pb.ContentPart(text=part.text)
+    if isinstance(part, ImageUrlPart):
+        url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
+        return pb.ContentPart(image=_image(url, part.uuid, tenant))
+    return pb.ContentPart(image=_image(part.image, part.uuid, tenant))
+
+
+def _image(url: str, uuid: str | None, tenant: Tenant | None) -> pb.ImageInput:
+    if uuid is None:
+        return pb.ImageInput(url=url)
+    return pb.ImageInput(url=url, uuid=tenant.image_uuid(uuid) if tenant is not None else uuid)
+
+
+def _tool(tool: Tool) -> pb.Tool:
+    function = tool.function
+    out = pb.Tool(name=function.name)
+    if function.description is not None:
+        out.description = function.description
+    if function.parameters is not None:
+        out.parameters_json = json.dumps(function.parameters)
+    if function.strict is not None:
+        out.strict = function.strict
+    return out
