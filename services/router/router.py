@@ -7,10 +7,13 @@ so cache_aware degrades to tie-breaking and the other policies still work. Decod
 prefill): cache_aware places decode least-loaded. Whatever the policy, when cache lookups are on
 the route reports how many leading prompt tokens each live prefill and decode node holds, so the
 caller can pull a prefix from a peer instead of recomputing it. Adaptive dispatch (scoring.py)
-then says whether the chosen prefill node encodes the images the chosen encoder lacks. An image
-this gateway has sent to be encoded and the index does not list yet counts as held where it was
-sent, and pins the request's encoder or prefill node there (pending_encodes.py: exactly-once
-encoding).
+then says whether the chosen prefill node encodes the images the chosen encoder lacks.
+
+Exactly-once encoding (cache_aware): a node holding one of the request's images pins the request
+there whatever its load (the encoder holding the most image tokens; then, for the images that
+encoder lacks, the prefill node holding the most), since handing over held embeddings costs far
+less than a tower run. An image this gateway has sent to be encoded and the index does not list
+yet counts as held where it was sent (pending_encodes.py).
 
 Power of d choices: past MAX_SCORED_NODES nodes of a role, cache_aware and least_loaded score
 the nodes holding the request's work plus MAX_SCORED_NODES others drawn at random (seeded by
@@ -158,9 +161,14 @@ class Router:
             prefill_tokens = prefill_tokens_per_node(prefix_tokens, mm_holders, images)
             encoder_tokens = image_tokens_per_node(mm_holders, image_tokens)
             encoders = self._candidates("encoder", exclude, turn, encoder_tokens)
-            encoder = _pinned(pending, image_tokens, encoders) or choose(self.policy, encoders, encoder_tokens, turn=turn, tie_key=tie_key)
+            encoder = self._pinned(mm_holders, image_tokens, encoders) or choose(
+                self.policy, encoders, encoder_tokens, turn=turn, tie_key=tie_key
+            )
             prefills = self._candidates("prefill", exclude, turn, prefill_tokens)
-            prefill = _pinned(pending, image_tokens, prefills) or choose(self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key)
+            elsewhere = {h: holders for h, holders in mm_holders.items() if encoder not in holders}
+            prefill = self._pinned(elsewhere, image_tokens, prefills) or choose(
+                self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key
+            )
             decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
             decode = choose(decode_policy, self._candidates("decode", exclude, turn), {}, turn=turn)
             held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
@@ -189,6 +197,21 @@ class Router:
             return frozenset(new)
         self.mean_call_tokens = 0.9 * mean + 0.1 * num_new_tokens
         return frozenset()
+
+    def _pinned(self, mm_holders: dict[MmHash, dict], image_tokens: dict[MmHash, int], candidates: list[Candidate]) -> str | None:
+        """cache_aware: the candidate holding (or encoding) the most of the request's image
+        tokens, if any holds one. Such images go there whatever its load: handing over
+        embeddings a node holds costs little, and encoding them again elsewhere costs a tower
+        run (exactly-once encoding)."""
+        if self.policy != "cache_aware":
+            return None
+        addresses = {c.node_id for c in candidates}
+        tokens_by_node: dict[str, int] = {}
+        for mm_hash, holders in mm_holders.items():
+            for address in holders:
+                if address in addresses:
+                    tokens_by_node[address] = tokens_by_node.get(address, 0) + image_tokens.get(mm_hash, 0)
+        return max(sorted(tokens_by_node), key=tokens_by_node.__getitem__) if tokens_by_node else None
 
     def _prefix_tokens_by_node(self, lookup: LookupResult | None) -> dict[str, int]:
         if lookup is None:
@@ -256,18 +279,6 @@ def local_encode_key(address: str) -> str:
     """The membership's in-flight key for the local encodes this gateway has running on a
     prefill node (adaptive dispatch weighs them, not the node's other calls)."""
     return f"local-encode@{address}"
-
-
-def _pinned(pending: dict[MmHash, str], image_tokens: dict[MmHash, int], candidates: list[Candidate]) -> str | None:
-    """The candidate the most of the request's pending image tokens are being encoded on, if
-    any: such an image goes there whatever the load, as encoding it again elsewhere would cost
-    more than waiting for it (exactly-once encoding, pending_encodes.py)."""
-    addresses = {c.node_id for c in candidates}
-    tokens_by_node: dict[str, int] = {}
-    for mm_hash, address in pending.items():
-        if address in addresses:
-            tokens_by_node[address] = tokens_by_node.get(address, 0) + image_tokens.get(mm_hash, 0)
-    return max(sorted(tokens_by_node), key=tokens_by_node.__getitem__) if tokens_by_node else None
 
 
 def _find(candidates: list[Candidate], node_id: str) -> Candidate:
