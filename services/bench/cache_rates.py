@@ -41,6 +41,17 @@ def scrape(base_url: str) -> Counters:
     return counters
 
 
+TOWER_RUNS = ("tessera_encoder_items_encoded_total", "tessera_prefill_images_encoded_locally_total")
+
+
+def tower_runs(before: Counters, after: Counters) -> float | None:
+    """Vision-tower runs between two scrapes, on encoders and on prefill nodes that encode
+    (Tessera's cluster view); None for an endpoint that does not report them."""
+    if not any(name in after for name in TOWER_RUNS):
+        return None
+    return sum(after.get(name, 0.0) - before.get(name, 0.0) for name in TOWER_RUNS)
+
+
 def hit_rates(before: Counters, after: Counters) -> dict[str, float]:
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)

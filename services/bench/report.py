@@ -16,6 +16,9 @@ from pathlib import Path
 from services.bench import serve_metrics
 from services.bench.runner import RequestRecord
 
+# Workloads whose first-touch requests each bring one image no earlier request had.
+NEW_IMAGE_PER_FIRST_TOUCH = ("shared_images", "multi_turn", "cold_images")
+
 
 @dataclass(slots=True)
 class Run:
@@ -25,6 +28,7 @@ class Run:
     wall_s: float
     records: list[RequestRecord]
     cache_hit_rates: dict[str, float] = field(default_factory=dict)
+    tower_runs: float | None = None  # vision-tower runs over the run, from the endpoint's metrics (Tessera's)
 
     def summary(self) -> dict[str, float | int | None]:
         ok = [r for r in self.records if r.error is None]
@@ -55,6 +59,9 @@ class Run:
             summary["goodput_requests_per_s"] = self.vllm_fields()["request_goodput"]
         for name, rate in sorted(self.cache_hit_rates.items()):
             summary[f"{name}_cache_hit_rate"] = rate
+        num_new_images = sum(r.first_touch for r in self.records)
+        if self.tower_runs is not None and num_new_images and self.workload in NEW_IMAGE_PER_FIRST_TOUCH:
+            summary["tower_runs_per_new_image"] = self.tower_runs / num_new_images  # 1.00: each image encoded once
         return summary
 
     def vllm_fields(self) -> dict:
@@ -76,13 +83,22 @@ class Run:
             "wall_s": self.wall_s,
             "summary": self.summary(),
             "cache_hit_rates": self.cache_hit_rates,
+            "tower_runs": self.tower_runs,
             "records": [asdict(r) for r in self.records],
         }
 
     @staticmethod
     def from_json(data: dict) -> Run:
         records = [RequestRecord(**r) for r in data["records"]]
-        return Run(data["label"], data["workload"], data["settings"], data["wall_s"], records, data.get("cache_hit_rates", {}))
+        return Run(
+            data["label"],
+            data["workload"],
+            data["settings"],
+            data["wall_s"],
+            records,
+            data.get("cache_hit_rates", {}),
+            data.get("tower_runs"),
+        )
 
 
 def save(run: Run, path: Path) -> None:

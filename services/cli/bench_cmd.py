@@ -172,8 +172,10 @@ def _run_target(target: targets.Target, names: list[str], args: argparse.Namespa
             requests = build_workload(name, WorkloadSpec(args.requests, (width, height), args.seed))
             before = {url: cache_rates.scrape(url) for url in base_urls}
             records, wall_s = asyncio.run(run_workload(requests, endpoints, settings))
-            rates = cache_rates.hit_rates(_summed(before.values()), _summed(cache_rates.scrape(url) for url in base_urls))
-            result = report.Run(target.label, name, _settings_json(args, base_urls), wall_s, records, rates)
+            scraped_before, scraped_after = _summed(before.values()), _summed(cache_rates.scrape(url) for url in base_urls)
+            rates = cache_rates.hit_rates(scraped_before, scraped_after)
+            tower_runs = cache_rates.tower_runs(scraped_before, scraped_after)
+            result = report.Run(target.label, name, _settings_json(args, base_urls), wall_s, records, rates, tower_runs)
             stem = (
                 args.out / f"{name}-{target.label.replace('/', '_').replace(':', '_').replace(' ', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
             )

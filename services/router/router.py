@@ -9,6 +9,12 @@ the route reports how many leading prompt tokens each live prefill and decode no
 caller can pull a prefix from a peer instead of recomputing it. Adaptive dispatch (scoring.py)
 then says whether the chosen prefill node encodes the images the chosen encoder lacks.
 
+Exactly-once encoding (cache_aware): a node holding one of the request's images pins the request
+there whatever its load (the encoder holding the most image tokens; then, for the images that
+encoder lacks, the prefill node holding the most), since handing over held embeddings costs far
+less than a tower run. An image this gateway has sent to be encoded and the index does not list
+yet counts as held where it was sent (pending_encodes.py).
+
 Power of d choices: past MAX_SCORED_NODES nodes of a role, cache_aware and least_loaded score
 the nodes holding the request's work plus MAX_SCORED_NODES others drawn at random (seeded by
 the request's turn), not the whole role. The least loaded of d random nodes is nearly as good as
@@ -22,10 +28,11 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 
 from services.router.membership import InFlight, Membership
+from services.router.pending_encodes import PendingEncodes
 from services.router.scoring import (
     ENCODE_DISPATCHES,
     POLICIES,
@@ -66,8 +73,29 @@ class Route:
     local_encode: frozenset[MmHash] = frozenset()
     images_on_prefill: frozenset[MmHash] = frozenset()  # embeddings the chosen prefill node holds, per the index
     # With route(reserve=True): this gateway's in-flight count of the route's work on its nodes,
-    # taken with the decision; the caller releases it when its prefill ends.
-    reservation: InFlight | None = None
+    # and the images it sends to be encoded, taken with the decision; the caller releases it when
+    # its prefill ends.
+    reservation: Reservation | None = None
+
+
+class Reservation:
+    """A route's work counted on its nodes and its images pending encode; released once, however
+    often ``release`` is called (a with-block's exit and a failure path may both do it)."""
+
+    __slots__ = ("_end_encodes", "_in_flight")
+
+    def __init__(self, in_flight: InFlight, end_encodes: Callable[[], None]) -> None:
+        self._in_flight, self._end_encodes = in_flight, end_encodes
+
+    def release(self) -> None:
+        self._in_flight.release()
+        self._end_encodes()
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 @dataclass(slots=True)
@@ -81,6 +109,7 @@ class Router:
     num_index_failures: int = 0
     num_local_encodes: int = 0  # requests whose images the prefill node was chosen to encode
     mean_call_tokens: float = 0.0  # moving average of the image tokens per request sent to encoders
+    pending_encodes: PendingEncodes = field(default_factory=PendingEncodes)
     _decide_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -121,16 +150,25 @@ class Router:
             {h: {self._address(n, lookup): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
         )
         prefix_tokens = self._prefix_tokens_by_node(lookup)
-        prefill_tokens = prefill_tokens_per_node(prefix_tokens, mm_holders, images)
         # Decide and count the work in one step: requests of a burst (cold images arriving
-        # together) each see the load of those routed before them. Counted only after their
-        # pixels were pushed, all of them saw the same idle encoder and queued there.
+        # together) each see the load of those routed before them, and the images they sent to
+        # be encoded (pending_encodes.py). Counted only after their pixels were pushed, all of
+        # them saw the same idle encoder and queued there.
         with self._decide_lock:
+            pending = self.pending_encodes.where(h for h, _ in images if not mm_holders.get(h))
+            for mm_hash, address in pending.items():
+                mm_holders.setdefault(mm_hash, {})[address] = None
+            prefill_tokens = prefill_tokens_per_node(prefix_tokens, mm_holders, images)
             encoder_tokens = image_tokens_per_node(mm_holders, image_tokens)
             encoders = self._candidates("encoder", exclude, turn, encoder_tokens)
-            encoder = choose(self.policy, encoders, encoder_tokens, turn=turn, tie_key=tie_key)
+            encoder = self._pinned(mm_holders, image_tokens, encoders) or choose(
+                self.policy, encoders, encoder_tokens, turn=turn, tie_key=tie_key
+            )
             prefills = self._candidates("prefill", exclude, turn, prefill_tokens)
-            prefill = choose(self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key)
+            elsewhere = {h: holders for h, holders in mm_holders.items() if encoder not in holders}
+            prefill = self._pinned(elsewhere, image_tokens, prefills) or choose(
+                self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key
+            )
             decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
             decode = choose(decode_policy, self._candidates("decode", exclude, turn), {}, turn=turn)
             held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
@@ -141,7 +179,9 @@ class Router:
             if not reserve:
                 return route
             pending = {pending_tokens_key(prefill): max(0, len(token_ids) - prefix_tokens.get(prefill, 0))}
-            return replace(route, reservation=self.membership.in_flight(*work_keys(route, [h for h, _ in images]), amounts=pending))
+            in_flight = self.membership.in_flight(*work_keys(route, [h for h, _ in images]), amounts=pending)
+            end_encodes = self.pending_encodes.begin({h: prefill if h in local else encoder for h in new})
+            return replace(route, reservation=Reservation(in_flight, end_encodes))
 
     def _local_encode(
         self, new: list[MmHash], image_tokens: dict[MmHash, int], encoder: Candidate, prefill: Candidate
@@ -157,6 +197,21 @@ class Router:
             return frozenset(new)
         self.mean_call_tokens = 0.9 * mean + 0.1 * num_new_tokens
         return frozenset()
+
+    def _pinned(self, mm_holders: dict[MmHash, dict], image_tokens: dict[MmHash, int], candidates: list[Candidate]) -> str | None:
+        """cache_aware: the candidate holding (or encoding) the most of the request's image
+        tokens, if any holds one. Such images go there whatever its load: handing over
+        embeddings a node holds costs little, and encoding them again elsewhere costs a tower
+        run (exactly-once encoding)."""
+        if self.policy != "cache_aware":
+            return None
+        addresses = {c.node_id for c in candidates}
+        tokens_by_node: dict[str, int] = {}
+        for mm_hash, holders in mm_holders.items():
+            for address in holders:
+                if address in addresses:
+                    tokens_by_node[address] = tokens_by_node.get(address, 0) + image_tokens.get(mm_hash, 0)
+        return max(sorted(tokens_by_node), key=tokens_by_node.__getitem__) if tokens_by_node else None
 
     def _prefix_tokens_by_node(self, lookup: LookupResult | None) -> dict[str, int]:
         if lookup is None:

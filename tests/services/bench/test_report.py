@@ -42,6 +42,19 @@ def test_hit_rates_from_counter_deltas_for_tessera_and_vllm():
     assert cache_rates.hit_rates({}, {"vllm:prefix_cache_hits_total": 1, "vllm:prefix_cache_queries_total": 4}) == {"prefix": 0.25}
 
 
+def test_tower_runs_per_new_image_from_both_tiers_counters(tmp_path):
+    before = {"tessera_encoder_items_encoded_total": 2, "tessera_prefill_images_encoded_locally_total": 1}
+    after = {"tessera_encoder_items_encoded_total": 5, "tessera_prefill_images_encoded_locally_total": 2}
+    assert cache_rates.tower_runs(before, after) == 4
+    assert cache_rates.tower_runs({}, {"vllm:prefix_cache_hits_total": 1}) is None  # an endpoint that does not say
+    run = make_run("tessera", [0.1, 0.2, 0.3, 0.4])  # one first-touch request: one new image
+    run.tower_runs = 2.0
+    assert run.summary()["tower_runs_per_new_image"] == 2.0
+    report.save(run, tmp_path / "r.json")
+    assert report.load(tmp_path / "r.json").tower_runs == 2.0
+    assert "tower_runs_per_new_image" not in make_run("vllm", [0.1]).summary()
+
+
 def test_figure_is_a_png(tmp_path):
     path = plots.plot([make_run("a", [0.1, 0.3]), make_run("b", [0.2, 0.5])], tmp_path / "figure.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

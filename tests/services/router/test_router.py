@@ -275,3 +275,34 @@ def test_a_large_role_scores_its_holders_and_a_bounded_random_draw_of_the_rest()
     assert len(seen_encoders) > 1, "the draw changes with the turn"
     round_robin = router_over(index, policy="round_robin")
     assert len(round_robin._candidates("encoder", frozenset(), 0)) == len({*many, *(n for n in ALL_NODES if n.startswith("encoder"))})
+
+
+def test_a_second_request_for_an_image_being_encoded_goes_where_it_is_encoded_and_sends_nothing():
+    """Exactly-once encoding: the index lists no holder until the first encode ends, but the
+    router knows where it sent the image (pending_encodes.py)."""
+    router = router_over(_cluster(can_encode=True))
+    first = router.route(TOKENS, [IMAGE], reserve=True)
+    assert first.local_encode == set() and IMAGE[0] not in first.images_on_encoder  # to be encoded on first.encoder
+    for _ in range(3):  # however busy its encoder now looks
+        second = router.route(TOKENS, [IMAGE], reserve=True)
+        assert second.encoder == first.encoder and IMAGE[0] in second.images_on_encoder and second.local_encode == set()
+    assert first.reservation is not None
+    first.reservation.release()
+
+
+def test_a_second_request_for_an_image_a_prefill_node_encodes_goes_to_that_prefill_node():
+    router = router_over(_cluster(can_encode=True))
+    with _queued(router, 4):
+        first = router.route(TOKENS, [IMAGE], reserve=True)
+        second = router.route(TOKENS, [IMAGE], reserve=True)
+    assert first.local_encode == {IMAGE[0]}
+    assert second.prefill == first.prefill and IMAGE[0] in second.images_on_prefill and second.local_encode == set()
+
+
+def test_an_image_pending_on_a_node_the_request_must_avoid_is_encoded_again_elsewhere():
+    """A pending encode is a hint, never a lock: a node that failed (or died mid-encode) is not a
+    candidate, and the image is encoded on another."""
+    router = router_over(_cluster(can_encode=False))
+    first = router.route(TOKENS, [IMAGE], reserve=True)
+    retry = router.route(TOKENS, [IMAGE], exclude=frozenset({first.encoder}), reserve=True)
+    assert retry.encoder != first.encoder and IMAGE[0] not in retry.images_on_encoder
