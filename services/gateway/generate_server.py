@@ -1,19 +1,27 @@
 """The public gRPC Generate service (for product backends): the same pipeline as the HTTP API,
-streaming text deltas, with usage on the final chunk. A grpc.aio server on the gateway's event
+over a typed request (prompt, sampling, n, request id; typed_generate.py) or, deprecated, the
+chat body as JSON. Each chunk is one step of one choice: its token ids, text delta and logprobs,
+and on the choice's last chunk its finish reason and usage. A grpc.aio server on the gateway's event
 loop: a call the client cancels cancels its handler's task, and with it the request's work on
 every node."""
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 
 from protos.gen import pb, rpc
+from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
-from services.gateway.openai_api import parse_chat_request
+from services.gateway.openai_api import Generation, parse_chat_request
 from services.gateway.pipeline import Pipeline
+from services.gateway.request_task import events_in_task
 from services.gateway.tenants import ApiKeys
+from services.gateway.token_events import TokenEvent, TokenLogprob
+from services.gateway.typed_generate import typed_generations
 from services.transport.api_key_auth import ApiKeyInterceptor, current_principal
 from services.transport.grpc_server import SERVER_OPTIONS
 
@@ -43,43 +51,77 @@ class GenerateServicer(rpc.GenerateServicer):
 
     async def Generate(self, request: pb.GenerateRequest, context):
         try:
-            body = json.loads(request.request_json)
             tenant = current_principal()  # set by the API-key interceptor when keys are on
-            request = parse_chat_request(
-                body,
-                served_names=self.served_names,
-                default_max_tokens=self.default_max_tokens,
-                tenant=tenant,
-                tool_parser=self.tool_parser,
-            )
-            if len(request.generations) != 1:
-                raise GatewayError(400, "Generate streams one choice: n must be 1", param="n")
-            [generation] = request.generations
-            sent, completion_tokens = "", 0
-            events = self.pipeline.run(
-                generation.prompt, generation.sampling, cache_salt=generation.cache_salt, fit_max_tokens=generation.fit_max_tokens
-            )
-            async for event in events:
-                completion_tokens += len(event.token_ids)
-                delta = event.text[len(sent) :]
-                sent = event.text
-                usage = (
-                    pb.Usage(prompt_tokens=event.prompt_tokens, completion_tokens=completion_tokens, cached_tokens=event.cached_tokens)
-                    if event.finished
-                    else None
+            if request.HasField("prompt"):
+                request_id, generations = typed_generations(
+                    request, served_names=self.served_names, default_max_tokens=self.default_max_tokens, tenant=tenant
                 )
-                yield pb.GenerateChunk(
-                    text_delta=delta,
-                    token_ids=event.token_ids,
-                    finished=event.finished,
-                    finish_reason=event.finish_reason or "",
-                    usage=usage,
-                )
-        except json.JSONDecodeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request_json is not valid JSON: {exc}")
+            elif request.request_json:
+                request_id, generations = f"gen-{uuid.uuid4().hex}", self._from_json(request.request_json, tenant)
+            else:
+                raise GatewayError(400, "the request has no prompt: set prompt (or the deprecated request_json)", param="prompt")
+            async for chunk in self._chunks(request_id, generations):
+                yield chunk
         except GatewayError as exc:
             context.set_trailing_metadata(((HTTP_STATUS_KEY, str(exc.status)),))
             await context.abort(_STATUS_TO_CODE.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+
+    def _from_json(self, request_json: str, tenant) -> tuple[Generation, ...]:
+        """The deprecated form: the /v1/chat/completions body as JSON."""
+        try:
+            body = json.loads(request_json)
+        except json.JSONDecodeError as exc:
+            raise GatewayError(400, f"request_json is not valid JSON: {exc}") from None
+        parsed = parse_chat_request(
+            body, served_names=self.served_names, default_max_tokens=self.default_max_tokens, tenant=tenant, tool_parser=self.tool_parser
+        )
+        return parsed.generations
+
+    async def _chunks(self, request_id: str, generations: tuple[Generation, ...]) -> AsyncIterator[pb.GenerateChunk]:
+        """Each choice's token events as chunks, choices interleaved as they come."""
+        index_to_text = {g.index: "" for g in generations}
+        index_to_num_tokens = {g.index: 0 for g in generations}
+
+        def open_events(generation: Generation) -> AsyncIterator[TokenEvent]:
+            return events_in_task(
+                lambda: self.pipeline.run(
+                    generation.prompt,
+                    generation.sampling,
+                    cache_salt=generation.cache_salt,
+                    request_id=f"{request_id}.{generation.index}",  # nodes key work by it: one per choice
+                    fit_max_tokens=generation.fit_max_tokens,
+                )
+            )
+
+        async for generation, event in merged_events(open_events, generations):
+            index = generation.index
+            index_to_num_tokens[index] += len(event.token_ids)
+            delta, index_to_text[index] = event.text[len(index_to_text[index]) :], event.text
+            usage = None
+            if event.finished:
+                usage = pb.Usage(
+                    prompt_tokens=event.prompt_tokens, completion_tokens=index_to_num_tokens[index], cached_tokens=event.cached_tokens
+                )
+            yield pb.GenerateChunk(
+                text_delta=delta,
+                token_ids=event.token_ids,
+                finished=event.finished,
+                finish_reason=event.finish_reason or "",
+                usage=usage,
+                index=index,
+                logprobs=[_logprob_to_pb(token_id, lp) for token_id, lp in zip(event.token_ids, event.logprobs)],
+                request_id=request_id,
+            )
+
+
+def _logprob_to_pb(token_id: int, logprob: TokenLogprob) -> pb.TokenLogprob:
+    return pb.TokenLogprob(
+        token_id=token_id,
+        logprob=logprob.logprob,
+        token=logprob.token,
+        top_tokens=[token for token, _ in logprob.top],
+        top_logprobs=[value for _, value in logprob.top],
+    )
 
 
 async def start_generate_server(servicer: GenerateServicer, address: str, *, api_keys: ApiKeys | None = None) -> grpc.aio.Server:

@@ -135,7 +135,7 @@ def _fan_out(
 def _sampling(
     request: ChatCompletionRequest | CompletionRequest, max_tokens: int, *, choice: int, structured: StructuredOutput | None
 ) -> SamplingParams:
-    seed = None if request.seed is None else (request.seed + choice - INT64_MIN) % 2**64 + INT64_MIN  # stays in int64
+    seed = None if request.seed is None else choice_seed(request.seed, choice)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -156,6 +156,11 @@ def _sampling(
         )
     except ValueError as exc:  # a combination the fields alone cannot check (min_tokens > max_tokens)
         raise GatewayError(400, str(exc)) from None
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """Choice i samples with seed + i, wrapped to stay in int64."""
+    return (seed + choice - INT64_MIN) % 2**64 + INT64_MIN
 
 
 def check_model(requested: str | None, served_names: tuple[str, ...]) -> str:

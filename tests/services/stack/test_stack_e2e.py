@@ -191,12 +191,25 @@ def test_public_grpc_generate_streams_tokens(stack, oracle):
     from protos.gen import pb, rpc
 
     case = chat_case(png(70, 70, 6), "Name it.")
-    body = {"model": "tiny", "messages": case.body["messages"], "temperature": 0, "max_tokens": 12, "ignore_eos": True}
-    with grpc.insecure_channel(stack.generate_address) as channel:
-        chunks = list(rpc.GenerateStub(channel).Generate(pb.GenerateRequest(request_json=json.dumps(body)), timeout=120))
     text, prompt_len = oracle_text(oracle, case)
-    assert "".join(c.text_delta for c in chunks) == text
-    assert chunks[-1].finished and chunks[-1].usage.prompt_tokens == prompt_len
+    typed = pb.GenerateRequest(
+        prompt=case.prompt, model="tiny", n=2, request_id="r1", sampling=pb.SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2)
+    )
+    body = {"model": "tiny", "messages": case.body["messages"], "temperature": 0, "max_tokens": 12, "ignore_eos": True}
+    deprecated = pb.GenerateRequest(request_json=json.dumps(body))
+    with grpc.insecure_channel(stack.generate_address) as channel:
+        stub = rpc.GenerateStub(channel)
+        typed_chunks = list(stub.Generate(typed, timeout=120))
+        json_chunks = list(stub.Generate(deprecated, timeout=120))
+    for index in (0, 1):  # greedy: both choices are the oracle's text, token for token
+        chunks = [c for c in typed_chunks if c.index == index]
+        assert "".join(c.text_delta for c in chunks) == text and {c.request_id for c in chunks} == {"r1"}
+        assert chunks[-1].finished and chunks[-1].usage.prompt_tokens == prompt_len and chunks[-1].usage.completion_tokens == 12
+        logprobs = [lp for c in chunks for lp in c.logprobs]
+        assert [lp.token_id for lp in logprobs] == [t for c in chunks for t in c.token_ids] and all(
+            len(lp.top_tokens) == 2 for lp in logprobs
+        )
+    assert "".join(c.text_delta for c in json_chunks) == text and json_chunks[-1].usage.prompt_tokens == prompt_len
 
 
 def test_internal_calls_without_the_stack_secret_are_refused(stack):
