@@ -18,7 +18,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.ignored_fields import report_ignored_fields
 from services.gateway.prompt_wire import chat_prompt, raw_prompt
 from services.gateway.protocol import GREEDY_TEMPERATURE_EPS, INT64_MIN, ChatCompletionRequest
-from services.gateway.tenants import Tenant
+from services.gateway.tenants import Tenant, request_cache_salt
 from services.gateway.tool_calls import ToolMode, tool_mode_of
 from services.gateway.validation_errors import validation_error
 
@@ -108,7 +108,7 @@ def _fan_out(
     structured: StructuredOutput | None,
     tool_mode: ToolMode | None = None,
 ) -> ApiRequest:
-    cache_salt = tenant.cache_salt(request.cache_salt) if tenant is not None else request.cache_salt
+    cache_salt = request_cache_salt(tenant, request.cache_salt)
     generations = tuple(
         Generation(
             index=prompt_index * request.n + i,

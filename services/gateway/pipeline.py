@@ -147,8 +147,6 @@ class Pipeline:
                     if lacking:
                         await self.stages.push_images(attempt, lacking)
                     prefill = await self.stages.prefill(attempt)
-                if run.cached_tokens is None:
-                    run.cached_tokens = prefill.num_cached_tokens  # what the client is told: the first prefill's
                 _trace_prefill(attempt.prep, prefill)
                 with self.membership.in_flight(attempt.route.decode):
                     async for event in self.stages.decode(attempt, prefill):

@@ -28,7 +28,7 @@ class RequestRun:
     preprocess_address: str | None = None
     prep: pb.PreprocessResponse | None = None
     emitted: list[int] = field(default_factory=list)  # answer tokens already yielded
-    cached_tokens: int | None = None
+    cached_tokens: int | None = None  # set by the first decode call (stages.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,9 @@ class Stages:
         """The decode stream's token events. ``run.emitted`` is read when the call starts (a
         migration continues after those tokens); the caller extends it."""
         run, route, prep = attempt.run, attempt.route, attempt.prep
-        cached_tokens = prefill.num_cached_tokens if run.cached_tokens is None else run.cached_tokens
+        if run.cached_tokens is None:  # what the client is told: the first prefill's, not a migration's
+            run.cached_tokens = prefill.num_cached_tokens
+        cached_tokens = run.cached_tokens
         decode_request = pb.DecodeRequest(
             request_id=attempt.request_id,
             prompt_token_ids=prep.prompt_token_ids,

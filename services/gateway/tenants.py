@@ -37,6 +37,11 @@ class Tenant:
         return f"{self.name}/{uuid}"
 
 
+def request_cache_salt(tenant: Tenant | None, client_salt: str | None) -> str | None:
+    """The salt a request's cached work is keyed under: the tenant's scoping of the client's."""
+    return tenant.cache_salt(client_salt) if tenant is not None else client_salt
+
+
 class ApiKeys:
     def __init__(self, key_to_tenant: dict[str, Tenant]) -> None:
         if not key_to_tenant:

@@ -13,7 +13,7 @@ from services.engine.sampling_wire import sampling_from_pb
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import Generation, check_model, choice_seed
 from services.gateway.protocol import MAX_CHOICES
-from services.gateway.tenants import Tenant
+from services.gateway.tenants import Tenant, request_cache_salt
 
 
 def typed_generations(
@@ -36,7 +36,7 @@ def typed_generations(
     except ValueError as exc:
         raise GatewayError(400, f"sampling: {exc}", param="sampling") from None
     prompt = _scoped(request.prompt, tenant)
-    cache_salt = tenant.cache_salt(request.cache_salt or None) if tenant is not None else (request.cache_salt or None)
+    cache_salt = request_cache_salt(tenant, request.cache_salt or None)
     generations = tuple(
         Generation(index=i, prompt_index=0, prompt=prompt, sampling=_for_choice(sampling, i), cache_salt=cache_salt, fit_max_tokens=fit)
         for i in range(num_choices)

@@ -161,12 +161,10 @@ class Router:
             prefill_tokens = prefill_tokens_per_node(prefix_tokens, mm_holders, images)
             encoder_tokens = image_tokens_per_node(mm_holders, image_tokens)
             encoders = self._candidates("encoder", exclude, turn, encoder_tokens)
-            encoder = self._pinned(mm_holders, image_tokens, encoders) or choose(
-                self.policy, encoders, encoder_tokens, turn=turn, tie_key=tie_key
-            )
+            encoder = self._pinned(encoder_tokens, encoders) or choose(self.policy, encoders, encoder_tokens, turn=turn, tie_key=tie_key)
             prefills = self._candidates("prefill", exclude, turn, prefill_tokens)
             elsewhere = {h: holders for h, holders in mm_holders.items() if encoder not in holders}
-            prefill = self._pinned(elsewhere, image_tokens, prefills) or choose(
+            prefill = self._pinned(image_tokens_per_node(elsewhere, image_tokens), prefills) or choose(
                 self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key
             )
             decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
@@ -198,20 +196,15 @@ class Router:
         self.mean_call_tokens = 0.9 * mean + 0.1 * num_new_tokens
         return frozenset()
 
-    def _pinned(self, mm_holders: dict[MmHash, dict], image_tokens: dict[MmHash, int], candidates: list[Candidate]) -> str | None:
+    def _pinned(self, held_tokens: dict[str, int], candidates: list[Candidate]) -> str | None:
         """cache_aware: the candidate holding (or encoding) the most of the request's image
-        tokens, if any holds one. Such images go there whatever its load: handing over
-        embeddings a node holds costs little, and encoding them again elsewhere costs a tower
-        run (exactly-once encoding)."""
+        tokens (``held_tokens``: node -> tokens it holds), if any holds one. Such images go there
+        whatever its load: handing over embeddings a node holds costs little, and encoding them
+        again elsewhere costs a tower run (exactly-once encoding)."""
         if self.policy != "cache_aware":
             return None
-        addresses = {c.node_id for c in candidates}
-        tokens_by_node: dict[str, int] = {}
-        for mm_hash, holders in mm_holders.items():
-            for address in holders:
-                if address in addresses:
-                    tokens_by_node[address] = tokens_by_node.get(address, 0) + image_tokens.get(mm_hash, 0)
-        return max(sorted(tokens_by_node), key=tokens_by_node.__getitem__) if tokens_by_node else None
+        holders = sorted(c.node_id for c in candidates if held_tokens.get(c.node_id, 0) > 0)
+        return max(holders, key=held_tokens.__getitem__) if holders else None
 
     def _prefix_tokens_by_node(self, lookup: LookupResult | None) -> dict[str, int]:
         if lookup is None:
