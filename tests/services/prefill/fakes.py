@@ -12,8 +12,36 @@ import torch
 
 from services.engine.engine_node import EngineNode
 from services.engine.remote_request import PromptItem
+from services.engine.sampling_params import SamplingParams
+from services.prefill.job import KVSource, PrefillJob
 from services.transport.tensor_channel import TensorSender
 from shared.types import BlockHash, MmHash
+
+
+def prompt_items(prep) -> list[PromptItem]:
+    """A preprocessing result's images as the prefill node takes them."""
+    return [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items]
+
+
+def prefill_job(
+    request_id: str,
+    prep,
+    decode_address: str,
+    *,
+    max_tokens: int = 4,
+    encoder_address: str | None = "encoder",
+    kv_sources: Sequence[KVSource] = (),
+) -> PrefillJob:
+    """A prefill of a preprocessed prompt, its KV shipped to ``decode_address``."""
+    return PrefillJob(
+        request_id=request_id,
+        prompt_token_ids=list(prep.prompt_token_ids),
+        items=prompt_items(prep),
+        sampling=SamplingParams(max_tokens=max_tokens),
+        decode_address=decode_address,
+        encoder_address=encoder_address,
+        kv_sources=list(kv_sources),
+    )
 
 
 def seeded_embeddings(item: PromptItem, hidden_size: int) -> torch.Tensor:

@@ -6,15 +6,12 @@ from __future__ import annotations
 import asyncio
 
 from services.engine.config import EngineConfig
-from services.engine.remote_request import PromptItem
-from services.engine.sampling_params import SamplingParams
-from services.prefill.job import PrefillJob
 from services.prefill.node import PrefillNode
 from services.preprocess import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from shared.cache_gauges import cache_usage
 from tests.factories import chat_case, encode_image, make_image
-from tests.services.prefill.fakes import FakeUpstream
+from tests.services.prefill.fakes import FakeUpstream, prefill_job
 
 BLOCK = 16
 
@@ -30,7 +27,7 @@ def test_gauges_after_a_prefill(tiny_model):
     try:
         assert _usage(node) == {"kv": (0.0, 64.0), "prefix": (0.0, 64.0), "embedding": (0.0, 512.0)}
         prep = Preprocessor(tiny_model).preprocess(chat_case(encode_image(make_image(112, 112, seed=5)), "What is it?").prompt)
-        asyncio.run(node.run(_job("r1", prep, sink, max_tokens=4), upstream))
+        asyncio.run(node.run(prefill_job("r1", prep, sink.address, max_tokens=4), upstream))
         # Finished: no block is held, its full blocks stay cached, its embeddings stay resident.
         assert _usage(node) == {
             "kv": (0.0, 64.0),
@@ -54,17 +51,6 @@ def _upstream(node: PrefillNode) -> FakeUpstream:
     return FakeUpstream(node.engine.runner.checkpoint.text.hidden_size)
 
 
-def _job(request_id: str, prep, sink: TensorInbox, *, max_tokens: int) -> PrefillJob:
-    return PrefillJob(
-        request_id=request_id,
-        prompt_token_ids=list(prep.prompt_token_ids),
-        items=[PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items],
-        sampling=SamplingParams(max_tokens=max_tokens),
-        decode_address=sink.address,
-        encoder_address="encoder",
-    )
-
-
 def test_hit_miss_and_eviction_counters(tiny_model):
     """Embeddings count in images, prefix lookups in prompt tokens; a second image evicts the
     first from an embedding cache that holds one, and its prompt's blocks evict cached ones from
@@ -81,7 +67,7 @@ def test_hit_miss_and_eviction_counters(tiny_model):
     upstream = _upstream(node)
     try:
         for request_id, prep in (("a1", preps[0]), ("a2", preps[0]), ("b1", preps[1])):
-            asyncio.run(node.run(_job(request_id, prep, sink, max_tokens=1), upstream))
+            asyncio.run(node.run(prefill_job(request_id, prep, sink.address, max_tokens=1), upstream))
         counters = node.loop.call(lambda engine: node.counters()).result()
         assert [counters[f"embedding_cache_{kind}_total"] for kind in ("hits", "misses", "evictions")] == [1.0, 2.0, 1.0]
         num_prompt_tokens = len(preps[0].prompt_token_ids)

@@ -11,15 +11,13 @@ import functools
 import pytest
 
 from services.engine.config import EngineConfig
-from services.engine.remote_request import PromptItem
-from services.engine.sampling_params import SamplingParams
 from services.prefill.job import PrefillJob, PrefillResult
 from services.prefill.kv_pull import KVSource
 from services.prefill.node import PrefillNode
 from services.preprocess import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from tests.factories import chat_case, encode_image, make_image
-from tests.services.prefill.fakes import FakeUpstream
+from tests.services.prefill.fakes import FakeUpstream, prefill_job
 
 BLOCK = 16
 
@@ -45,16 +43,7 @@ def _preprocessor(model) -> Preprocessor:
 
 def _job(tiny_model, sink: TensorInbox, request_id: str, seed: int, sources: list[KVSource] | None = None) -> PrefillJob:
     case = chat_case(encode_image(make_image(224, 224, seed=seed)), "What is in the picture?")
-    prep = _preprocessor(tiny_model).preprocess(case.prompt)
-    return PrefillJob(
-        request_id=request_id,
-        prompt_token_ids=list(prep.prompt_token_ids),
-        items=[PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items],
-        sampling=SamplingParams(max_tokens=4),
-        decode_address=sink.address,
-        encoder_address="encoder",
-        kv_sources=sources or [],
-    )
+    return prefill_job(request_id, _preprocessor(tiny_model).preprocess(case.prompt), sink.address, kv_sources=sources or [])
 
 
 def _run(node: PrefillNode, job: PrefillJob, upstream: FakeUpstream) -> PrefillResult:

@@ -10,14 +10,12 @@ import pytest
 from services.engine.config import EngineConfig
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem
-from services.engine.sampling_params import SamplingParams
-from services.prefill.job import PrefillJob
 from services.prefill.local_pixels import MissingPixelsError
 from services.prefill.node import PrefillNode
 from services.preprocess import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from tests.factories import chat_case, encode_image, make_image
-from tests.services.prefill.fakes import FakeUpstream
+from tests.services.prefill.fakes import FakeUpstream, prefill_job, prompt_items
 
 
 @pytest.fixture(scope="module")
@@ -29,24 +27,13 @@ def held_and_new(tiny_model):
     preprocessor = Preprocessor(tiny_model)
     first = preprocessor.preprocess(chat_case(held, "What is it?").prompt)
     both = preprocessor.preprocess(chat_case(held, new, "Which differ?").prompt)
-    items = [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in both.mm_items]
+    items = prompt_items(both)
     upstream = FakeUpstream(node.engine.runner.checkpoint.text.hidden_size, lacks_pixels=frozenset({items[1].mm_hash}))
-    asyncio.run(node.run(_job("held", first, sink, "encoder"), upstream))
+    asyncio.run(node.run(prefill_job("held", first, sink.address, max_tokens=1), upstream))
     yield node, both, items, sink, upstream
     upstream.close()
     sink.close()
     node.close()
-
-
-def _job(request_id: str, prep, sink: TensorInbox, encoder: str | None) -> PrefillJob:
-    return PrefillJob(
-        request_id=request_id,
-        prompt_token_ids=list(prep.prompt_token_ids),
-        items=[PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items],
-        sampling=SamplingParams(max_tokens=1),
-        decode_address=sink.address,
-        encoder_address=encoder,
-    )
 
 
 def _users(node: PrefillNode, item: PromptItem) -> set[str]:
@@ -56,13 +43,13 @@ def _users(node: PrefillNode, item: PromptItem) -> set[str]:
 def test_images_lacking_with_no_encoder_named_reject_the_request_and_release_the_held_one(held_and_new):
     node, both, items, sink, upstream = held_and_new
     with pytest.raises(RequestRejectedError, match="no encoder_address"):
-        asyncio.run(node.run(_job("no-encoder", both, sink, None), upstream))
+        asyncio.run(node.run(prefill_job("no-encoder", both, sink.address, max_tokens=1, encoder_address=None), upstream))
     assert "no-encoder" not in _users(node, items[0])
 
 
 def test_an_encoder_lacking_pixels_names_them_and_the_held_image_is_released(held_and_new):
     node, both, items, sink, upstream = held_and_new
     with pytest.raises(MissingPixelsError, match="encoder lacks pixels") as caught:
-        asyncio.run(node.run(_job("no-pixels", both, sink, "encoder"), upstream))
+        asyncio.run(node.run(prefill_job("no-pixels", both, sink.address, max_tokens=1), upstream))
     assert caught.value.missing == [items[1].mm_hash]
     assert "no-pixels" not in _users(node, items[0])
