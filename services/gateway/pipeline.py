@@ -1,4 +1,4 @@
-"""The request path across roles, as plain Python over gRPC stubs, with failover and migration.
+"""The request path across roles, as coroutines over grpc.aio stubs, with failover and migration.
 
 One attempt (each call in stages.py): preprocess (skipping the image processor for images a live
 encoder holds) -> route (one index lookup) -> pixels of the images the chosen encoder lacks, to
@@ -19,6 +19,8 @@ A request gives up with a 503 when a role has no live node left, or after ``max_
 failures. Errors about the request itself (4xx) are never retried. A request has one deadline
 (``timeout_s`` from its arrival, retries included): every call gets what is left of it as its
 gRPC deadline, which the called node sees too, and a request out of time ends with a 504.
+Cancelling the task that runs a request (its client left) cancels the call it awaits, on the node
+too, and nothing is retried.
 """
 
 from __future__ import annotations
