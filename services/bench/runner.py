@@ -43,7 +43,7 @@ class RequestRecord:
     num_tokens: int = 0
     prompt_tokens: int = 0  # as the endpoint's usage counts them
     error: str | None = None
-    queue_s: float = 0.0  # due, but waiting for a concurrency slot (open loop)
+    queue_s: float = 0.0  # due but not yet sent (open loop): waiting for a concurrency slot, or a late client loop
     token_times_s: list[float] = field(default_factory=list)  # each content chunk, from this request's start
 
 
@@ -71,11 +71,10 @@ async def run_workload(requests: list[BenchRequest], endpoints: list[Endpoint], 
 
         async def one(i: int, request: BenchRequest) -> RequestRecord:
             await asyncio.sleep(max(0.0, due[i] - (time.perf_counter() - started)))
-            arrived = time.perf_counter() - started
             async with gate:
                 endpoint, client = endpoints[i % len(endpoints)], clients[i % len(clients)]
                 record = RequestRecord(i, endpoint.base_url, request.first_touch, time.perf_counter() - started)
-                record.queue_s = record.start_s - arrived
+                record.queue_s = max(0.0, record.start_s - due[i])
                 await _stream(client, endpoint.model, request, settings.max_tokens, record, started)
                 progress.update(1)
                 return record

@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 from services.engine.config import EngineConfig
-from services.engine.engine import RequestRejectedError
 from services.engine.sampling_params import SamplingParams
-from services.preprocess import PreprocessError
+from services.preprocess.errors import PreprocessError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +37,7 @@ def _image_part(path: Path) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.engine.engine import RequestRejectedError  # these load torch: only when this command runs
     from services.engine.llm import LLM
     from services.gateway.prompt_wire import prompt_from_body
 

@@ -32,7 +32,7 @@ def run_build(args: argparse.Namespace) -> int:
     if args.if_missing and is_complete_build(out):
         print(out)
         return 0
-    build_builtin(args.name, BUILTIN_TO_FAMILY[args.name], out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    build_builtin(args.name, BUILTIN_TO_FAMILY[args.name].load(), out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(out)
     return 0
 

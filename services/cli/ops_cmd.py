@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import sys
@@ -32,10 +33,9 @@ def run_health(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1 import health_pb2
 
     from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
-    from services.transport.internal_channel import internal_channel
 
     def path(value: str | None) -> Path | None:
         return Path(value) if value else None
@@ -51,15 +51,23 @@ def run_health(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"tessera health: {exc}", file=sys.stderr)
         return 2
-    with internal_channel(args.address, auth) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=args.timeout_s)
-        except grpc.RpcError as exc:
-            print(f"{args.address}: {exc.code().name}", file=sys.stderr)
-            return 1
+    try:
+        reply = asyncio.run(_check(args.address, auth, args.timeout_s))
+    except grpc.RpcError as exc:
+        print(f"{args.address}: {exc.code().name}", file=sys.stderr)
+        return 1
     serving = reply.status == health_pb2.HealthCheckResponse.SERVING
     print(f"{args.address}: {health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)}")
     return 0 if serving else 1
+
+
+async def _check(address: str, auth, timeout_s: float):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from services.transport.internal_channel import internal_channel
+
+    async with internal_channel(address, auth) as channel:
+        return await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
 
 
 def run_drain(args: argparse.Namespace) -> int:

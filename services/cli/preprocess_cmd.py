@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from services.gateway.prompt_wire import prompt_from_body
 from services.models.registry import ModelNotFoundError, resolve_model
-from services.preprocess import PreprocessConfig, PreprocessError, Preprocessor
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.errors import PreprocessError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.preprocess.preprocessor import Preprocessor  # loads torch: only when this command runs
+
     try:
         raw = sys.stdin.read() if args.request == "-" else Path(args.request).read_text()
         prompt = prompt_from_body(json.loads(raw))

@@ -26,7 +26,7 @@ from services.engine.sampling_params import SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
 from services.engine.structured_output import GrammarError, Grammars
 from services.models.registry import ModelRef
-from services.preprocess import PreprocessedRequest
+from services.preprocess.preprocessor import PreprocessedRequest
 
 
 class RequestRejectedError(ValueError):

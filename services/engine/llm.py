@@ -16,7 +16,8 @@ from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.sampling_params import SamplingParams
 from services.models.registry import resolve_model
-from services.preprocess import PreprocessConfig, Preprocessor
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.preprocessor import Preprocessor
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from dataclasses import replace
 import grpc
 from opentelemetry import trace
 
-from protos.gen import pb, rpc
+from protos.gen import pb
 from services.engine.sampling_params import SamplingParams
 from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.context_length import DEFAULT_MAX_MODEL_LEN, check_context_length
@@ -47,11 +47,9 @@ from services.gateway.token_events import TokenEvent
 from services.router.route_attributes import route_attributes
 from services.router.router import NoLiveNodeError, Route, Router
 from services.transport.internal_auth import InternalAuth
-from services.transport.internal_channel import internal_channel
+from services.transport.internal_channel import ROLE_TO_STUB, internal_channel
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange
-
-_STUBS = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill": rpc.PrefillStub, "decode": rpc.DecodeStub}
 
 
 class Pipeline:
@@ -87,12 +85,12 @@ class Pipeline:
     def stub(self, role: str, address: str):
         key = (role, address)
         if key not in self._stubs:
-            self._stubs[key] = _STUBS[role](internal_channel(address, self.auth, aio=True))
+            self._stubs[key] = ROLE_TO_STUB[role](internal_channel(address, self.auth))
         return self._stubs[key]
 
     async def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:
         """Every live node's Stats, asked of all at once; a node that does not answer is left out."""
-        nodes = [(s.info.role, s.info.grpc_address) for s in self.membership.snapshot().values() if s.info.role in _STUBS]
+        nodes = [(s.info.role, s.info.grpc_address) for s in self.membership.snapshot().values() if s.info.role in ROLE_TO_STUB]
         answers = await asyncio.gather(
             *(self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s) for role, address in nodes),
             return_exceptions=True,

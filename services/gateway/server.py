@@ -94,7 +94,7 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) 
         namespace=model.model_id,
         block_size=engine_config.block_size,
         max_model_len=engine_config.max_model_len,
-        tool_parser=model.family.tool_call_parser,
+        tool_parser=model.tool_call_parser,
     )
 
 

@@ -1,7 +1,10 @@
 """The model-family interface: what a family brings, and the records it exchanges with the engine,
 the encoder and preprocessing.
 
-A family is one folder under ``services/models/`` plus one row in ``registry.FAMILIES``. It owns:
+A family is one folder under ``services/models/`` plus one row in ``registry.FAMILIES``. The
+package's ``INFO`` (a ``FamilyInfo``) is all that resolving a model needs, and imports no torch,
+so the gateway, which runs no model, never loads it; its ``family`` module holds the
+``ModelFamily`` below, loaded by ``FamilyInfo.load`` in the roles that run the model. It owns:
   - its config reader (``read_config``) and weight-name mapping (``weight_group``);
   - its image processor (resize, crops, normalisation) and the processor settings that enter
     ``mm_hash`` (``ImageProcessor.kwargs_for_hash``);
@@ -19,15 +22,17 @@ carry one shape.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import torch
-from PIL import Image
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.types import PlaceholderRange
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
 
 ProgressFn = Callable[[str], None]
 
@@ -118,15 +123,29 @@ class VisionEncoder(Protocol):
         """One (num_tokens, text_hidden) embedding tensor per image part, in order."""
 
 
+@dataclass(frozen=True, slots=True)
+class FamilyInfo:
+    """A family as known before its tensor code loads."""
+
+    name: str
+    model_types: tuple[str, ...]
+    builtin_names: tuple[str, ...]
+    # The parser that turns the model's text into tool calls for tool_choice "auto"
+    # (services/gateway/tool_calls.py), or None when the family has none.
+    tool_call_parser: str | None
+    module: str  # the module whose ``FAMILY`` is this family's ModelFamily
+
+    def load(self) -> ModelFamily:
+        return importlib.import_module(self.module).FAMILY
+
+
 class ModelFamily(Protocol):
     name: str
     model_types: tuple[str, ...]
     # Tokens of one image attend to each other both ways (Gemma3): an image span is never split
     # across prefill chunks (a prefix hit may end inside one: see kv_cache_manager.py).
     bidirectional_images: bool
-    # The parser that turns the model's text into tool calls for tool_choice "auto"
-    # (services/gateway/tool_calls.py), or None when the family has none.
-    tool_call_parser: str | None
+    tool_call_parser: str | None  # as FamilyInfo's
 
     def builtins(self) -> Mapping[str, object]:
         """Built-in model name -> its spec."""

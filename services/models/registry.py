@@ -1,7 +1,9 @@
 """Resolve a model reference (a built-in name or a checkpoint path) to a local directory and the
 family that serves it.
 
-Adding a family: its folder under ``services/models/`` and one row in ``FAMILIES``. Built-in
+Adding a family: its folder under ``services/models/`` and one row in ``FAMILIES``. Resolving
+reads only each family's ``FamilyInfo`` and loads no torch (the gateway resolves its model too);
+``ModelRef.family`` loads the family itself, in the roles that run it. Built-in
 models are built on first use into ``$TESSERA_HOME/models/<name>``, under a file lock so
 concurrent processes build once. Any local checkpoint directory of a supported model type is
 accepted as is; nothing is ever fetched from a hub.
@@ -16,18 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.models.builtin import build_builtin, is_complete_build
-from services.models.family import ModelFamily, ProgressFn
+from services.models.family import FamilyInfo, ModelFamily, ProgressFn
 from services.models.fingerprint import fingerprint
-from services.models.gemma3 import FAMILY as GEMMA3
+from services.models.gemma3 import INFO as GEMMA3
 from services.models.hub import HubModelError, download, parse_hub_reference
-from services.models.qwen2_vl import FAMILY as QWEN2_VL
-from services.models.qwen3_vl import FAMILY as QWEN3_VL
+from services.models.qwen2_vl import INFO as QWEN2_VL
+from services.models.qwen3_vl import INFO as QWEN3_VL
 from shared.paths import builtin_models_dir
 
-FAMILIES: tuple[ModelFamily, ...] = (QWEN2_VL, GEMMA3, QWEN3_VL)
+FAMILIES: tuple[FamilyInfo, ...] = (QWEN2_VL, GEMMA3, QWEN3_VL)
 
-MODEL_TYPE_TO_FAMILY: dict[str, ModelFamily] = {model_type: family for family in FAMILIES for model_type in family.model_types}
-BUILTIN_TO_FAMILY: dict[str, ModelFamily] = {name: family for family in FAMILIES for name in family.builtins()}
+MODEL_TYPE_TO_FAMILY: dict[str, FamilyInfo] = {model_type: info for info in FAMILIES for model_type in info.model_types}
+BUILTIN_TO_FAMILY: dict[str, FamilyInfo] = {name: info for info in FAMILIES for name in info.builtin_names}
 SUPPORTED_MODEL_TYPES = tuple(MODEL_TYPE_TO_FAMILY)
 
 
@@ -43,7 +45,12 @@ class ModelRef:
 
     @property
     def family(self) -> ModelFamily:
-        return MODEL_TYPE_TO_FAMILY[self.model_type]
+        """The family's tensor code, loaded on first use (torch with it)."""
+        return MODEL_TYPE_TO_FAMILY[self.model_type].load()
+
+    @property
+    def tool_call_parser(self) -> str | None:
+        return MODEL_TYPE_TO_FAMILY[self.model_type].tool_call_parser
 
 
 class ModelNotFoundError(ValueError):
@@ -62,15 +69,15 @@ def ensure_builtin(name: str, *, progress: ProgressFn = _stderr_progress) -> Pat
     path = builtin_path(name)
     if is_complete_build(path):
         return path
-    family = BUILTIN_TO_FAMILY.get(name)
-    if family is None:
+    info = BUILTIN_TO_FAMILY.get(name)
+    if info is None:
         raise ModelNotFoundError(f"unknown built-in model {name!r}; choose one of {', '.join(BUILTIN_TO_FAMILY)}")
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.parent / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not is_complete_build(path):
             progress(f"building built-in model {name!r} into {path}")
-            build_builtin(name, family, path, progress=progress)
+            build_builtin(name, info.load(), path, progress=progress)
     return path
 
 

@@ -124,7 +124,7 @@ class GrpcUpstream:
     async def encode(self, encoder: str, items: Sequence[PromptItem], target: str) -> list[MmHash]:
         stub = self._encoders.get(encoder)
         if stub is None:
-            stub = self._encoders[encoder] = rpc.EncodeStub(internal_channel(encoder, self.auth, aio=True))
+            stub = self._encoders[encoder] = rpc.EncodeStub(internal_channel(encoder, self.auth))
         reply = await stub.Encode(
             pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in items], target_data_address=target),
             timeout=120,
@@ -135,7 +135,7 @@ class GrpcUpstream:
     async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:
         stub = self._peers.get(peer)
         if stub is None:
-            stub = self._peers[peer] = rpc.KVPeerStub(internal_channel(peer, self.auth, aio=True))
+            stub = self._peers[peer] = rpc.KVPeerStub(internal_channel(peer, self.auth))
         try:
             reply = await stub.ExportKV(
                 pb.ExportKVRequest(block_hashes=hashes, target_data_address=target, transfer_id=transfer_id),

@@ -13,6 +13,7 @@ Ctrl-C (SIGINT) or SIGTERM stops the roles in reverse order, then Valkey.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import json
 import os
@@ -81,18 +82,23 @@ class ServerExitedError(RuntimeError):
 
 def wait_serving(address: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
     """Wait until ``address`` answers SERVING; fail at once if ``process`` (its server) exits."""
+    asyncio.run(_wait_serving(address, timeout_s, process))
+
+
+async def _wait_serving(address: str, timeout_s: float, process: subprocess.Popen | None) -> None:
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    async with grpc.aio.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process is not None and process.poll() is not None:
                 raise ServerExitedError(f"the server for {address} exited with code {process.returncode} while starting")
             try:
-                if stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:
                 pass
-            time.sleep(0.2)
+            await asyncio.sleep(0.2)
     raise TimeoutError(f"{address} did not become SERVING within {timeout_s}s")
 
 

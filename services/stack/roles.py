@@ -26,6 +26,7 @@ ROLE_TO_MODULE = {
     "gateway": "services.gateway.server",
 }
 ROLES = tuple(ROLE_TO_MODULE)
+TENSOR_FREE_ROLES = frozenset({"gateway"})  # they run no model and load no torch (tests/test_layering.py)
 log = logging.getLogger("tessera")
 
 
@@ -57,7 +58,8 @@ def run_role(role: str, settings, engine_config: EngineConfig, preprocess_config
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
     configure_tracing(role)
     share = cpu_budget.share_for_this_node(role)
-    cpu_budget.apply_torch_threads(share)
+    if role not in TENSOR_FREE_ROLES:
+        cpu_budget.apply_torch_threads(share)
     log.info("CPU share: %d threads, OMP_WAIT_POLICY=%s, cores %s", share.num_threads, share.wait_policy, share.cpus or "any")
     model = resolve_model(settings.model)
     try:

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.transport.addresses import advertise, split_host_port
+from services.transport.channel_auth import DEFAULT_MAX_FRAME_BYTES, ChannelAuth
 from services.transport.grpc_server import Lifecycle
 from services.transport.index_access import open_index
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings, warn_if_open
 from services.transport.node_admission import DEFAULT_MAX_PENDING_REQUESTS, NodeAdmission
-from services.transport.tensor_channel import DEFAULT_MAX_FRAME_BYTES, ChannelAuth
 from shared.index.cluster_config import ClusterConfig, ConfigMismatchError
 from shared.index.publisher import IndexPublisher
 from shared.index.types import NodeInfo

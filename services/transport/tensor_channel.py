@@ -28,21 +28,18 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from services.transport.channel_auth import OPEN_CHANNEL, ChannelAuth
 from services.transport.frame_mac import frames_tag, verify_frames
 from shared.cache_gauges import cache_gauges
 
 log = logging.getLogger("tessera")
-# Far above the largest tensor (one frame) a node sends: a KV layer of a 128k-token prompt with 8
-# KV heads of 128 in bfloat16 is 256 MiB, the pixels of an image at Qwen2-VL's max_pixels ~77 MB.
-DEFAULT_MAX_FRAME_BYTES = 512 * 1024 * 1024
-
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
 
 
@@ -56,21 +53,6 @@ class TensorMessage:
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelAuth:
-    """How a node's tensor messages are authenticated and bounded."""
-
-    key: bytes | None = field(default=None, repr=False)  # HMAC-SHA256 key; None: messages carry no tag
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # an inbox's ZMQ MAXMSGSIZE
-
-    def __post_init__(self) -> None:
-        if self.max_frame_bytes < 1:
-            raise ValueError("max_frame_bytes must be positive")
-
-
-OPEN_CHANNEL = ChannelAuth()  # no tag: for single-process use and tests, and clusters without a secret
 
 
 class TensorSendTimeoutError(Exception):

@@ -13,7 +13,6 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from protos.gen import pb, rpc
 from tests.deploy.compose_local import ComposeDeployment
 from tests.deploy.compose_spec import COMPOSE_FILE
 from tests.factories import chat_case, encode_image, make_image
@@ -81,11 +80,10 @@ class Load:
 def _encoded(deployment: ComposeDeployment, address: str) -> float:
     """Asked of the node itself, with the internal secret secret-init wrote for the deployment."""
     from services.transport.internal_auth import InternalAuth
-    from services.transport.internal_channel import internal_channel
+    from services.transport.node_stats import read_stats
 
     auth = InternalAuth((deployment.volume_dirs["tessera-internal"] / "secret").read_bytes())
-    with internal_channel(address, auth) as channel:
-        return rpc.EncodeStub(channel).Stats(pb.StatsRequest(), timeout=10).counters["encoder_items_encoded_total"]
+    return read_stats("encoder", address, auth).counters["encoder_items_encoded_total"]
 
 
 def _eventually(predicate, *, timeout_s: float) -> bool:

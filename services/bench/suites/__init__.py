@@ -1,9 +1,10 @@
 """``tessera bench --suite NAME``: the measurements that are not an HTTP workload of ``tessera
 bench`` (the engine in one process, the router's decision time, routing policies, preprocessing,
-elasticity, soak, many clients, decode steps, detokenization, end-to-end against the engine, KV bytes per layout). One module per
-suite; each has a docstring (its ``--help``), ``add_arguments(parser)`` and ``run(args) -> int``.
-Results go where the scripts in benchmarks/ always wrote them (benchmarks/results/...); those
-scripts now only call ``tessera bench --suite``.
+elasticity, soak, many clients, decode steps, detokenization, end-to-end against the engine, KV
+bytes per layout, the gateway process's footprint). One module per suite; each has a docstring
+(its ``--help``), ``add_arguments(parser)`` and ``run(args) -> int``. Results go where the
+scripts in benchmarks/ always wrote them (benchmarks/results/...); those scripts now only call
+``tessera bench --suite``.
 
 Suites that compare with the transformers reference or time preprocessing on the test images
 (engine, preprocess) import them from tests/ when they run: they need a repository checkout.
@@ -16,7 +17,20 @@ import importlib
 from types import ModuleType
 
 # suite name -> its module under services/bench/suites/
-SUITES = ("concurrency", "decode_step", "detokenize", "e2e", "elastic", "engine", "kv_layout", "preprocess", "router", "routing", "soak")
+SUITES = (
+    "concurrency",
+    "decode_step",
+    "detokenize",
+    "e2e",
+    "elastic",
+    "engine",
+    "gateway_footprint",
+    "kv_layout",
+    "preprocess",
+    "router",
+    "routing",
+    "soak",
+)
 
 
 def load(name: str) -> ModuleType:

@@ -30,14 +30,13 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
-from protos.gen import pb, rpc
 from services.bench.local_stack import launch, stop_stack
 from services.bench.suites.common import RESULTS, command, machine, write_json
 from services.bench.workloads import image_url, synthetic_image, user_turn
 from services.stack.launcher import free_port, start_node, wait_serving
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV, InternalAuth
-from services.transport.internal_channel import internal_channel
+from services.transport.node_stats import read_stats
 
 ROLES = ("decode", "prefill", "encoder", "preprocess")
 
@@ -170,13 +169,12 @@ def measure_join(stack: Stack, model: str, num_streams: int, max_tokens: int, wo
         stop = threading.Event()
 
         def watch() -> None:
-            with internal_channel(grpc_address, InternalAuth(os.environ[SECRET_ENV].encode())) as channel:
-                stub = rpc.EncodeStub(channel)
-                while not stop.is_set():
-                    if stub.Stats(pb.StatsRequest(), timeout=5).counters["encoder_items_encoded_total"] > 0:
-                        first_work.append(time.monotonic() - spawned)
-                        return
-                    time.sleep(0.05)
+            auth = InternalAuth(os.environ[SECRET_ENV].encode())
+            while not stop.is_set():
+                if read_stats("encoder", grpc_address, auth, timeout_s=5).counters["encoder_items_encoded_total"] > 0:
+                    first_work.append(time.monotonic() - spawned)
+                    return
+                time.sleep(0.05)
 
         watcher = threading.Thread(target=watch)
         watcher.start()

@@ -20,7 +20,7 @@ from services.bench.suites.common import RESULTS, command, image_size, machine, 
 from services.bench.workloads import user_turn
 from services.gateway.prompt_wire import prompt_from_body
 from services.models.registry import resolve_model
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from shared.hashing import mm_hash_of_pixels
 
 

@@ -16,12 +16,10 @@ from pathlib import Path
 
 import grpc
 
-from protos.gen import pb, rpc
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
-from services.transport.internal_channel import internal_channel
+from services.transport.internal_channel import ROLE_TO_STUB
+from services.transport.node_stats import read_stats
 from shared.cache_gauges import CacheUsage, cache_usage
-
-_STUBS = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill": rpc.PrefillStub, "decode": rpc.DecodeStub}
 
 
 @dataclass(slots=True)
@@ -70,7 +68,6 @@ class Monitor:
     _auth: InternalAuth = field(default_factory=lambda: InternalAuth.from_settings(InternalPlaneSettings()))
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-    _channels: dict[str, grpc.Channel] = field(default_factory=dict)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="soak-monitor", daemon=True)
@@ -82,8 +79,6 @@ class Monitor:
         if self._thread is not None:
             self._thread.join()
         self.samples.append(self.sample())
-        for channel in self._channels.values():
-            channel.close()
 
     def _run(self) -> None:
         while True:
@@ -100,18 +95,16 @@ class Monitor:
         rss = {name: read_rss_bytes(pid) for name, pid in stack_pids(state, self.launcher_pid).items()}
         caches: dict[str, CacheUsage] = {}
         for name, role in state["roles"].items():
-            stub = _STUBS.get(name.split("-")[0])
-            if stub is None:
+            role_name = name.split("-")[0]
+            if role_name not in ROLE_TO_STUB:
                 continue  # the gateway: no caches of its own
-            for usage in cache_usage(self._stats(stub, role["grpc_address"])):
+            for usage in cache_usage(self._stats(role_name, role["grpc_address"])):
                 caches[f"{name}/{usage.cache}"] = usage
         return Sample(time.monotonic() - self.t0, {n: b for n, b in rss.items() if b is not None}, caches, num_restarts(state))
 
-    def _stats(self, stub_class, address: str) -> dict[str, float]:
-        if address not in self._channels:
-            self._channels[address] = internal_channel(address, self._auth)
+    def _stats(self, role: str, address: str) -> dict[str, float]:
         try:
-            return dict(stub_class(self._channels[address]).Stats(pb.StatsRequest(), timeout=5).counters)
+            return dict(read_stats(role, address, self._auth, timeout_s=5).counters)
         except grpc.RpcError as exc:  # a node restarting, or a secret that is not the stack's
             self.num_sample_errors += 1
             self.first_sample_error = self.first_sample_error or f"{address}: {exc.code().name} {exc.details()}"

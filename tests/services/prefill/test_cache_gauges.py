@@ -7,7 +7,7 @@ import asyncio
 
 from services.engine.config import EngineConfig
 from services.prefill.node import PrefillNode
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from shared.cache_gauges import cache_usage
 from tests.factories import chat_case, encode_image, make_image

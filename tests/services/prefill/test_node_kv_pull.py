@@ -14,7 +14,7 @@ from services.engine.config import EngineConfig
 from services.prefill.job import PrefillJob, PrefillResult
 from services.prefill.kv_pull import KVSource
 from services.prefill.node import PrefillNode
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.prefill.fakes import FakeUpstream, prefill_job

@@ -12,7 +12,7 @@ from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem
 from services.prefill.local_pixels import MissingPixelsError
 from services.prefill.node import PrefillNode
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.prefill.fakes import FakeUpstream, prefill_job, prompt_items

@@ -12,8 +12,9 @@ import pytest
 from protos.gen import pb
 from services.gateway.error_kinds import KIND_RULES
 from services.gateway.prompt_wire import prompt_from_body
-from services.preprocess import PreprocessConfig, Preprocessor
 from services.preprocess import errors as E
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.preprocessor import Preprocessor
 from tests.factories import data_url, encode_image, image_data_url, make_image
 
 

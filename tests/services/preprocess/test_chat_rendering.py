@@ -7,8 +7,9 @@ import pytest
 
 from services.gateway.error_kinds import KIND_RULES
 from services.gateway.prompt_wire import prompt_from_body
-from services.preprocess import PreprocessConfig, Preprocessor
 from services.preprocess import errors as E
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.preprocessor import Preprocessor
 
 # Prints what the request contributed, so each field's arrival is visible in the prompt text.
 PROBE_TEMPLATE = (

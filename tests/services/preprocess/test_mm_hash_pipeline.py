@@ -9,7 +9,8 @@ import pytest
 
 from protos.gen import pb
 from services.gateway.prompt_wire import prompt_from_body
-from services.preprocess import PreprocessConfig, Preprocessor
+from services.preprocess.config import PreprocessConfig
+from services.preprocess.preprocessor import Preprocessor
 from tests.factories import data_url, encode_image, image_data_url, make_image
 
 
@@ -77,7 +78,7 @@ def test_client_stable_id_is_honoured_and_skips_decoding_on_hit(preprocessor):
 _CHILD = """
 import json, sys
 from services.gateway.prompt_wire import prompt_from_body
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from services.models.registry import resolve_model
 from tests.factories import image_data_url, make_image
 p = Preprocessor(resolve_model("tiny"))

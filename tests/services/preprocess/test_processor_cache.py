@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from services.gateway.prompt_wire import prompt_from_body
 from services.models.family import ProcessedImage
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from services.preprocess.processor_cache import ProcessorCache
 from shared.types import MmHash
 from tests.factories import image_data_url, make_image
@@ -70,7 +70,7 @@ def test_second_identical_image_skips_the_image_processor(tiny_model):
 
 
 def test_preprocessor_cache_respects_budget_under_random_images(tiny_model):
-    from services.preprocess import PreprocessConfig
+    from services.preprocess.config import PreprocessConfig
 
     budget = 600_000
     preprocessor = Preprocessor(tiny_model, PreprocessConfig(processor_cache_bytes=budget))

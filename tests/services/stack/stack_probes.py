@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from openai import OpenAI
 
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from services.stack.redis_server import redis_answers
 from tests.factories import encode_image, make_image
 from tests.services.stack.conftest import RunningStack

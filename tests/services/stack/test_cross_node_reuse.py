@@ -19,7 +19,7 @@ import pytest
 from openai import APIStatusError, OpenAI
 
 from services.gateway.prompt_wire import prompt_from_body
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from shared.hashing import MmSpan, block_hashes
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.stack.conftest import launch_stack, stop_stack

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from services.stack.launcher import start_node, wait_serving
+from services.transport.node_stats import read_stats
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
 from tests.services.stack.stack_probes import Streams
@@ -187,20 +188,11 @@ def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(clu
 
 
 def _decode_requests(stack: RunningStack, grpc_address: str) -> float:
-    from protos.gen import pb, rpc
-    from services.transport.internal_channel import internal_channel
-
-    with internal_channel(grpc_address, stack.internal_auth()) as channel:
-        return rpc.DecodeStub(channel).Stats(pb.StatsRequest(), timeout=10).counters["decode_requests_total"]
+    return read_stats("decode", grpc_address, stack.internal_auth()).counters["decode_requests_total"]
 
 
 def _encoded_by(stack: RunningStack, grpc_address: str) -> float:
-    from protos.gen import pb, rpc
-    from services.transport.internal_channel import internal_channel
-
-    with internal_channel(grpc_address, stack.internal_auth()) as channel:
-        stats = rpc.EncodeStub(channel).Stats(pb.StatsRequest(), timeout=10)
-    return stats.counters["encoder_items_encoded_total"]
+    return read_stats("encoder", grpc_address, stack.internal_auth()).counters["encoder_items_encoded_total"]
 
 
 def test_a_draining_gateway_finishes_its_open_streams_and_refuses_new_requests(cluster, oracle):

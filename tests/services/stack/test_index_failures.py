@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import pytest
 
 from services.engine.config import EngineConfig
-from services.preprocess import Preprocessor
+from services.preprocess.preprocessor import Preprocessor
 from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 from services.transport.node_runtime import NodeSettings
 from shared.hashing import MmSpan, block_hashes

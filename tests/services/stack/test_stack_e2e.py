@@ -269,7 +269,7 @@ def test_killed_role_fails_fast_with_503_and_restart_restores_service(stack):
 def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
     from services.engine.config import EngineConfig
     from services.models.registry import resolve_model
-    from services.preprocess import Preprocessor
+    from services.preprocess.preprocessor import Preprocessor
     from shared.hashing import MmSpan, block_hashes
 
     case = chat_case(png(112, 112, 8), "Index me.")

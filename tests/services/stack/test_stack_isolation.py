@@ -17,8 +17,9 @@ What reaches each role:
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -32,6 +33,7 @@ from services.engine.sampling_wire import sampling_to_pb
 from services.models.qwen2_vl.config import read_config as load_config
 from services.transport.internal_channel import internal_channel
 from services.transport.node_error import node_error_of
+from services.transport.node_stats import read_stats
 from services.transport.tensor_channel import ChannelAuth, TensorInbox, TensorSender
 from tests.factories import chat_case
 from tests.services.stack.e2e_helpers import client_for, png
@@ -95,19 +97,15 @@ class _Nodes:
     def __init__(self, stack, vocab_size: int) -> None:
         self.stack = stack
         self.vocab_size = vocab_size
-        auth = stack.internal_auth()
+        self.auth = stack.internal_auth()
         roles = stack.state()["roles"]
-        self.channels = {role: internal_channel(roles[role]["grpc_address"], auth) for role in ("encoder", "prefill", "decode")}
-        self.encoder = rpc.EncodeStub(self.channels["encoder"])
-        self.prefill = rpc.PrefillStub(self.channels["prefill"])
-        self.decode = rpc.DecodeStub(self.channels["decode"])
-        self.data_address = {role: stub.Stats(pb.StatsRequest(), timeout=30).data_address for role, stub in self._stats_stubs().items()}
-        channel_auth = ChannelAuth(key=auth.tensor_key)
+        self.grpc_address = {role: roles[role]["grpc_address"] for role in ("encoder", "prefill", "decode")}
+        self.data_address = {
+            role: read_stats(role, address, self.auth, timeout_s=30).data_address for role, address in self.grpc_address.items()
+        }
+        channel_auth = ChannelAuth(key=self.auth.tensor_key)
         self.sender = TensorSender(auth=channel_auth)
         self.sink = TensorInbox("tcp://127.0.0.1:0", auth=channel_auth)  # stands in for a prefill or decode node's inbox
-
-    def _stats_stubs(self) -> dict:
-        return {"encoder": self.encoder, "prefill": self.prefill, "decode": self.decode}
 
     def poisons(self) -> list[Callable[[str], Outcome]]:
         return [
@@ -160,38 +158,48 @@ class _Nodes:
         mm_hash = f"poison-pixels-{round_name}"
         self.sender.send(self.data_address["encoder"], mm_hash, {"pixel_values": torch.zeros(16, 100)}, {"grid_thw": [1, 4, 4]})
         request = pb.EncodeRequest(items=[pb.MmItem(mm_hash=mm_hash, length=4, grid_thw=[1, 4, 4])], target_data_address=self.sink.address)
-        return self._rpc("encoder", lambda: self.encoder.Encode(request, timeout=60))
+        return self._rpc("encoder", lambda channel: rpc.EncodeStub(channel).Encode(request, timeout=60))
 
     def prefill_sampling_nan(self, round_name: str) -> Outcome:
         request = self._prefill_request(f"poison-nan-{round_name}", PROMPT, SamplingParams(max_tokens=4, temperature=NAN_TEMPERATURE))
-        return self._rpc("prefill", lambda: self.prefill.Prefill(request, timeout=60))
+        return self._rpc("prefill", lambda channel: rpc.PrefillStub(channel).Prefill(request, timeout=60))
 
     def prefill_token_outside_the_vocabulary(self, round_name: str) -> Outcome:
         request = self._prefill_request(f"poison-vocab-{round_name}", [*PROMPT, self.vocab_size + 7], SamplingParams(max_tokens=4))
-        return self._rpc("prefill", lambda: self.prefill.Prefill(request, timeout=60))
+        return self._rpc("prefill", lambda channel: rpc.PrefillStub(channel).Prefill(request, timeout=60))
 
     def decode_sampling_nan(self, round_name: str) -> Outcome:
         rid = f"poison-decode-{round_name}"
         greedy = self._prefill_request(rid, PROMPT, SamplingParams(max_tokens=8), self.data_address["decode"])
-        first = self.prefill.Prefill(greedy, timeout=60).first_token_id
-        request = pb.DecodeRequest(
-            request_id=rid,
-            prompt_token_ids=PROMPT,
-            first_token_id=first,
-            sampling=sampling_to_pb(SamplingParams(max_tokens=8, temperature=NAN_TEMPERATURE)),
-            stream=True,
-        )
-        return self._rpc("decode", lambda: list(self.decode.Decode(request, timeout=60)))
+
+        async def prefill_then_decode(channel: grpc.aio.Channel) -> list[pb.DecodeChunk]:
+            async with internal_channel(self.grpc_address["prefill"], self.auth) as prefill:
+                first = (await rpc.PrefillStub(prefill).Prefill(greedy, timeout=60)).first_token_id
+            request = pb.DecodeRequest(
+                request_id=rid,
+                prompt_token_ids=PROMPT,
+                first_token_id=first,
+                sampling=sampling_to_pb(SamplingParams(max_tokens=8, temperature=NAN_TEMPERATURE)),
+                stream=True,
+            )
+            return [chunk async for chunk in rpc.DecodeStub(channel).Decode(request, timeout=60)]
+
+        return self._rpc("decode", prefill_then_decode)
 
     def _prefill_request(self, rid: str, token_ids: list[int], sampling: SamplingParams, target: str = "") -> pb.PrefillRequest:
         return pb.PrefillRequest(
             request_id=rid, prompt_token_ids=token_ids, decode_data_address=target or self.sink.address, sampling=sampling_to_pb(sampling)
         )
 
-    @staticmethod
-    def _rpc(role: str, call: Callable[[], object]) -> Outcome:
+    def _rpc(self, role: str, call: Callable[[grpc.aio.Channel], Awaitable[object]]) -> Outcome:
+        """``call`` on a channel of its own to ``role``'s node, on this pool thread's own loop."""
+
+        async def over_a_channel() -> None:
+            async with internal_channel(self.grpc_address[role], self.auth) as channel:
+                await call(channel)
+
         try:
-            call()
+            asyncio.run(over_a_channel())
         except grpc.RpcError as exc:
             error = node_error_of(exc)
             return role, f"{exc.code().name}/{error.kind.name if error is not None else '-'}", exc.details()
@@ -200,5 +208,3 @@ class _Nodes:
     def close(self) -> None:
         self.sender.close()
         self.sink.close()
-        for channel in self.channels.values():
-            channel.close()

@@ -5,7 +5,7 @@ import pytest
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
 from services.models.registry import ModelRef, resolve_model
-from services.preprocess import PreprocessConfig
+from services.preprocess.config import PreprocessConfig
 from tests.oracle import ReferenceOracle
 
 

@@ -89,7 +89,7 @@ def test_pixels_received_over_the_wire_must_fit_their_view(gemma3_model):
     """What a prefill node checks before encoding pushed pixels itself (adaptive dispatch)."""
     import torch
 
-    from services.models.gemma3 import FAMILY
+    from services.models.gemma3.family import FAMILY
 
     config = FAMILY.read_config(gemma3_model.path)
     size = config.raw["vision_config"]["image_size"]

@@ -1,0 +1,97 @@
+"""`vllm bench serve` random-mm, Tessera's one-command stack against one vLLM-CPU server, in one
+run: for each load (a `--max-concurrency`, or an open-loop `--request-rate`), Tessera first, then
+vLLM, each after a warm-up of its own, nothing else started in between. Prints one comparison
+table per load (`tessera bench --compare`'s) and leaves vLLM's result JSON files, named
+`{tessera,vllm}-{load}.json`, in OUT.
+
+    python benchmarks/peers/vllm_bench_serve_pair.py --out benchmarks/results/vllm-bench-serve/RUN \
+        [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0]
+
+The workload is benchmarks/peers/README.md's: one new 448x448 image per request, 64 input and 16
+output tokens, ignore_eos on both sides. An open-loop load also keeps `--max-concurrency 64`, so a
+rate above a server's capacity queues in the server, not without bound in the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's services/, not an installed copy
+
+from services.bench.local_stack import start_stack, stop_stack
+from services.bench.peer_vllm import start_vllm, stop_vllm, vllm_venv
+from services.bench.serve_metrics import table
+from services.models.registry import ensure_builtin
+
+OPEN_LOOP_MAX_CONCURRENCY = 64
+
+
+def serve_bench(args: argparse.Namespace, base_url: str, served: str, load: tuple[str, float], name: str, num_prompts: int) -> Path:
+    kind, value = load
+    load_flags = ["--max-concurrency", str(int(value))]
+    if kind == "rate":
+        load_flags = ["--request-rate", str(value), "--max-concurrency", str(OPEN_LOOP_MAX_CONCURRENCY)]
+    command = [
+        str(vllm_venv() / "bin" / "vllm"), "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        "--base-url", base_url, "--model", served, "--tokenizer", str(ensure_builtin(args.model)),
+        "--dataset-name", "random-mm", "--num-prompts", str(num_prompts), *load_flags,
+        "--random-input-len", "64", "--random-output-len", "16", "--random-range-ratio", "0",
+        "--random-mm-base-items-per-request", "1", "--random-mm-num-mm-items-range-ratio", "0",
+        "--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}', "--random-mm-bucket-config", "{(448, 448, 1): 1.0}",
+        "--ignore-eos", "--seed", str(args.seed), "--save-result", "--result-dir", str(args.out), "--result-filename", f"{name}.json",
+    ]  # fmt: skip
+    subprocess.run(command, check=True)
+    return args.out / f"{name}.json"
+
+
+@contextlib.contextmanager
+def serving(system: str, args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """(base URL, served model name) of ``system`` while the block runs."""
+    if system == "tessera":
+        process, url = start_stack(args.model, [], log_path=args.out / "tessera-stack.log")
+        try:
+            yield url.removesuffix("/v1"), args.model
+        finally:
+            stop_stack(process)
+        return
+    peer = start_vllm(args.model)
+    try:
+        yield peer.base_url.removesuffix("/v1"), peer.model
+    finally:
+        stop_vllm(peer)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--concurrency", default="4,16", help="comma-separated --max-concurrency loads ('' for none)")
+    parser.add_argument("--request-rate", default="", help="comma-separated open-loop request rates (requests/s)")
+    parser.add_argument("--num-prompts", type=int, default=40)
+    parser.add_argument("--warmup-prompts", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    loads = [("c", float(c)) for c in args.concurrency.split(",") if c] + [("rate", float(r)) for r in args.request_rate.split(",") if r]
+    label = {load: f"c{int(load[1])}" if load[0] == "c" else f"rate{load[1]:g}" for load in loads}
+    outputs: dict[tuple[str, float], list[Path]] = {load: [] for load in loads}
+    for system in ("tessera", "vllm"):
+        with serving(system, args) as (base_url, served):
+            serve_bench(args, base_url, served, ("c", 4), f"warmup-{system}", args.warmup_prompts)
+            for load in loads:
+                outputs[load].append(serve_bench(args, base_url, served, load, f"{system}-{label[load]}", args.num_prompts))
+    for load in loads:
+        print(f"\n{label[load]} (ratio: tessera / vLLM)")
+        tessera, vllm = (json.loads(path.read_text()) for path in outputs[load])
+        print(table(["vllm", "tessera"], [vllm, tessera]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
