@@ -1,0 +1,247 @@
+"""One simulation run: one routing policy on a cluster of ``nodes`` modelled nodes, against a real
+index (a fresh Redis/Valkey namespace) and the real router.
+
+Roles: a third of the nodes are encoders, a third decode nodes, the rest prefill nodes (which may
+encode images themselves: adaptive dispatch). Sessions start as a Poisson process whose rate makes
+the offered load ``rate_per_node`` turns per virtual second per node, so every cluster size runs
+at the same load per node and, with a workload scaled by the node count (the suite scales the
+sessions and the image catalogue), the same work per node: what changes with the node count is
+the cluster's width, which is what the index and the router must not pay for.
+
+Every node heartbeats its load every ``heartbeat_s`` and the gateway's membership lists the live
+nodes every ``refresh_s`` (both virtual; the router also lists them at once when a lookup sees the
+membership version move). Churn, spread over the middle 80% of the sessions' arrivals: for each
+of join, kill and drain, ``churn`` times the node count events (at least one when ``churn`` > 0),
+on the roles in turn, never taking a role's last live node.
+
+Policies: ``cache_aware`` (Router with cache lookups and the configured encode dispatch),
+``round_robin`` (Router without cache lookups, the classic baseline: the index serves membership
+only, so no prefix pulls either), ``llmd`` (llmd_scorer.py). After the run, the router's last
+lookups are replayed alone (cache_aware only) to give a lookup's own server work.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+from services.bench.simulate.cluster import ROLES, Capacities, Cluster, Costs, SimNode
+from services.bench.simulate.events import EventQueue
+from services.bench.simulate.index_stats import ServerStats, delta, named_url, top_commands
+from services.bench.simulate.llmd_scorer import LlmdScorer
+from services.bench.simulate.metrics import Metrics
+from services.bench.simulate.request_path import Request, RequestPath
+from services.bench.simulate.workload import Session, WorkloadConfig, sessions
+from services.router.membership import Membership
+from services.router.pending_encodes import PendingEncodes
+from services.router.router import Router
+from shared.index.backend import create_index
+
+POLICIES = ("cache_aware", "round_robin", "llmd")
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    policy: str
+    nodes: int
+    workload: WorkloadConfig
+    costs: Costs = Costs()
+    capacities: Capacities = Capacities()
+    churn: float = 0.03
+    heartbeat_s: float = 5.0 / 3  # the publisher's ttl/3 at the default 5 s TTL
+    refresh_s: float = 1.0  # Membership's default
+    encode_dispatch: str = "adaptive"
+    llmd_lru_blocks: int = Capacities().kv_blocks
+    lookups_replayed: int = 200
+
+
+def split_roles(nodes: int) -> dict[str, int]:
+    if nodes < 3:
+        raise ValueError("a cluster needs at least 3 nodes (one per role)")
+    return {"encoder": nodes // 3, "prefill": nodes - 2 * (nodes // 3), "decode": nodes // 3}
+
+
+@dataclass(slots=True)
+class _Churn:
+    joins: int = 0
+    kills: int = 0
+    drains: int = 0
+    retired: list[str] = field(default_factory=list)
+
+
+def simulate(config: RunConfig, index_url: str) -> dict:
+    if config.policy not in POLICIES:
+        raise ValueError(f"unknown policy {config.policy!r}; choose one of {', '.join(POLICIES)}")
+    namespace = f"simulate-{config.policy}-{config.nodes}-{config.workload.seed}"
+    stats = ServerStats(index_url)
+    indexes = {client: create_index(named_url(index_url, client), namespace=namespace) for client in ("router", "nodes", "membership")}
+    try:
+        return _Run(config, indexes, stats).run()
+    finally:
+        for index in indexes.values():
+            index.close()
+        stats.close()
+
+
+class _Run:
+    def __init__(self, config: RunConfig, indexes: dict, stats: ServerStats) -> None:
+        self.config, self.stats = config, stats
+        self.events = EventQueue()
+        self.roles = split_roles(config.nodes)
+        self.memory_before = stats.snapshot()["used_memory"]
+        self.cluster = Cluster(indexes["nodes"], config.capacities)
+        for role in ROLES:
+            for _ in range(self.roles[role]):
+                self.cluster.add(role)
+        self.membership = Membership(indexes["membership"], clock=lambda: self.events.now)
+        self.membership.refresh()
+        self.lookup_index = indexes["router"]
+        self.policy = self._policy()
+        self.lookup_index.lookup([], [])  # a warm gateway: connection open, lookup script loaded
+        self.metrics = Metrics(config.workload.block_size)
+        self.path = RequestPath(
+            self.events,
+            self.cluster,
+            self.policy,
+            self.membership,
+            config.costs,
+            self.metrics,
+            self._done,
+            lookups_kept=config.lookups_replayed,
+        )
+        self.churn = _Churn()
+        self.sessions_left = config.workload.sessions
+        self._rng = random.Random(f"simulate/{config.workload.seed}/churn")
+
+    def _policy(self):
+        config, block_size = self.config, self.config.workload.block_size
+        if config.policy == "llmd":
+            return LlmdScorer(self.membership, lru_capacity=config.llmd_lru_blocks)
+        index = self.lookup_index if config.policy == "cache_aware" else None
+        pending = PendingEncodes(clock=lambda: self.events.now)
+        return Router(
+            self.membership, config.policy, index, block_size=block_size, encode_dispatch=config.encode_dispatch, pending_encodes=pending
+        )
+
+    # -- the run ----------------------------------------------------------------------------------
+    def run(self) -> dict:
+        config, events = self.config, self.events
+        arrivals = sessions(config.workload)
+        self._next_session(arrivals)
+        for node in self.cluster.nodes.values():
+            events.at(self._rng.uniform(0, config.heartbeat_s), self._heartbeat, node)
+        events.at(config.refresh_s, self._refresh)
+        self._schedule_churn()
+        before = self.stats.snapshot()
+        started = time.perf_counter()
+        workload = config.workload
+        max_time_s = 10 * workload.sessions / workload.session_rate + 3600.0
+        finished = events.run(
+            lambda: self.sessions_left == 0, max_events=5_000 * max(1, workload.sessions * workload.max_turns), max_time_s=max_time_s
+        )
+        wall_s = time.perf_counter() - started
+        after = self.stats.snapshot()
+        result = {"policy": config.policy, "nodes": config.nodes, "roles": self.roles, "finished": finished, "wall_s": wall_s}
+        result.update(self.metrics.summary(config.costs, events.now, self.roles, self.cluster.nodes.values()))
+        requests = self.metrics.requests
+        result["index"] = delta(before, after, requests)
+        result["index"]["top_commands_per_request"] = top_commands(before, after, requests)
+        result["index"]["heartbeats_per_request"] = self.cluster.num_heartbeats / max(1, requests)
+        result["index"]["publishes_per_request"] = self.cluster.num_publishes / max(1, requests)
+        entries = self.cluster.num_kv_entries + self.cluster.num_mm_entries
+        used = after["used_memory"] - self.memory_before
+        result["index_memory"] = {
+            "used_bytes": used,
+            "kv_entries": self.cluster.num_kv_entries,
+            "mm_entries": self.cluster.num_mm_entries,
+            "mib_per_million_entries": used / entries * 1e6 / 2**20 if entries else None,
+        }
+        result["churn"] = {"joins": self.churn.joins, "kills": self.churn.kills, "drains": self.churn.drains}
+        result["lookup"] = self._replay_lookups() if config.policy == "cache_aware" else None
+        return result
+
+    def _replay_lookups(self) -> dict:
+        """The router's last lookups again, alone: a lookup's own server work and bytes."""
+        recent = list(self.path.recent)
+        before = self.stats.snapshot()
+        started = time.perf_counter()
+        holders = 0
+        for mm_hashes, block_hashes in recent:
+            holders += len(self.lookup_index.lookup(mm_hashes, block_hashes).nodes)
+        wall_s = time.perf_counter() - started
+        work = delta(before, self.stats.snapshot(), len(recent))
+        client = work["by_client"]["router"]
+        return {
+            "lookups": len(recent),
+            "server_commands": work["server_commands"],
+            "server_usec": work["server_usec"],
+            "bytes_in": client["bytes_in"],
+            "bytes_out": client["bytes_out"],
+            "wall_ms": wall_s / max(1, len(recent)) * 1e3,
+            "holders": holders / max(1, len(recent)),  # nodes a lookup names
+        }
+
+    # -- sessions -----------------------------------------------------------------------------------
+    def _next_session(self, arrivals) -> None:
+        session = next(arrivals, None)
+        if session is not None:
+            self.events.at(session.start_s, self._start_session, session, arrivals)
+
+    def _start_session(self, session: Session, arrivals) -> None:
+        self._next_session(arrivals)
+        self._start_turn(session)
+
+    def _start_turn(self, session: Session) -> None:
+        turn = session.next_turn()
+        if turn is None:
+            self.sessions_left -= 1
+            return
+        self.path.start(Request(turn, session, self.events.now))
+
+    def _done(self, request: Request, completed: bool) -> None:
+        if not completed:  # lost: the session ends with it
+            self.sessions_left -= 1
+            return
+        self.events.after(request.turn.think_s, self._start_turn, request.session)
+
+    # -- the cluster's own events ---------------------------------------------------------------
+    def _heartbeat(self, node: SimNode) -> None:
+        if node.serving:
+            self.cluster.heartbeat(node)
+            self.events.after(self.config.heartbeat_s, self._heartbeat, node)
+
+    def _refresh(self) -> None:
+        self.membership.refresh()
+        self.events.after(self.config.refresh_s, self._refresh)
+
+    def _schedule_churn(self) -> None:
+        config = self.config
+        if config.churn <= 0:
+            return
+        count = max(1, round(config.churn * config.nodes))
+        span = config.workload.sessions / config.workload.session_rate
+        role_turns = 0
+        for kind in ("join", "kill", "drain"):
+            for i in range(count):
+                when = span * (0.1 + 0.8 * (i + self._rng.random()) / count)
+                self.events.at(when, self._churn_event, kind, ROLES[role_turns % len(ROLES)])
+                role_turns += 1
+
+    def _churn_event(self, kind: str, role: str) -> None:
+        if kind == "join":
+            node = self.cluster.add(role)
+            self.churn.joins += 1
+            self.events.after(self._rng.uniform(0, self.config.heartbeat_s), self._heartbeat, node)
+            return
+        live = self.cluster.live(role)
+        if len(live) < 2:
+            return
+        node = self._rng.choice(live)
+        if kind == "kill":
+            self.path.kill(node)
+            self.churn.kills += 1
+        else:
+            self.cluster.drain(node)
+            self.cluster.retire(node)
+            self.churn.drains += 1
