@@ -15,7 +15,9 @@ hit rates                       prefix: prompt tokens not computed (own cache or
                                 would spend that the caches saved
 TTFT                            modelled: arrival to the end of the first successful prefill
                                 (which samples the first token), in virtual seconds
-decision                        Router.route (or the llm-d scorer) as called, wall clock
+decision                        Router.route (or the llm-d scorer) as called, wall clock; and
+                                the calling thread's CPU time in it (without the index server's
+                                time and without waiting to be scheduled on a busy machine)
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class Metrics:
     busy_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ROLES, 0.0))
     ttft_s: list[float] = field(default_factory=list)
     decision_s: list[float] = field(default_factory=list)
+    decision_cpu_s: list[float] = field(default_factory=list)  # this thread's CPU time in the decision
     distinct_images: set[str] = field(default_factory=set)
     _computed_blocks: set[BlockHash] = field(default_factory=set)
 
@@ -96,6 +99,8 @@ class Metrics:
             "ttft_p99_s": percentile(self.ttft_s, 0.99) if self.ttft_s else None,
             "decision_p50_ms": percentile(self.decision_s, 0.50) * 1e3 if self.decision_s else None,
             "decision_p99_ms": percentile(self.decision_s, 0.99) * 1e3 if self.decision_s else None,
+            "decision_cpu_p50_ms": percentile(self.decision_cpu_s, 0.50) * 1e3 if self.decision_cpu_s else None,
+            "decision_cpu_p99_ms": percentile(self.decision_cpu_s, 0.99) * 1e3 if self.decision_cpu_s else None,
             "decisions": len(self.decision_s),
             "virtual_s": virtual_s,
             "utilisation": {role: _ratio(self.busy_s[role], role_to_nodes[role] * virtual_s) for role in ROLES},

@@ -36,6 +36,7 @@ COLUMNS = (  # header, width, row -> value, format
     ("ttft99 s", 8, lambda r: r["ttft_p99_s"], ".2f"),
     ("dec50 ms", 8, lambda r: r["decision_p50_ms"], ".3f"),
     ("dec99 ms", 8, lambda r: r["decision_p99_ms"], ".3f"),
+    ("cpu99 ms", 8, lambda r: r["decision_cpu_p99_ms"], ".3f"),
     ("ops/req", 7, lambda r: r["index"]["server_commands"], ".1f"),
     ("KB/req", 7, lambda r: r["index"]["bytes"] / 1e3, ".1f"),
     ("lkp ops", 7, lambda r: (r["lookup"] or {}).get("server_commands"), ".1f"),

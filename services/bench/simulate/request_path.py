@@ -86,7 +86,7 @@ class RequestPath:
         request.attempts += 1
         request.token += 1
         turn = request.turn
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         try:
             route = self.policy.route(
                 turn.token_ids, turn.images, None, block_hashes=turn.block_hashes, exclude=frozenset(request.excluded), reserve=True
@@ -96,6 +96,7 @@ class RequestPath:
             self.events.after(1.0, self._attempt, request)
             return
         self.metrics.decision_s.append(time.perf_counter() - started)
+        self.metrics.decision_cpu_s.append(time.thread_time() - cpu_started)
         self.recent.append(([h for h, _ in turn.images], turn.block_hashes))
         request.route = route
         prefill = self._serving(route.prefill)

@@ -166,9 +166,10 @@ class _Run:
         recent = list(self.path.recent)
         before = self.stats.snapshot()
         started = time.perf_counter()
-        holders = 0
+        holders = dict.fromkeys(ROLES, 0)
         for mm_hashes, block_hashes in recent:
-            holders += len(self.lookup_index.lookup(mm_hashes, block_hashes).nodes)
+            for state in self.lookup_index.lookup(mm_hashes, block_hashes).nodes.values():
+                holders[state.info.role] += 1
         wall_s = time.perf_counter() - started
         work = delta(before, self.stats.snapshot(), len(recent))
         client = work["by_client"]["router"]
@@ -179,7 +180,7 @@ class _Run:
             "bytes_in": client["bytes_in"],
             "bytes_out": client["bytes_out"],
             "wall_ms": wall_s / max(1, len(recent)) * 1e3,
-            "holders": holders / max(1, len(recent)),  # nodes a lookup names
+            "holders": {role: n / max(1, len(recent)) for role, n in holders.items()},  # nodes a lookup names
         }
 
     # -- sessions -----------------------------------------------------------------------------------

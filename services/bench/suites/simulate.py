@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return usage_error(args, str(exc))
     results = []
-    started = time.perf_counter()
+    started, load_before = time.perf_counter(), os.getloadavg()[0]
     for config in runs:
         with _index(args.index_url) as url:
             result = simulate(config, url)
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     out = {
         "benchmark": "simulate",
         "command": command(args),
-        "machine": machine(),
+        "machine": machine(load_avg_1m_before=load_before, load_avg_1m_after=os.getloadavg()[0]),
         "settings": settings,
         "wall_s": time.perf_counter() - started,
         "results": results,
