@@ -145,6 +145,7 @@ class _Run:
         result = {"policy": config.policy, "nodes": config.nodes, "roles": self.roles, "finished": finished, "wall_s": wall_s}
         result.update(self.metrics.summary(config.costs, events.now, self.roles, self.cluster.nodes.values()))
         requests = self.metrics.requests
+        result["unfinished"] = requests - self.metrics.completed - self.metrics.lost  # 0 unless a bound stopped the run
         result["index"] = delta(before, after, requests)
         result["index"]["top_commands_per_request"] = top_commands(before, after, requests)
         result["index"]["heartbeats_per_request"] = self.cluster.num_heartbeats / max(1, requests)

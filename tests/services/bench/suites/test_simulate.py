@@ -18,7 +18,7 @@ def test_simulate_suite_compares_the_policies_and_loses_no_request(tmp_path, cap
     rows = {(r["policy"], r["nodes"]): r for r in result["results"]}
     assert set(rows) == {(p, n) for p in ("cache_aware", "round_robin", "llmd") for n in (6, 12)}
     for row in rows.values():
-        assert row["finished"] and row["lost"] == 0 and row["completed"] == row["requests"] > 0
+        assert row["finished"] and row["lost"] == row["unfinished"] == 0 and row["completed"] == row["requests"] > 0
         assert row["churn"] == {"joins": 1, "kills": 1, "drains": 1}
         for key in ("tower_runs_per_distinct_image", "prefill_tokens_per_novel_token", "ttft_p50_s", "ttft_p99_s", "compute_hit_rate"):
             assert row[key] is not None and row[key] >= 0, key
