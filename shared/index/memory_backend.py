@@ -5,12 +5,13 @@ nodes pruned by live_nodes, one cluster config record agreed at registration
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
 
 from shared.index.cluster_config import ConfigMismatchError, agrees, disagreements
-from shared.index.types import IndexEvents, LookupResult, MmEntry, NodeInfo, NodeState
+from shared.index.types import MAX_HOLDERS_PER_KEY, IndexEvents, LookupResult, MmEntry, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
 
@@ -19,6 +20,7 @@ class InProcessIndex:
         self.namespace = namespace
         self._clock = clock
         self._lock = threading.Lock()
+        self._random = random.Random(0)  # the holders sampled past MAX_HOLDERS_PER_KEY
         self._num_epochs = 0  # the last epoch handed out, to any node
         self._node_to_epoch: dict[str, int] = {}
         self._node_to_state: dict[str, tuple[NodeState, float]] = {}  # state, expires_at
@@ -99,16 +101,25 @@ class InProcessIndex:
             def live(node_id: str, epoch: int) -> bool:
                 return node_id in nodes and nodes[node_id].epoch == epoch
 
-            mm_holders = {h: {nid: entry for nid, (epoch, entry) in self._mm.get(h, {}).items() if live(nid, epoch)} for h in mm_hashes}
+            def holders(entries: dict[str, tuple[int, object]]) -> tuple[dict[str, object], bool]:
+                """The live holders, and whether they were sampled (redis_scripts.py's bound)."""
+                sampled = len(entries) > MAX_HOLDERS_PER_KEY
+                names = self._random.sample(sorted(entries), MAX_HOLDERS_PER_KEY) if sampled else entries
+                return {nid: entries[nid][1] for nid in names if live(nid, entries[nid][0])}, sampled
+
+            mm_holders = {h: holders(self._mm.get(h, {}))[0] for h in mm_hashes}
             node_to_num_prefix_blocks: dict[str, int] = {}
-            matching: set[str] | None = None  # live nodes holding every block so far
-            for num_blocks, block_hash in enumerate(block_hashes, start=1):
-                holders = {nid for nid, (epoch, _) in self._kv.get(block_hash, {}).items() if live(nid, epoch)}
-                matching = holders if matching is None else matching & holders
-                if not matching:
-                    break
-                for node_id in matching:
-                    node_to_num_prefix_blocks[node_id] = num_blocks
+            if block_hashes:
+                first, sampled = holders(self._kv.get(block_hashes[0], {}))
+                node_to_num_prefix_blocks = self._walk(block_hashes, set(first), 1, live)
+                if sampled:  # the live holders of the deepest block with entries, checked from block 0
+                    lo, hi = 0, len(block_hashes) - 1
+                    while lo < hi:
+                        mid = (lo + hi + 1) // 2
+                        lo, hi = (mid, hi) if self._kv.get(block_hashes[mid]) else (lo, mid - 1)
+                    deepest = holders(self._kv.get(block_hashes[lo], {}))[0]
+                    deeper = self._walk(block_hashes, set(deepest or first), 0, live)
+                    node_to_num_prefix_blocks = deeper or node_to_num_prefix_blocks
             named = {nid for holders in mm_holders.values() for nid in holders} | set(node_to_num_prefix_blocks)
             return LookupResult(
                 nodes={nid: nodes[nid] for nid in named},
@@ -119,6 +130,18 @@ class InProcessIndex:
 
     def close(self) -> None:
         pass
+
+    def _walk(self, block_hashes: list[BlockHash], matching: set[str], start: int, live) -> dict[str, int]:
+        """Each of ``matching`` (known to hold the blocks before ``start``) -> the first block it
+        lacks, for those holding at least one."""
+        counts: dict[str, int] = {}
+        for num_blocks, block_hash in enumerate(block_hashes[start:], start=start + 1):
+            held = {nid for nid, (epoch, _) in self._kv.get(block_hash, {}).items() if live(nid, epoch)}
+            counts.update({nid: num_blocks - 1 for nid in matching - held if num_blocks > 1})
+            matching &= held
+            if not matching:
+                return counts
+        return counts | dict.fromkeys(matching, len(block_hashes))
 
     def _agreed_config(self) -> dict[str, str]:
         """The cluster config record, empty once lapsed (call with the lock held)."""

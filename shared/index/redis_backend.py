@@ -37,7 +37,7 @@ from redis.connection import Encoder, PythonRespSerializer
 from shared.index.backend import IndexCredentials
 from shared.index.cluster_config import ClusterConfig, ConfigMismatchError, disagreements
 from shared.index.redis_scripts import DEREGISTER_SCRIPT, HEARTBEAT_SCRIPT, LIVE_NODES_SCRIPT, LOOKUP_SCRIPT, REGISTER_SCRIPT
-from shared.index.types import IndexEvents, IndexUnavailableError, LookupResult, MmEntry, NodeInfo, NodeState
+from shared.index.types import MAX_HOLDERS_PER_KEY, IndexEvents, IndexUnavailableError, LookupResult, MmEntry, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
 ENTRY_TTL_S = 3600
@@ -139,7 +139,7 @@ class RedisIndex:
 
     def lookup(self, mm_hashes: list[MmHash], block_hashes: list[BlockHash]) -> LookupResult:
         try:
-            reply = json.loads(self._lookup(args=[self.prefix, json.dumps([mm_hashes, block_hashes])]))
+            reply = json.loads(self._lookup(args=[self.prefix, json.dumps([mm_hashes, block_hashes]), MAX_HOLDERS_PER_KEY]))
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
         nodes = {node_id: _node_state(node_id, fields) for node_id, fields in reply["nodes"].items()}

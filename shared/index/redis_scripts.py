@@ -30,26 +30,39 @@ local function extend(key, ttl_ms)
 end
 """
 
-# ARGV[1]: key prefix; ARGV[2]: JSON [[mm_hash...], [block_hash...]].
+# ARGV[1]: key prefix; ARGV[2]: JSON [[mm_hash...], [block_hash...]]; ARGV[3]: the holders a key
+# may name (types.MAX_HOLDERS_PER_KEY).
 # Returns JSON {"nodes": {id: fields}, "mm": {mm_hash: {node: value}}, "prefix": {node: blocks},
 # "version": members} with current-epoch entries of live nodes only, "nodes" holding the records
 # of the nodes named in the answer. JSON both ways because redis-py's RESP packer and parser are
 # pure Python, paying per argument and per reply element, while cjson on the server and json in
 # the client are C: a 256-block request is one argument, and the reply one string.
-# Cost: O(images + blocks walked + distinct holders), never O(nodes): a holder's record is read
-# the first time the answer names it, to check that it is live, agrees with the cluster's
-# settings (their record read once per lookup) and that the entry carries its current epoch. The
-# membership itself (every node, with its load) is the gateway's, refreshed by live_nodes and at
-# once when "version" moves.
-# The block walk reads block 0's holders, then asks only for the nodes still matching (HMGET),
-# and stops when none is left: the server reads at most the longest cached prefix, and the reply
-# carries one count per node instead of a holder list per block.
+# A holder's record is read the first time the answer names it, to check that it is live, agrees
+# with the cluster's settings (their record read once per lookup) and that the entry carries its
+# current epoch. The membership itself (every node, with its load) is the gateway's, refreshed by
+# live_nodes and at once when "version" moves.
+#
+# Bounded fan-out. A key with more than ARGV[3] holders (a hot image, a hot prefix's first
+# blocks: every node that served it) names a random ARGV[3] of them (HRANDFIELD), so a lookup
+# costs O(images + blocks) times that bound, whatever the cluster's size:
+#   - images: each image's holders, sampled past the bound;
+#   - prefix, block 0 with at most the bound's holders: the exact walk, as the Protocol states it
+#     (block 0's holders, then HMGET of the nodes still matching, block by block, until none is
+#     left): every holder of a prefix is named with its length;
+#   - prefix, block 0 with more: the deepest block with any entry is found by binary search over
+#     the blocks (HLEN: holding block i nearly always means holding the blocks before it, as
+#     they are chained), and the same walk from block 0 runs over that block's live holders
+#     (sampled past the bound) only; over block 0's sample instead when none of them is live or
+#     holds block 0 (a dead node's entries, an evicted head). Named: the holders of the longest
+#     prefix found, each with its exact length; a node holding only a shorter hot prefix is not.
+#     Records read: at most the bound per image and two samples, whatever the cluster's size.
 LOOKUP_SCRIPT = (
     AGREES
     + """
 local call, find = redis.call, string.find
 local prefix = ARGV[1]
 local request = cjson.decode(ARGV[2])
+local bound = tonumber(ARGV[3])
 local tags = {}  -- holder -> "{epoch}|", the start of every entry written under its epoch; false: not live
 local nodes = {}
 local function tag_of(id)
@@ -75,43 +88,66 @@ local function current(node, value)
   local tag = tag_of(node)
   return tag ~= false and find(value, tag, 1, true) == 1
 end
+-- A key's live holders -> their entries, and whether they were sampled (more than the bound).
+local function holders_of(key)
+  local entries, sampled
+  if call('HLEN', key) > bound then
+    entries, sampled = call('HRANDFIELD', key, bound, 'WITHVALUES'), true
+  else
+    entries, sampled = call('HGETALL', key), false
+  end
+  local live, ids = {}, {}
+  for j = 1, #entries, 2 do
+    if current(entries[j], entries[j + 1]) then
+      live[entries[j]] = entries[j + 1]
+      ids[#ids + 1] = entries[j]
+    end
+  end
+  return live, ids, sampled
+end
 local mm = {}
 for _, mm_hash in ipairs(request[1]) do
-  local holders = {}
-  local entries = call('HGETALL', prefix .. 'mm:' .. mm_hash)
-  for j = 1, #entries, 2 do
-    if current(entries[j], entries[j + 1]) then holders[entries[j]] = entries[j + 1] end
-  end
-  mm[mm_hash] = holders
+  mm[mm_hash] = holders_of(prefix .. 'mm:' .. mm_hash)
 end
 local kv = prefix .. 'kv:'
 local blocks = request[2]
 local counts = {}
-local matching = {}  -- live nodes holding every block so far
-if #blocks > 0 then
-  local entries = call('HGETALL', kv .. blocks[1])
-  for j = 1, #entries, 2 do
-    if current(entries[j], entries[j + 1]) then matching[#matching + 1] = entries[j] end
-  end
-end
-local held = #matching > 0 and 1 or 0  -- blocks the still-matching nodes hold
-for i = 2, #blocks do
-  if #matching == 0 then break end
-  local values = call('HMGET', kv .. blocks[i], unpack(matching))
-  local all = true
-  for j = 1, #matching do
-    if not current(matching[j], values[j]) then all = false break end
-  end
-  if not all then  -- rare: a node's prefix ends here; rebuild the list without it
+-- From block ``from`` on, with ``matching`` live nodes known to hold the blocks before it: each
+-- node's count is the first block it lacks.
+local function walk(matching, from)
+  local held = from - 1  -- blocks the still-matching nodes hold
+  for i = from, #blocks do
+    if #matching == 0 then break end
+    local values = call('HMGET', kv .. blocks[i], unpack(matching))
     local still = {}
     for j = 1, #matching do
       if current(matching[j], values[j]) then still[#still + 1] = matching[j] else counts[matching[j]] = i - 1 end
     end
     matching = still
+    if #matching > 0 then held = i end
   end
-  if #matching > 0 then held = i end
+  for _, node in ipairs(matching) do counts[node] = held end
 end
-for _, node in ipairs(matching) do counts[node] = held end
+if #blocks > 0 then
+  local _, first, sampled = holders_of(kv .. blocks[1])
+  if not sampled then
+    walk(first, 2)
+  else
+    local lo, hi = 1, #blocks
+    while lo < hi do
+      local mid = math.floor((lo + hi + 1) / 2)
+      if call('HLEN', kv .. blocks[mid]) > 0 then lo = mid else hi = mid - 1 end
+    end
+    local _, deepest = holders_of(kv .. blocks[lo])
+    walk(#deepest > 0 and deepest or first, 1)
+    local found = false
+    for _, count in pairs(counts) do found = found or count > 0 end
+    if not found then walk(first, 2) end
+  end
+end
+for node, count in pairs(counts) do
+  if count == 0 then counts[node] = nil end
+end
 return cjson.encode({nodes = nodes, mm = mm, prefix = counts, version = tonumber(call('GET', prefix .. 'members')) or 0})
 """
 )

@@ -7,6 +7,13 @@ from dataclasses import dataclass, field
 from shared.index.cluster_config import ClusterConfig
 from shared.types import BlockHash, MmHash
 
+# The most holders a lookup names per image or prefix (redis_scripts.py's LOOKUP_SCRIPT says how):
+# past it, a random sample. A hot image or prefix is held by every node that served it, so without
+# a bound a lookup's cost grows with the cluster. 16: as many as the router scores per role beyond
+# the holders (services/router/router.py's MAX_SCORED_NODES), and far more than it ever chooses
+# among in practice.
+MAX_HOLDERS_PER_KEY = 16
+
 
 class IndexUnavailableError(RuntimeError):
     """The index server cannot be reached; callers keep serving from local caches."""
@@ -57,10 +64,13 @@ class LookupResult:
 
     node_to_num_prefix_blocks[n] is the largest k such that live node n holds the request's blocks
     0..k-1 under its current epoch: n's prefix ends at its first missing block, whatever n holds
-    beyond it (a prefix beyond a miss is useless). Nodes with k = 0 are absent. Backends stop
-    reading blocks once no live node holds every block so far, so a lookup costs the longest
-    cached prefix, not the prompt, and reads only the records of the holders it names: its cost
-    does not grow with the cluster. Every node, with its load, comes from live_nodes.
+    beyond it (a prefix beyond a miss is useless). Nodes with k = 0 are absent. Every named node's
+    count is exact. With at most MAX_HOLDERS_PER_KEY holders of the first block, every holder is
+    named; with more, the holders of the longest prefix found (up to the bound, sampled past it).
+    mm_holders names every live holder of an image, or a random MAX_HOLDERS_PER_KEY of them past
+    the bound. So a lookup's cost is O(images + prompt blocks), whatever the cluster's size, and
+    it reads only the records of the holders it names. Every node, with its load, comes from
+    live_nodes.
     """
 
     nodes: dict[str, NodeState]  # the records of the nodes named below, not every live node

@@ -210,9 +210,9 @@ def test_lookup_is_one_round_trip(index_url, index):
     client.config_resetstat()
     index.lookup([MmHash("m1"), MmHash("m2")], hashes)
     stats = {k: v["calls"] for k, v in client.info("commandstats").items() if not k.startswith(("cmdstat_config", "cmdstat_info"))}
-    # One client command; HGETALL, HMGET and GET run inside the script on the server.
+    # One client command; HLEN, HGETALL, HMGET and GET run inside the script on the server.
     assert stats.pop("cmdstat_evalsha") == 1, stats
-    assert set(stats) <= {"cmdstat_hgetall", "cmdstat_hmget", "cmdstat_get"}, stats
+    assert set(stats) <= {"cmdstat_hlen", "cmdstat_hgetall", "cmdstat_hmget", "cmdstat_get"}, stats
 
 
 def test_a_lookup_reads_the_same_whatever_the_number_of_nodes(index_url, index):
@@ -234,9 +234,9 @@ def test_a_lookup_reads_the_same_whatever_the_number_of_nodes(index_url, index):
     for i in range(200):
         index.register_node(node(f"idle-{i}"), ttl_s=30)
     assert commands() == few
-    # One record read for the one holder and one for the cluster's settings, one entry hash per
-    # image and block 0, one HMGET per further block.
-    assert few == {"cmdstat_evalsha": 1, "cmdstat_hgetall": 4, "cmdstat_hmget": 7, "cmdstat_get": 1}, few
+    # One record read for the one holder and one for the cluster's settings, one entry hash (its
+    # length, then its entries) per image and block 0, one HMGET per further block.
+    assert few == {"cmdstat_evalsha": 1, "cmdstat_hlen": 2, "cmdstat_hgetall": 4, "cmdstat_hmget": 7, "cmdstat_get": 1}, few
 
 
 def test_a_heartbeat_fails_once_someone_else_rewrote_the_record(index, index_url):
