@@ -28,6 +28,6 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     config = node.cluster_config()
     node.publisher = node_publisher("decode", settings, model.model_id, node.data_address, node.load, liveness, config=config)
     lifecycle = node_lifecycle(
-        "decode", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters, admission=admission
+        "decode", settings, node.publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission
     )
     asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission))

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine, RequestRejectedError
-from services.engine.engine_node import EngineNode
+from services.engine.engine_node import EngineMetrics, EngineNode
 from services.engine.kv_pages import KVPages
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
@@ -19,10 +20,20 @@ from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
+from shared.node_metrics import Counter, Gauge, counter, gauge
 
 
 class KVTransferTimeoutError(RuntimeError):
     pass
+
+
+@dataclass(slots=True)
+class DecodeMetrics:
+    engine: EngineMetrics
+    # Counted on the engine thread.
+    num_requests: Counter = counter("decode_requests_total", "Requests served: adopted, or finished at their first token")
+    num_tokens_generated: Counter = counter("decode_tokens_generated_total", "Tokens generated, each request's first included")
+    kv_blocks_free: Gauge = gauge("decode_kv_blocks_free", "KV blocks free in the decode engine's pool")
 
 
 class DecodeNode(EngineNode):
@@ -39,8 +50,9 @@ class DecodeNode(EngineNode):
     ) -> None:
         super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth)
         self.kv_wait_s = kv_wait_s
-        self.num_requests = 0
-        self.num_tokens_generated = 0
+        self.metrics = DecodeMetrics(self.engine_metrics)
+        pool = self.engine.kv.pool
+        self.metrics.kv_blocks_free.read_from(lambda: pool.num_free_blocks)
 
     def wait_for_pages(self, request_id: str) -> KVPages:
         """The prompt's KV pages, pushed by the prefill node (blocks until they arrive)."""
@@ -83,7 +95,7 @@ class DecodeNode(EngineNode):
 
         def counting(output):
             if not isinstance(output, BaseException):
-                self.num_tokens_generated += len(output.new_token_ids)
+                self.metrics.num_tokens_generated.inc(len(output.new_token_ids))
             on_output(output)
 
         def adopt(engine: Engine) -> None:
@@ -98,23 +110,10 @@ class DecodeNode(EngineNode):
         return self.loop.call(adopt)
 
     def _count_first_token(self, engine: Engine) -> None:
-        """Engine thread (the counters' one writer): a request taken on, with its first token."""
-        self.num_requests += 1
-        self.num_tokens_generated += 1
+        """Engine thread: a request taken on, with its first token."""
+        self.metrics.num_requests.inc()
+        self.metrics.num_tokens_generated.inc()
 
     def abort(self, request_id: str) -> None:
         self.loop.unsubscribe(request_id)
         self.loop.call(lambda engine: engine.abort(request_id))
-
-    def counters(self) -> dict[str, float]:
-        return {
-            "decode_requests_total": float(self.num_requests),
-            "decode_tokens_generated_total": float(self.num_tokens_generated),
-            "decode_kv_blocks_free": float(self.engine.kv.pool.num_free_blocks),
-            "engine_requests_aborted_total": float(self.engine.num_aborted),
-            "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
-            **self.inbox.counters(),
-            **self.cache_gauges(),
-            **self.engine_gauges(),
-            **self.queue_time_counters(),
-        }

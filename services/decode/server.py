@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 
 from opentelemetry import trace
 
@@ -24,7 +23,8 @@ from services.transport.internal_auth import InternalAuth
 from services.transport.kv_peer import add_kv_peer
 from services.transport.node_admission import NodeAdmission, abort_overloaded
 from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with
-from shared.process_stats import process_counters
+from services.transport.stats_wire import stats_response
+from shared.process_stats import node_snapshot
 
 
 class DecodeServicer(rpc.DecodeServicer):
@@ -106,8 +106,7 @@ class DecodeServicer(rpc.DecodeServicer):
         )
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        counters = {**self.node.counters(), **self.admission.counters(), **process_counters()}
-        return pb.StatsResponse(role="decode", pid=os.getpid(), counters=counters, data_address=self.node.data_address)
+        return stats_response("decode", node_snapshot(self.node.metrics, self.admission.metrics), self.node.data_address)
 
 
 async def serve(node: DecodeNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:

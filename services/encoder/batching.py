@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from shared.flat_histogram import FlatHistogram
+from shared.node_metrics import Counter, Histogram, counter, histogram
 
 if TYPE_CHECKING:  # the node imports torch; the role's settings import this module before torch
     from services.encoder.node import EncodeItem, EncodeResult
@@ -44,6 +44,13 @@ class DeadlinePassedError(Exception):
 
 
 @dataclass(slots=True)
+class BatchMetrics:
+    num_batches: Counter = counter("encoder_batches_total", "Batches of Encode calls handed to the node")
+    num_calls_batched: Counter = counter("encoder_calls_batched_total", "Encode calls handed to the node in a batch")
+    queue_time: Histogram = histogram("queue_seconds", "An Encode call's wait for its batch to start")
+
+
+@dataclass(slots=True)
 class QueuedCall:
     items: list[EncodeItem]
     target: str
@@ -57,14 +64,12 @@ class QueuedCall:
 
 
 class EncodeBatcher:
-    def __init__(self, run_batch: RunBatch, *, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS, queue_time: FlatHistogram | None = None):
+    def __init__(self, run_batch: RunBatch, *, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS, metrics: BatchMetrics | None = None):
         if max_batch_rows < 1:
             raise ValueError("max_batch_rows must be at least 1")
         self.run_batch = run_batch
         self.max_batch_rows = max_batch_rows
-        self.queue_time = queue_time
-        self.num_batches = 0
-        self.num_calls_batched = 0
+        self.metrics = metrics if metrics is not None else BatchMetrics()  # the node's, to be exported with its own
         self._line: deque[QueuedCall] = deque()
         self._worker: asyncio.Task | None = None
 
@@ -100,11 +105,10 @@ class EncodeBatcher:
     async def _work(self) -> None:
         while batch := self.take_batch(time.monotonic()):
             started = time.monotonic()
-            if self.queue_time is not None:
-                for call in batch:
-                    self.queue_time.observe(started - call.queued_at)
-            self.num_batches += 1
-            self.num_calls_batched += len(batch)
+            for call in batch:
+                self.metrics.queue_time.observe(started - call.queued_at)
+            self.metrics.num_batches.inc()
+            self.metrics.num_calls_batched.inc(len(batch))
             try:
                 results = await asyncio.to_thread(self.run_batch, [(call.items, call.target) for call in batch])
             except Exception as exc:  # the node itself failed: every call of the batch gets it
@@ -116,6 +120,3 @@ class EncodeBatcher:
                     call.future.set_exception(result)
                 else:
                     call.future.set_result(result)
-
-    def counters(self) -> dict[str, float]:
-        return {"encoder_batches_total": float(self.num_batches), "encoder_calls_batched_total": float(self.num_calls_batched)}

@@ -50,7 +50,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
 
     node.publisher = node_publisher("encoder", settings, model.model_id, node.data_address, load, liveness, config=node.cluster_config())
     lifecycle = node_lifecycle(
-        "encoder", settings, node.publisher, liveness, close=node.close, load_fn=load, counters_fn=node.counters, admission=admission
+        "encoder", settings, node.publisher, liveness, close=node.close, load_fn=load, metrics=node.metrics, admission=admission
     )
     max_batch_rows = settings.max_batch_rows or default_max_batch_rows(engine_config.device)
     asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission, max_batch_rows=max_batch_rows))

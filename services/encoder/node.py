@@ -12,22 +12,23 @@ never referenced between calls, so eviction is LRU over whole items within a row
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from services.encoder.batching import BatchMetrics
 from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.models.checkpoint import COMPUTE_DTYPE, dtype_name, load_weights
 from services.models.family import VisionEncoder
 from services.models.registry import ModelRef
-from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
-from shared.cache_gauges import cache_counters, cache_gauges
+from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
+from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.compute_thread import ComputeThread
-from shared.flat_histogram import FlatHistogram
 from shared.index.cluster_config import ClusterConfig
 from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
 from shared.liveness import Liveness
+from shared.node_metrics import Counter, Gauge, counter, gauge
 from shared.types import MmHash
 
 _OWNER = "encoder"
@@ -57,6 +58,23 @@ class EncodeResult:
     num_cache_hits: int
 
 
+@dataclass(slots=True)
+class EncoderMetrics:
+    inbox: InboxMetrics
+    batching: BatchMetrics = field(default_factory=BatchMetrics)  # the servicer's batcher counts into it
+    num_items_encoded: Counter = counter("encoder_items_encoded_total", "Images run through the vision tower")
+    # The embedding cache, in images: a miss is an image encoded.
+    num_cache_hits: Counter = counter("encoder_cache_hits_total", "Images whose embeddings were cached")
+    cache_misses: Counter = counter("encoder_cache_misses_total", "Images encoded (encoder_items_encoded_total)")
+    num_cache_evictions: Counter = counter("encoder_cache_evictions_total", "Images' embeddings evicted from the cache")
+    cache: CacheGauges = cache_gauges("encoder", "rows")
+    cache_rows: Gauge = gauge("encoder_cache_rows", "Embedding rows cached (encoder_cache_used_rows)")
+    num_embedding_bytes_sent: Counter = counter("encoder_embedding_bytes_sent_total", "Bytes of embeddings sent to prefill nodes")
+
+    def __post_init__(self) -> None:
+        self.cache_misses.read_from(lambda: self.num_items_encoded.value)
+
+
 class EncoderNode:
     def __init__(
         self,
@@ -78,12 +96,20 @@ class EncoderNode:
         self.inbox = TensorInbox(data_bind, auth=channel_auth)
         self.sender = TensorSender(auth=channel_auth)
         self.pixel_wait_s = pixel_wait_s
-        self.num_cache_hits = 0
         self.publisher = publisher
         self._pending_lock = threading.Lock()
         self.num_pending = 0  # Encode calls queued or running: this node's load
-        self.queue_time = FlatHistogram("queue_seconds")  # a call's wait for its batch (the servicer observes it)
         self.num_batches = 0  # vision-tower passes
+        self.metrics = self._metrics()
+
+    def _metrics(self) -> EncoderMetrics:
+        metrics, vision, cache = EncoderMetrics(self.inbox.metrics), self.vision, self.cache
+        metrics.num_items_encoded.read_from(lambda: vision.num_items_encoded)
+        metrics.num_cache_evictions.read_from(lambda: cache.num_evictions)
+        metrics.cache.read_from(lambda: cache.cache_size - cache.num_free_slots, lambda: cache.cache_size)
+        metrics.cache_rows.read_from(lambda: cache.cache_size - cache.num_free_slots)
+        metrics.num_embedding_bytes_sent.read_from(lambda: self.sender.num_bytes_sent)
+        return metrics
 
     @property
     def data_address(self) -> str:
@@ -183,17 +209,6 @@ class EncoderNode:
             entry = MmEntry(embeds.shape[0], grid_thw, embeds.numel() * embeds.element_size())
             self.publisher.record(IndexEvents(mm_stored={mm_hash: entry}, mm_evicted=evicted))
 
-    def counters(self) -> dict[str, float]:
-        return {
-            "encoder_items_encoded_total": float(self.vision.num_items_encoded),
-            **cache_counters("encoder", hits=self.num_cache_hits, misses=self.vision.num_items_encoded, evictions=self.cache.num_evictions),
-            "encoder_cache_rows": float(self.cache.cache_size - self.cache.num_free_slots),
-            "encoder_embedding_bytes_sent_total": float(self.sender.num_bytes_sent),
-            **self.inbox.counters(),
-            **self.queue_time.counters(),
-            **cache_gauges("encoder", "rows", self.cache.cache_size - self.cache.num_free_slots, self.cache.cache_size),
-        }
-
     def close(self) -> None:
         if self.publisher is not None:
             self.publisher.stop()
@@ -214,7 +229,7 @@ def _plan_call(items: list[EncodeItem], node: EncoderNode, to_encode: dict[MmHas
             node.cache.free_encoder_input(_OWNER, item.mm_hash)  # refresh its LRU position
             plan.ready[item.mm_hash] = node.store[item.mm_hash]
             plan.hits.append(item.mm_hash)
-            node.num_cache_hits += 1
+            node.metrics.num_cache_hits.inc()
             continue
         message = node.inbox.wait(item.mm_hash, node.pixel_wait_s)
         if message is None:

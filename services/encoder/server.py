@@ -9,8 +9,6 @@ serving the next batch.
 
 from __future__ import annotations
 
-import os
-
 import grpc
 
 from protos.gen import pb, rpc
@@ -20,7 +18,8 @@ from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_error import ErrorKind, NodeError, abort_with
-from shared.process_stats import process_counters
+from services.transport.stats_wire import stats_response
+from shared.process_stats import node_snapshot
 from shared.types import MmHash
 
 
@@ -28,7 +27,7 @@ class EncodeServicer(rpc.EncodeServicer):
     def __init__(self, node: EncoderNode, admission: NodeAdmission, *, max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS) -> None:
         self.node = node
         self.admission = admission
-        self.batcher = EncodeBatcher(node.encode_batch, max_batch_rows=max_batch_rows, queue_time=node.queue_time)
+        self.batcher = EncodeBatcher(node.encode_batch, max_batch_rows=max_batch_rows, metrics=node.metrics.batching)
 
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
         items = [EncodeItem(MmHash(i.mm_hash), i.length, tuple(i.grid_thw)) for i in request.items]
@@ -44,8 +43,7 @@ class EncodeServicer(rpc.EncodeServicer):
         return pb.EncodeResponse(missing_pixels=result.missing_pixels, num_encoded=result.num_encoded, num_cache_hits=result.num_cache_hits)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        counters = {**self.node.counters(), **self.batcher.counters(), **self.admission.counters(), **process_counters()}
-        return pb.StatsResponse(role="encoder", pid=os.getpid(), counters=counters, data_address=self.node.data_address)
+        return stats_response("encoder", node_snapshot(self.node.metrics, self.admission.metrics), self.node.data_address)
 
 
 async def serve(

@@ -1,11 +1,13 @@
 """What prefill and decode nodes share: an engine on its own loop thread, a data-plane inbox and
-sender, publishing of the KV pool's store/evict events to the cache index after every step, and
-exporting cached prefix pages to a peer that pulls them."""
+sender, publishing of the KV pool's store/evict events to the cache index after every step,
+exporting cached prefix pages to a peer that pulls them, and the metrics of all these
+(``EngineMetrics``, which each role's own record nests)."""
 
 from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass
 
 from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
@@ -13,15 +15,38 @@ from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
 from services.models.checkpoint import dtype_name
 from services.models.registry import ModelRef
-from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorInbox, TensorSender
-from shared.cache_gauges import cache_gauges
+from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
+from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.index.cluster_config import ClusterConfig
 from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
+from shared.node_metrics import Counter, Gauge, Histogram, counter, gauge
 from shared.types import BlockHash
 
 log = logging.getLogger("tessera.kv")
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    """The engine's requests, its caches and their evictions, and the node's data plane. Read from
+    the gRPC thread: list lengths and int reads, at worst one engine step stale."""
+
+    inbox: InboxMetrics
+    queue_time: Histogram  # the scheduler's
+    num_kv_blocks_exported: Counter = counter("kv_blocks_exported_total", "KV blocks pushed to peers that pulled a cached prefix")
+    num_requests_aborted: Counter = counter(
+        "engine_requests_aborted_total", "Requests stopped unfinished: their caller left or ran out of time, or their step failed"
+    )
+    # vLLM's running and waiting.
+    requests_running: Gauge = gauge("engine_requests_running", "Requests in the engine's running batch")
+    requests_waiting: Gauge = gauge("engine_requests_waiting", "Requests waiting for an engine step")
+    # Blocks held by requests; blocks holding cached prefix KV (held or free); embedding rows.
+    kv_cache: CacheGauges = cache_gauges("kv", "blocks")
+    prefix_cache: CacheGauges = cache_gauges("prefix", "blocks")
+    embedding_cache: CacheGauges = cache_gauges("embedding", "rows")
+    num_prefix_evictions: Counter = counter("prefix_cache_evictions_total", "Cached prefix blocks evicted")
+    num_embedding_evictions: Counter = counter("embedding_cache_evictions_total", "Images' embeddings evicted from the engine's cache")
 
 
 class EngineNode:
@@ -44,7 +69,7 @@ class EngineNode:
         self.pixels_match = functools.partial(family.pixels_match, checkpoint)  # local_pixels.PixelsMatchFn
         self.inbox = TensorInbox(data_bind, auth=channel_auth)
         self.sender = TensorSender(auth=channel_auth)
-        self.num_kv_blocks_exported = 0
+        self.engine_metrics = self._engine_metrics()
 
     @property
     def data_address(self) -> str:
@@ -60,27 +85,19 @@ class EngineNode:
         pool = self.engine.kv.pool
         return float(len(self.engine.scheduler.running) + len(self.engine.scheduler.waiting)), 1.0 - pool.num_free_blocks / pool.num_blocks
 
-    def engine_gauges(self) -> dict[str, float]:
-        """Requests in the running batch and waiting for a step (vLLM's running and waiting).
-        Read from the gRPC thread: list lengths, at worst one step stale."""
-        scheduler = self.engine.scheduler
-        return {"engine_requests_running": float(len(scheduler.running)), "engine_requests_waiting": float(len(scheduler.waiting))}
-
-    def queue_time_counters(self) -> dict[str, float]:
-        """The engine's queue-time histogram (arrival to first scheduled step), flattened."""
-        return self.engine.scheduler.queue_time.counters()
-
-    def cache_gauges(self) -> dict[str, float]:
-        """The KV pool (blocks held by requests; blocks holding cached prefix KV, held or free) and
-        the embedding cache, with their evictions. Read from the gRPC thread: plain int reads, at worst one step stale."""
-        pool, embeddings = self.engine.kv.pool, self.engine.encoder_cache
-        return {
-            **cache_gauges("kv", "blocks", pool.num_blocks - pool.num_free_blocks, pool.num_blocks),
-            **cache_gauges("prefix", "blocks", len(pool.hash_to_block), pool.num_blocks),
-            **cache_gauges("embedding", "rows", embeddings.cache_size - embeddings.num_free_slots, embeddings.cache_size),
-            "prefix_cache_evictions_total": float(pool.num_evictions),
-            "embedding_cache_evictions_total": float(embeddings.num_evictions),
-        }
+    def _engine_metrics(self) -> EngineMetrics:
+        engine = self.engine
+        scheduler, pool, embeddings = engine.scheduler, engine.kv.pool, engine.encoder_cache
+        metrics = EngineMetrics(self.inbox.metrics, scheduler.queue_time)
+        metrics.num_requests_aborted.read_from(lambda: engine.num_aborted)
+        metrics.requests_running.read_from(lambda: len(scheduler.running))
+        metrics.requests_waiting.read_from(lambda: len(scheduler.waiting))
+        metrics.kv_cache.read_from(lambda: pool.num_blocks - pool.num_free_blocks, lambda: pool.num_blocks)
+        metrics.prefix_cache.read_from(lambda: len(pool.hash_to_block), lambda: pool.num_blocks)
+        metrics.embedding_cache.read_from(lambda: embeddings.cache_size - embeddings.num_free_slots, lambda: embeddings.cache_size)
+        metrics.num_prefix_evictions.read_from(lambda: pool.num_evictions)
+        metrics.num_embedding_evictions.read_from(lambda: embeddings.num_evictions)
+        return metrics
 
     def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:
         """Push the pages of the leading blocks of ``hashes`` held here to ``target``'s inbox
@@ -91,7 +108,7 @@ class EngineNode:
         if num_blocks == 0:
             return 0
         self.send_pages(target, transfer_id, pages)
-        self.num_kv_blocks_exported += num_blocks
+        self.engine_metrics.num_kv_blocks_exported.inc(num_blocks)
         return num_blocks
 
     def send_pages(self, target: str, key: str, pages: kv_pages.KVPages) -> None:

@@ -25,7 +25,7 @@ from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.kv.block_pool import KVBlock
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.request import Request, RequestStatus
-from shared.flat_histogram import FlatHistogram
+from shared.node_metrics import Histogram
 
 
 @dataclass(slots=True)
@@ -53,7 +53,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self.queue_time = FlatHistogram("queue_seconds")  # arrival to first scheduled step, per request
+        # Declared here, where it is observed; the prefill and decode nodes export it.
+        self.queue_time = Histogram("queue_seconds", "A request's wait from reaching the engine to its first scheduled step")
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING

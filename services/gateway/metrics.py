@@ -1,8 +1,9 @@
 """The gateway's /metrics, with prometheus_client: its own request counter and latency histograms
 (TTFT, inter-token latency, end-to-end), plus, gathered at scrape time with the Stats RPC, every
-node's counters summed per name, its histograms (each role's queue time,
-``tessera_queue_seconds{role}``) summed per role, and a ``tessera_node_up`` per live node. Those
-names start ``tessera_``; the sums never decrease when a node leaves (cluster_sums.py). Each node
+node's counters and gauges summed per name, its histograms (each role's queue time,
+``tessera_queue_seconds{role}``) summed per role, and a ``tessera_node_up`` per live node, each of
+the kind the node's typed Stats reply gives it (shared/node_metrics.py). Those names start
+``tessera_``; the cumulative sums never decrease when a node leaves (cluster_sums.py). Each node
 also serves its own metrics (services/transport/metrics_http.py) for a Prometheus that scrapes
 pods directly; this view is the one-URL summary of the whole cluster.
 
@@ -31,15 +32,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from services.gateway.cluster_sums import RETIRED, ClusterSums
-from shared.flat_histogram import HistogramSample, histogram_samples
+from shared.node_metrics import HistogramValue, Snapshot
 
 TTFT_BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ROUTE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
-# "role@address" -> {counter name: value}, one entry per node that answered Stats.
-RoleCounters = dict[str, dict[str, float]]
+# "role@address" -> its metrics, one entry per node that answered Stats (and the gateway's own).
+RoleStats = dict[str, Snapshot]
 
 
 ENGINE_ROLES = ("prefill", "decode")  # the roles whose engines hold requests and KV pages
@@ -48,7 +49,7 @@ ENGINE_ROLES = ("prefill", "decode")  # the roles whose engines hold requests an
 class GatewayMetrics:
     def __init__(
         self,
-        role_counters: Callable[[], RoleCounters] = dict,
+        role_stats: Callable[[], RoleStats] = dict,
         num_in_flight: Callable[[], float] = lambda: 0.0,
         model_name: str = "",
     ) -> None:
@@ -87,7 +88,7 @@ class GatewayMetrics:
         )
         for family in (self.prompt_tokens, self.generation_tokens, self.vllm_ttft, self.vllm_itl, self.vllm_e2e):
             family.labels(model_name)  # served from the start, as zeros, like vLLM's
-        self.registry.register(_ClusterCollector(role_counters, model_name))
+        self.registry.register(_ClusterCollector(role_stats, model_name))
 
     def record_request(self, status: int) -> None:
         self.requests.labels(status=str(status)).inc()
@@ -121,8 +122,8 @@ class GatewayMetrics:
 
 
 class _ClusterCollector(Collector):
-    def __init__(self, role_counters: Callable[[], RoleCounters], model_name: str) -> None:
-        self.role_counters = role_counters
+    def __init__(self, role_stats: Callable[[], RoleStats], model_name: str) -> None:
+        self.role_stats = role_stats
         self.model_name = model_name
         self.sums = ClusterSums()
 
@@ -130,53 +131,58 @@ class _ClusterCollector(Collector):
         return []  # dynamic: the names depend on which roles answer
 
     def collect(self) -> Iterator[Metric]:
-        live = self.role_counters()
+        live = self.role_stats()
         reported = self.sums.update(live)
-        merged: dict[str, float] = {}
-        # Histograms (shared/flat_histogram.py) are summed per role, bucket by bucket.
-        name_to_role_samples: dict[str, dict[str, HistogramSample]] = {}
+        counters: dict[str, float] = {}
+        gauges: dict[str, float] = {}
+        name_to_role_histogram: dict[str, dict[str, HistogramValue]] = {}  # summed per role, bucket by bucket
         up = GaugeMetricFamily("tessera_node_up", "A node that answered the scrape's Stats call", labels=["role", "address"])
-        for node, counters in sorted(reported.items()):
+        for node, stats in sorted(reported.items()):
             role, _, address = node.partition("@")
-            samples, rest = histogram_samples(counters)
-            for name, value in rest.items():
-                merged[name] = merged.get(name, 0.0) + value
-            for name, sample in samples.items():
-                name_to_role_samples.setdefault(name, {}).setdefault(role, HistogramSample()).add(sample)
+            for total, values in ((counters, stats.counters), (gauges, stats.gauges)):
+                for name, value in values.items():
+                    total[name] = total.get(name, 0.0) + value
+            for name, value in stats.histograms.items():
+                role_to_histogram = name_to_role_histogram.setdefault(name, {})
+                summed = role_to_histogram.get(role)
+                if summed is None:
+                    role_to_histogram[role] = value
+                elif summed.bounds == value.bounds:  # else a node of another version: left out until they agree
+                    role_to_histogram[role] = summed + value
             if node in live and address != RETIRED:
                 up.add_metric([role, address], 1.0)
         yield up
-        for name, role_to_sample in sorted(name_to_role_samples.items()):
+        for name, role_to_histogram in sorted(name_to_role_histogram.items()):
             family = HistogramMetricFamily(f"tessera_{name}", "Summed over each role's nodes", labels=["role"])
-            for role, sample in sorted(role_to_sample.items()):
-                family.add_metric([role], sample.sorted_buckets(), sum_value=sample.sum)
+            for role, value in sorted(role_to_histogram.items()):
+                family.add_metric([role], value.buckets(), sum_value=value.sum)
             yield family
-        for name, value in sorted(merged.items()):
-            help_text = "Summed over the nodes"
-            family = CounterMetricFamily if name.endswith("_total") else GaugeMetricFamily
-            yield family(f"tessera_{name}", help_text, value=value)
-        yield from self._vllm_families(live, name_to_role_samples)
+        for name, value in sorted(counters.items()):
+            yield CounterMetricFamily(f"tessera_{name}", "Summed over the nodes", value=value)
+        for name, value in sorted(gauges.items()):
+            yield GaugeMetricFamily(f"tessera_{name}", "Summed over the nodes that answered", value=value)
+        yield from self._vllm_families(live, name_to_role_histogram)
 
-    def _vllm_families(self, live: RoleCounters, name_to_role_samples: dict[str, dict[str, HistogramSample]]) -> Iterator[Metric]:
+    def _vllm_families(self, live: RoleStats, name_to_role_histogram: dict[str, dict[str, HistogramValue]]) -> Iterator[Metric]:
         """vLLM's engine gauges and queue histogram, from the engines' own statistics."""
-        engines = [counters for node, counters in live.items() if node.partition("@")[0] in ENGINE_ROLES]
+        engines = [stats.gauges for node, stats in live.items() if node.partition("@")[0] in ENGINE_ROLES]
         labels = [self.model_name]
         for name, key, help_text in (
             ("tessera:num_requests_running", "engine_requests_running", "Requests in the engines' running batches"),
             ("tessera:num_requests_waiting", "engine_requests_waiting", "Requests waiting for an engine step"),
         ):
             family = GaugeMetricFamily(name, help_text, labels=["model_name"])
-            family.add_metric(labels, sum(c.get(key, 0.0) for c in engines))
+            family.add_metric(labels, sum(g.get(key, 0.0) for g in engines))
             yield family
-        used = sum(c.get("kv_cache_used_blocks", 0.0) for c in engines)
-        capacity = sum(c.get("kv_cache_capacity_blocks", 0.0) for c in engines)
+        used = sum(g.get("kv_cache_used_blocks", 0.0) for g in engines)
+        capacity = sum(g.get("kv_cache_capacity_blocks", 0.0) for g in engines)
         usage = GaugeMetricFamily("tessera:kv_cache_usage_perc", "Fraction of the engines' KV pages in use (0 to 1)", labels=["model_name"])
         usage.add_metric(labels, used / capacity if capacity else 0.0)
         yield usage
         queue = HistogramMetricFamily(
             "tessera:request_queue_time_seconds", "Arrival at a prefill engine to its first step", labels=["model_name"]
         )
-        sample = name_to_role_samples.get("queue_seconds", {}).get("prefill")
-        if sample is not None:
-            queue.add_metric(labels, sample.sorted_buckets(), sum_value=sample.sum)
+        value = name_to_role_histogram.get("queue_seconds", {}).get("prefill")
+        if value is not None:
+            queue.add_metric(labels, value.buckets(), sum_value=value.sum)
         yield queue

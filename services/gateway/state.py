@@ -6,12 +6,26 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from services.gateway.metrics import GatewayMetrics, RoleCounters
+from services.gateway.metrics import GatewayMetrics, RoleStats
 from services.gateway.openai_api import Generation
 from services.gateway.pipeline import Pipeline
 from services.gateway.request_task import events_in_task
 from services.gateway.token_events import TokenEvent
-from shared.process_stats import process_counters
+from services.transport.stats_wire import snapshot_of
+from shared.node_metrics import Counter, Gauge, counter, gauge
+from shared.process_stats import node_snapshot
+
+
+@dataclass(slots=True)
+class GatewayNodeMetrics:
+    """The gateway's own part of the cluster view, read from its pipeline and router."""
+
+    num_node_failures: Counter = counter("gateway_node_failures_total", "Node failures a request was retried past")
+    num_migrations: Counter = counter("gateway_migrations_total", "Streams moved to another decode node after tokens went out")
+    num_busy_refusals: Counter = counter("gateway_node_busy_refusals_total", "Calls a busy node refused (tried elsewhere, or a 429)")
+    num_index_errors: Counter = counter("gateway_index_errors_total", "Index lookups that failed: routed without cache hits")
+    num_local_encode_routes: Counter = counter("gateway_local_encode_routes_total", "Requests whose images a prefill node encodes")
+    index_breaker_open: Gauge = gauge("gateway_index_breaker_open", "1 while the index's breaker holds calls back (no cache lookups)")
 
 
 @dataclass(slots=True)
@@ -23,33 +37,35 @@ class GatewayState:
     metrics: GatewayMetrics = field(init=False)
     draining: bool = False
     num_in_flight: int = 0  # choices whose pipeline run is in progress
-    _scraped: RoleCounters = field(default_factory=dict)  # the counters the next render reports
+    own_metrics: GatewayNodeMetrics = field(init=False, default_factory=GatewayNodeMetrics)
+    _scraped: RoleStats = field(default_factory=dict)  # the metrics the next render reports
 
     def __post_init__(self) -> None:
         self.metrics = GatewayMetrics(lambda: self._scraped, lambda: float(self.num_in_flight), model_name=self.served_names[0])
         self.pipeline.route_observers.append(lambda route: self.metrics.record_route(route.decision_s))
+        pipeline, own = self.pipeline, self.own_metrics
+        own.num_node_failures.read_from(lambda: pipeline.num_retries)
+        own.num_migrations.read_from(lambda: pipeline.num_migrations)
+        own.num_busy_refusals.read_from(lambda: pipeline.num_busy_refusals)
+        own.num_index_errors.read_from(lambda: pipeline.router.num_index_failures)
+        own.num_local_encode_routes.read_from(lambda: pipeline.router.num_local_encodes)
+        own.index_breaker_open.read_from(self._index_breaker_open)
 
     async def render_metrics(self) -> bytes:
-        """/metrics: every live node's counters, asked for now, with the gateway's own."""
-        self._scraped = await self.cluster_counters()
+        """/metrics: every live node's metrics, asked for now, with the gateway's own."""
+        self._scraped = await self.cluster_stats()
         return self.metrics.render()
 
-    async def cluster_counters(self) -> RoleCounters:
-        """Every live node's counters (one Stats call each, all at once), and the gateway's own."""
-        counters = {f"{role}@{address}": dict(s.counters) for role, address, s in await self.pipeline.stats()}
-        router = self.pipeline.router
-        breaker = getattr(router.index or self.pipeline.membership.index, "breaker", None)
-        counters["gateway@self"] = {
-            "gateway_node_failures_total": float(self.pipeline.num_retries),
-            "gateway_migrations_total": float(self.pipeline.num_migrations),
-            "gateway_node_busy_refusals_total": float(self.pipeline.num_busy_refusals),
-            "gateway_index_errors_total": float(router.num_index_failures),
-            "gateway_local_encode_routes_total": float(router.num_local_encodes),
-            # 1 while the index's circuit breaker holds calls back (routing without cache lookups).
-            "gateway_index_breaker_open": float(breaker is not None and breaker.state != "closed"),
-            **process_counters(),  # e.g. index records rejected (shared/index/record_seal.py)
-        }
-        return counters
+    async def cluster_stats(self) -> RoleStats:
+        """Every live node's metrics (one Stats call each, all at once), and the gateway's own with
+        its process's (e.g. index records rejected, shared/index/record_seal.py)."""
+        stats = {f"{role}@{address}": snapshot_of(s) for role, address, s in await self.pipeline.stats()}
+        stats["gateway@self"] = node_snapshot(self.own_metrics)
+        return stats
+
+    def _index_breaker_open(self) -> float:
+        breaker = getattr(self.pipeline.router.index or self.pipeline.membership.index, "breaker", None)
+        return float(breaker is not None and breaker.state != "closed")
 
     def events(self, generation: Generation, *, stream: bool) -> AsyncIterator[TokenEvent]:
         """One choice's token events. Closing the iterator early cancels its work on every node."""

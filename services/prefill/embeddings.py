@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -30,6 +31,7 @@ from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.job import PrefillJob, Upstream
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMatchFn, take_pixels
 from services.transport.tensor_channel import TensorInbox
+from shared.node_metrics import Counter, counter
 from shared.types import MmHash
 
 NO_TOWER = "this prefill node has no vision tower (started with --local-encode false)"
@@ -41,6 +43,17 @@ class EmbeddingsUnavailableError(RuntimeError):
     def __init__(self, missing: list[str]) -> None:
         super().__init__(f"embeddings unavailable for {len(missing)} image(s)")
         self.missing = missing
+
+
+@dataclass(slots=True)
+class EmbeddingMetrics:
+    num_pulled: Counter = counter("prefill_embeddings_pulled_total", "Images' embeddings pushed here by an encoder")
+    num_local_encodes: Counter = counter(
+        "prefill_images_encoded_locally_total", "Images whose pixels came here to be encoded by this node's own tower"
+    )
+    # Claims: a request's images found in the engine's embedding cache, or not.
+    num_hits: Counter = counter("embedding_cache_hits_total", "A request's images found in the embedding cache")
+    num_misses: Counter = counter("embedding_cache_misses_total", "A request's images not in the embedding cache")
 
 
 class ResidentEmbeddings:
@@ -63,10 +76,7 @@ class ResidentEmbeddings:
         self._fetches_lock = threading.Lock()
         self._mm_hash_to_fetch: dict[MmHash, threading.Event] = {}
         self._tower_lock = threading.Lock()
-        self.num_pulled = 0  # images pushed here by an encoder
-        self.num_local_encodes = 0  # images whose pixels came here to be encoded by this node
-        self.num_hits = 0  # images of a request found in the cache (claims)
-        self.num_misses = 0
+        self.metrics = EmbeddingMetrics()
 
     async def make_resident(self, job: PrefillJob, upstream: Upstream) -> None:
         """Reference every image of ``job`` for its request, encoding or fetching those lacking.
@@ -92,8 +102,8 @@ class ResidentEmbeddings:
             for item in items:  # every image reaching this node passes here, on the engine thread
                 self.index.remember_grid(item.mm_hash, item.grid_thw)
             lacking = [i for i in items if not engine.encoder_cache.check_and_update_cache(request_id, i.mm_hash)]
-            self.num_hits += len(items) - len(lacking)
-            self.num_misses += len(lacking)
+            self.metrics.num_hits.inc(len(items) - len(lacking))
+            self.metrics.num_misses.inc(len(lacking))
             return lacking
 
         return self.loop.call(claim).result()
@@ -158,7 +168,7 @@ class ResidentEmbeddings:
                 missing.append(item.mm_hash)
                 continue
             self._import(request_id, item, message.tensors["embeds"])
-            self.num_pulled += 1
+            self.metrics.num_pulled.inc()
         if missing:
             raise EmbeddingsUnavailableError(missing)
 
@@ -167,7 +177,7 @@ class ResidentEmbeddings:
         if self.vision is None:
             raise LocalEncodeUnavailableError(NO_TOWER)
         pixels = take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.wait_s, pixels_match=self.pixels_match)
-        self.num_local_encodes += len(pixels)
+        self.metrics.num_local_encodes.inc(len(pixels))
         return pixels
 
     def _encode_here(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:

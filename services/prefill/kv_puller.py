@@ -15,6 +15,7 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.request import Request
 from services.prefill.job import Upstream
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, updated_rate
+from shared.node_metrics import Counter, counter
 from shared.types import BlockHash
 
 # (key, timeout_s) -> the pages pushed under key, None if they did not come: EngineNode.receive_pages.
@@ -26,6 +27,18 @@ class PullPlan:
     source: KVSource
     hashes: list[BlockHash]  # the blocks to ask the source for, in prompt order
     transfer_id: str
+
+
+@dataclass(slots=True)
+class PullMetrics:
+    num_blocks_pulled: Counter = counter("prefill_kv_blocks_pulled_total", "KV blocks pulled from peers")
+    num_failures: Counter = counter("prefill_kv_pull_failures_total", "Pulls whose peer failed or was late: their blocks were recomputed")
+    # Pulling as a cache: blocks pulled from peers against blocks a planned pull did not bring.
+    remote_kv_hits: Counter = counter("remote_kv_cache_hits_total", "KV blocks pulled from peers (prefill_kv_blocks_pulled_total)")
+    num_blocks_missed: Counter = counter("remote_kv_cache_misses_total", "KV blocks a planned pull did not bring")
+
+    def __post_init__(self) -> None:
+        self.remote_kv_hits.read_from(lambda: self.num_blocks_pulled.value)
 
 
 class KVPuller:
@@ -45,9 +58,7 @@ class KVPuller:
         self.block_size = block_size
         self.timeout_s = timeout_s
         self.prefill_s_per_token = prefill_s_per_token  # refined by every prefill (observe_prefill)
-        self.num_blocks_pulled = 0
-        self.num_failures = 0
-        self.num_blocks_missed = 0  # blocks a pull was planned for but did not bring
+        self.metrics = PullMetrics()
 
     async def pull(self, request: Request, sources: Sequence[KVSource], upstream: Upstream, target: str) -> int:
         """Pull ``request``'s prefix pages to ``target`` (this node's inbox) if worth it; returns
@@ -81,7 +92,7 @@ class KVPuller:
         """Wait for the pages the source announced and file them as cached blocks; returns the
         number imported (0 on timeout: the prompt is then recomputed)."""
         if num_blocks == 0:
-            self.num_blocks_missed += len(plan.hashes)
+            self.metrics.num_blocks_missed.inc(len(plan.hashes))
             return 0  # the source no longer held them: nothing was sent
         pages = self.receive_pages(plan.transfer_id, self.timeout_s)
         if pages is None:
@@ -89,8 +100,8 @@ class KVPuller:
             return 0
         hashes = plan.hashes[:num_blocks]
         imported = self.loop.call(lambda engine: connector.import_blocks(engine, hashes, pages)).result()
-        self.num_blocks_pulled += imported
-        self.num_blocks_missed += len(plan.hashes) - imported
+        self.metrics.num_blocks_pulled.inc(imported)
+        self.metrics.num_blocks_missed.inc(len(plan.hashes) - imported)
         return imported
 
     def observe_prefill(self, elapsed_s: float, num_computed: int) -> None:
@@ -98,5 +109,5 @@ class KVPuller:
         self.prefill_s_per_token = updated_rate(self.prefill_s_per_token, elapsed_s, num_computed)
 
     def _record_failure(self, plan: PullPlan) -> None:
-        self.num_failures += 1
-        self.num_blocks_missed += len(plan.hashes)
+        self.metrics.num_failures.inc()
+        self.metrics.num_blocks_missed.inc(len(plan.hashes))

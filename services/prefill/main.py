@@ -56,6 +56,6 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         "prefill", settings, model.model_id, node.data_address, node.load, liveness, config=config, can_encode=node.can_encode
     )
     lifecycle = node_lifecycle(
-        "prefill", settings, node.publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters, admission=admission
+        "prefill", settings, node.publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission
     )
     asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission))

@@ -13,26 +13,43 @@ import asyncio
 import logging
 import time
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
-from services.engine.engine_node import EngineNode
+from services.engine.engine_node import EngineMetrics, EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from services.models.registry import ModelRef
 from services.prefill.embedding_index import EmbeddingIndex
-from services.prefill.embeddings import ResidentEmbeddings
+from services.prefill.embeddings import EmbeddingMetrics, ResidentEmbeddings
 from services.prefill.job import PrefillJob, PrefillResult, Upstream
 from services.prefill.kv_pull import PullCostModel, kv_bytes_per_token
-from services.prefill.kv_puller import KVPuller
+from services.prefill.kv_puller import KVPuller, PullMetrics
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSendTimeoutError
-from shared.cache_gauges import cache_counters
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
+from shared.node_metrics import Counter, counter
 
 log = logging.getLogger("tessera")
+
+
+@dataclass(slots=True)
+class PrefillMetrics:
+    engine: EngineMetrics
+    embeddings: EmbeddingMetrics
+    pulls: PullMetrics
+    num_tokens_computed: Counter = counter("prefill_tokens_computed_total", "Prompt tokens whose KV was computed here")
+    num_cached_tokens: Counter = counter("prefix_cached_tokens_total", "Prompt tokens whose KV was cached here or pulled from a peer")
+    # The prefix cache's hit rate, in prompt tokens as vLLM counts its prefix-cache queries and hits.
+    prefix_hits: Counter = counter("prefix_cache_hits_total", "Prompt tokens whose KV was cached (prefix_cached_tokens_total)")
+    prefix_misses: Counter = counter("prefix_cache_misses_total", "Prompt tokens computed (prefill_tokens_computed_total)")
+    num_kv_bytes_sent: Counter = counter("prefill_kv_bytes_sent_total", "Bytes of KV pages sent to decode nodes and pulling peers")
+
+    def __post_init__(self) -> None:
+        self.prefix_hits.read_from(lambda: self.num_cached_tokens.value)
+        self.prefix_misses.read_from(lambda: self.num_tokens_computed.value)
 
 
 class PrefillNode(EngineNode):
@@ -75,8 +92,8 @@ class PrefillNode(EngineNode):
         self.prefill_timeout_s = prefill_timeout_s
         self._decode_targets: dict[str, str] = {}
         self.engine.finish_listeners.append(self._ship_kv)
-        self.num_tokens_computed = 0
-        self.num_cached_tokens = 0
+        self.metrics = PrefillMetrics(self.engine_metrics, self.embeddings.metrics, self.kv_puller.metrics)
+        self.metrics.num_kv_bytes_sent.read_from(lambda: self.sender.num_bytes_sent)
 
     @property
     def can_encode(self) -> bool:
@@ -105,8 +122,8 @@ class PrefillNode(EngineNode):
             self.abort(request.request_id)
             raise
         num_computed = request.num_prompt_tokens - output.num_cached_tokens
-        self.num_cached_tokens += output.num_cached_tokens
-        self.num_tokens_computed += num_computed
+        self.metrics.num_cached_tokens.inc(output.num_cached_tokens)
+        self.metrics.num_tokens_computed.inc(num_computed)
         self.kv_puller.observe_prefill(time.perf_counter() - started, num_computed)
         logprobs = output.new_logprobs[0] if output.new_logprobs else None
         return PrefillResult(output.new_token_ids[0], output.num_cached_tokens, request.mrope_delta, logprobs)
@@ -154,30 +171,6 @@ class PrefillNode(EngineNode):
             # Never raise on the engine thread (it would fail every request in the step): the
             # decode node times out waiting for these pages and the gateway retries elsewhere.
             log.warning("KV pages of %s not delivered: %s", request.request_id, exc)
-
-    def counters(self) -> dict[str, float]:
-        embeddings, puller = self.embeddings, self.kv_puller
-        return {
-            "prefill_embeddings_pulled_total": float(embeddings.num_pulled),
-            "prefill_images_encoded_locally_total": float(embeddings.num_local_encodes),
-            "prefill_kv_bytes_sent_total": float(self.sender.num_bytes_sent),
-            "prefill_tokens_computed_total": float(self.num_tokens_computed),
-            "prefix_cached_tokens_total": float(self.num_cached_tokens),
-            "prefill_kv_blocks_pulled_total": float(puller.num_blocks_pulled),
-            "prefill_kv_pull_failures_total": float(puller.num_failures),
-            "engine_requests_aborted_total": float(self.engine.num_aborted),
-            # Hit rates: prefix in prompt tokens, embeddings in images, remote KV in blocks pulled
-            # from a peer against blocks a planned pull did not bring (not a store: no evictions).
-            # Evictions of the prefix and embedding caches come with cache_gauges.
-            **cache_counters("prefix", hits=self.num_cached_tokens, misses=self.num_tokens_computed),
-            **cache_counters("embedding", hits=embeddings.num_hits, misses=embeddings.num_misses),
-            **cache_counters("remote_kv", hits=puller.num_blocks_pulled, misses=puller.num_blocks_missed),
-            "kv_blocks_exported_total": float(self.num_kv_blocks_exported),
-            **self.inbox.counters(),
-            **self.cache_gauges(),
-            **self.engine_gauges(),
-            **self.queue_time_counters(),
-        }
 
 
 def _settle(done: Future, outcome: RequestOutput | BaseException) -> None:

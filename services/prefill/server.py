@@ -11,7 +11,6 @@ request; a node at its limit of calls refuses new ones as busy (services/transpo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import grpc
@@ -33,7 +32,8 @@ from services.transport.internal_channel import internal_channel
 from services.transport.kv_peer import add_kv_peer
 from services.transport.node_admission import NodeAdmission, abort_overloaded
 from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with, node_error_of
-from shared.process_stats import process_counters
+from services.transport.stats_wire import stats_response
+from shared.process_stats import node_snapshot
 from shared.tracing import outgoing_metadata
 from shared.types import BlockHash, MmHash
 
@@ -67,8 +67,7 @@ class PrefillServicer(rpc.PrefillServicer):
         return result_to_pb(result)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        counters = {**self.node.counters(), **self.admission.counters(), **process_counters()}
-        return pb.StatsResponse(role="prefill", pid=os.getpid(), counters=counters, data_address=self.node.data_address)
+        return stats_response("prefill", node_snapshot(self.node.metrics, self.admission.metrics), self.node.data_address)
 
 
 def job_from_pb(request: pb.PrefillRequest) -> PrefillJob:

@@ -32,6 +32,6 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config: 
     # Pixels are the same whatever the cluster's block size and compute dtype: nothing to agree on.
     publisher = node_publisher("preprocess", settings, model.model_id, "", node.load, liveness, config=ClusterConfig())
     lifecycle = node_lifecycle(
-        "preprocess", settings, publisher, liveness, close=node.close, load_fn=node.load, counters_fn=node.counters, admission=admission
+        "preprocess", settings, publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission
     )
     asyncio.run(serve(node, settings.grpc_address, lifecycle, auth, admission))

@@ -26,15 +26,15 @@ from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import PreprocessError
 from services.preprocess.image_sources import load_image_bytes, remote_url
-from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor
+from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor, PreprocessorMetrics
 from services.preprocess.processor_cache import BoundedMemo
 from services.preprocess.prompt_input import check_prompt
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSender
-from shared.cache_gauges import cache_counters, cache_gauges
-from shared.flat_histogram import FlatHistogram
+from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError
 from shared.liveness import Liveness
+from shared.node_metrics import Counter, Histogram, counter, histogram
 from shared.types import MmHash
 
 MAX_MIRRORS = 64  # encoders mirrored at once (the least recently used one goes first)
@@ -44,6 +44,19 @@ MAX_MIRRORS = 64  # encoders mirrored at once (the least recently used one goes 
 class PixelTransfer:
     num_bytes_sent: int
     num_bytes_skipped: int
+
+
+@dataclass(slots=True)
+class PreprocessMetrics:
+    preprocessor: PreprocessorMetrics
+    num_requests: Counter = counter("preprocess_requests_total", "Prompts preprocessed")
+    num_images_skipped: Counter = counter(
+        "preprocess_images_skipped_total", "Images not run through the image processor: a live encoder held their embeddings"
+    )
+    num_pixel_bytes_sent: Counter = counter("pixel_bytes_sent_total", "Bytes of pixels pushed to encoders and prefill nodes")
+    num_pixel_bytes_skipped: Counter = counter("pixel_bytes_skipped_total", "Bytes of pixels not pushed: the encoder's mirror held them")
+    pixel_mirror: CacheGauges = cache_gauges("pixel_mirror", "entries")  # over every encoder's mirror
+    queue_time: Histogram = histogram("queue_seconds", "A call's wait for the node's one working thread")
 
 
 class PreprocessNode:
@@ -59,25 +72,23 @@ class PreprocessNode:
     ) -> None:
         self.preprocessor = Preprocessor(model, config)
         self.indexed_grids: IndexedGrids | None = grids_from_index(index) if index is not None else None
-        self.num_images_skipped = 0
         self.sender = TensorSender(auth=channel_auth)
         self.mirror_entries = mirror_entries
         self._encoder_to_mirror: dict[str, BoundedMemo[str, bool]] = {}
         self._lock = threading.Lock()  # the preprocessor and its caches are single-threaded
         # Work runs one request at a time under the lock: one watch tells a hung request.
         self._watch = liveness.watch("preprocess") if liveness is not None else None
-        self.num_pixel_bytes_sent = 0
-        self.num_pixel_bytes_skipped = 0
-        self.num_requests = 0
         self.num_waiting = 0  # calls waiting for or holding the lock: this node's load
-        self.queue_time = FlatHistogram("queue_seconds")  # a call's wait for the lock
+        self.metrics = PreprocessMetrics(self.preprocessor.metrics)
+        mirrors = self._encoder_to_mirror  # list(): one atomic copy under the GIL while a request may add a mirror
+        self.metrics.pixel_mirror.read_from(lambda: sum(len(m) for m in list(mirrors.values())), lambda: mirror_entries * len(mirrors))
 
     def preprocess(self, prompt: pb.PromptInput, *, skip_indexed: bool = False) -> PreprocessedRequest:
         fetched = self._fetch_remote_images(prompt)  # before the lock: a slow image host delays this request only
         with self._working():
             result = self.preprocessor.preprocess(prompt, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched)
-            self.num_images_skipped += sum(1 for item in result.mm_items if item.image.pixel_values is None)
-            self.num_requests += 1
+            self.metrics.num_images_skipped.inc(sum(1 for item in result.mm_items if item.image.pixel_values is None))
+            self.metrics.num_requests.inc()
             return result
 
     def detokenize(self, token_ids: list[int]) -> str:
@@ -105,8 +116,8 @@ class PreprocessNode:
                     sent += self._send_pixels(key_prefix + mm_hash, image, target_address)
                     if mirror is not None:
                         mirror.put(mm_hash, True)
-            self.num_pixel_bytes_sent += sent
-            self.num_pixel_bytes_skipped += skipped
+            self.metrics.num_pixel_bytes_sent.inc(sent)
+            self.metrics.num_pixel_bytes_skipped.inc(skipped)
             return not_found, PixelTransfer(sent, skipped)
 
     def _fetch_remote_images(self, prompt: pb.PromptInput) -> dict[str, bytes]:
@@ -120,26 +131,6 @@ class PreprocessNode:
         remote = {url for url in map(remote_url, checked.images) if url is not None}
         return {url: load_image_bytes(url, config) for url in remote}
 
-    def counters(self) -> dict[str, float]:
-        stats = self.preprocessor.processor_cache.stats
-        return {
-            **cache_counters("processor", hits=stats.num_hits, misses=stats.num_misses, evictions=stats.num_evictions),
-            "processor_cache_bytes": float(stats.num_bytes),
-            "pixel_bytes_sent_total": float(self.num_pixel_bytes_sent),
-            "pixel_bytes_skipped_total": float(self.num_pixel_bytes_skipped),
-            "preprocess_requests_total": float(self.num_requests),
-            "preprocess_images_skipped_total": float(self.num_images_skipped),
-            **self.preprocessor.cache_gauges(),
-            **self._mirror_gauges(),
-            **self.queue_time.counters(),
-        }
-
-    def _mirror_gauges(self) -> dict[str, float]:
-        # Each mirror is bounded on its own; list() copies the values atomically under the GIL
-        # while a request may be adding a mirror for a new encoder.
-        mirrors = list(self._encoder_to_mirror.values())
-        return cache_gauges("pixel_mirror", "entries", sum(len(m) for m in mirrors), self.mirror_entries * len(mirrors))
-
     def load(self) -> tuple[float, float]:
         return float(self.num_waiting), 0.0
 
@@ -149,7 +140,7 @@ class PreprocessNode:
         queued_at = time.monotonic()
         try:
             with self._lock, self._busy():
-                self.queue_time.observe(time.monotonic() - queued_at)
+                self.metrics.queue_time.observe(time.monotonic() - queued_at)
                 yield
         finally:
             self.num_waiting -= 1

@@ -37,8 +37,9 @@ from services.preprocess.image_decode import decode_image
 from services.preprocess.image_sources import load_image
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
 from services.preprocess.prompt_input import CheckedPrompt, check_prompt, image_uuid
-from shared.cache_gauges import cache_gauges
+from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.hashing import mm_hash_of_part, mm_hash_of_pixels, mm_hash_of_stable_id
+from shared.node_metrics import Counter, Gauge, counter, gauge
 from shared.types import MmHash, PlaceholderRange
 
 # The images (by mm_hash) that some live encoder holds -> their patch grids (t, h, w).
@@ -82,6 +83,18 @@ class PreprocessedRequest:
         }
 
 
+@dataclass(slots=True)
+class PreprocessorMetrics:
+    """The processor cache (in images, and bytes held) and the encoded-file memo, read from them."""
+
+    num_cache_hits: Counter = counter("processor_cache_hits_total", "Images found in the processor cache")
+    num_cache_misses: Counter = counter("processor_cache_misses_total", "Images run through the image processor")
+    num_cache_evictions: Counter = counter("processor_cache_evictions_total", "Processed images evicted from the processor cache")
+    cache_bytes: Gauge = gauge("processor_cache_bytes", "Bytes of processed images cached (processor_cache_used_bytes)")
+    cache: CacheGauges = cache_gauges("processor", "bytes")
+    file_hash_memo: CacheGauges = cache_gauges("file_hash_memo", "entries")
+
+
 class Preprocessor:
     def __init__(self, model: ModelRef, config: PreprocessConfig | None = None) -> None:
         from transformers import AutoTokenizer
@@ -102,14 +115,17 @@ class Preprocessor:
         self._hash_kwargs = self.image_processor.kwargs_for_hash
         # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
         self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)
+        self.metrics = self._metrics()
 
-    def cache_gauges(self) -> dict[str, float]:
-        """Occupancy and budget of the processor cache and the file memo (shared/cache_gauges.py)."""
-        memo = self._file_to_mm_hash
-        return {
-            **cache_gauges("processor", "bytes", self.processor_cache.stats.num_bytes, self.processor_cache.capacity_bytes),
-            **cache_gauges("file_hash_memo", "entries", len(memo), memo.max_entries),
-        }
+    def _metrics(self) -> PreprocessorMetrics:
+        metrics, cache, stats, memo = PreprocessorMetrics(), self.processor_cache, self.processor_cache.stats, self._file_to_mm_hash
+        metrics.num_cache_hits.read_from(lambda: stats.num_hits)
+        metrics.num_cache_misses.read_from(lambda: stats.num_misses)
+        metrics.num_cache_evictions.read_from(lambda: stats.num_evictions)
+        metrics.cache_bytes.read_from(lambda: stats.num_bytes)
+        metrics.cache.read_from(lambda: stats.num_bytes, lambda: cache.capacity_bytes)
+        metrics.file_hash_memo.read_from(lambda: len(memo), lambda: memo.max_entries)
+        return metrics
 
     def preprocess(
         self, prompt: pb.PromptInput, *, indexed_grids: IndexedGrids | None = None, fetched: Mapping[str, bytes] | None = None

@@ -5,7 +5,6 @@ a request already admitted, so it is never refused."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 from protos.gen import pb, rpc
 from services.preprocess.errors import PreprocessError
@@ -15,9 +14,10 @@ from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with
+from services.transport.stats_wire import stats_response
 from services.transport.tensor_channel import TensorSendTimeoutError
 from shared.hashing import MmSpan, block_hashes
-from shared.process_stats import process_counters
+from shared.process_stats import node_snapshot
 from shared.types import MmHash
 
 
@@ -71,9 +71,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
         return pb.DetokenizeResponse(text=text)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
-        return pb.StatsResponse(
-            role="preprocess", pid=os.getpid(), counters={**self.node.counters(), **self.admission.counters(), **process_counters()}
-        )
+        return stats_response("preprocess", node_snapshot(self.node.metrics, self.admission.metrics))
 
 
 async def serve(node: PreprocessNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:

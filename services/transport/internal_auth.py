@@ -37,6 +37,7 @@ import grpc
 
 from services.transport.api_key_auth import OPEN_METHODS
 from shared import process_stats
+from shared.node_metrics import Counter, counter
 
 SECRET_ENV = "TESSERA_INTERNAL_SECRET"
 TOKEN_METADATA_KEY = "tessera-internal-token"
@@ -150,16 +151,18 @@ def warn_if_open(auth: InternalAuth, bind_hosts: list[str]) -> None:
         )
 
 
+@dataclass(slots=True)
+class TokenCheckMetrics:
+    num_refused: Counter = counter("internal_calls_refused_total", "Internal calls refused for a missing or wrong token")
+
+
 class InternalTokenInterceptor(grpc.aio.ServerInterceptor):
     """Refuses, UNAUTHENTICATED, every call but health and reflection without the cluster's token."""
 
     def __init__(self, token: str) -> None:
         self._token = token.encode()
-        self.num_refused = 0
+        self.metrics = TokenCheckMetrics()
         process_stats.register(self)  # the node's Stats count refusals
-
-    def counters(self) -> dict[str, float]:
-        return {"internal_calls_refused_total": float(self.num_refused)}
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -168,9 +171,10 @@ class InternalTokenInterceptor(grpc.aio.ServerInterceptor):
         sent = next((v for k, v in details.invocation_metadata or () if k == TOKEN_METADATA_KEY), None)
         if isinstance(sent, str) and hmac.compare_digest(sent.encode(), self._token):
             return handler
-        self.num_refused += 1
-        if self.num_refused & (self.num_refused - 1) == 0:  # the 1st, 2nd, 4th...: a flood cannot flood the log
-            log.warning("refused an internal call to %s without a valid token (%d so far)", details.method, self.num_refused)
+        self.metrics.num_refused.inc()
+        num_refused = int(self.metrics.num_refused.value)  # one event loop: no other refusal in between
+        if num_refused & (num_refused - 1) == 0:  # the 1st, 2nd, 4th...: a flood cannot flood the log
+            log.warning("refused an internal call to %s without a valid token (%d so far)", details.method, num_refused)
         message = (
             f"internal call without '{TOKEN_METADATA_KEY}' metadata: this node requires the cluster's internal secret"
             if sent is None

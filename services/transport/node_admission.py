@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import grpc
 
 from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with
+from shared.node_metrics import Counter, Gauge, counter, gauge
 
 # The gateway's own admission default (--max-num-requests): everything one gateway admits may sit
 # on one node of a role, as in the one-command stack, without a 429 a vLLM user would not get
@@ -28,19 +29,26 @@ DEFAULT_MAX_PENDING_REQUESTS = 2048
 
 
 @dataclass(slots=True)
+class AdmissionMetrics:
+    pending: Gauge = gauge("node_requests_pending", "Calls admitted and not yet finished")
+    num_refused: Counter = counter("node_requests_refused_total", "Calls refused as busy: the node was at its limit")
+
+
+@dataclass(slots=True)
 class NodeAdmission:
     role: str
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
     num_pending: int = 0  # calls admitted and not yet finished
-    num_refused: int = 0
+    metrics: AdmissionMetrics = field(default_factory=AdmissionMetrics)
 
     def __post_init__(self) -> None:
         if self.max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be at least 1, got {self.max_pending_requests}")
+        self.metrics.pending.read_from(lambda: self.num_pending)
 
     def try_admit(self) -> bool:
         if self.num_pending >= self.max_pending_requests:
-            self.num_refused += 1
+            self.metrics.num_refused.inc()
             return False
         self.num_pending += 1
         return True
@@ -60,9 +68,6 @@ class NodeAdmission:
             yield
         finally:
             self.release()
-
-    def counters(self) -> dict[str, float]:
-        return {"node_requests_pending": float(self.num_pending), "node_requests_refused_total": float(self.num_refused)}
 
 
 async def abort_overloaded(context: grpc.aio.ServicerContext, node: NodeRef, message: str) -> NoReturn:

@@ -23,7 +23,7 @@ from shared.index.cluster_config import ClusterConfig, ConfigMismatchError
 from shared.index.publisher import IndexPublisher
 from shared.index.types import NodeInfo
 from shared.liveness import DEFAULT_STALL_S, Liveness
-from shared.process_stats import process_counters
+from shared.process_stats import node_snapshot
 
 LoadFn = Callable[[], tuple[float, float]]
 
@@ -110,16 +110,19 @@ def node_lifecycle(
     *,
     close: Callable[[], None],
     load_fn: LoadFn,
-    counters_fn: Callable[[], dict[str, float]],
+    metrics: object,
     admission: NodeAdmission,
 ) -> Lifecycle:
+    """``metrics``: the node's metrics record (shared/node_metrics.py), served on its /metrics
+    with its admission's and this process's, as its Stats reply carries them."""
+
     def on_start() -> None:
         if settings.metrics_port:
             from services.transport.metrics_http import NodeCollector, start_metrics_server
 
             host, _ = split_host_port(settings.grpc_address)
-            counters = lambda: {**counters_fn(), **admission.counters(), **process_counters()}  # noqa: E731
-            start_metrics_server(host, settings.metrics_port, NodeCollector(role, lambda: load_fn()[0], counters))
+            snapshot = lambda: node_snapshot(metrics, admission.metrics)  # noqa: E731
+            start_metrics_server(host, settings.metrics_port, NodeCollector(role, lambda: load_fn()[0], snapshot))
         if publisher is not None:
             publisher.start()
 

@@ -37,7 +37,8 @@ from zmq.utils.monitor import recv_monitor_message
 
 from services.transport.channel_auth import OPEN_CHANNEL, ChannelAuth
 from services.transport.frame_mac import frames_tag, verify_frames
-from shared.cache_gauges import cache_gauges
+from shared.cache_gauges import CacheGauges, cache_gauges
+from shared.node_metrics import Counter, counter
 
 log = logging.getLogger("tessera")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
@@ -53,6 +54,22 @@ class TensorMessage:
     @property
     def num_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+@dataclass(slots=True)
+class InboxMetrics:
+    """Messages an inbox dropped, by reason, sender connections closed, and the bytes it holds."""
+
+    num_malformed: Counter = counter("tensor_messages_dropped_malformed_total", "Tensor messages dropped: malformed")
+    num_unauthenticated: Counter = counter(
+        "tensor_messages_dropped_unauthenticated_total", "Tensor messages dropped: their tag did not verify"
+    )
+    num_dropped: Counter = counter("tensor_messages_dropped_inbox_full_total", "Unclaimed tensor messages dropped when the inbox was full")
+    num_disconnects: Counter = counter(
+        "tensor_sender_disconnects_total", "Sender connections closed: the sender stopped, or sent a frame over the limit"
+    )
+    num_expired: Counter = counter("tensor_messages_expired_total", "Unclaimed tensor messages dropped for their age")
+    held: CacheGauges = cache_gauges("tensor_inbox", "bytes")
 
 
 class TensorSendTimeoutError(Exception):
@@ -155,16 +172,13 @@ class TensorInbox:
         # far less than this; a pixel message that expires anyway is resent on request.
         self.max_age_s = max_age_s
         self._next_expiry_check = 0.0
-        self.num_expired = 0
         self.max_frame_bytes = auth.max_frame_bytes
         self._messages: OrderedDict[str, TensorMessage] = OrderedDict()
         self._num_bytes = 0
         self._cond = threading.Condition()
         self._closed = False
-        self.num_dropped = 0  # evicted unclaimed when the inbox was full
-        self.num_malformed = 0
-        self.num_unauthenticated = 0
-        self.num_disconnects = 0  # senders whose connection closed: stopped, or cut for an oversized frame
+        self.metrics = InboxMetrics()
+        self.metrics.held.read_from(lambda: self._num_bytes, lambda: self.capacity_bytes)
         self._thread = threading.Thread(target=self._receive_loop, name="tensor-inbox", daemon=True)
         self._thread.start()
 
@@ -186,17 +200,6 @@ class TensorInbox:
             if message is not None:
                 self._num_bytes -= message.num_bytes
 
-    def counters(self) -> dict[str, float]:
-        """Messages dropped, by reason, and sender connections closed: for the node's metrics."""
-        return {
-            "tensor_messages_dropped_malformed_total": float(self.num_malformed),
-            "tensor_messages_dropped_unauthenticated_total": float(self.num_unauthenticated),
-            "tensor_messages_dropped_inbox_full_total": float(self.num_dropped),
-            "tensor_sender_disconnects_total": float(self.num_disconnects),
-            "tensor_messages_expired_total": float(self.num_expired),
-            **cache_gauges("tensor_inbox", "bytes", self._num_bytes, self.capacity_bytes),
-        }
-
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -214,10 +217,8 @@ class TensorInbox:
             ready = dict(poller.poll(100))
             if self._monitor in ready:
                 recv_monitor_message(self._monitor)
-                self.num_disconnects += 1
-                self._log(
-                    self.num_disconnects, f"a sender's connection closed (it stopped, or sent a frame over {self.max_frame_bytes} bytes)"
-                )
+                what = f"a sender's connection closed (it stopped, or sent a frame over {self.max_frame_bytes} bytes)"
+                self._count(self.metrics.num_disconnects, what)
             if self._socket in ready:
                 self._receive(self._socket.recv_multipart(copy=False))
             self._expire(time.monotonic())
@@ -234,20 +235,19 @@ class TensorInbox:
                     break
                 del self._messages[key]
                 self._num_bytes -= oldest.num_bytes
-                self.num_expired += 1
+                self.metrics.num_expired.inc()
 
     def _receive(self, frames: list[zmq.Frame]) -> None:
         if self._key is not None:
             if len(frames) < 2 or not verify_frames(self._key, frames[0].buffer, [f.buffer for f in frames[1:]]):
-                self.num_unauthenticated += 1
-                self._log(self.num_unauthenticated, "dropped a message whose tag does not verify (no or another secret, or altered)")
+                what = "dropped a message whose tag does not verify (no or another secret, or altered)"
+                self._count(self.metrics.num_unauthenticated, what)
                 return
             frames = frames[1:]
         try:
             message = _decode(frames)
         except MalformedMessageError as exc:
-            self.num_malformed += 1
-            self._log(self.num_malformed, f"dropped a malformed message: {exc}")
+            self._count(self.metrics.num_malformed, f"dropped a malformed message: {exc}")
             return
         message.received_at = time.monotonic()
         with self._cond:
@@ -258,11 +258,14 @@ class TensorInbox:
             while self._num_bytes > self.capacity_bytes and len(self._messages) > 1:
                 _, dropped = self._messages.popitem(last=False)
                 self._num_bytes -= dropped.num_bytes
-                self.num_dropped += 1
+                self.metrics.num_dropped.inc()
             self._cond.notify_all()
 
-    def _log(self, count: int, what: str) -> None:
-        """Logs the 1st, 2nd, 4th, 8th... time: a flood of bad messages cannot flood the log."""
+    def _count(self, events: Counter, what: str) -> None:
+        """Counts a drop or closure (on the receive thread, their one writer) and logs the 1st, 2nd,
+        4th, 8th... of its kind: a flood of bad messages cannot flood the log."""
+        events.inc()
+        count = int(events.value)
         if count & (count - 1) == 0:
             log.warning("tensor inbox %s: %s (%d so far)", self.address, what, count)
 

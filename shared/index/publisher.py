@@ -18,18 +18,30 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from shared import process_stats
-from shared.flat_histogram import FlatHistogram
 from shared.index.backend import CacheIndex
 from shared.index.cluster_config import ConfigMismatchError
 from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
+from shared.node_metrics import Counter, Histogram, counter, histogram
 from shared.types import BlockHash, MmHash
 
 log = logging.getLogger("tessera.index")
 
 LoadFn = Callable[[], tuple[float, float]]  # -> (load, kv_usage)
 PUBLISH_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+@dataclass(slots=True)
+class PublisherMetrics:
+    """The index's health as this node sees it."""
+
+    num_publish_failures: Counter = counter("index_publish_failures_total", "Index calls that failed: the index was unreachable")
+    num_heartbeats_withheld: Counter = counter(
+        "index_heartbeats_withheld_total", "Heartbeats not sent because the node's compute loop made no progress"
+    )
+    publish_time: Histogram = histogram("index_publish_seconds", "One batch of cache events published: one round trip", PUBLISH_BUCKETS_S)
 
 
 class IndexPublisher:
@@ -59,9 +71,7 @@ class IndexPublisher:
         self._kv_holdings: dict[BlockHash, str] = {}
         self._wake = threading.Event()
         self._stopped = threading.Event()
-        self.num_publish_failures = 0
-        self.num_heartbeats_withheld = 0
-        self.publish_time = FlatHistogram("index_publish_seconds", PUBLISH_BUCKETS_S)  # one batch: one round trip
+        self.metrics = PublisherMetrics()
         process_stats.register(self)  # the node's Stats carry the index's health as this node sees it
         self._thread = threading.Thread(target=self._run, name="index-publisher", daemon=True)
 
@@ -72,7 +82,7 @@ class IndexPublisher:
         try:
             self._register()
         except IndexUnavailableError as exc:
-            self.num_publish_failures += 1
+            self.metrics.num_publish_failures.inc()
             log.warning("index unreachable (%s); serving from local caches, will register once it answers", exc)
         except ConfigMismatchError as exc:
             self.refusal = exc
@@ -145,8 +155,8 @@ class IndexPublisher:
                 elif time.monotonic() >= next_heartbeat:
                     if not self.alive_fn():
                         # A hung compute loop: let the record lapse so routers stop choosing us.
-                        self.num_heartbeats_withheld += 1
-                        if self.num_heartbeats_withheld == 1:
+                        self.metrics.num_heartbeats_withheld.inc()
+                        if self.metrics.num_heartbeats_withheld.value == 1:
                             log.error("compute loop is not making progress; withholding heartbeats")
                         next_heartbeat = time.monotonic() + self.ttl_s / 3
                         continue
@@ -161,13 +171,13 @@ class IndexPublisher:
                     try:
                         started = time.monotonic()
                         self.index.publish(self.node.node_id, self.epoch, batch)
-                        self.publish_time.observe(time.monotonic() - started)
+                        self.metrics.publish_time.observe(time.monotonic() - started)
                     except IndexUnavailableError:
                         with self._lock:  # keep it; the snapshot on re-registration covers it
                             self._pending = batch
                         raise
             except IndexUnavailableError as exc:
-                self.num_publish_failures += 1
+                self.metrics.num_publish_failures.inc()
                 if self.epoch is not None:
                     log.warning("index unreachable (%s); serving from local caches, will catch up", exc)
                 self.epoch = None
@@ -179,13 +189,6 @@ class IndexPublisher:
                     self.on_refused(exc)
                 return
 
-    def counters(self) -> dict[str, float]:
-        return {
-            "index_publish_failures_total": float(self.num_publish_failures),
-            "index_heartbeats_withheld_total": float(self.num_heartbeats_withheld),
-            **self.publish_time.counters(),
-        }
-
     def _register(self) -> None:
         epoch = self.index.register_node(self.node, ttl_s=self.ttl_s)
         with self._lock:
@@ -193,5 +196,5 @@ class IndexPublisher:
             self._pending = IndexEvents()
         started = time.monotonic()
         self.index.publish(self.node.node_id, epoch, snapshot)
-        self.publish_time.observe(time.monotonic() - started)
+        self.metrics.publish_time.observe(time.monotonic() - started)
         self.epoch = epoch

@@ -30,8 +30,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from shared.index.types import NodeState
+from shared.node_metrics import Counter, counter
 
 log = logging.getLogger("tessera.index")
 
@@ -41,6 +43,16 @@ DEFAULT_MAX_SKEW_S = 30.0  # clock difference tolerated between a writer and a r
 # is forgotten (its replays are then caught by the staleness rule alone). Ids churn with pods.
 MAX_REMEMBERED_NODES = 65536
 REJECTION_REASONS = ("unsealed", "bad_seal", "stale", "old_epoch")
+
+
+@dataclass(slots=True)
+class RejectionMetrics:
+    """Node records read back and not trusted, by reason (one field per REJECTION_REASONS)."""
+
+    unsealed: Counter = counter("index_records_rejected_unsealed_total", "Index node records ignored: no seal")
+    bad_seal: Counter = counter("index_records_rejected_bad_seal_total", "Index node records ignored: the seal does not verify")
+    stale: Counter = counter("index_records_rejected_stale_total", "Index node records ignored: sealed too long ago, or in the future")
+    old_epoch: Counter = counter("index_records_rejected_old_epoch_total", "Index node records ignored: an epoch older than one admitted")
 
 
 def _mac(key: bytes, namespace: str, state: NodeState, sealed_at_ms: int, ttl_ms: int) -> str:
@@ -77,7 +89,7 @@ class RecordSealer:
         self._clock = clock  # wall time: seals are compared across machines
         self._lock = threading.Lock()
         self._node_to_max_epoch: dict[str, int] = {}
-        self.reason_to_num_rejected = dict.fromkeys(REJECTION_REASONS, 0)
+        self.metrics = RejectionMetrics()
 
     def seal(self, state: NodeState, *, ttl_s: float) -> str:
         sealed_at_ms, ttl_ms = int(self._clock() * 1000), int(ttl_s * 1000)
@@ -115,15 +127,12 @@ class RecordSealer:
             if reason is None:
                 out[node_id] = state
                 continue
-            with self._lock:
-                self.reason_to_num_rejected[reason] += 1
-                first = self.reason_to_num_rejected[reason] == 1
+            rejected: Counter = getattr(self.metrics, reason)
+            with self._lock:  # the increment and the read that says whether it was the first
+                rejected.inc()
+                first = rejected.value == 1
             # Logged at the first rejection per reason: a forged record is read on every lookup.
             (log.warning if first else log.debug)(
                 "ignoring the index record of node %r (%s at %s): %s", node_id, state.info.role, state.info.grpc_address, reason
             )
         return out
-
-    def counters(self) -> dict[str, float]:
-        with self._lock:
-            return {f"index_records_rejected_{r}_total": float(n) for r, n in self.reason_to_num_rejected.items()}

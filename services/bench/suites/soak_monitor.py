@@ -98,13 +98,13 @@ class Monitor:
             role_name = name.split("-")[0]
             if role_name not in ROLE_TO_STUB:
                 continue  # the gateway: no caches of its own
-            for usage in cache_usage(self._stats(role_name, role["grpc_address"])):
+            for usage in cache_usage(self._gauges(role_name, role["grpc_address"])):
                 caches[f"{name}/{usage.cache}"] = usage
         return Sample(time.monotonic() - self.t0, {n: b for n, b in rss.items() if b is not None}, caches, num_restarts(state))
 
-    def _stats(self, role: str, address: str) -> dict[str, float]:
+    def _gauges(self, role: str, address: str) -> dict[str, float]:
         try:
-            return dict(read_stats(role, address, self._auth, timeout_s=5).counters)
+            return dict(read_stats(role, address, self._auth, timeout_s=5).gauges)
         except grpc.RpcError as exc:  # a node restarting, or a secret that is not the stack's
             self.num_sample_errors += 1
             self.first_sample_error = self.first_sample_error or f"{address}: {exc.code().name} {exc.details()}"

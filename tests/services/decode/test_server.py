@@ -87,7 +87,7 @@ def _run(nodes, scenario) -> None:
 
 def test_a_stream_cancelled_before_its_pages_arrive_is_never_adopted(nodes):
     async def scenario(stub, prefill: PrefillNode, decode: DecodeNode, admission: NodeAdmission) -> None:
-        adopted = decode.counters()["decode_requests_total"]
+        adopted = decode.metrics.num_requests.value
         # The gateway calls Decode once prefill has shipped; here the pages are not sent yet.
         stream = stub.Decode(_decode_request("early", 1, first_token=0))
         await _until(lambda: _true(admission.num_pending == 1))
@@ -96,14 +96,14 @@ def test_a_stream_cancelled_before_its_pages_arrive_is_never_adopted(nodes):
         await _prefill(prefill, decode, "early", 1)  # the pages arrive after the stream left
         await asyncio.sleep(1.0)  # adopted, it would now be decoding 600 tokens
         assert await _idle_with_free_pages(decode)
-        assert decode.counters()["decode_requests_total"] == adopted
+        assert decode.metrics.num_requests.value == adopted
 
     _run(nodes, scenario)
 
 
 def test_a_stream_past_its_deadline_mid_decode_is_aborted_and_frees_its_pages(nodes):
     async def scenario(stub, prefill: PrefillNode, decode: DecodeNode, admission: NodeAdmission) -> None:
-        aborted = decode.counters()["engine_requests_aborted_total"]
+        aborted = decode.metrics.engine.num_requests_aborted.value
         first = await _prefill(prefill, decode, "expired", 2)
         chunks = []
         with pytest.raises(grpc.aio.AioRpcError) as expired:
@@ -112,14 +112,14 @@ def test_a_stream_past_its_deadline_mid_decode_is_aborted_and_frees_its_pages(no
         assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert 0 < sum(len(c.token_ids) for c in chunks) < MAX_TOKENS
         await _until(lambda: _idle_with_free_pages(decode))
-        assert decode.counters()["engine_requests_aborted_total"] == aborted + 1
+        assert decode.metrics.engine.num_requests_aborted.value == aborted + 1
 
     _run(nodes, scenario)
 
 
 def test_a_node_out_of_kv_pages_refuses_a_stream_as_busy_and_a_cancelled_stream_frees_them(nodes):
     async def scenario(stub, prefill: PrefillNode, decode: DecodeNode, admission: NodeAdmission) -> None:
-        aborted = decode.counters()["engine_requests_aborted_total"]
+        aborted = decode.metrics.engine.num_requests_aborted.value
         holder = stub.Decode(_decode_request("holder", 3, await _prefill(prefill, decode, "holder", 3)))
         await holder.read()  # its first token, sent before adoption
         await holder.read()  # the engine's first: adopted, its pages for prompt + max_tokens are reserved
@@ -133,7 +133,7 @@ def test_a_node_out_of_kv_pages_refuses_a_stream_as_busy_and_a_cancelled_stream_
         assert "no free KV pages" in refused.value.details()
         holder.cancel()  # the client went away mid-stream
         await _until(lambda: _idle_with_free_pages(decode))
-        assert decode.counters()["engine_requests_aborted_total"] == aborted + 1
+        assert decode.metrics.engine.num_requests_aborted.value == aborted + 1
 
     _run(nodes, scenario)
 

@@ -7,9 +7,8 @@ import asyncio
 
 import pytest
 
-from services.encoder.batching import DeadlinePassedError, EncodeBatcher
+from services.encoder.batching import BatchMetrics, DeadlinePassedError, EncodeBatcher
 from services.encoder.node import EncodeItem, EncodeResult
-from shared.flat_histogram import FlatHistogram
 from shared.types import MmHash
 
 
@@ -69,13 +68,13 @@ def test_each_call_gets_its_own_result_or_failure_and_queue_time_is_recorded():
         return [RuntimeError("bad pixels") if call_items[0].mm_hash == "bad" else EncodeResult([], 1, 0) for call_items, _ in calls]
 
     async def scenario() -> None:
-        histogram = FlatHistogram("queue_seconds")
-        batcher = EncodeBatcher(run_batch, queue_time=histogram)
+        metrics = BatchMetrics()
+        batcher = EncodeBatcher(run_batch, metrics=metrics)
         outcomes = await asyncio.gather(
             batcher.encode(items("ok", 4), "tcp://x"), batcher.encode(items("bad", 4), "tcp://x"), return_exceptions=True
         )
         assert isinstance(outcomes[0], EncodeResult) and isinstance(outcomes[1], RuntimeError)
-        assert histogram.counters()["queue_seconds_count"] == 2.0
+        assert metrics.queue_time.value.count == 2.0 and metrics.num_calls_batched.value == 2.0
 
     asyncio.run(scenario())
     assert seen == [["ok", "bad"]]  # both lined up before the worker ran: one batch

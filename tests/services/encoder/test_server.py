@@ -7,25 +7,33 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import dataclass, field
 
 import grpc
 import pytest
 
 from protos.gen import pb, rpc
+from services.encoder.batching import BatchMetrics
 from services.encoder.node import EncodeItem, EncodeResult
 from services.encoder.server import EncodeServicer
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_error import ErrorKind, node_error_of
+from shared.node_metrics import snapshot
 from tests.aio_server import serving
+
+
+@dataclass(slots=True)
+class StandInMetrics:
+    batching: BatchMetrics = field(default_factory=BatchMetrics)
 
 
 class StandInNode:
     """Encodes by name: "slow" waits for ``release``, "poison" raises like a shape mismatch."""
 
     data_address = "tcp://127.0.0.1:9"
-    queue_time = None
 
     def __init__(self) -> None:
+        self.metrics = StandInMetrics()
         self.release = threading.Event()
         self.encoded: list[str] = []
         self.batches: list[list[str]] = []
@@ -48,9 +56,6 @@ class StandInNode:
         if name == "slow":
             self.release.wait(10)
         return EncodeResult([], len(items), 0)
-
-    def counters(self) -> dict[str, float]:
-        return {}
 
 
 def _request(name: str) -> pb.EncodeRequest:
@@ -100,7 +105,7 @@ def test_calls_arriving_while_a_batch_runs_make_up_the_next_batch():
             assert [o.num_encoded for o in (outcomes[0], outcomes[2])] == [1, 1]
             assert isinstance(outcomes[1], grpc.aio.AioRpcError) and outcomes[1].code() == grpc.StatusCode.INTERNAL
             assert node.batches == [["slow"], ["a", "poison", "b"]]
-            assert servicer.batcher.counters() == {"encoder_batches_total": 2.0, "encoder_calls_batched_total": 4.0}
+            assert snapshot(node.metrics).counters == {"encoder_batches_total": 2.0, "encoder_calls_batched_total": 4.0}
 
     asyncio.run(scenario())
 

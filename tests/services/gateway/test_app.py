@@ -192,13 +192,18 @@ def test_requests_and_responses_validate_against_the_served_openapi_document():
 
 
 def test_metrics_are_prometheus_text():
-    http, _ = client_for(FakePipeline())
+    http, _ = client_for(FakePipeline(num_migrations=2))
     http.post("/v1/chat/completions", json={"messages": MESSAGES})
     http.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 99})
     families = {f.name: f for f in text_string_to_metric_families(http.get("/metrics").text)}
     by_status = {s.labels["status"]: s.value for s in families["tessera_requests"].samples if s.name.endswith("_total")}
     assert by_status == {"200": 1.0, "400": 1.0}
     assert families["tessera_ttft_seconds"].type == "histogram"
+    # The gateway's own part of the cluster view, read from its pipeline and router.
+    migrations = families["tessera_gateway_migrations"]
+    assert migrations.type == "counter" and migrations.samples[0].name == "tessera_gateway_migrations_total"
+    assert migrations.samples[0].value == 2.0
+    assert families["tessera_gateway_index_breaker_open"].type == "gauge"
 
 
 def test_the_official_client_gets_text_completions_streamed_and_batched():

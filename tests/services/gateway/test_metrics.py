@@ -1,12 +1,19 @@
-"""The gateway's /metrics text: its own counters and histograms, and the cluster's counters
-summed per name, as prometheus_client's own parser reads them."""
+"""The gateway's /metrics text: its own counters and histograms, and the cluster's metrics summed
+per name (histograms per role), as prometheus_client's own parser reads them."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.gateway.metrics import GatewayMetrics
-from shared.flat_histogram import FlatHistogram
+from shared.node_metrics import Histogram, Snapshot
+
+
+def queue_histogram(*seconds: float) -> Histogram:
+    histogram = Histogram("queue_seconds", "A request's wait", (0.1, 1.0))
+    for value in seconds:
+        histogram.observe(value)
+    return histogram
 
 
 def parse(text: bytes) -> dict:
@@ -16,9 +23,9 @@ def parse(text: bytes) -> dict:
 def test_requests_latencies_and_role_counters_parse_as_prometheus_text():
     metrics = GatewayMetrics(
         lambda: {
-            "encoder@a:1": {"encoder_items_encoded_total": 2.0},
-            "prefill@b:2": {"prefix_cached_tokens_total": 16.0, "encoder_items_encoded_total": 1.0},
-            "decode@c:3": {"decode_kv_blocks_free": 40.0},
+            "encoder@a:1": Snapshot({"encoder_items_encoded_total": 2.0}),
+            "prefill@b:2": Snapshot({"prefix_cached_tokens_total": 16.0, "encoder_items_encoded_total": 1.0}),
+            "decode@c:3": Snapshot(gauges={"decode_kv_blocks_free": 40.0}),
         },
         num_in_flight=lambda: 3.0,
     )
@@ -52,19 +59,17 @@ def test_requests_latencies_and_role_counters_parse_as_prometheus_text():
 
 def test_series_names_keep_their_total_suffix_in_the_text():
     """Tests and benchmarks read these exact series names."""
-    text = GatewayMetrics(lambda: {"gateway@self": {"gateway_migrations_total": 2.0}}).render().decode()
+    text = GatewayMetrics(lambda: {"gateway@self": Snapshot({"gateway_migrations_total": 2.0})}).render().decode()
     assert "tessera_gateway_migrations_total 2.0" in text.splitlines()
 
 
 def test_node_histograms_are_summed_per_role_bucket_by_bucket():
-    first, second, encoder = (FlatHistogram("queue_seconds", (0.1, 1.0)) for _ in range(3))
-    for histogram, seconds in ((first, 0.05), (first, 2.0), (second, 0.5), (encoder, 0.01)):
-        histogram.observe(seconds)
+    first, second, encoder = queue_histogram(0.05, 2.0), queue_histogram(0.5), queue_histogram(0.01)
     metrics = GatewayMetrics(
         lambda: {
-            "prefill@a:1": {**first.counters(), "prefill_tokens_computed_total": 5.0},
-            "prefill@a:2": second.counters(),
-            "encoder@b:1": encoder.counters(),
+            "prefill@a:1": Snapshot({"prefill_tokens_computed_total": 5.0}, histograms={"queue_seconds": first.value}),
+            "prefill@a:2": Snapshot(histograms={"queue_seconds": second.value}),
+            "encoder@b:1": Snapshot(histograms={"queue_seconds": encoder.value}),
         }
     )
     family = parse(metrics.render())["tessera_queue_seconds"]
@@ -90,29 +95,24 @@ def counter_values(metrics: GatewayMetrics) -> dict[str, float]:
 
 
 def test_no_cluster_counter_decreases_when_a_node_leaves_or_restarts():
-    queue = FlatHistogram("queue_seconds", (0.1, 1.0))
-    queue.observe(0.05)
+    queue = {"queue_seconds": queue_histogram(0.05).value}
     nodes = {
-        "prefill@a:1": {"prefill_tokens_computed_total": 100.0, "engine_requests_running": 2.0, **queue.counters()},
-        "prefill@b:2": {"prefill_tokens_computed_total": 50.0, "engine_requests_running": 1.0, **queue.counters()},
+        "prefill@a:1": Snapshot({"prefill_tokens_computed_total": 100.0}, {"engine_requests_running": 2.0}, queue),
+        "prefill@b:2": Snapshot({"prefill_tokens_computed_total": 50.0}, {"engine_requests_running": 1.0}, queue),
     }
     metrics = GatewayMetrics(lambda: nodes, model_name="m")
     before = counter_values(metrics)
     assert before["tessera_prefill_tokens_computed_total[]"] == 150.0
     del nodes["prefill@b:2"]  # scale-in: b leaves
     after_leave = counter_values(metrics)
-    nodes["prefill@a:1"] = {**nodes["prefill@a:1"], "prefill_tokens_computed_total": 3.0}  # a restarted and counted 3 more
+    nodes["prefill@a:1"] = Snapshot({"prefill_tokens_computed_total": 3.0}, {"engine_requests_running": 2.0}, queue)  # a restarted
     after_restart = counter_values(metrics)
     for reading in (after_leave, after_restart):
         assert all(reading.get(name, 0.0) >= value for name, value in before.items()), reading
     assert after_restart["tessera_prefill_tokens_computed_total[]"] == 153.0
     families = parse(metrics.render())
     assert {s.labels["address"] for s in families["tessera_node_up"].samples} == {"a:1"}
-    assert (
-        families["tessera_prefill_engine_requests_running"].samples[0].value == 2.0
-        if "tessera_prefill_engine_requests_running" in families
-        else True
-    )
+    assert families["tessera_engine_requests_running"].samples[0].value == 2.0  # a gauge: the live node's only
 
 
 # The vLLM names (with "tessera:" for "vllm:") that dashboards, KEDA and the inference gateway read;
@@ -131,28 +131,26 @@ VLLM_NAMES = {
 }
 
 
-def kv_blocks(used: float, capacity: float = 100.0) -> dict[str, float]:
-    return {"kv_cache_used_blocks": used, "kv_cache_capacity_blocks": capacity}
-
-
 def test_vllm_named_families_carry_the_model_name_and_process_metrics_are_served():
-    queue = FlatHistogram("queue_seconds", (0.1, 1.0))
-    queue.observe(0.5)
     nodes = {
-        "prefill@a:1": {
-            "engine_requests_running": 1.0,
-            "engine_requests_waiting": 3.0,
-            "kv_cache_used_blocks": 10.0,
-            "kv_cache_capacity_blocks": 100.0,
-            **queue.counters(),
-        },
-        "decode@c:3": {
-            "engine_requests_running": 4.0,
-            "engine_requests_waiting": 0.0,
-            "kv_cache_used_blocks": 30.0,
-            "kv_cache_capacity_blocks": 100.0,
-        },
-        "encoder@e:5": {"engine_requests_running": 99.0},  # not an engine: not counted
+        "prefill@a:1": Snapshot(
+            gauges={
+                "engine_requests_running": 1.0,
+                "engine_requests_waiting": 3.0,
+                "kv_cache_used_blocks": 10.0,
+                "kv_cache_capacity_blocks": 100.0,
+            },
+            histograms={"queue_seconds": queue_histogram(0.5).value},
+        ),
+        "decode@c:3": Snapshot(
+            gauges={
+                "engine_requests_running": 4.0,
+                "engine_requests_waiting": 0.0,
+                "kv_cache_used_blocks": 30.0,
+                "kv_cache_capacity_blocks": 100.0,
+            }
+        ),
+        "encoder@e:5": Snapshot(gauges={"engine_requests_running": 99.0}),  # not an engine: not counted
     }
     metrics = GatewayMetrics(lambda: nodes, model_name="tiny")
     metrics.record_ttft(0.2)

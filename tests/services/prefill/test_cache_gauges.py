@@ -10,6 +10,7 @@ from services.prefill.node import PrefillNode
 from services.preprocess.preprocessor import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from shared.cache_gauges import cache_usage
+from shared.node_metrics import snapshot
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.prefill.fakes import FakeUpstream, prefill_job
 
@@ -42,9 +43,9 @@ def test_gauges_after_a_prefill(tiny_model):
 
 def _usage(node: PrefillNode) -> dict[str, tuple[float, float]]:
     # Read on the engine thread, after any step in flight, so the counts are settled.
-    counters = node.loop.call(lambda engine: node.counters()).result()
+    gauges = node.loop.call(lambda engine: snapshot(node.metrics).gauges).result()
     # The tensor inbox's gauge (bytes waiting to be claimed) is tested with the inbox itself.
-    return {u.cache: (u.used, u.capacity) for u in cache_usage(counters) if u.cache != "tensor_inbox"}
+    return {u.cache: (u.used, u.capacity) for u in cache_usage(gauges) if u.cache != "tensor_inbox"}
 
 
 def _upstream(node: PrefillNode) -> FakeUpstream:
@@ -68,7 +69,7 @@ def test_hit_miss_and_eviction_counters(tiny_model):
     try:
         for request_id, prep in (("a1", preps[0]), ("a2", preps[0]), ("b1", preps[1])):
             asyncio.run(node.run(prefill_job(request_id, prep, sink.address, max_tokens=1), upstream))
-        counters = node.loop.call(lambda engine: node.counters()).result()
+        counters = node.loop.call(lambda engine: snapshot(node.metrics).counters).result()
         assert [counters[f"embedding_cache_{kind}_total"] for kind in ("hits", "misses", "evictions")] == [1.0, 2.0, 1.0]
         num_prompt_tokens = len(preps[0].prompt_token_ids)
         cached = (num_prompt_tokens - 1) // BLOCK * BLOCK  # a2 reuses a1's full blocks (the last token is always computed)

@@ -97,7 +97,7 @@ def test_a_prefill_node_encodes_pushed_pixels_itself_and_matches_the_oracle(node
         assert again.first_token_id == expected
 
     _run(encoding, scenario)
-    assert encoding.counters()["prefill_images_encoded_locally_total"] == 1.0
+    assert encoding.metrics.embeddings.num_local_encodes.value == 1.0
     assert encoding.engine.runner.vision.num_items_encoded == 1
     assert sink.wait("local-1", 10) is not None and sink.wait("local-2", 10) is not None  # KV shipped both times
 

@@ -54,16 +54,16 @@ def test_pulled_prefix_is_adopted_and_gives_the_same_first_token(nodes, tiny_mod
     (source, puller), sink, upstream = nodes
     job = _job(tiny_model, sink, "a1", seed=77)
     expected = _run(source, job, upstream)
-    pulled_before = puller.counters()["prefill_kv_blocks_pulled_total"]
-    exported_before = source.counters()["kv_blocks_exported_total"]
+    pulled, exported = puller.metrics.pulls.num_blocks_pulled, source.metrics.engine.num_kv_blocks_exported
+    pulled_before, exported_before = pulled.value, exported.value
 
     again = _job(tiny_model, sink, "b1", seed=77, sources=[KVSource("source", num_tokens=len(job.prompt_token_ids))])
     result = _run(puller, again, upstream)
     sent = (len(job.prompt_token_ids) - 1) // BLOCK  # never the block of the last prompt token
     assert result.num_pulled_tokens == result.num_cached_tokens == sent * BLOCK
     assert result.first_token_id == expected.first_token_id
-    assert puller.counters()["prefill_kv_blocks_pulled_total"] - pulled_before == sent
-    assert source.counters()["kv_blocks_exported_total"] - exported_before == sent
+    assert pulled.value - pulled_before == sent
+    assert exported.value - exported_before == sent
 
 
 @pytest.mark.parametrize("peer", ["silent", "gone"])
@@ -71,12 +71,13 @@ def test_a_pull_that_fails_falls_back_to_recomputing(nodes, tiny_model, peer):
     (source, puller), sink, upstream = nodes
     seed = {"silent": 78, "gone": 80}[peer]
     expected = _run(source, _job(tiny_model, sink, f"a-{peer}", seed=seed), upstream)
-    failures_before = puller.counters()["prefill_kv_pull_failures_total"]
+    failures = puller.metrics.pulls.num_failures
+    failures_before = failures.value
 
     result = _run(puller, _job(tiny_model, sink, f"b-{peer}", seed=seed, sources=[KVSource(peer, num_tokens=10 * BLOCK)]), upstream)
     assert result.num_pulled_tokens == result.num_cached_tokens == 0
     assert result.first_token_id == expected.first_token_id
-    assert puller.counters()["prefill_kv_pull_failures_total"] - failures_before == 1
+    assert failures.value - failures_before == 1
 
 
 def test_no_pull_when_the_peer_holds_no_more_than_we_do(nodes, tiny_model):

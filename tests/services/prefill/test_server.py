@@ -75,10 +75,10 @@ def test_a_call_cancelled_mid_prefill_aborts_its_engine_request_and_ships_nothin
     async def scenario(stub, node: PrefillNode, sink: TensorInbox) -> None:
         call = stub.Prefill(_request("cancelled", sink, _prompt(1)))
         await _until(lambda: _has(node, "cancelled"))
-        aborted = node.counters()["engine_requests_aborted_total"]
+        aborted = node.metrics.engine.num_requests_aborted.value
         call.cancel()
         await _until(lambda: _is_idle(node))
-        assert node.counters()["engine_requests_aborted_total"] == aborted + 1
+        assert node.metrics.engine.num_requests_aborted.value == aborted + 1
         assert sink.wait("cancelled", 1.0) is None  # finished, it would have shipped its pages
 
     _run(prefill, scenario)
@@ -86,14 +86,14 @@ def test_a_call_cancelled_mid_prefill_aborts_its_engine_request_and_ships_nothin
 
 def test_a_call_past_its_deadline_mid_prefill_aborts_its_engine_request(prefill):
     async def scenario(stub, node: PrefillNode, sink: TensorInbox) -> None:
-        aborted = node.counters()["engine_requests_aborted_total"]
+        aborted = node.metrics.engine.num_requests_aborted.value
         call = asyncio.ensure_future(stub.Prefill(_request("expired", sink, _prompt(2)), timeout=1.5))
         await _until(lambda: _has(node, "expired"))
         with pytest.raises(grpc.aio.AioRpcError) as expired:
             await call
         assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         await _until(lambda: _is_idle(node))
-        assert node.counters()["engine_requests_aborted_total"] == aborted + 1
+        assert node.metrics.engine.num_requests_aborted.value == aborted + 1
         assert sink.wait("expired", 1.0) is None
         # The node goes on: the next prefill runs and ships its pages.
         reply = await stub.Prefill(_request("after", sink, _prompt(3, 64)), timeout=60)

@@ -7,6 +7,7 @@ from services.preprocess.config import PreprocessConfig
 from services.preprocess.node import PreprocessNode
 from services.transport.tensor_channel import TensorInbox
 from shared.cache_gauges import cache_usage
+from shared.node_metrics import snapshot
 from tests.factories import chat_case, encode_image, make_image
 
 
@@ -15,7 +16,7 @@ def test_gauges_follow_the_caches_and_stay_within_budget(tiny_model):
     node = PreprocessNode(tiny_model, config, mirror_entries=2)
     inbox = TensorInbox("tcp://127.0.0.1:0")
     try:
-        assert {u.cache: (u.used, u.capacity) for u in cache_usage(node.counters())} == {
+        assert {u.cache: (u.used, u.capacity) for u in cache_usage(snapshot(node.metrics).gauges)} == {
             "processor": (0.0, 200_000.0),
             "file_hash_memo": (0.0, 3.0),
             "pixel_mirror": (0.0, 0.0),  # a mirror per encoder fed; none yet
@@ -23,7 +24,7 @@ def test_gauges_follow_the_caches_and_stay_within_budget(tiny_model):
         for seed in range(5):
             [item] = node.preprocess(chat_case(encode_image(make_image(56, 56, seed=seed)), "What is it?").prompt).mm_items
             node.push_pixels([item.mm_hash], target_id="e", target_address=inbox.address, force=False)
-            usage = {u.cache: u for u in cache_usage(node.counters())}
+            usage = {u.cache: u for u in cache_usage(snapshot(node.metrics).gauges)}
             assert all(u.used <= u.capacity for u in usage.values())
         cache = node.preprocessor.processor_cache
         assert usage["processor"].used == cache.stats.num_bytes > 0

@@ -45,7 +45,7 @@ def test_indexed_image_is_not_processed_and_matches_a_processed_one(tiny_model, 
     assert result.prompt_token_ids == expected.prompt_token_ids
     assert item.placeholder == expected.mm_items[0].placeholder
     assert result.mrope_delta == expected.mrope_delta
-    assert node.counters()["preprocess_images_skipped_total"] == 1
+    assert node.metrics.num_images_skipped.value == 1
 
     # Pixels it never made cannot be pushed; preprocessing again without skipping makes them.
     inbox = TensorInbox("tcp://127.0.0.1:0")
@@ -65,4 +65,4 @@ def test_unindexed_or_unskipped_images_are_processed(index, node):
     prompt = chat_case(encode_image(make_image(84, 84, seed=4)), "Describe.").prompt
     result = node.preprocess(prompt, skip_indexed=True)
     assert result.mm_items[0].image.pixel_values is not None  # the index knows nothing of it
-    assert node.counters()["preprocess_images_skipped_total"] == 0
+    assert node.metrics.num_images_skipped.value == 0

@@ -12,6 +12,7 @@ import pytest
 from protos.gen import pb, rpc
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_error import ErrorKind, NodeError, NodeRef, node_error_of
+from shared.node_metrics import snapshot
 from tests.aio_server import serving
 
 
@@ -21,7 +22,8 @@ def test_admits_up_to_the_limit_then_refuses_and_counts():
     assert not admission.try_admit()
     admission.release()
     assert admission.try_admit()
-    assert admission.counters() == {"node_requests_pending": 2.0, "node_requests_refused_total": 1.0}
+    assert snapshot(admission.metrics).gauges == {"node_requests_pending": 2.0}
+    assert snapshot(admission.metrics).counters == {"node_requests_refused_total": 1.0}
     with pytest.raises(ValueError):
         NodeAdmission("decode", max_pending_requests=0)
 
@@ -65,6 +67,6 @@ def test_a_full_node_refuses_at_once_as_busy_and_frees_places_when_calls_end():
             assert failed.value.code() == grpc.StatusCode.UNKNOWN and admission.num_pending == 1  # so does a failed one
             servicer.release.set()
             assert (await held[1]).num_encoded == 1
-            assert admission.num_pending == 0 and admission.num_refused == 1
+            assert admission.num_pending == 0 and admission.metrics.num_refused.value == 1
 
     asyncio.run(scenario())

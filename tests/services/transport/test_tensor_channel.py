@@ -34,7 +34,7 @@ def test_wait_times_out_and_inbox_drops_oldest_beyond_capacity():
         for i in range(5):
             sender.send(inbox.address, f"k{i}", {"x": torch.zeros(250)})  # 1000 bytes each
         assert inbox.wait("k4", timeout_s=5) is not None
-        assert inbox.num_dropped >= 1
+        assert inbox.metrics.num_dropped.value >= 1
         assert inbox.wait("k0", timeout_s=0.2) is None
     finally:
         sender.close()
@@ -80,9 +80,9 @@ def test_malformed_messages_are_dropped_and_the_inbox_keeps_receiving():
         assert message is not None and torch.equal(message.tensors["a"], torch.ones(2))
         # Two sending sockets are fair-queued, so the good message may overtake the bad ones.
         deadline = time.monotonic() + 5
-        while inbox.num_malformed < len(bad) and time.monotonic() < deadline:
+        while inbox.metrics.num_malformed.value < len(bad) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert inbox.num_malformed == len(bad)
+        assert inbox.metrics.num_malformed.value == len(bad)
     finally:
         raw.close()
         sender.close()
@@ -117,14 +117,14 @@ def test_unclaimed_messages_expire_and_the_inbox_reports_what_it_holds():
     try:
         sender.send(inbox.address, "orphan", {"x": torch.zeros(256)})  # nobody will wait for it
         deadline = time.monotonic() + 5
-        while inbox.counters()["tensor_inbox_cache_used_bytes"] == 0 and time.monotonic() < deadline:
+        held = inbox.metrics.held
+        while held.used.value == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert inbox.counters()["tensor_inbox_cache_used_bytes"] == 1024
-        assert inbox.counters()["tensor_inbox_cache_capacity_bytes"] == 1 << 20
-        while inbox.counters()["tensor_messages_expired_total"] == 0 and time.monotonic() < deadline:
+        assert (held.used.value, held.capacity.value) == (1024, 1 << 20)
+        while inbox.metrics.num_expired.value == 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert inbox.counters()["tensor_messages_expired_total"] == 1
-        assert inbox.counters()["tensor_inbox_cache_used_bytes"] == 0
+        assert inbox.metrics.num_expired.value == 1
+        assert held.used.value == 0
         assert inbox.wait("orphan", 0.01) is None
         sender.send(inbox.address, "fresh", {"x": torch.ones(4)})  # and it goes on receiving
         assert inbox.wait("fresh", 5) is not None

@@ -13,6 +13,7 @@ import zmq
 from services.transport.frame_mac import frames_tag
 from services.transport.internal_auth import InternalAuth
 from services.transport.tensor_channel import ChannelAuth, TensorInbox, TensorSender
+from shared.node_metrics import snapshot
 
 AUTH = ChannelAuth(key=InternalAuth(b"the-cluster-secret-0123456789").tensor_key)
 OTHER = ChannelAuth(key=InternalAuth(b"another-cluster-secret-987654").tensor_key)
@@ -64,15 +65,15 @@ def test_only_messages_signed_with_the_cluster_key_get_in():
         ]
         for frames in bad:
             raw.send_multipart(frames)
-        _wait_until(lambda: inbox.num_unauthenticated == 2 + len(bad))
+        _wait_until(lambda: inbox.metrics.num_unauthenticated.value == 2 + len(bad))
         assert inbox.wait("forged", 0.1) is None and inbox.wait("unsigned", 0.1) is None
         assert inbox.wait("x", 0.1) is None and inbox.wait("y", 0.1) is None
         _good_message_arrives(inbox, "after")
         # Signed but malformed: authenticated, then refused by the decoder.
         garbage = b"\xff not json"
         raw.send_multipart([frames_tag(AUTH.key, [garbage]), garbage])
-        _wait_until(lambda: inbox.num_malformed == 1)
-        counters = inbox.counters()
+        _wait_until(lambda: inbox.metrics.num_malformed.value == 1)
+        counters = snapshot(inbox.metrics).counters
         assert counters["tensor_messages_dropped_unauthenticated_total"] == 2 + len(bad)
         assert counters["tensor_messages_dropped_malformed_total"] == 1
         _good_message_arrives(inbox, "last")
@@ -90,7 +91,7 @@ def test_a_frame_over_the_limit_is_cut_off_and_the_inbox_goes_on():
         _good_message_arrives(inbox, "before")
         big.send(inbox.address, "big", {"a": torch.zeros(32 * 1024)})  # 128 KiB in one frame
         # ZMQ closes that sender's connection before reading the frame; the closure is counted.
-        _wait_until(lambda: inbox.counters()["tensor_sender_disconnects_total"] >= 1)
+        _wait_until(lambda: inbox.metrics.num_disconnects.value >= 1)
         assert inbox.wait("big", 0.2) is None
         _good_message_arrives(inbox, "after")
     finally:
@@ -107,7 +108,7 @@ def test_without_a_key_messages_carry_no_tag():
         assert inbox.wait("k", 5) is not None
         signed = TensorSender(auth=AUTH)
         signed.send(inbox.address, "signed", {"a": torch.ones(2)})  # a tag frame where a header belongs
-        _wait_until(lambda: inbox.num_malformed == 1)
+        _wait_until(lambda: inbox.metrics.num_malformed.value == 1)
         signed.close()
     finally:
         sender.close()

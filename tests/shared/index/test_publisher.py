@@ -41,8 +41,7 @@ def test_events_are_published_in_batches_and_evictions_cancel_stores():
         result = index.lookup([MmHash("x"), MmHash("y")], [BlockHash("b")])
         assert result.mm_holders[MmHash("x")] == {"enc": ENTRY} and result.mm_holders[MmHash("y")] == {}
         assert result.node_to_num_prefix_blocks == {"enc": 1}
-        counters = publisher.counters()
-        assert counters["index_publish_seconds_count"] >= 1 and counters["index_publish_failures_total"] == 0
+        assert publisher.metrics.publish_time.value.count >= 1 and publisher.metrics.num_publish_failures.value == 0
         time.sleep(2.5)  # heartbeats keep the node alive past its TTL
         assert "enc" in index.live_nodes()
     finally:
@@ -70,7 +69,7 @@ def test_index_outage_then_restart_catches_up_from_the_node_snapshot():
     recorder.join(timeout=5)
     assert not recorder.is_alive()
     time.sleep(1.5)
-    assert publisher.num_publish_failures > 0
+    assert publisher.metrics.num_publish_failures.value > 0
     try:
         with running_server(binary, port=port):  # a fresh, empty index on the same address
             assert _wait_for(lambda: index.lookup([], [BlockHash("b1")]).node_to_num_prefix_blocks == {"pf": 1})
@@ -104,7 +103,7 @@ def test_a_node_whose_compute_loop_hangs_stops_heartbeating_and_lapses():
         assert "enc" in index.live_nodes()  # heartbeats kept it past its TTL
         alive[0] = False
         assert _wait_for(lambda: "enc" not in index.live_nodes(), timeout_s=3)
-        assert publisher.num_heartbeats_withheld > 0
+        assert publisher.metrics.num_heartbeats_withheld.value > 0
     finally:
         publisher.stop()
 

@@ -83,7 +83,7 @@ def test_a_sealed_index_drops_a_forged_node_and_its_entries_and_counts_it():
     assert result.mm_holders == {MmHash("img"): {"real": entry}}
     assert result.node_to_num_prefix_blocks == {"real": 1}
     assert set(index.live_nodes()) == {"real"}
-    assert index.sealer.counters()["index_records_rejected_unsealed_total"] == 2.0
+    assert index.sealer.metrics.unsealed.value == 2.0
 
 
 def test_the_epochs_a_reader_remembers_are_bounded(monkeypatch):
