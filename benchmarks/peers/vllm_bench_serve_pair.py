@@ -8,8 +8,10 @@ table per load (`tessera bench --compare`'s) and leaves vLLM's result JSON files
         [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0]
 
 The workload is benchmarks/peers/README.md's: one new 448x448 image per request, 64 input and 16
-output tokens, ignore_eos on both sides. An open-loop load also keeps `--max-concurrency 64`, so a
-rate above a server's capacity queues in the server, not without bound in the client.
+output tokens, ignore_eos on both sides. Each load draws its own prompts and images (seed, seed+1,
+...; the warm-up the next one): a load that replayed an earlier one's would hit every cache. The
+two systems get the same ones. An open-loop load also keeps `--max-concurrency 64`, so a rate
+above a server's capacity queues in the server, not without bound in the client.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from services.models.registry import ensure_builtin
 OPEN_LOOP_MAX_CONCURRENCY = 64
 
 
-def serve_bench(args: argparse.Namespace, base_url: str, served: str, load: tuple[str, float], name: str, num_prompts: int) -> Path:
+def serve_bench(
+    args: argparse.Namespace, base_url: str, served: str, load: tuple[str, float], name: str, num_prompts: int, seed: int
+) -> Path:
     kind, value = load
     load_flags = ["--max-concurrency", str(int(value))]
     if kind == "rate":
@@ -44,7 +48,7 @@ def serve_bench(args: argparse.Namespace, base_url: str, served: str, load: tupl
         "--random-input-len", "64", "--random-output-len", "16", "--random-range-ratio", "0",
         "--random-mm-base-items-per-request", "1", "--random-mm-num-mm-items-range-ratio", "0",
         "--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}', "--random-mm-bucket-config", "{(448, 448, 1): 1.0}",
-        "--ignore-eos", "--seed", str(args.seed), "--save-result", "--result-dir", str(args.out), "--result-filename", f"{name}.json",
+        "--ignore-eos", "--seed", str(seed), "--save-result", "--result-dir", str(args.out), "--result-filename", f"{name}.json",
     ]  # fmt: skip
     subprocess.run(command, check=True)
     return args.out / f"{name}.json"
@@ -83,9 +87,10 @@ def main() -> int:
     outputs: dict[tuple[str, float], list[Path]] = {load: [] for load in loads}
     for system in ("tessera", "vllm"):
         with serving(system, args) as (base_url, served):
-            serve_bench(args, base_url, served, ("c", 4), f"warmup-{system}", args.warmup_prompts)
-            for load in loads:
-                outputs[load].append(serve_bench(args, base_url, served, load, f"{system}-{label[load]}", args.num_prompts))
+            serve_bench(args, base_url, served, ("c", 4), f"warmup-{system}", args.warmup_prompts, args.seed + len(loads))
+            for number, load in enumerate(loads):
+                name = f"{system}-{label[load]}"
+                outputs[load].append(serve_bench(args, base_url, served, load, name, args.num_prompts, args.seed + number))
     for load in loads:
         print(f"\n{label[load]} (ratio: tessera / vLLM)")
         tessera, vllm = (json.loads(path.read_text()) for path in outputs[load])
