@@ -10,9 +10,10 @@ caller can pull a prefix from a peer instead of recomputing it. Adaptive dispatc
 then says whether the chosen prefill node encodes the images the chosen encoder lacks.
 
 Exactly-once encoding (cache_aware): a node holding one of the request's images pins the request
-there whatever its load (the encoder holding the most image tokens; then, for the images that
-encoder lacks, the prefill node holding the most), since handing over held embeddings costs far
-less than a tower run. An image this gateway has sent to be encoded and the index does not list
+there (the encoder holding the most image tokens, whatever its load; then, for the images that
+encoder lacks, the prefill node holding the most, while its load is within scoring.py's
+PIN_LOAD_SLACK of the least loaded), since handing over held embeddings costs far less than a
+tower run. An image this gateway has sent to be encoded and the index does not list
 yet counts as held where it was sent (pending_encodes.py).
 
 Power of d choices: past MAX_SCORED_NODES nodes of a role, cache_aware and least_loaded score
@@ -42,6 +43,7 @@ from services.router.scoring import (
     image_tokens_per_node,
     prefill_tokens_per_node,
     prefix_tokens_per_node,
+    within_pin_slack,
 )
 from shared.hashing import MmSpan
 from shared.hashing import block_hashes as compute_block_hashes
@@ -164,7 +166,7 @@ class Router:
             encoder = self._pinned(encoder_tokens, encoders) or choose(self.policy, encoders, encoder_tokens, turn=turn, tie_key=tie_key)
             prefills = self._candidates("prefill", exclude, turn, prefill_tokens)
             elsewhere = {h: holders for h, holders in mm_holders.items() if encoder not in holders}
-            prefill = self._pinned(image_tokens_per_node(elsewhere, image_tokens), prefills) or choose(
+            prefill = self._pinned(image_tokens_per_node(elsewhere, image_tokens), prefills, bounded=True) or choose(
                 self.policy, prefills, prefill_tokens, turn=turn, tie_key=tie_key
             )
             decode_policy = "least_loaded" if self.policy == "cache_aware" else self.policy
@@ -196,14 +198,16 @@ class Router:
         self.mean_call_tokens = 0.9 * mean + 0.1 * num_new_tokens
         return frozenset()
 
-    def _pinned(self, held_tokens: dict[str, int], candidates: list[Candidate]) -> str | None:
+    def _pinned(self, held_tokens: dict[str, int], candidates: list[Candidate], *, bounded: bool = False) -> str | None:
         """cache_aware: the candidate holding (or encoding) the most of the request's image
         tokens (``held_tokens``: node -> tokens it holds), if any holds one. Such images go there
         whatever its load: handing over embeddings a node holds costs little, and encoding them
         again elsewhere costs a tower run (exactly-once encoding)."""
         if self.policy != "cache_aware":
             return None
-        holders = sorted(c.node_id for c in candidates if held_tokens.get(c.node_id, 0) > 0)
+        holders = sorted(
+            c.node_id for c in candidates if held_tokens.get(c.node_id, 0) > 0 and (not bounded or within_pin_slack(c, candidates))
+        )
         return max(holders, key=held_tokens.__getitem__) if holders else None
 
     def _prefix_tokens_by_node(self, lookup: LookupResult | None) -> dict[str, int]:

@@ -80,6 +80,12 @@ POLICIES = ("cache_aware", "round_robin", "least_loaded")
 # "prefill" on the prefill node whenever it can encode (tests, or encoder-light deployments).
 ENCODE_DISPATCHES = ("adaptive", "encoder", "prefill")
 PREFILL_TO_ENCODE_COST = 0.4
+# Bounded pinning to a prefill node (router.py's exactly-once pins): a prefill node holding the
+# request's images pins it only while it has at most PIN_LOAD_SLACK more requests than the least
+# loaded prefill candidate. Past that, waiting behind its queue costs more than one more tower
+# run: the image is encoded again on the encoder tier, which can then hand it to any prefill
+# node, so a hot image costs at most one extra run instead of a queue on one node.
+PIN_LOAD_SLACK = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,10 @@ class Candidate:
     busy: float = 0.0  # a prefill node's busy(p) of the adaptive dispatch rule
     queue: float = 0.0  # an encoder's queue(e) of the adaptive dispatch rule
     pending_tokens: float = 0.0  # a prefill node's pending(p) of the adaptive dispatch rule
+
+
+def within_pin_slack(holder: Candidate, candidates: Sequence[Candidate]) -> bool:
+    return holder.load <= min(c.load for c in candidates) + PIN_LOAD_SLACK
 
 
 def score(candidate: Candidate, cached_tokens: int) -> float:

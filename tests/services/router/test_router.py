@@ -9,7 +9,7 @@ import pytest
 
 from services.router.membership import Membership
 from services.router.router import NoLiveNodeError, Router, local_encode_key, pending_tokens_key
-from services.router.scoring import POLICIES
+from services.router.scoring import PIN_LOAD_SLACK, POLICIES
 from shared.hashing import MmSpan, block_hashes
 from shared.index.memory_backend import InProcessIndex
 from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
@@ -186,6 +186,20 @@ def test_an_image_the_prefill_node_holds_needs_no_encoder_and_draws_the_request(
         route = router.route(TOKENS, [IMAGE])
     assert route.prefill == "p:2" and route.images_on_prefill == {IMAGE[0]}
     assert route.local_encode == set() and route.images_on_encoder == set()
+
+
+def test_a_prefill_holder_past_the_pin_slack_is_no_longer_pinned():
+    """Bounded pinning (scoring.PIN_LOAD_SLACK): a holder loaded past the least loaded prefill node
+    by more than the slack loses the pin; the image is encoded again rather than queued there."""
+    index = _cluster(can_encode=True)
+    epoch = index.live_nodes()["prefill@p:2"].epoch
+    index.publish("prefill@p:2", epoch, IndexEvents(mm_stored={IMAGE[0]: MmEntry(12, (1, 4, 12), 12 * 64)}))
+    router = router_over(index)
+    with router.membership.in_flight(*["p:2"] * int(PIN_LOAD_SLACK)):
+        assert router.route(TOKENS, [IMAGE]).prefill == "p:2"  # within the slack: still pinned
+    with router.membership.in_flight(*["p:2"] * (int(PIN_LOAD_SLACK) + 1)):
+        route = router.route(TOKENS, [IMAGE])
+    assert route.prefill == "p:1" and route.images_on_prefill == set()
 
 
 def test_calls_waiting_on_the_encoder_do_not_make_a_prefill_node_busy_but_its_local_encodes_do():
