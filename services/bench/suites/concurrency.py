@@ -120,7 +120,11 @@ async def one_stream(client: openai.AsyncOpenAI, model: str, index: int, max_tok
 async def run_clients(
     base_url: str, model: str, num_clients: int, max_tokens: int, timeout_s: float, first_index: int = 0
 ) -> tuple[list[Outcome], float, int]:
-    limits = httpx.Limits(max_connections=num_clients + 8, max_keepalive_connections=num_clients + 8)
+    # No idle connection is kept: each client sends one request, and a pool of idle connections
+    # costs httpcore a scan of all of them (a poll each) at every response's close, O(clients²)
+    # in all; how long a server keeps them open (its keep-alive) would then decide the client's
+    # CPU (docs/benchmarks.md, "Where the 1.81x goes").
+    limits = httpx.Limits(max_connections=num_clients + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=timeout_s)) as http:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="none", http_client=http, max_retries=0)
         gauge = Gauge()
