@@ -111,15 +111,15 @@ class InProcessIndex:
             node_to_num_prefix_blocks: dict[str, int] = {}
             if block_hashes:
                 first, sampled = holders(self._kv.get(block_hashes[0], {}))
-                node_to_num_prefix_blocks = self._walk(block_hashes, set(first), 1, live)
                 if sampled:  # the live holders of the deepest block with entries, checked from block 0
                     lo, hi = 0, len(block_hashes) - 1
                     while lo < hi:
                         mid = (lo + hi + 1) // 2
                         lo, hi = (mid, hi) if self._kv.get(block_hashes[mid]) else (lo, mid - 1)
                     deepest = holders(self._kv.get(block_hashes[lo], {}))[0]
-                    deeper = self._walk(block_hashes, set(deepest or first), 0, live)
-                    node_to_num_prefix_blocks = deeper or node_to_num_prefix_blocks
+                    node_to_num_prefix_blocks = self._walk(block_hashes, set(deepest or first), 0, live)
+                if not node_to_num_prefix_blocks:  # the exact walk, or none of the deepest's holders held block 0
+                    node_to_num_prefix_blocks = self._walk(block_hashes, set(first), 1, live)
             named = {nid for holders in mm_holders.values() for nid in holders} | set(node_to_num_prefix_blocks)
             return LookupResult(
                 nodes={nid: nodes[nid] for nid in named},
