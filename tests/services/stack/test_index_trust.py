@@ -80,6 +80,7 @@ def test_forged_node_records_get_no_request_and_no_connection(stack, tiny_model,
     listener = CountingListener()
     raw = stack.redis_client()
     forged: list[str] = []
+    before = stack.metrics()  # rejections are counted as the membership refresh reads the records, not per request
     try:
         real = {n: raw.hgetall(prefix + f"node:{n}") for n in raw.smembers(prefix + "nodes")}
         wrong_key = RecordSealer(b"not-the-cluster-key-" * 2, tiny_model.model_id)
@@ -94,7 +95,6 @@ def test_forged_node_records_get_no_request_and_no_connection(stack, tiny_model,
                 forged.append(node_id)
         time.sleep(2.0)  # the gateway's membership refreshes at least once a second
 
-        before = stack.metrics()
         client = client_for(stack)
         for i in range(6):
             case = chat_case(png(112, 112, 900 + i % 3), f"Question {i}?")
