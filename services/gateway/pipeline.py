@@ -232,8 +232,8 @@ class Pipeline:
         return nodes[next(self._turns) % len(nodes)].info.grpc_address
 
     def _route(self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str], attempt: int) -> tuple[Route, list[MmHash]]:
-        """The route, and the request's images neither its encoder nor its prefill node holds
-        (their pixels must be pushed)."""
+        """The route, and the request's images no node it names holds (their pixels must be
+        pushed)."""
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
         with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
@@ -245,7 +245,8 @@ class Pipeline:
             )
         for observe in self.route_observers:
             observe(route)
-        return route, [h for h, _ in images if h not in route.images_on_encoder and h not in route.images_on_prefill]
+        held = route.images_on_encoder | route.images_on_prefill | route.image_to_encoder.keys()
+        return route, [h for h, _ in images if h not in held]
 
 
 def _trace_prefill(prep: pb.PreprocessResponse, prefill: pb.PrefillResponse) -> None:

@@ -40,9 +40,10 @@ NO_TOWER = "this prefill node has no vision tower (started with --local-encode f
 class EmbeddingsUnavailableError(RuntimeError):
     """The encoder never pushed some embeddings it was asked for."""
 
-    def __init__(self, missing: list[str]) -> None:
+    def __init__(self, missing: list[str], encoder: str) -> None:
         super().__init__(f"embeddings unavailable for {len(missing)} image(s)")
         self.missing = missing
+        self.encoder = encoder
 
 
 @dataclass(slots=True)
@@ -89,11 +90,16 @@ class ResidentEmbeddings:
             pixels = await asyncio.to_thread(self._receive_pixels, job.local_pixels_key_prefix, here, lacking_here)
             if pixels:
                 await asyncio.to_thread(self._encode_here, rid, lacking_here, pixels)
-        lacking = [i for i in lacking if i.mm_hash not in job.local_encode]
-        if lacking:
-            if not job.encoder_address:
+        encoder_to_items: dict[str, list[PromptItem]] = {}
+        for item in lacking:
+            if item.mm_hash in job.local_encode:
+                continue
+            encoder = job.encoder_for(item.mm_hash)
+            if not encoder:
                 raise RequestRejectedError("images need embeddings but no encoder_address was given")
-            await self._fetch(rid, lacking, job.encoder_address, upstream)
+            encoder_to_items.setdefault(encoder, []).append(item)
+        for encoder, items in encoder_to_items.items():
+            await self._fetch(rid, items, encoder, upstream)
 
     def claim(self, request_id: str, items: Sequence[PromptItem]) -> list[PromptItem]:
         """Reference the items this node already holds; returns those it lacks."""
@@ -120,13 +126,13 @@ class ResidentEmbeddings:
                     missing = await upstream.encode(encoder_address, mine, self.inbox.address)
                     if missing:
                         raise MissingPixelsError(missing, "encoder lacks pixels for some images")
-                    await asyncio.to_thread(self._receive, request_id, mine)
+                    await asyncio.to_thread(self._receive, request_id, mine, encoder_address)
             finally:
                 self._end(mine)
             lacking = await asyncio.to_thread(self._await_others, request_id, others) if others else []
             if not lacking:
                 return
-        raise EmbeddingsUnavailableError([i.mm_hash for i in lacking])
+        raise EmbeddingsUnavailableError([i.mm_hash for i in lacking], encoder_address)
 
     def _begin(self, items: list[PromptItem]) -> tuple[list[PromptItem], list[PromptItem]]:
         """Split ``items`` into those the caller fetches or encodes, and those another request
@@ -159,7 +165,7 @@ class ResidentEmbeddings:
                 event.wait(self.wait_s)
         return self.claim(request_id, items)
 
-    def _receive(self, request_id: str, items: list[PromptItem]) -> None:
+    def _receive(self, request_id: str, items: list[PromptItem], encoder: str) -> None:
         """Wait for pushed embeddings of ``items`` and import them; raises if any never arrive."""
         missing = []
         for item in items:
@@ -170,7 +176,7 @@ class ResidentEmbeddings:
             self._import(request_id, item, message.tensors["embeds"])
             self.metrics.num_pulled.inc()
         if missing:
-            raise EmbeddingsUnavailableError(missing)
+            raise EmbeddingsUnavailableError(missing, encoder)
 
     def _receive_pixels(self, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem]) -> dict[MmHash, torch.Tensor]:
         """Pixels pushed here for ``items``, for those among ``lacking``: local_pixels.take_pixels."""

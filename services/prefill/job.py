@@ -4,8 +4,8 @@ neither protobuf nor gRPC; server.py converts at the edges and dials the other n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from services.engine.remote_request import PositionsFn, PromptItem, build_request
@@ -25,9 +25,14 @@ class PrefillJob:
     cache_salt: str | None = None
     prior_output_token_ids: Sequence[int] = ()  # a migrated request's answer so far
     encoder_address: str | None = None  # where lacking embeddings are fetched from
+    image_to_encoder: Mapping[MmHash, str] = field(default_factory=dict)  # images another encoder ships
     local_encode: frozenset[MmHash] = frozenset()  # images the router chose this node to encode
     local_pixels_key_prefix: str = ""  # their pixels wait in the inbox under prefix + mm_hash
     kv_sources: Sequence[KVSource] = ()  # peers holding a prefix of the prompt's KV
+
+    def encoder_for(self, mm_hash: MmHash) -> str | None:
+        """The encoder this image's embeddings come from, if it is not encoded here."""
+        return self.image_to_encoder.get(mm_hash, self.encoder_address)
 
     def engine_request(self, positions: PositionsFn) -> Request:
         # The answer so far is computed like prompt text (same positions) and counts toward

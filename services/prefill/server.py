@@ -49,17 +49,17 @@ class PrefillServicer(rpc.PrefillServicer):
             return await self._prefill(request, context)
 
     async def _prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
-        encoder = request.encoder_address
         try:
             result = await self.node.run(job_from_pb(request), self.upstream)
-        except grpc.aio.AioRpcError as exc:  # only the encoder's: a failed peer pull is recomputed
-            await fail_like_encoder(context, exc, encoder)
+        except EncoderCallError as exc:  # a failed peer pull is recomputed, so only encoders fail a prefill
+            await fail_like_encoder(context, exc.rpc_error, exc.encoder)
         except MissingPixelsError as exc:
             await abort_with(context, NodeError(ErrorKind.MISSING_PIXELS, str(exc), missing_mm_hashes=tuple(exc.missing)))
         except (LocalEncodeUnavailableError, PixelsMismatchError) as exc:  # this request's own failure
             await abort_with(context, NodeError(ErrorKind.REQUEST_FAILED, str(exc)))
         except EmbeddingsUnavailableError as exc:
-            await abort_with(context, NodeError(ErrorKind.NODE_FAILED, f"{exc} from encoder {encoder}", NodeRef("encoder", encoder)))
+            failed = NodeError(ErrorKind.NODE_FAILED, f"{exc} from encoder {exc.encoder}", NodeRef("encoder", exc.encoder))
+            await abort_with(context, failed)
         except RequestRejectedError as exc:
             await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, str(exc)))
         except SamplingError as exc:  # this request's own failure; the batch beside it went on
@@ -80,6 +80,7 @@ def job_from_pb(request: pb.PrefillRequest) -> PrefillJob:
         cache_salt=request.cache_salt or None,
         prior_output_token_ids=list(request.prior_output_token_ids),
         encoder_address=request.encoder_address or None,
+        image_to_encoder={MmHash(h): a for h, a in request.mm_hash_to_encoder.items()},
         local_encode=frozenset(MmHash(h) for h in request.local_encode_mm_hashes),
         local_pixels_key_prefix=request.local_pixels_key_prefix,
         kv_sources=[KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources],
@@ -112,6 +113,16 @@ async def fail_like_encoder(context, exc: grpc.aio.AioRpcError, encoder: str) ->
     await abort_with(context, failed)
 
 
+class EncoderCallError(Exception):
+    """An Encode call failed; ``encoder`` says which encoder (a request's images may come from
+    several)."""
+
+    def __init__(self, encoder: str, rpc_error: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"encoder {encoder}: {rpc_error.details()}")
+        self.encoder = encoder
+        self.rpc_error = rpc_error
+
+
 class GrpcUpstream:
     """job.Upstream over gRPC, one channel per address."""
 
@@ -124,11 +135,14 @@ class GrpcUpstream:
         stub = self._encoders.get(encoder)
         if stub is None:
             stub = self._encoders[encoder] = rpc.EncodeStub(internal_channel(encoder, self.auth))
-        reply = await stub.Encode(
-            pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in items], target_data_address=target),
-            timeout=120,
-            metadata=outgoing_metadata(),
-        )
+        try:
+            reply = await stub.Encode(
+                pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in items], target_data_address=target),
+                timeout=120,
+                metadata=outgoing_metadata(),
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise EncoderCallError(encoder, exc) from exc
         return [MmHash(h) for h in reply.missing_pixels]
 
     async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:

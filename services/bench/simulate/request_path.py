@@ -2,8 +2,9 @@
 
 route (real: Router.route or the llm-d scorer, reserve=True, timed on the wall clock) -> images
 the prefill node lacks: those the route sends to the prefill node's own tower are encoded there,
-the others come from the encoder, which ships those it holds and runs the tower on the rest (an
-image already in a tower pass there is waited for, not encoded again) -> prefill: the prompt's
+the others come from the encoder the route names for each (``Route.image_to_encoder``, else its
+encoder), which ships those it holds and runs the tower on the rest (an image already in a tower
+pass there is waited for, not encoded again) -> prefill: the prompt's
 tokens past the longest prefix the node holds, or that a peer named by the route holds when
 services/prefill/kv_pull.py's cost model says pulling beats recomputing -> the reservation is
 released, the decode node takes the prompt's KV and decodes the reply in its batch.
@@ -103,20 +104,27 @@ class RequestPath:
         if prefill is None:
             return self._fail(request, route.prefill)
         lacking = [h for h in dict.fromkeys(h for h, _ in turn.images) if h not in prefill.mm]
-        from_encoder = [h for h in lacking if h not in route.local_encode]
-        if not from_encoder:
+        address_to_images: dict[str, list[MmHash]] = {}
+        for h in lacking:
+            if h not in route.local_encode:
+                address_to_images.setdefault(route.image_to_encoder.get(h, route.encoder), []).append(h)
+        if not address_to_images:
             return self._prefill(request, request.token)
-        encoder = self._serving(route.encoder)
-        if encoder is None:
-            return self._fail(request, route.encoder)
-        new = [h for h in from_encoder if h not in encoder.mm and h not in encoder.encoding]
-        if new:
-            seconds = len(new) * self.costs.encode_s_per_image
-            done = encoder.serve(self.events.now, seconds)
-            self._tower_runs(encoder, new, done, seconds)
-            self.events.at(done, self._encoded, encoder, new)
-        ready = max([self.events.now, *(encoder.encoding[h] for h in from_encoder if h in encoder.encoding)])
-        self._hold(request, encoder)
+        encoders = [(self._serving(address), address) for address in address_to_images]
+        for encoder, address in encoders:
+            if encoder is None:
+                return self._fail(request, address)
+        ready = self.events.now
+        for encoder, address in encoders:
+            from_encoder = address_to_images[address]
+            new = [h for h in from_encoder if h not in encoder.mm and h not in encoder.encoding]
+            if new:
+                seconds = len(new) * self.costs.encode_s_per_image
+                done = encoder.serve(self.events.now, seconds)
+                self._tower_runs(encoder, new, done, seconds)
+                self.events.at(done, self._encoded, encoder, new)
+            ready = max([ready, *(encoder.encoding[h] for h in from_encoder if h in encoder.encoding)])
+            self._hold(request, encoder)
         self.events.at(ready, self._prefill, request, request.token)
 
     def _encoded(self, encoder: SimNode, images: list[MmHash]) -> None:

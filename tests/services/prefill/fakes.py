@@ -31,6 +31,7 @@ def prefill_job(
     max_tokens: int = 4,
     encoder_address: str | None = "encoder",
     kv_sources: Sequence[KVSource] = (),
+    image_to_encoder: dict[MmHash, str] | None = None,
 ) -> PrefillJob:
     """A prefill of a preprocessed prompt, its KV shipped to ``decode_address``."""
     return PrefillJob(
@@ -40,6 +41,7 @@ def prefill_job(
         sampling=SamplingParams(max_tokens=max_tokens),
         decode_address=decode_address,
         encoder_address=encoder_address,
+        image_to_encoder=image_to_encoder or {},
         kv_sources=list(kv_sources),
     )
 
@@ -56,9 +58,11 @@ class FakeUpstream:
     silent_peers: frozenset[str] = frozenset()  # announce every block asked for, send none
     lacks_pixels: frozenset[MmHash] = frozenset()  # images the encoder reports it has no pixels for
     num_export_calls: int = 0
+    encode_calls: list[tuple[str, list[MmHash]]] = field(default_factory=list)  # (encoder, images asked of it)
     _sender: TensorSender | None = None
 
     async def encode(self, encoder: str, items: Sequence[PromptItem], target: str) -> list[MmHash]:
+        self.encode_calls.append((encoder, [i.mm_hash for i in items]))
         if self._sender is None:
             self._sender = TensorSender()
         for item in items:

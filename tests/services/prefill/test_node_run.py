@@ -53,3 +53,21 @@ def test_an_encoder_lacking_pixels_names_them_and_the_held_image_is_released(hel
         asyncio.run(node.run(prefill_job("no-pixels", both, sink.address, max_tokens=1), upstream))
     assert caught.value.missing == [items[1].mm_hash]
     assert "no-pixels" not in _users(node, items[0])
+
+
+def test_each_image_is_fetched_from_the_encoder_the_route_names_for_it(tiny_model):
+    """A request's images held by two encoders: one Encode call to each, for its own images."""
+    node = PrefillNode(tiny_model, EngineConfig(), data_bind="tcp://127.0.0.1:0")
+    sink = TensorInbox("tcp://127.0.0.1:0")
+    upstream = FakeUpstream(node.engine.runner.checkpoint.text.hidden_size)
+    try:
+        images = [encode_image(make_image(112, 112, seed=s)) for s in (21, 22)]
+        prep = Preprocessor(tiny_model).preprocess(chat_case(*images, "Which differ?").prompt)
+        first, second = (i.mm_hash for i in prompt_items(prep))
+        job = prefill_job("two-encoders", prep, sink.address, max_tokens=1, image_to_encoder={second: "encoder-b"})
+        asyncio.run(node.run(job, upstream))
+        assert sorted(upstream.encode_calls) == [("encoder", [first]), ("encoder-b", [second])]
+    finally:
+        upstream.close()
+        sink.close()
+        node.close()

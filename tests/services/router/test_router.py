@@ -172,6 +172,25 @@ def test_an_image_the_chosen_encoder_holds_is_never_encoded_again():
     assert route.images_on_encoder == {IMAGE[0]} and route.local_encode == set()
 
 
+def test_images_held_by_two_encoders_are_each_shipped_by_a_holder_and_none_is_encoded_again():
+    """A route names one encoder; an image only another encoder holds is shipped from that one
+    (Route.image_to_encoder), not encoded again on the chosen one, and its pixels are never pushed."""
+    index = _cluster(can_encode=True)
+    second = (MmHash("img-2"), PlaceholderRange(24, 12))
+    entry = MmEntry(12, (1, 4, 12), 12 * 64)
+    for node_id, held in (("encoder@e:1", IMAGE[0]), ("encoder@e:2", second[0])):
+        index.publish(node_id, index.live_nodes()[node_id].epoch, IndexEvents(mm_stored={held: entry}))
+    route = router_over(index, encode_dispatch="prefill").route(TOKENS, [IMAGE, second], reserve=True)
+    other = {"e:1": "e:2", "e:2": "e:1"}[route.encoder]
+    (shipped,) = {IMAGE[0], second[0]} - route.images_on_encoder
+    assert route.image_to_encoder == {shipped: other} and route.local_encode == set()
+    assert route.reservation is not None
+    route.reservation.release()
+    excluded = router_over(index).route(TOKENS, [IMAGE, second], exclude=frozenset({other}))
+    assert excluded.image_to_encoder == {}  # a holder the request must avoid ships nothing
+    assert router_over(index, policy="least_loaded").route(TOKENS, [IMAGE, second]).image_to_encoder == {}
+
+
 def test_an_unknown_encode_dispatch_is_refused():
     with pytest.raises(ValueError, match="unknown encode dispatch"):
         router_over(InProcessIndex(), encode_dispatch="gpu")
