@@ -1,0 +1,29 @@
+"""Where a request's pixels go (stages._by_target): each image to the node that will encode it."""
+
+from __future__ import annotations
+
+from protos.gen import pb
+from services.engine.sampling_params import SamplingParams
+from services.gateway.failures import Attempts
+from services.gateway.request_run import Attempt, PixelTarget, RequestRun
+from services.gateway.stages import _by_target
+from services.router.router import Route
+from shared.types import MmHash
+
+LOCAL, SHIPPED, NEW = MmHash("local"), MmHash("shipped"), MmHash("new")
+
+
+def attempt_for(route: Route) -> Attempt:
+    run = RequestRun("req", pb.PromptInput(), SamplingParams(), None, False, 0.0, Attempts(max_failures=1))
+    return Attempt(run, 0, route, "pre:1", pb.PreprocessResponse())
+
+
+def test_each_image_s_pixels_go_to_the_node_that_encodes_it():
+    route = Route("e:1", "p:1", "d:1", frozenset(), {}, 0.0, local_encode=frozenset({LOCAL}), image_to_encoder={SHIPPED: "e:2"})
+    attempt = attempt_for(route)
+    assert _by_target(attempt, [NEW, LOCAL, SHIPPED]) == [
+        (PixelTarget("encoder", "e:1"), [NEW]),
+        (attempt.prefill_target(), [LOCAL]),
+        (PixelTarget("encoder", "e:2"), [SHIPPED]),  # its holder evicted it: encoded there, as routed
+    ]
+    assert _by_target(attempt, []) == []
