@@ -2,7 +2,8 @@
 
 With an index, the live node records *are* the cluster: a background refresh (``refresh_s``)
 lists them (``update``), and at once when a lookup reports a new membership version
-(``note_version``: a node joined or left, so the next request sees it). Lookups thus never list
+(``note_version``: a node joined or left, so the next request sees it; only the changed nodes'
+records are read). Lookups thus never list
 the cluster, and cost the same at 4 nodes or 500; each role's nodes are kept sorted between
 listings, so reading them costs that role's size, not the cluster's.
 Through an index outage the last-known set is kept; so is a role's last-known set for ``keep_s``
@@ -105,14 +106,34 @@ class Membership:
         self._role_to_nodes = {role: tuple(sorted(nodes, key=lambda s: s.info.grpc_address)) for role, nodes in role_to_nodes.items()}
 
     def note_version(self, version: int) -> None:
-        """The membership version a lookup saw. A new one (a node joined or left) lists the nodes
-        again now, in the caller's thread: once per change, so a joiner is a candidate for the
-        very next request."""
+        """The membership version a lookup saw. A new one (a node joined or left) updates the
+        nodes now, in the caller's thread, so a joiner is a candidate for the very next request:
+        from the index's log of changes, reading only the changed nodes' records (churn in a
+        cluster of N nodes would otherwise cost N records per join, kill or drain), or by
+        listing them all when the log no longer reaches back to the version known."""
         with self._lock:
-            if version == self._membership_version:
+            known = self._membership_version
+            if version == known:
                 return
             self._membership_version = version
-        self.refresh()
+        if known is None or not self._apply_changes(known):
+            self.refresh()
+
+    def _apply_changes(self, since: int) -> bool:
+        assert self.index is not None
+        try:
+            changes = self.index.membership_changes(since)
+        except IndexUnavailableError:
+            return False
+        if changes is None:
+            return False
+        with self._lock:
+            for node_id in changes.gone:
+                self._nodes.pop(node_id, None)
+            self._nodes.update(changes.nodes)
+            self._index_roles()
+            self._membership_version = max(self._membership_version or 0, changes.version)
+        return True
 
     def num_in_flight(self, address: str) -> int:
         return self._address_to_num_in_flight.get(address, 0)

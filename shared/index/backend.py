@@ -9,7 +9,8 @@ Semantics every backend must honour (tests/shared/index/test_conformance.py chec
     the block list at the first block no live node holds, and names (with their records) only
     the nodes holding something: its cost is independent of the number of nodes;
   * a membership version moves with every registration, deregistration and prune (lookup
-    returns it), so a reader knows when to call live_nodes again;
+    returns it), so a reader knows when to call live_nodes again, or membership_changes, which
+    names the nodes each move was for (the latest MEMBER_LOG_LENGTH) with their records;
   * a record carries the seal its writer gave at registration and at its latest heartbeat,
     byte for byte (shared/index/sealed_index.py checks it; backends store it and hand it back);
   * config agreement (shared/index/cluster_config.py): a registration whose cluster settings
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from shared.index.record_seal import DEFAULT_MAX_SKEW_S, RecordSealer
-from shared.index.types import IndexEvents, LookupResult, NodeInfo, NodeState
+from shared.index.types import IndexEvents, LookupResult, MembershipChanges, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
 
@@ -46,6 +47,11 @@ class CacheIndex(Protocol):
 
     def live_nodes(self) -> dict[str, NodeState]:
         """Every live node (heartbeat within its TTL); forgets the nodes whose heartbeat lapsed."""
+
+    def membership_changes(self, since: int) -> MembershipChanges | None:
+        """The nodes whose membership changed after version ``since`` (lookup's
+        membership_version), reading only their records; None when the index no longer knows
+        them all (more than MEMBER_LOG_LENGTH changes ago, or a restarted index): call live_nodes."""
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None: ...
 

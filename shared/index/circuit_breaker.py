@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from shared.index.backend import CacheIndex
-from shared.index.types import IndexEvents, IndexUnavailableError, LookupResult, NodeInfo, NodeState
+from shared.index.types import IndexEvents, IndexUnavailableError, LookupResult, MembershipChanges, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
 T = TypeVar("T")
@@ -84,6 +84,9 @@ class BreakerIndex:
 
     def live_nodes(self) -> dict[str, NodeState]:
         return self._call(self.inner.live_nodes)
+
+    def membership_changes(self, since: int) -> MembershipChanges | None:
+        return self._call(lambda: self.inner.membership_changes(since))
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None:
         self._call(lambda: self.inner.publish(node_id, epoch, events))

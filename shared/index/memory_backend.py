@@ -8,10 +8,20 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 from shared.index.cluster_config import ConfigMismatchError, agrees, disagreements
-from shared.index.types import MAX_HOLDERS_PER_KEY, IndexEvents, LookupResult, MmEntry, NodeInfo, NodeState
+from shared.index.types import (
+    MAX_HOLDERS_PER_KEY,
+    MEMBER_LOG_LENGTH,
+    IndexEvents,
+    LookupResult,
+    MembershipChanges,
+    MmEntry,
+    NodeInfo,
+    NodeState,
+)
 from shared.types import BlockHash, MmHash
 
 
@@ -28,6 +38,7 @@ class InProcessIndex:
         self._kv: dict[BlockHash, dict[str, tuple[int, str]]] = {}
         self.num_round_trips = 0
         self._membership_version = 0  # bumped by registration, deregistration and prune, as in Redis
+        self._member_log: deque[tuple[int, str]] = deque(maxlen=MEMBER_LOG_LENGTH)  # (version, node id)
         self._agreed: dict[str, str] = {}  # the cluster config record: setting -> value
         self._agreed_until = 0.0  # when it lapses, unless a registration or heartbeat extends it
 
@@ -44,7 +55,7 @@ class InProcessIndex:
             seal = seal_fn(epoch) if seal_fn is not None else ""
             self._node_to_epoch[node.node_id] = epoch
             self._node_to_state[node.node_id] = (NodeState(node, epoch, 0.0, 0.0, seal), self._clock() + ttl_s)
-            self._membership_version += 1
+            self._log_change(node.node_id)
             return epoch
 
     def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
@@ -64,7 +75,7 @@ class InProcessIndex:
             if self._node_to_epoch.get(node_id) == epoch:
                 self._node_to_epoch.pop(node_id)
                 self._node_to_state.pop(node_id, None)
-                self._membership_version += 1
+                self._log_change(node_id)
 
     def live_nodes(self) -> dict[str, NodeState]:
         with self._lock:
@@ -72,9 +83,32 @@ class InProcessIndex:
             for node_id in [n for n, (_, expires) in self._node_to_state.items() if expires <= now]:
                 del self._node_to_state[node_id]
                 self._node_to_epoch.pop(node_id, None)
-                self._membership_version += 1
+                self._log_change(node_id)
             agreed = self._agreed_config()
             return {node_id: state for node_id, (state, _) in self._node_to_state.items() if agrees(state.info.config.settings(), agreed)}
+
+    def membership_changes(self, since: int) -> MembershipChanges | None:
+        with self._lock:
+            version = self._membership_version
+            if version < since:
+                return None
+            if version == since:
+                return MembershipChanges(version, {}, frozenset())
+            if not self._member_log or self._member_log[0][0] > since + 1:
+                return None
+            now, agreed = self._clock(), self._agreed_config()
+            nodes, gone = {}, set()
+            for node_id in dict.fromkeys(n for v, n in self._member_log if v > since):
+                state, expires = self._node_to_state.get(node_id, (None, 0.0))
+                if state is not None and expires > now and agrees(state.info.config.settings(), agreed):
+                    nodes[node_id] = state
+                else:
+                    gone.add(node_id)
+            return MembershipChanges(version, nodes, frozenset(gone))
+
+    def _log_change(self, node_id: str) -> None:
+        self._membership_version += 1
+        self._member_log.append((self._membership_version, node_id))
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None:
         with self._lock:

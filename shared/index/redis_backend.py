@@ -11,6 +11,8 @@ Key layout, under the namespace prefix P = "tessera:{namespace}:":
                                and prunes them with their epoch key)
   P members           INTEGER  membership version: bumped by every registration, deregistration
                                and prune, so a reader knows when to list the nodes again
+  P member_log        ZSET     "{version}|{node}" scored by version: which node each bump was
+                               for, the latest MEMBER_LOG_LENGTH kept (membership_changes)
   P config            HASH     the cluster's settings, setting -> value, agreed at registration
                                (shared/index/cluster_config.py); expires a TTL after the last
                                registration or heartbeat
@@ -36,8 +38,24 @@ from redis.connection import Encoder, PythonRespSerializer
 
 from shared.index.backend import IndexCredentials
 from shared.index.cluster_config import ClusterConfig, ConfigMismatchError, disagreements
-from shared.index.redis_scripts import DEREGISTER_SCRIPT, HEARTBEAT_SCRIPT, LIVE_NODES_SCRIPT, LOOKUP_SCRIPT, REGISTER_SCRIPT
-from shared.index.types import MAX_HOLDERS_PER_KEY, IndexEvents, IndexUnavailableError, LookupResult, MmEntry, NodeInfo, NodeState
+from shared.index.redis_scripts import (
+    CHANGES_SCRIPT,
+    DEREGISTER_SCRIPT,
+    HEARTBEAT_SCRIPT,
+    LIVE_NODES_SCRIPT,
+    LOOKUP_SCRIPT,
+    REGISTER_SCRIPT,
+)
+from shared.index.types import (
+    MAX_HOLDERS_PER_KEY,
+    IndexEvents,
+    IndexUnavailableError,
+    LookupResult,
+    MembershipChanges,
+    MmEntry,
+    NodeInfo,
+    NodeState,
+)
 from shared.types import BlockHash, MmHash
 
 ENTRY_TTL_S = 3600
@@ -74,10 +92,12 @@ class RedisIndex:
         self._register = self._client.register_script(REGISTER_SCRIPT)
         self._deregister = self._client.register_script(DEREGISTER_SCRIPT)
         self._live_nodes = self._client.register_script(LIVE_NODES_SCRIPT)
+        self._changes = self._client.register_script(CHANGES_SCRIPT)
 
     def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
         p = self.prefix
         keys = [p + "epochs", p + f"epoch:{node.node_id}", p + f"node:{node.node_id}", p + "nodes", p + "members", p + "config"]
+        keys.append(p + "member_log")
         settings = node.config.settings()
         try:
             epoch, seal = "", ""
@@ -96,7 +116,8 @@ class RedisIndex:
     def deregister_node(self, node_id: str, epoch: int) -> None:
         p = self.prefix
         try:
-            self._deregister(keys=[p + f"epoch:{node_id}", p + f"node:{node_id}", p + "nodes", p + "members"], args=[epoch, node_id])
+            keys = [p + f"epoch:{node_id}", p + f"node:{node_id}", p + "nodes", p + "members", p + "member_log"]
+            self._deregister(keys=keys, args=[epoch, node_id])
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
 
@@ -106,6 +127,17 @@ class RedisIndex:
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
         return {node_id: _node_state(node_id, fields) for node_id, fields in reply.items()}
+
+    def membership_changes(self, since: int) -> MembershipChanges | None:
+        try:
+            raw = self._changes(args=[self.prefix, since])
+        except redis.RedisError as exc:
+            raise IndexUnavailableError(f"index unavailable: {exc}") from None
+        if raw is None:
+            return None
+        reply = json.loads(raw)
+        nodes = {node_id: _node_state(node_id, fields) for node_id, fields in (reply["nodes"] or {}).items()}
+        return MembershipChanges(int(reply["version"]), nodes, frozenset(reply["gone"] or ()))
 
     def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
         keys = [self.prefix + f"epoch:{node_id}", self.prefix + f"node:{node_id}", self.prefix + "config"]

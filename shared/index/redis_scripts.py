@@ -5,6 +5,8 @@ fields, and the scripts that hand records out serve only those agreeing with "P 
 
 from __future__ import annotations
 
+from shared.index.types import MEMBER_LOG_LENGTH
+
 # Lua helpers prepended to the scripts that use them. agrees: whether a node record's settings
 # agree with the cluster's record (read once per script run); extend: keep the cluster's record
 # alive for at least ttl_ms (PTTL -1: just created, no expiry yet; -2: there is none).
@@ -21,6 +23,15 @@ local function agrees(prefix, state)
     if mine and mine ~= value then return false end
   end
   return true
+end
+"""
+# log_change: bump the membership version and log which node it was for, in "P member_log"
+# (a sorted set of "{version}|{node}" scored by version, its latest MEMBER_LOG_LENGTH kept).
+LOG_CHANGE = f"""
+local function log_change(members, log, id)
+  local version = redis.call('INCR', members)
+  redis.call('ZADD', log, version, version .. '|' .. id)
+  redis.call('ZREMRANGEBYRANK', log, 0, -{MEMBER_LOG_LENGTH + 1})
 end
 """
 EXTEND = """
@@ -170,7 +181,8 @@ return 1
 )
 
 
-# KEYS: epochs counter, epoch key, node key, nodes set, members version, cluster config; ARGV:
+# KEYS: epochs counter, epoch key, node key, nodes set, members version, cluster config, member
+# log; ARGV:
 # role, grpc, data, ttl_ms, node id, encodes, epoch, seal, then the node's settings as name, value
 # pairs. An empty epoch takes the next one here; a sealed record comes with the epoch its seal
 # covers, reserved beforehand from the same counter (RedisIndex.register_node). Settings that
@@ -180,6 +192,7 @@ return 1
 # registrants cannot both write the cluster's settings.
 REGISTER_SCRIPT = (
     EXTEND
+    + LOG_CHANGE
     + """
 local agreed = redis.call('HGETALL', KEYS[6])
 local cluster = {}
@@ -200,26 +213,30 @@ end
 redis.call('PEXPIRE', KEYS[3], ARGV[4])
 extend(KEYS[6], ARGV[4])
 redis.call('SADD', KEYS[4], ARGV[5])
-redis.call('INCR', KEYS[5])
+log_change(KEYS[5], KEYS[7], ARGV[5])
 return {tonumber(epoch)}
 """
 )
 
-# KEYS: epoch key, node key, nodes set, members version; ARGV: epoch, node id. Only the current
-# incarnation may deregister: a restarted node's registration must survive its predecessor's late
-# drain.
-DEREGISTER_SCRIPT = """
+# KEYS: epoch key, node key, nodes set, members version, member log; ARGV: epoch, node id. Only
+# the current incarnation may deregister: a restarted node's registration must survive its
+# predecessor's late drain.
+DEREGISTER_SCRIPT = (
+    LOG_CHANGE
+    + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('SREM', KEYS[3], ARGV[2])
-redis.call('INCR', KEYS[4])
+log_change(KEYS[4], KEYS[5], ARGV[2])
 return 1
 """
+)
 
 # ARGV[1]: key prefix. Returns JSON {id: fields} of live nodes agreeing with the cluster's
 # settings; forgets lapsed ones.
 LIVE_NODES_SCRIPT = (
     AGREES
+    + LOG_CHANGE
     + """
 local call, prefix = redis.call, ARGV[1]
 local nodes = {}
@@ -232,9 +249,38 @@ for _, id in ipairs(call('SMEMBERS', prefix .. 'nodes')) do
   elseif #fields == 0 then
     call('SREM', prefix .. 'nodes', id)
     call('DEL', prefix .. 'epoch:' .. id)
-    call('INCR', prefix .. 'members')
+    log_change(prefix .. 'members', prefix .. 'member_log', id)
   end
 end
 return cjson.encode(nodes)
+"""
+)
+
+# ARGV[1]: key prefix; ARGV[2]: the membership version the reader knows. Returns JSON {"version":
+# members, "nodes": {id: fields}, "gone": [id...]} for the nodes logged after that version, each
+# record read once (live and agreeing: in "nodes"; else "gone"); or false when the log does not
+# reach back to it (trimmed, or a restarted index whose versions started again): list instead.
+CHANGES_SCRIPT = (
+    AGREES
+    + """
+local call, prefix, since = redis.call, ARGV[1], tonumber(ARGV[2])
+local version = tonumber(call('GET', prefix .. 'members')) or 0
+if version < since then return false end
+local nodes, gone, seen = {}, {}, {}
+if version > since then
+  local oldest = call('ZRANGE', prefix .. 'member_log', 0, 0, 'WITHSCORES')
+  if #oldest == 0 or tonumber(oldest[2]) > since + 1 then return false end
+  for _, entry in ipairs(call('ZRANGEBYSCORE', prefix .. 'member_log', '(' .. since, '+inf')) do
+    local id = string.sub(entry, string.find(entry, '|', 1, true) + 1)
+    if not seen[id] then
+      seen[id] = true
+      local fields = call('HGETALL', prefix .. 'node:' .. id)
+      local state = {}
+      for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
+      if state['epoch'] and agrees(prefix, state) then nodes[id] = state else gone[#gone + 1] = id end
+    end
+  end
+end
+return cjson.encode({version = version, nodes = nodes, gone = gone})
 """
 )

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from shared import process_stats
 from shared.index.backend import CacheIndex
 from shared.index.record_seal import RecordSealer
-from shared.index.types import IndexEvents, LookupResult, NodeInfo, NodeState
+from shared.index.types import IndexEvents, LookupResult, MembershipChanges, NodeInfo, NodeState
 from shared.types import BlockHash, MmHash
 
 
@@ -41,6 +41,13 @@ class SealedIndex:
 
     def live_nodes(self) -> dict[str, NodeState]:
         return self.sealer.admitted(self.inner.live_nodes())
+
+    def membership_changes(self, since: int) -> MembershipChanges | None:
+        changes = self.inner.membership_changes(since)
+        if changes is None:
+            return None
+        nodes = self.sealer.admitted(changes.nodes)
+        return MembershipChanges(changes.version, nodes, changes.gone | (changes.nodes.keys() - nodes.keys()))
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None:
         self.inner.publish(node_id, epoch, events)

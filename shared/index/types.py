@@ -13,6 +13,9 @@ from shared.types import BlockHash, MmHash
 # the holders (services/router/router.py's MAX_SCORED_NODES), and far more than it ever chooses
 # among in practice.
 MAX_HOLDERS_PER_KEY = 16
+# Membership changes an index remembers (the latest ones), so a reader that saw the version move
+# reads only the changed nodes' records (CacheIndex.membership_changes), not the whole cluster's.
+MEMBER_LOG_LENGTH = 1024
 
 
 class IndexUnavailableError(RuntimeError):
@@ -77,3 +80,13 @@ class LookupResult:
     mm_holders: dict[MmHash, dict[str, MmEntry]]
     node_to_num_prefix_blocks: dict[str, int]
     membership_version: int = 0  # moves when a node registers, deregisters or is pruned
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipChanges:
+    """What changed after a membership version: the changed nodes' live records, and the ids of
+    those gone (deregistered, pruned, lapsed, or no longer agreeing with the cluster's settings)."""
+
+    version: int
+    nodes: dict[str, NodeState]
+    gone: frozenset[str]

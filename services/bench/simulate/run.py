@@ -112,6 +112,7 @@ class _Run:
         )
         self.churn = _Churn()
         self.sessions_left = config.workload.sessions
+        self.steady: tuple[dict, int, float] | None = None  # (index stats, requests, virtual time) at the last arrival
         self._rng = random.Random(f"simulate/{config.workload.seed}/churn")
 
     def _policy(self):
@@ -150,6 +151,9 @@ class _Run:
         result["index"]["top_commands_per_request"] = top_commands(before, after, requests)
         result["index"]["heartbeats_per_request"] = self.cluster.num_heartbeats / max(1, requests)
         result["index"]["publishes_per_request"] = self.cluster.num_publishes / max(1, requests)
+        if self.steady is not None:
+            snapshot, num_requests, until_s = self.steady
+            result["index_steady"] = delta(before, snapshot, num_requests) | {"requests": num_requests, "until_s": until_s}
         entries = self.cluster.num_kv_entries + self.cluster.num_mm_entries
         used = after["used_memory"] - self.memory_before
         result["index_memory"] = {
@@ -193,6 +197,14 @@ class _Run:
     def _start_session(self, session: Session, arrivals) -> None:
         self._next_session(arrivals)
         self._start_turn(session)
+        if session.number == self.config.workload.sessions - 1:
+            self._arrivals_end()
+
+    def _arrivals_end(self) -> None:
+        """The window of steady load ends with the last session's arrival: its index work per
+        request leaves out the run's tail, where the longest sessions finish while every node
+        still heartbeats (node-seconds, not requests, and a longer tail the more sessions)."""
+        self.steady = (self.stats.snapshot(), self.metrics.requests, self.events.now)
 
     def _start_turn(self, session: Session) -> None:
         turn = session.next_turn()

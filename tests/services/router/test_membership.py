@@ -76,3 +76,33 @@ def test_a_role_an_empty_index_no_longer_lists_is_kept_for_a_while():
     clock.now += 16
     membership.update({})
     assert membership.nodes("encoder") == []
+
+
+class CountingIndex(InProcessIndex):
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_listings = 0
+
+    def live_nodes(self):
+        self.num_listings += 1
+        return super().live_nodes()
+
+
+def test_a_new_version_applies_only_the_changed_nodes_and_lists_when_the_log_cannot_say():
+    index = CountingIndex()
+    for i in range(5):
+        register(index, "decode", f"d:{i}")
+    membership = Membership(index)
+    membership.refresh()
+    membership.note_version(index.lookup([], []).membership_version)
+    listings = index.num_listings
+    register(index, "encoder", "e:1")
+    index.deregister_node("decode@d:0", index.live_nodes()["decode@d:0"].epoch)
+    listings += 1  # the line above listed them itself
+    membership.note_version(index.lookup([], []).membership_version)
+    assert addresses(membership, "encoder") == ["e:1"] and addresses(membership, "decode") == ["d:1", "d:2", "d:3", "d:4"]
+    assert index.num_listings == listings, "a join and a drain listed the whole cluster"
+    index.membership_changes = lambda since: None  # the log no longer reaches back: list them
+    register(index, "encoder", "e:2")
+    membership.note_version(index.lookup([], []).membership_version)
+    assert addresses(membership, "encoder") == ["e:1", "e:2"] and index.num_listings == listings + 1

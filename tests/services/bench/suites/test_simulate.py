@@ -24,6 +24,8 @@ def test_simulate_suite_compares_the_policies_and_loses_no_request(tmp_path, cap
             assert row[key] is not None and row[key] >= 0, key
         assert 0 < row["decision_p50_ms"] <= row["decision_p99_ms"]
         assert row["index"]["server_commands"] > 0 and row["index"]["bytes"] > 0
+        steady = row["index_steady"]  # up to the last session's arrival: fewer requests, less virtual time
+        assert 0 < steady["requests"] <= row["requests"] and 0 < steady["until_s"] < row["virtual_s"] and steady["server_commands"] > 0
         assert row["index_memory"]["mib_per_million_entries"] > 0
         assert row["prefill_tokens_per_novel_token"] >= 1.0 - 1e-9
     for nodes in (6, 12):
