@@ -99,7 +99,7 @@ class Stages:
             prior_output_token_ids=run.emitted,
             local_encode_mm_hashes=sorted(route.local_encode),
             local_pixels_key_prefix=attempt.prefill_target().key_prefix if route.local_encode else "",
-            mm_hash_to_encoder=route.image_to_encoder,
+            mm_hash_to_source=route.image_to_source,
         )
         method = self.stub("prefill", route.prefill).Prefill
         for resent in (False, True):
@@ -185,19 +185,11 @@ class Stages:
 
 
 def _by_target(attempt: Attempt, mm_hashes: list[MmHash]) -> list[tuple[PixelTarget, list[MmHash]]]:
-    """Where each image is encoded: the prefill node (its local encodes), the encoder the route
-    names for it (one that held it, and evicted it since), or the route's encoder."""
-    route = attempt.route
-    target_to_hashes: dict[PixelTarget, list[MmHash]] = {}
-    for mm_hash in mm_hashes:
-        if mm_hash in route.local_encode:
-            target = attempt.prefill_target()
-        elif mm_hash in route.image_to_encoder:
-            target = PixelTarget("encoder", route.image_to_encoder[mm_hash])
-        else:
-            target = attempt.encoder_target()
-        target_to_hashes.setdefault(target, []).append(mm_hash)
-    return list(target_to_hashes.items())
+    """Where each image is encoded: the prefill node (its local encodes) or the route's encoder
+    (every other image, those a holder named in image_to_source no longer had included)."""
+    here = [h for h in mm_hashes if h in attempt.route.local_encode]
+    there = [h for h in mm_hashes if h not in attempt.route.local_encode]
+    return [(t, hs) for t, hs in ((attempt.prefill_target(), here), (attempt.encoder_target(), there)) if hs]
 
 
 def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:

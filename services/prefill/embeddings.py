@@ -3,9 +3,11 @@ request is scheduled: a request rebuilt from the wire carries no pixels (remote_
 
 Images already held are claimed. Of the rest, those the router chose this node to encode arrive as
 pixels in the inbox and are encoded by the node's own tower; the others are fetched from the
-encoder, which pushes them to the inbox. Claims and imports run on the engine thread and each
-holds a reference for the request, so nothing it needs is evicted before it is scheduled;
-PrefillNode.run releases them if the request fails.
+encoder, which pushes them to the inbox, or first from the node the router named as their
+holder (another encoder, or a prefill node: ``ship``), the encoder encoding what that one no
+longer has. Claims and imports run on the engine thread and each holds a reference for the
+request, so nothing it needs is evicted before it is scheduled; PrefillNode.run releases them if
+the request fails.
 
 An image is fetched or encoded by one request at a time: the inbox hands a pushed message to one
 waiter only, so a second request for an image in flight waits for that work and claims the
@@ -16,6 +18,7 @@ step, where a pass would hold back every prompt whose embeddings were ready; one
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,10 +33,11 @@ from services.models.family import VisionEncoder
 from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.job import PrefillJob, Upstream
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMatchFn, take_pixels
-from services.transport.tensor_channel import TensorInbox
+from services.transport.tensor_channel import TensorInbox, TensorSender
 from shared.node_metrics import Counter, counter
 from shared.types import MmHash
 
+log = logging.getLogger("tessera.prefill.embeddings")
 NO_TOWER = "this prefill node has no vision tower (started with --local-encode false)"
 
 
@@ -53,6 +57,7 @@ class EmbeddingMetrics:
         "prefill_images_encoded_locally_total", "Images whose pixels came here to be encoded by this node's own tower"
     )
     # Claims: a request's images found in the engine's embedding cache, or not.
+    num_shipped: Counter = counter("prefill_embeddings_shipped_total", "Images' embeddings this node shipped to another prefill node")
     num_hits: Counter = counter("embedding_cache_hits_total", "A request's images found in the embedding cache")
     num_misses: Counter = counter("embedding_cache_misses_total", "A request's images not in the embedding cache")
 
@@ -90,16 +95,25 @@ class ResidentEmbeddings:
             pixels = await asyncio.to_thread(self._receive_pixels, job.local_pixels_key_prefix, here, lacking_here)
             if pixels:
                 await asyncio.to_thread(self._encode_here, rid, lacking_here, pixels)
-        encoder_to_items: dict[str, list[PromptItem]] = {}
+        source_to_items: dict[str, list[PromptItem]] = {}
         for item in lacking:
-            if item.mm_hash in job.local_encode:
-                continue
-            encoder = job.encoder_for(item.mm_hash)
-            if not encoder:
-                raise RequestRejectedError("images need embeddings but no encoder_address was given")
-            encoder_to_items.setdefault(encoder, []).append(item)
-        for encoder, items in encoder_to_items.items():
-            await self._fetch(rid, items, encoder, upstream)
+            if item.mm_hash not in job.local_encode:
+                source = job.image_to_source.get(item.mm_hash) or job.encoder_address or ""
+                source_to_items.setdefault(source, []).append(item)
+        from_encoder = source_to_items.pop(job.encoder_address or "", [])
+        for source, items in source_to_items.items():
+            try:
+                from_encoder += await self._fetch(rid, items, source, upstream)
+            except Exception as exc:  # a holder that cannot ship costs only the saving: the encoder encodes
+                log.info("holder %s did not ship %d image(s) (%s); asking the encoder", source, len(items), exc)
+                from_encoder += items
+        if not from_encoder:
+            return
+        if not job.encoder_address:
+            raise RequestRejectedError("images need embeddings but no encoder_address was given")
+        missing = await self._fetch(rid, from_encoder, job.encoder_address, upstream)
+        if missing:
+            raise MissingPixelsError([i.mm_hash for i in missing], "encoder lacks pixels for some images")
 
     def claim(self, request_id: str, items: Sequence[PromptItem]) -> list[PromptItem]:
         """Reference the items this node already holds; returns those it lacks."""
@@ -117,22 +131,40 @@ class ResidentEmbeddings:
     def release(self, request_id: str, items: Sequence[PromptItem]) -> None:
         self.loop.call(lambda engine: engine.encoder_cache.free_request(request_id, [i.mm_hash for i in items]))
 
-    async def _fetch(self, request_id: str, lacking: list[PromptItem], encoder_address: str, upstream: Upstream) -> None:
+    async def _fetch(self, request_id: str, lacking: list[PromptItem], source: str, upstream: Upstream) -> list[PromptItem]:
+        """Import ``lacking`` from ``source`` (an encoder, or a prefill node shipping what it
+        holds); returns those it could neither ship nor encode (no pixels there)."""
+        unavailable: list[PromptItem] = []
         # Twice: an image another request was fetching, and failed to, is fetched here once.
         for _ in range(2):
             mine, others = self._begin(lacking)
             try:
                 if mine:
-                    missing = await upstream.encode(encoder_address, mine, self.inbox.address)
-                    if missing:
-                        raise MissingPixelsError(missing, "encoder lacks pixels for some images")
-                    await asyncio.to_thread(self._receive, request_id, mine, encoder_address)
+                    missing = set(await upstream.encode(source, mine, self.inbox.address))
+                    unavailable += [i for i in mine if i.mm_hash in missing]
+                    await asyncio.to_thread(self._receive, request_id, [i for i in mine if i.mm_hash not in missing], source)
             finally:
                 self._end(mine)
             lacking = await asyncio.to_thread(self._await_others, request_id, others) if others else []
             if not lacking:
-                return
-        raise EmbeddingsUnavailableError([i.mm_hash for i in lacking], encoder_address)
+                return unavailable
+        raise EmbeddingsUnavailableError([i.mm_hash for i in lacking], source)
+
+    def ship(self, mm_hashes: Sequence[MmHash], target: str, sender: TensorSender) -> list[MmHash]:
+        """Push the embeddings held here of ``mm_hashes`` to ``target``'s inbox, as an encoder
+        would (the router named this node as their holder for a request on another prefill
+        node); returns those not held. An image being fetched or encoded here is waited for."""
+        for mm_hash in mm_hashes:
+            with self._fetches_lock:
+                event = self._mm_hash_to_fetch.get(mm_hash)
+            if event is not None:
+                event.wait(self.wait_s)
+        outputs = self.loop.call(lambda engine: {h: engine.runner.encoder_outputs.get(h) for h in mm_hashes}).result()
+        for mm_hash, embeds in outputs.items():
+            if embeds is not None:
+                sender.send(target, mm_hash, {"embeds": embeds.to("cpu")}, {"rows": embeds.shape[0]})
+                self.metrics.num_shipped.inc()
+        return [h for h, embeds in outputs.items() if embeds is None]
 
     def _begin(self, items: list[PromptItem]) -> tuple[list[PromptItem], list[PromptItem]]:
         """Split ``items`` into those the caller fetches or encodes, and those another request

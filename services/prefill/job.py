@@ -25,14 +25,10 @@ class PrefillJob:
     cache_salt: str | None = None
     prior_output_token_ids: Sequence[int] = ()  # a migrated request's answer so far
     encoder_address: str | None = None  # where lacking embeddings are fetched from
-    image_to_encoder: Mapping[MmHash, str] = field(default_factory=dict)  # images another encoder ships
+    image_to_source: Mapping[MmHash, str] = field(default_factory=dict)  # images another holder is asked for first
     local_encode: frozenset[MmHash] = frozenset()  # images the router chose this node to encode
     local_pixels_key_prefix: str = ""  # their pixels wait in the inbox under prefix + mm_hash
     kv_sources: Sequence[KVSource] = ()  # peers holding a prefix of the prompt's KV
-
-    def encoder_for(self, mm_hash: MmHash) -> str | None:
-        """The encoder this image's embeddings come from, if it is not encoded here."""
-        return self.image_to_encoder.get(mm_hash, self.encoder_address)
 
     def engine_request(self, positions: PositionsFn) -> Request:
         # The answer so far is computed like prompt text (same positions) and counts toward

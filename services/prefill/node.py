@@ -31,6 +31,7 @@ from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorS
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.node_metrics import Counter, counter
+from shared.types import MmHash
 
 log = logging.getLogger("tessera")
 
@@ -94,6 +95,10 @@ class PrefillNode(EngineNode):
         self.engine.finish_listeners.append(self._ship_kv)
         self.metrics = PrefillMetrics(self.engine_metrics, self.embeddings.metrics, self.kv_puller.metrics)
         self.metrics.num_kv_bytes_sent.read_from(lambda: self.sender.num_bytes_sent)
+
+    def ship_embeddings(self, mm_hashes: list[MmHash], target: str) -> list[MmHash]:
+        """Push the embeddings held here of ``mm_hashes`` to ``target``; returns those not held."""
+        return self.embeddings.ship(mm_hashes, target, self.sender)
 
     @property
     def can_encode(self) -> bool:

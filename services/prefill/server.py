@@ -11,6 +11,7 @@ request; a node at its limit of calls refuses new ones as busy (services/transpo
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 import grpc
@@ -80,7 +81,7 @@ def job_from_pb(request: pb.PrefillRequest) -> PrefillJob:
         cache_salt=request.cache_salt or None,
         prior_output_token_ids=list(request.prior_output_token_ids),
         encoder_address=request.encoder_address or None,
-        image_to_encoder={MmHash(h): a for h, a in request.mm_hash_to_encoder.items()},
+        image_to_source={MmHash(h): a for h, a in request.mm_hash_to_source.items()},
         local_encode=frozenset(MmHash(h) for h in request.local_encode_mm_hashes),
         local_pixels_key_prefix=request.local_pixels_key_prefix,
         kv_sources=[KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources],
@@ -160,8 +161,22 @@ class GrpcUpstream:
         return reply.num_blocks
 
 
+class EmbeddingShipper(rpc.EncodeServicer):
+    """The Encode service of a prefill node: it ships the embeddings it holds to another prefill
+    node and reports the rest as lacking, never encoding (it has no pixels for them)."""
+
+    def __init__(self, node: PrefillNode) -> None:
+        self.node = node
+
+    async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
+        mm_hashes = [MmHash(item.mm_hash) for item in request.items]
+        lacking = await asyncio.to_thread(self.node.ship_embeddings, mm_hashes, request.target_data_address)
+        return pb.EncodeResponse(missing_pixels=lacking)
+
+
 async def serve(node: PrefillNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:
     server = new_server(auth)
     rpc.add_PrefillServicer_to_server(PrefillServicer(node, auth, admission), server)
+    rpc.add_EncodeServicer_to_server(EmbeddingShipper(node), server)
     kv_peer = add_kv_peer(server, node)
-    await serve_forever(server, address, ["tessera.v1.Prefill", kv_peer], lifecycle, auth)
+    await serve_forever(server, address, ["tessera.v1.Prefill", "tessera.v1.Encode", kv_peer], lifecycle, auth)

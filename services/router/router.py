@@ -13,8 +13,8 @@ Exactly-once encoding (cache_aware): a node holding one of the request's images 
 there (the encoder holding the most image tokens, whatever its load; then, for the images that
 encoder lacks, the prefill node holding the most, while its load is within scoring.py's
 PIN_LOAD_SLACK of the least loaded), since handing over held embeddings costs far less than a
-tower run. An image neither pinned node holds but another encoder does is shipped from that one
-(``Route.image_to_encoder``). An image this gateway has sent to be encoded and the index does not list
+tower run. An image neither pinned node holds but another encoder or prefill node does is
+shipped from that one (``Route.image_to_source``). An image this gateway has sent to be encoded and the index does not list
 yet counts as held where it was sent (pending_encodes.py).
 
 Power of d choices: past MAX_SCORED_NODES nodes of a role, cache_aware and least_loaded score
@@ -75,9 +75,10 @@ class Route:
     # the encoder. Empty: every image the encoder lacks is encoded there.
     local_encode: frozenset[MmHash] = frozenset()
     images_on_prefill: frozenset[MmHash] = frozenset()  # embeddings the chosen prefill node holds, per the index
-    # Images neither the chosen encoder nor the prefill node holds but another live encoder does
-    # (or is encoding): mm_hash -> that encoder, which ships the embeddings instead of a new tower run.
-    image_to_encoder: dict[MmHash, str] = field(default_factory=dict)
+    # Images neither the chosen encoder nor the prefill node holds but another live encoder or
+    # prefill node does (or is encoding): mm_hash -> that node, asked to ship the embeddings
+    # instead of a new tower run (the encoder encodes what it no longer holds).
+    image_to_source: dict[MmHash, str] = field(default_factory=dict)
     # With route(reserve=True): this gateway's in-flight count of the route's work on its nodes,
     # and the images it sends to be encoded, taken with the decision; the caller releases it when
     # its prefill ends.
@@ -178,7 +179,7 @@ class Router:
             held = frozenset(h for h, holders in mm_holders.items() if encoder in holders)
             on_prefill = frozenset(h for h, holders in mm_holders.items() if prefill in holders)
             new = [h for h, _ in images if h not in held and h not in on_prefill]
-            shipped = self._other_encoders(new, mm_holders, encoders, encoder)
+            shipped = self._other_holders(new, mm_holders, [*encoders, *prefills], {encoder, prefill})
             new = [h for h in new if h not in shipped]
             local = self._local_encode(new, image_tokens, _find(encoders, encoder), _find(prefills, prefill))
             route = Route(encoder, prefill, decode, held, prefix_tokens, time.perf_counter() - started, local, on_prefill, shipped)
@@ -216,16 +217,16 @@ class Router:
         )
         return max(holders, key=held_tokens.__getitem__) if holders else None
 
-    def _other_encoders(
-        self, images: list[MmHash], mm_holders: dict[MmHash, dict], encoders: list[Candidate], chosen: str
+    def _other_holders(
+        self, images: list[MmHash], mm_holders: dict[MmHash, dict], candidates: list[Candidate], chosen: set[str]
     ) -> dict[MmHash, str]:
         """cache_aware: for each of ``images`` (those the chosen encoder and prefill node lack)
-        that other candidate encoders hold or are encoding, the least loaded of them (then the
-        lowest address): a route names one encoder, and a session's images can be held by
-        several."""
+        that other candidate encoders or prefill nodes hold or are encoding, the least loaded of
+        them (then the lowest address): a route names one encoder and one prefill node, and a
+        session's images can be held by several nodes."""
         if self.policy != "cache_aware":
             return {}
-        others = {c.node_id: c for c in encoders if c.node_id != chosen}
+        others = {c.node_id: c for c in candidates if c.node_id not in chosen}
         out: dict[MmHash, str] = {}
         for mm_hash in dict.fromkeys(images):
             holders = [others[a] for a in mm_holders.get(mm_hash, {}) if a in others]
@@ -284,7 +285,7 @@ def work_keys(route: Route, mm_hashes: list[MmHash]) -> list[str]:
     encoder only when the prefill node may pull embeddings from it (adaptive dispatch weighs the
     encoder's queue by such requests), the prefill node's local encodes when it encodes some."""
     uses_encoder = any(
-        h not in route.local_encode and h not in route.images_on_prefill and h not in route.image_to_encoder for h in mm_hashes
+        h not in route.local_encode and h not in route.images_on_prefill and h not in route.image_to_source for h in mm_hashes
     )
     encoder = [route.encoder] if uses_encoder else []
     local = [local_encode_key(route.prefill)] if route.local_encode else []

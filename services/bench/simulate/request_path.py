@@ -2,8 +2,9 @@
 
 route (real: Router.route or the llm-d scorer, reserve=True, timed on the wall clock) -> images
 the prefill node lacks: those the route sends to the prefill node's own tower are encoded there,
-the others come from the encoder the route names for each (``Route.image_to_encoder``, else its
-encoder), which ships those it holds and runs the tower on the rest (an image already in a tower
+the others are shipped by the holder the route names for each (``Route.image_to_source``: an
+encoder or a prefill node, once any tower pass of it there ends) or come from the route's
+encoder, which ships those it holds and runs the tower on the rest (an image already in a tower
 pass there is waited for, not encoded again) -> prefill: the prompt's
 tokens past the longest prefix the node holds, or that a peer named by the route holds when
 services/prefill/kv_pull.py's cost model says pulling beats recomputing -> the reservation is
@@ -104,27 +105,29 @@ class RequestPath:
         if prefill is None:
             return self._fail(request, route.prefill)
         lacking = [h for h in dict.fromkeys(h for h, _ in turn.images) if h not in prefill.mm]
-        address_to_images: dict[str, list[MmHash]] = {}
-        for h in lacking:
-            if h not in route.local_encode:
-                address_to_images.setdefault(route.image_to_encoder.get(h, route.encoder), []).append(h)
-        if not address_to_images:
-            return self._prefill(request, request.token)
-        encoders = [(self._serving(address), address) for address in address_to_images]
-        for encoder, address in encoders:
-            if encoder is None:
-                return self._fail(request, address)
         ready = self.events.now
-        for encoder, address in encoders:
-            from_encoder = address_to_images[address]
-            new = [h for h in from_encoder if h not in encoder.mm and h not in encoder.encoding]
-            if new:
-                seconds = len(new) * self.costs.encode_s_per_image
-                done = encoder.serve(self.events.now, seconds)
-                self._tower_runs(encoder, new, done, seconds)
-                self.events.at(done, self._encoded, encoder, new)
-            ready = max([ready, *(encoder.encoding[h] for h in from_encoder if h in encoder.encoding)])
-            self._hold(request, encoder)
+        from_encoder = []
+        for h in lacking:
+            holder = self._serving(route.image_to_source.get(h, ""))
+            if h in route.local_encode:
+                continue
+            if holder is not None and holder.mm is not None and (h in holder.mm or h in holder.encoding):
+                ready = max(ready, holder.encoding.get(h, ready))  # shipped, once encoded there
+            else:  # no holder named, or it no longer holds it: the encoder
+                from_encoder.append(h)
+        if not from_encoder:
+            return self.events.at(ready, self._prefill, request, request.token)
+        encoder = self._serving(route.encoder)
+        if encoder is None:
+            return self._fail(request, route.encoder)
+        new = [h for h in from_encoder if h not in encoder.mm and h not in encoder.encoding]
+        if new:
+            seconds = len(new) * self.costs.encode_s_per_image
+            done = encoder.serve(self.events.now, seconds)
+            self._tower_runs(encoder, new, done, seconds)
+            self.events.at(done, self._encoded, encoder, new)
+        ready = max([ready, *(encoder.encoding[h] for h in from_encoder if h in encoder.encoding)])
+        self._hold(request, encoder)
         self.events.at(ready, self._prefill, request, request.token)
 
     def _encoded(self, encoder: SimNode, images: list[MmHash]) -> None:

@@ -19,11 +19,11 @@ def attempt_for(route: Route) -> Attempt:
 
 
 def test_each_image_s_pixels_go_to_the_node_that_encodes_it():
-    route = Route("e:1", "p:1", "d:1", frozenset(), {}, 0.0, local_encode=frozenset({LOCAL}), image_to_encoder={SHIPPED: "e:2"})
+    route = Route("e:1", "p:1", "d:1", frozenset(), {}, 0.0, local_encode=frozenset({LOCAL}), image_to_source={SHIPPED: "e:2"})
     attempt = attempt_for(route)
     assert _by_target(attempt, [NEW, LOCAL, SHIPPED]) == [
-        (PixelTarget("encoder", "e:1"), [NEW]),
         (attempt.prefill_target(), [LOCAL]),
-        (PixelTarget("encoder", "e:2"), [SHIPPED]),  # its holder evicted it: encoded there, as routed
+        # SHIPPED's named holder no longer had it: the route's encoder encodes it with the others.
+        (PixelTarget("encoder", "e:1"), [NEW, SHIPPED]),
     ]
     assert _by_target(attempt, []) == []

@@ -31,7 +31,7 @@ def prefill_job(
     max_tokens: int = 4,
     encoder_address: str | None = "encoder",
     kv_sources: Sequence[KVSource] = (),
-    image_to_encoder: dict[MmHash, str] | None = None,
+    image_to_source: dict[MmHash, str] | None = None,
 ) -> PrefillJob:
     """A prefill of a preprocessed prompt, its KV shipped to ``decode_address``."""
     return PrefillJob(
@@ -41,7 +41,7 @@ def prefill_job(
         sampling=SamplingParams(max_tokens=max_tokens),
         decode_address=decode_address,
         encoder_address=encoder_address,
-        image_to_encoder=image_to_encoder or {},
+        image_to_source=image_to_source or {},
         kv_sources=list(kv_sources),
     )
 
@@ -59,16 +59,21 @@ class FakeUpstream:
     lacks_pixels: frozenset[MmHash] = frozenset()  # images the encoder reports it has no pixels for
     num_export_calls: int = 0
     encode_calls: list[tuple[str, list[MmHash]]] = field(default_factory=list)  # (encoder, images asked of it)
+    source_to_lacking: dict[str, frozenset[MmHash]] = field(default_factory=dict)  # holders that no longer hold these
+    failing_sources: frozenset[str] = frozenset()  # holders whose call fails outright
     _sender: TensorSender | None = None
 
     async def encode(self, encoder: str, items: Sequence[PromptItem], target: str) -> list[MmHash]:
         self.encode_calls.append((encoder, [i.mm_hash for i in items]))
+        if encoder in self.failing_sources:
+            raise ConnectionError(f"{encoder} is gone")
+        lacking = self.lacks_pixels | self.source_to_lacking.get(encoder, frozenset())
         if self._sender is None:
             self._sender = TensorSender()
         for item in items:
-            if item.mm_hash not in self.lacks_pixels:
+            if item.mm_hash not in lacking:
                 await asyncio.to_thread(self._sender.send, target, item.mm_hash, {"embeds": seeded_embeddings(item, self.hidden_size)})
-        return [i.mm_hash for i in items if i.mm_hash in self.lacks_pixels]
+        return [i.mm_hash for i in items if i.mm_hash in lacking]
 
     async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:
         self.num_export_calls += 1

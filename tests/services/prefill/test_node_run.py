@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from services.engine.config import EngineConfig
 from services.engine.engine import RequestRejectedError
@@ -15,7 +16,7 @@ from services.prefill.node import PrefillNode
 from services.preprocess.preprocessor import Preprocessor
 from services.transport.tensor_channel import TensorInbox
 from tests.factories import chat_case, encode_image, make_image
-from tests.services.prefill.fakes import FakeUpstream, prefill_job, prompt_items
+from tests.services.prefill.fakes import FakeUpstream, prefill_job, prompt_items, seeded_embeddings
 
 
 @pytest.fixture(scope="module")
@@ -55,19 +56,42 @@ def test_an_encoder_lacking_pixels_names_them_and_the_held_image_is_released(hel
     assert "no-pixels" not in _users(node, items[0])
 
 
-def test_each_image_is_fetched_from_the_encoder_the_route_names_for_it(tiny_model):
-    """A request's images held by two encoders: one Encode call to each, for its own images."""
+def test_each_image_comes_from_its_named_holder_and_the_encoder_encodes_what_a_holder_lost(tiny_model):
+    """A request's images held by two nodes: each asked of its holder; an image a holder no longer
+    has, or a holder that fails outright, falls back to the route's encoder (no request fails)."""
     node = PrefillNode(tiny_model, EngineConfig(), data_bind="tcp://127.0.0.1:0")
     sink = TensorInbox("tcp://127.0.0.1:0")
     upstream = FakeUpstream(node.engine.runner.checkpoint.text.hidden_size)
     try:
-        images = [encode_image(make_image(112, 112, seed=s)) for s in (21, 22)]
-        prep = Preprocessor(tiny_model).preprocess(chat_case(*images, "Which differ?").prompt)
+        images = [encode_image(make_image(112, 112, seed=s)) for s in (21, 22, 23, 24)]
+        preprocessor = Preprocessor(tiny_model)
+        prep = preprocessor.preprocess(chat_case(*images[:2], "Which differ?").prompt)
         first, second = (i.mm_hash for i in prompt_items(prep))
-        job = prefill_job("two-encoders", prep, sink.address, max_tokens=1, image_to_encoder={second: "encoder-b"})
+        job = prefill_job("two-holders", prep, sink.address, max_tokens=1, image_to_source={second: "holder"})
         asyncio.run(node.run(job, upstream))
-        assert sorted(upstream.encode_calls) == [("encoder", [first]), ("encoder-b", [second])]
+        assert upstream.encode_calls == [("holder", [second]), ("encoder", [first])]
+
+        upstream.encode_calls.clear()
+        prep = preprocessor.preprocess(chat_case(*images[2:], "And these?").prompt)
+        third, fourth = (i.mm_hash for i in prompt_items(prep))
+        upstream.source_to_lacking, upstream.failing_sources = {"lost-it": frozenset({third})}, frozenset({"gone"})
+        job = prefill_job("holders-fail", prep, sink.address, max_tokens=1, image_to_source={third: "lost-it", fourth: "gone"})
+        asyncio.run(node.run(job, upstream))
+        assert upstream.encode_calls == [("lost-it", [third]), ("gone", [fourth]), ("encoder", [third, fourth])]
     finally:
         upstream.close()
         sink.close()
         node.close()
+
+
+def test_a_prefill_node_ships_the_embeddings_it_holds_and_names_the_rest(held_and_new):
+    node, both, items, sink, upstream = held_and_new
+    inbox = TensorInbox("tcp://127.0.0.1:0")
+    try:
+        held, new = items[0].mm_hash, items[1].mm_hash
+        assert node.ship_embeddings([held, new], inbox.address) == [new]
+        message = inbox.wait(held, 10)
+        assert message is not None
+        assert torch.equal(message.tensors["embeds"], seeded_embeddings(items[0], node.engine.runner.checkpoint.text.hidden_size))
+    finally:
+        inbox.close()

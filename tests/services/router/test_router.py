@@ -174,7 +174,7 @@ def test_an_image_the_chosen_encoder_holds_is_never_encoded_again():
 
 def test_images_held_by_two_encoders_are_each_shipped_by_a_holder_and_none_is_encoded_again():
     """A route names one encoder; an image only another encoder holds is shipped from that one
-    (Route.image_to_encoder), not encoded again on the chosen one, and its pixels are never pushed."""
+    (Route.image_to_source), not encoded again on the chosen one, and its pixels are never pushed."""
     index = _cluster(can_encode=True)
     second = (MmHash("img-2"), PlaceholderRange(24, 12))
     entry = MmEntry(12, (1, 4, 12), 12 * 64)
@@ -183,12 +183,24 @@ def test_images_held_by_two_encoders_are_each_shipped_by_a_holder_and_none_is_en
     route = router_over(index, encode_dispatch="prefill").route(TOKENS, [IMAGE, second], reserve=True)
     other = {"e:1": "e:2", "e:2": "e:1"}[route.encoder]
     (shipped,) = {IMAGE[0], second[0]} - route.images_on_encoder
-    assert route.image_to_encoder == {shipped: other} and route.local_encode == set()
+    assert route.image_to_source == {shipped: other} and route.local_encode == set()
     assert route.reservation is not None
     route.reservation.release()
     excluded = router_over(index).route(TOKENS, [IMAGE, second], exclude=frozenset({other}))
-    assert excluded.image_to_encoder == {}  # a holder the request must avoid ships nothing
-    assert router_over(index, policy="least_loaded").route(TOKENS, [IMAGE, second]).image_to_encoder == {}
+    assert excluded.image_to_source == {}  # a holder the request must avoid ships nothing
+    assert router_over(index, policy="least_loaded").route(TOKENS, [IMAGE, second]).image_to_source == {}
+
+
+def test_an_image_only_the_other_prefill_node_holds_is_shipped_by_it():
+    index = _cluster(can_encode=True)
+    second = (MmHash("img-2"), PlaceholderRange(24, 12))
+    entry = MmEntry(12, (1, 4, 12), 12 * 64)
+    for node_id, held in (("prefill@p:1", IMAGE[0]), ("prefill@p:2", second[0])):
+        index.publish(node_id, index.live_nodes()[node_id].epoch, IndexEvents(mm_stored={held: entry}))
+    route = router_over(index).route(TOKENS, [IMAGE, second])
+    other = {"p:1": "p:2", "p:2": "p:1"}[route.prefill]
+    (shipped,) = {IMAGE[0], second[0]} - route.images_on_prefill
+    assert route.image_to_source == {shipped: other} and route.local_encode == set()
 
 
 def test_an_unknown_encode_dispatch_is_refused():

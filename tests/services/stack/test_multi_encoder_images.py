@@ -1,7 +1,7 @@
-"""Exactly-once encoding across encoders, on the real stack: a request whose images are held by
-two different encoders gets each one's embeddings shipped from its holder (Route.image_to_encoder)
-instead of encoding one of them again on the encoder the route names, and its answer is the
-oracle's."""
+"""Exactly-once encoding across nodes, on the real stack: a request whose images are held by two
+different nodes (two encoders, or two prefill nodes that encoded them themselves) gets each one's
+embeddings shipped by its holder (Route.image_to_source) instead of encoding one of them again,
+and its answer is the oracle's."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from tests.services.stack.conftest import launch_stack, stop_stack
 from tests.services.stack.stack_probes import ask, mm_hash_of, oracle_text, png_image, served_holders, stack_env, wait_until
 
 ENCODED = "tessera_encoder_items_encoded_total"
+ENCODED_ON_PREFILL = "tessera_prefill_images_encoded_locally_total"
+SHIPPED_BY_PREFILL = "tessera_prefill_embeddings_shipped_total"
 MAX_IMAGES_TRIED = 12  # each new image lands on either encoder; 12 all on one is a 1-in-2048 chance
 
 
@@ -57,5 +59,37 @@ def test_images_held_by_two_encoders_are_shipped_by_their_holders_not_encoded_ag
         before = stack.metrics()[ENCODED]
         assert ask(stack, both)[0] == oracle_text(oracle, both)
         assert stack.metrics()[ENCODED] == before, "an image another encoder held was encoded again"
+    finally:
+        stop_stack(stack)
+
+
+def _images_on_two_holders(stack, index, preprocessor, oracle, role: str) -> list[bytes]:
+    """Ask about new images one at a time until two different ``role`` nodes hold one each."""
+    holder_to_image: dict[str, bytes] = {}
+    for seed in range(600, 600 + MAX_IMAGES_TRIED):
+        case = chat_case(png_image(seed), "What is this?")
+        assert ask(stack, case)[0] == oracle_text(oracle, case)
+        mm_hash = mm_hash_of(preprocessor, case)
+        (holder,) = wait_until(lambda h=mm_hash: served_holders(index, [h], role)[h], 10)
+        holder_to_image.setdefault(holder, png_image(seed))
+        if len(holder_to_image) == 2:
+            return list(holder_to_image.values())
+    raise AssertionError(f"every image landed on one {role} node")
+
+
+@pytest.mark.slow  # its own stack with two prefill nodes (~40 s)
+def test_an_image_another_prefill_node_encoded_is_shipped_by_it(tmp_path, repo_root, tiny_model, oracle):
+    preprocessor = Preprocessor(tiny_model)
+    # Every image is encoded by the prefill node the request lands on, so each is held by one.
+    stack = launch_stack(tmp_path, repo_root, "--prefill", "2", "--encode-dispatch", "prefill", env=stack_env())
+    try:
+        index = stack.index(tiny_model.model_id)
+        images = _images_on_two_holders(stack, index, preprocessor, oracle, "prefill")
+        both = chat_case(*images, "Which of the two is brighter?")
+        before = stack.metrics()
+        assert ask(stack, both)[0] == oracle_text(oracle, both)
+        after = stack.metrics()
+        assert after[ENCODED_ON_PREFILL] == before[ENCODED_ON_PREFILL] and after[ENCODED] == before[ENCODED], "encoded again"
+        assert after[SHIPPED_BY_PREFILL] == before.get(SHIPPED_BY_PREFILL, 0.0) + 1
     finally:
         stop_stack(stack)
