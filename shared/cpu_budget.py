@@ -13,11 +13,13 @@ The rule (the launcher applies it with ``plan_shares``; a lone node with ``share
   * threads: the compute roles (encoder, prefill, decode) split the CPUs evenly,
     ``max(1, num_cpus // num_compute_processes)`` each, since under load all of them compute at
     once. Preprocess (PIL and numpy, little torch) and the gateway get one thread.
-  * except decode, when the compute processes outnumber the cores (one thread each): decode then
-    gets a thread per core. Its steps are what users see between tokens, they are short, and its
-    threads sleep between them (PASSIVE), so the cores it borrows go back to encoding and
-    prefill at once; with one thread, every stream stuttered while an image was encoded beside it
-    (docs/benchmarks.md, "`vllm bench serve` random-mm").
+  * except when the compute processes outnumber the cores (one thread each): every compute
+    process then gets a thread per core. Their threads sleep when idle (PASSIVE), so a process
+    computing alone has every core: a lone request's encode and prefill ran in 390 ms instead of
+    590 ms on 2 cores, and under load the oversubscription cost nothing measurable. Decode got
+    its threads first: with one, every stream stuttered while an image was encoded beside it
+    (docs/benchmarks.md, "`vllm bench serve` random-mm" and "A thread per core for every compute
+    process").
   * CPUs: what this process may use, the fewest of its affinity mask and its cgroup CPU quota
     (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), so a pod limited to 2 CPUs on a 64-core
     node runs 2 threads, not 64.
@@ -90,7 +92,7 @@ def plan_shares(role_of_process: Mapping[str, str], cpus: Sequence[int], *, pin:
         slot = compute.index(name)
         pinned = tuple(cpus[slot * num_threads : (slot + 1) * num_threads]) if fits else None
         shared_cores = not fits and len(compute) > len(cpus)
-        shares[name] = CpuShare(num_threads=len(cpus) if role == "decode" and shared_cores else num_threads, cpus=pinned)
+        shares[name] = CpuShare(num_threads=len(cpus) if shared_cores else num_threads, cpus=pinned)
     return shares
 
 

@@ -38,12 +38,14 @@ def stack_roles(**counts: int) -> dict[str, str]:
     return {(role if i == 0 else f"{role}-{i}"): role for role, n in counts.items() for i in range(n)}
 
 
-def test_oversubscribed_compute_roles_get_one_thread_each_and_decode_every_core_with_no_pinning():
+def test_oversubscribed_compute_roles_each_get_every_core_with_no_pinning():
     shares = plan_shares(stack_roles(preprocess=1, encoder=1, prefill=1, decode=1), [0, 1], pin=True)
-    assert {name: share.num_threads for name, share in shares.items()} == {"preprocess": 1, "encoder": 1, "prefill": 1, "decode": 2}
+    assert {name: share.num_threads for name, share in shares.items()} == {"preprocess": 1, "encoder": 2, "prefill": 2, "decode": 2}
     assert all(share.cpus is None and share.wait_policy == "PASSIVE" for share in shares.values())
     two_of_each = plan_shares(stack_roles(encoder=2, prefill=2, decode=2), [0, 1, 2, 3])
-    assert [two_of_each[name].num_threads for name in ("encoder", "prefill-1", "decode", "decode-1")] == [1, 1, 4, 4]
+    assert [two_of_each[name].num_threads for name in ("encoder", "prefill-1", "decode", "decode-1")] == [4, 4, 4, 4]
+    fits = plan_shares(stack_roles(encoder=1, prefill=1, decode=1), [0, 1, 2])  # one core each: no sharing
+    assert [fits[name].num_threads for name in ("encoder", "prefill", "decode")] == [1, 1, 1]
 
 
 def test_compute_roles_split_the_cpus_and_pin_to_disjoint_cores_when_asked():
