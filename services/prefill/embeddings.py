@@ -56,8 +56,8 @@ class EmbeddingMetrics:
     num_local_encodes: Counter = counter(
         "prefill_images_encoded_locally_total", "Images whose pixels came here to be encoded by this node's own tower"
     )
-    # Claims: a request's images found in the engine's embedding cache, or not.
     num_shipped: Counter = counter("prefill_embeddings_shipped_total", "Images' embeddings this node shipped to another prefill node")
+    # Claims: a request's images found in the engine's embedding cache, or not.
     num_hits: Counter = counter("embedding_cache_hits_total", "A request's images found in the embedding cache")
     num_misses: Counter = counter("embedding_cache_misses_total", "A request's images not in the embedding cache")
 

@@ -3,9 +3,9 @@
 With an index, the live node records *are* the cluster: a background refresh (``refresh_s``)
 lists them (``update``), and at once when a lookup reports a new membership version
 (``note_version``: a node joined or left, so the next request sees it; only the changed nodes'
-records are read). Lookups thus never list
-the cluster, and cost the same at 4 nodes or 500; each role's nodes are kept sorted between
-listings, so reading them costs that role's size, not the cluster's.
+records are read). Lookups thus never list the cluster, and cost the same at 4 nodes or 500;
+each role's nodes are kept sorted between listings, so reading them costs that role's size, not
+the cluster's.
 Through an index outage the last-known set is kept; so is a role's last-known set for ``keep_s``
 when an index that answers lists none of its nodes (a restarted, empty index, before the nodes
 have registered again). Without an index, a static address list per role stands in.

@@ -14,8 +14,8 @@ there (the encoder holding the most image tokens, whatever its load; then, for t
 encoder lacks, the prefill node holding the most, while its load is within scoring.py's
 PIN_LOAD_SLACK of the least loaded), since handing over held embeddings costs far less than a
 tower run. An image neither pinned node holds but another encoder or prefill node does is
-shipped from that one (``Route.image_to_source``). An image this gateway has sent to be encoded and the index does not list
-yet counts as held where it was sent (pending_encodes.py).
+shipped from that one (``Route.image_to_source``). An image this gateway has sent to be encoded
+and the index does not list yet counts as held where it was sent (pending_encodes.py).
 
 Power of d choices: past MAX_SCORED_NODES nodes of a role, cache_aware and least_loaded score
 the nodes holding the request's work plus MAX_SCORED_NODES others drawn at random (seeded by
