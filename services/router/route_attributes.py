@@ -20,6 +20,7 @@ def route_attributes(route: Route, *, policy: str, num_images: int, num_prompt_t
         "tessera.route.images_on_encoder": len(route.images_on_encoder),
         "tessera.route.images_encoded_on_prefill": len(route.local_encode),
         "tessera.route.images_on_prefill": len(route.images_on_prefill),
+        "tessera.route.images_from_other_holders": len(route.image_to_source),
         "tessera.route.prompt_tokens": num_prompt_tokens,
         "tessera.route.prefill_prefix_tokens": prefill_prefix,
         "tessera.route.decision_ms": round(route.decision_s * 1e3, 3),
@@ -36,6 +37,8 @@ def route_reason(route: Route, *, policy: str, num_images: int, num_prompt_token
     parts = []
     if num_images:
         parts.append(f"encoder holds {len(route.images_on_encoder)}/{num_images} images")
+    if route.image_to_source:
+        parts.append(f"{len(route.image_to_source)} image(s) shipped by other holders")
     if route.local_encode:
         parts.append(f"prefill encodes {len(route.local_encode)} image(s) itself (the encoder tier is queued)")
     prefix = route.prefix_tokens_by_node.get(route.prefill, 0)

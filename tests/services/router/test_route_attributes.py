@@ -36,3 +36,10 @@ def test_no_kv_source_when_the_prefill_node_holds_the_longest_prefix():
 def test_reason_without_cached_work():
     route = make_route(images_on_encoder=frozenset(), prefix_tokens_by_node={})
     assert route_reason(route, policy="round_robin", num_images=0, num_prompt_tokens=9) == "round_robin: no cached work to place by"
+
+
+def test_images_shipped_by_other_holders_are_counted_and_said():
+    route = make_route(image_to_source={MmHash("b"): "p:2"})
+    attributes = route_attributes(route, policy="cache_aware", num_images=2, num_prompt_tokens=60)
+    assert attributes["tessera.route.images_from_other_holders"] == 1
+    assert "1 image(s) shipped by other holders" in attributes["tessera.route.reason"]
