@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.validation_errors import validation_error
 from services.models.registry import ModelNotFoundError, resolve_model
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import PreprocessError
@@ -33,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, json.JSONDecodeError) as exc:
         print(f"error: cannot read request JSON: {exc}", file=sys.stderr)
         return 2
-    except (ValidationError, ValueError, TypeError) as exc:  # not an OpenAI-shaped body
+    except ValidationError as exc:  # an OpenAI-shaped body the API refuses: said as the gateway says it
+        print(f"error: invalid request: {validation_error(exc.errors())}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError) as exc:  # not an OpenAI-shaped body
         print(f"error: invalid request: {exc}", file=sys.stderr)
         return 2
     try:
