@@ -15,11 +15,10 @@ The rule (the launcher applies it with ``plan_shares``; a lone node with ``share
     once. Preprocess (PIL and numpy, little torch) and the gateway get one thread.
   * except when the compute processes outnumber the cores (one thread each): every compute
     process then gets a thread per core. Their threads sleep when idle (PASSIVE), so a process
-    computing alone has every core: a lone request's encode and prefill ran in 390 ms instead of
-    590 ms on 2 cores, and under load the oversubscription cost nothing measurable. Decode got
-    its threads first: with one, every stream stuttered while an image was encoded beside it
-    (docs/benchmarks.md, "`vllm bench serve` random-mm" and "A thread per core for every compute
-    process").
+    computing alone has every core, and under load the OS shares them: a lone request's encode
+    and prefill are faster, and loaded runs were no worse. Decode got its threads first: with one,
+    every stream stuttered while an image was encoded beside it (docs/benchmarks.md,
+    "`vllm bench serve` random-mm" and "A thread per core for every compute process").
   * CPUs: what this process may use, the fewest of its affinity mask and its cgroup CPU quota
     (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), so a pod limited to 2 CPUs on a 64-core
     node runs 2 threads, not 64.

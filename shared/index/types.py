@@ -11,8 +11,8 @@ from shared.types import BlockHash, MmHash
 # past it, a random sample. A hot image or prefix is held by every node that served it, so without
 # a bound a lookup's cost grows with the cluster. 8: any one holder of an image saves its tower run
 # (the router names one per image, services/router/router.py), and a sample of 8 gives the load
-# balancing a choice; the simulator's hit rates and tower runs were the same at 8 as at 16, its
-# index work per request grew less with the cluster (docs/benchmarks.md, "Cluster simulation").
+# balancing a choice. Against 16, hit rates and tower runs held and the index work per request grew
+# less with the cluster (docs/benchmarks.md, "A bound of 8 holders per key").
 MAX_HOLDERS_PER_KEY = 8
 # Membership changes an index remembers (the latest ones), so a reader that saw the version move
 # reads only the changed nodes' records (CacheIndex.membership_changes), not the whole cluster's.

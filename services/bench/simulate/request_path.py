@@ -108,9 +108,9 @@ class RequestPath:
         ready = self.events.now
         from_encoder = []
         for h in lacking:
-            holder = self._serving(route.image_to_source.get(h, ""))
             if h in route.local_encode:
                 continue
+            holder = self._serving(route.image_to_source.get(h, ""))
             if holder is not None and holder.mm is not None and (h in holder.mm or h in holder.encoding):
                 ready = max(ready, holder.encoding.get(h, ready))  # shipped, once encoded there
             else:  # no holder named, or it no longer holds it: the encoder
