@@ -1,29 +1,38 @@
 """Greedy argmax over an LM head that reads a bfloat16 copy of the weight, then checks the few
 tokens that could win against the float32 weight: the same token as the float32 argmax, at about
-half the memory traffic.
+half the memory traffic and, where the CPU multiplies bfloat16 natively, half the arithmetic.
 
 Why: reading the float32 LM head is most of a decode step of a few streams (the small built-in
-model's is 768 x 151,936, 467 MB); the bfloat16 copy is half the bytes (docs/benchmarks.md,
-"Session 2026-11-24 (2)").
+model's is 768 x 151,936, 467 MB), and its products are most of a step of many streams; the
+bfloat16 copy halves both (docs/benchmarks.md, "Session 2026-11-24 (2)" and "A chunked screen").
 
-The screen (per row h, weight rows W_j, j over the vocabulary):
-  1. a_j = bf16 product of bf16(h) and bf16(W_j), summed in float32 and rounded to bfloat16.
-  2. Each a_j is within e = C * |h| * max_j |W_j| of the exact h . W_j, where |.| is the 2-norm and
-     C = ERROR_SCALE * (3u + H * 2^-24), u = 2^-8 (bfloat16's unit roundoff): rounding h and W_j
-     (2u of each product), rounding the sum (u), float32 summation over H terms, and
-     Cauchy-Schwarz (sum |h_i W_ji| <= |h| |W_j|). ERROR_SCALE = 2 is a safety factor.
-  3. No j with a_j < max_k a_k - 2e can be the argmax: some k is larger for sure.
+The screen (per row h, weight rows W_j, j over the vocabulary; b(x) is x rounded to bfloat16):
+  1. a_j = b(s_j), where s_j is the float32 sum of the products of b(h) and b(W_j) (each product
+     exact in float32).
+  2. Two bounds on how far a_j is from the exact h . W_j:
+     - the inputs: |s_j - h . W_j| <= d = |h - b(h)| max_k |W_k| + |b(h)| max_k |W_k - b(W_k)|
+       + H 2^-24 |b(h)| max_k |b(W_k)| + H 2^-126, where |.| is the 2-norm: the rounding of h
+       and of W_j (Cauchy-Schwarz, with the rounding errors measured, not bounded), float32
+       summation over H terms, and denormals flushed to zero;
+     - the output: |a_j - s_j| <= u' |a_j|, u' = u / (1 - u), u = 2^-8 (bfloat16's unit roundoff).
+  3. With M = max_k a_k, no j with a_j < M - ERROR_SCALE * (2d + 2u' |M|) can be the argmax:
+     the token that gave M is larger for sure. ERROR_SCALE = 2 is a safety factor (the bound
+     holds without it when M - 2d - 2u'|M| >= -|M|; with it, always).
   4. The others (the candidates, usually a handful) get float32 logits from the float32 weight;
      the first largest wins, as torch.argmax picks the lowest index among equal values.
 A row with more than MAX_CANDIDATES candidates (nearly flat logits), or none (a NaN in h), is
 computed whole in float32. With ``allowed`` (a structured-output grammar's token mask), tokens
 outside it are never candidates: the screen's bound holds for any subset of the vocabulary.
 
-The screen pays where reading the weight dominates: a few rows (decode steps of a few streams).
-Its passes over [rows, vocab] grow with the rows, and at many rows it costs more than the float32
-product, so ``max_rows``, the most rows it is worth, is timed once when
-the head is built (TIMED_ROWS, both ways, each keeping its fastest run); more rows return None
-and the caller runs the float32 product.
+In vocabulary chunks: step 1 runs a chunk at a time and takes each chunk's maximum while its
+products are still in cache (at hundreds of rows the products themselves are larger than the
+cache); step 3 then looks for candidates only in the chunks whose maximum reaches max - 2e,
+usually one per row.
+
+Whether it pays is timed once, after the head is built (``calibrate``, at TIMED_ROWS against the
+caller's float32 path): ``max_rows`` is the most rows at which it won, None when it won at every
+count timed (then it is used at every width), 0 when it never did (a CPU without bfloat16
+arithmetic).
 The float32 logits of step 4 are summed in another order than a full product would, so they may
 differ in the last bits, as the oneDNN and MKL paths already do (kernels/cpu_linear.py).
 """
@@ -40,10 +49,16 @@ import torch
 from kernels.cpu_linear import onednn_linear
 
 ERROR_SCALE = 2.0
-TIMED_ROWS = (1, 2, 4, 8, 16, 32)
-NUM_TIMING_RUNS = 3
+TIMED_ROWS = (1, 4, 16, 64)
+NUM_TIMING_RUNS = 5
+NUM_TIMING_ROUNDS = 2
 BF16_UNIT_ROUNDOFF = 2.0**-8
+OUTPUT_ROUNDOFF = BF16_UNIT_ROUNDOFF / (1 - BF16_UNIT_ROUNDOFF)  # step 2's u'
 MAX_CANDIDATES = 4096
+# Tokens per chunk of step 1: a chunk's products for 64 rows (2 MB of bfloat16) stay in a core's
+# L2 cache, and few chunks keep a step of one row from paying per-chunk overhead.
+SCREEN_CHUNK = 16384
+EXACT_PIECE = 16384  # candidates whose weight rows are gathered at once (bounds that copy)
 
 log = logging.getLogger("tessera.screened_argmax")
 
@@ -60,52 +75,77 @@ def screening_available() -> bool:
     return bool(torch.allclose(out.float(), x @ weight.t(), atol=0.1, rtol=0.05))
 
 
+def _max_row_norm(matrix: torch.Tensor) -> float:
+    return max(float(torch.linalg.vector_norm(rows.double(), dim=1).max()) for rows in matrix.split(SCREEN_CHUNK))
+
+
 class ScreenedArgmax:
     """argmax_j (h . W_j) for the rows of ``hidden``; ``weight`` is W, [V, H] float32, kept by
-    reference (its rows are gathered for the check); holds a bfloat16 prepacked copy of it."""
+    reference (its rows are gathered for the check); holds a bfloat16 prepacked copy of it, in
+    chunks of ``vocab_chunk`` tokens."""
 
     def __init__(
-        self, weight: torch.Tensor, *, float32_logits: Callable[[torch.Tensor], torch.Tensor] | None = None, max_rows: int | None = None
+        self,
+        weight: torch.Tensor,
+        *,
+        float32_logits: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        max_rows: int | None = None,
+        vocab_chunk: int = SCREEN_CHUNK,
     ) -> None:
         self.weight = weight
         # The caller's float32 product (a prepacked one), for the fallback rows and the timing.
         self.float32_logits = float32_logits or (lambda hidden: torch.nn.functional.linear(hidden, weight))
-        hidden_size = weight.shape[1]
-        self.packed_bf16 = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous().bfloat16(), None)
-        # C * max_j |W_j|: one bound for every token keeps the screen to a max and a comparison.
-        max_row_norm = float(torch.linalg.vector_norm(weight, dim=1).max())
-        self.error_per_norm = ERROR_SCALE * (3 * BF16_UNIT_ROUNDOFF + hidden_size * 2.0**-24) * max_row_norm
+        self.vocab_chunk = vocab_chunk
+        bf16 = weight.detach().contiguous().bfloat16()
+        self.packed_chunks = [
+            torch.ops.mkldnn._reorder_linear_weight(bf16[start : start + vocab_chunk].contiguous(), None)
+            for start in range(0, weight.shape[0], vocab_chunk)
+        ]
+        # Step 2's maxima over the vocabulary: one bound for every token keeps the screen to a
+        # max and a comparison.
+        self.max_weight_norm = _max_row_norm(weight)
+        self.max_rounding_norm = _max_row_norm(weight - bf16.float())
+        self.max_bf16_weight_norm = _max_row_norm(bf16)
         self.num_rows_screened = 0
         self.num_rows_unscreened = 0  # rows with too many candidates, or none: computed whole
-        self.max_rows = self._time_max_rows() if max_rows is None else max_rows
+        self.max_rows = max_rows  # the most rows worth screening; None: every width (see calibrate)
 
     def argmax_or_none(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int] | None:
         """The rows' tokens where the screen is worth it (at most ``max_rows`` rows), else None."""
-        return self.argmax(hidden, allowed) if hidden.shape[0] <= self.max_rows else None
+        if self.max_rows is not None and hidden.shape[0] > self.max_rows:
+            return None
+        return self.argmax(hidden, allowed)
 
     @torch.inference_mode()
     def argmax(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int]:
         """hidden [N, H] float32 (and ``allowed`` [N, V] bool, or None for every token) -> N
         token ids."""
-        approx = onednn_linear(hidden.bfloat16(), self.packed_bf16, None).float()
-        if allowed is not None:
-            approx.masked_fill_(~allowed, float("-inf"))
-        error = self.error_per_norm * torch.linalg.vector_norm(hidden, dim=1, keepdim=True)
-        is_candidate = approx >= approx.amax(dim=1, keepdim=True) - 2 * error
-        if allowed is not None:
-            is_candidate &= allowed  # a row that allows nothing has no candidate: computed whole
-        num_candidates = is_candidate.sum(dim=1).tolist()
-        screened = [row for row, n in enumerate(num_candidates) if 0 < n <= MAX_CANDIDATES]
-        tokens = [0] * hidden.shape[0]
-        if screened:
-            self.num_rows_screened += len(screened)
-            # One gather for every row: the union of their candidates, each row then masked to its own.
-            ids = is_candidate[screened].any(dim=0).nonzero().squeeze(1)
-            exact = hidden[screened] @ self.weight.index_select(0, ids).t()
-            exact.masked_fill_(~is_candidate[screened][:, ids], float("-inf"))
-            for row, best in zip(screened, exact.argmax(dim=1).tolist()):
-                tokens[row] = int(ids[best])
-        for row in set(range(hidden.shape[0])).difference(screened):  # NaN in h, or flat logits
+        hidden_bf16 = hidden.bfloat16()
+        approx_chunks, chunk_max = self._approximate(hidden_bf16, allowed)
+        row_max = chunk_max.amax(dim=1)
+        threshold = row_max - ERROR_SCALE * (2 * self.input_error(hidden, hidden_bf16) + 2 * OUTPUT_ROUNDOFF * row_max.abs())
+        # A NaN in h, or a row that allows nothing, has no finite threshold: computed whole.
+        reaches = (chunk_max >= threshold.unsqueeze(1)) & threshold.isfinite().unsqueeze(1)
+        rows, token_ids = self._candidates(approx_chunks, reaches, threshold)
+        num_candidates = torch.bincount(rows, minlength=hidden.shape[0])
+        screened = (num_candidates > 0) & (num_candidates <= MAX_CANDIDATES)
+        keep = screened[rows]
+        rows, token_ids = rows[keep], token_ids[keep]
+        # Step 4: each candidate's float32 logit; per row the largest, then the lowest id among equals.
+        exact = torch.cat(
+            [
+                (hidden.index_select(0, piece_rows) * self.weight.index_select(0, piece_ids)).sum(dim=1)
+                for piece_rows, piece_ids in zip(rows.split(EXACT_PIECE), token_ids.split(EXACT_PIECE))
+            ]
+            or [torch.empty(0)]
+        )
+        best = torch.full((hidden.shape[0],), float("-inf")).scatter_reduce_(0, rows, exact, "amax")
+        wins = exact == best[rows]
+        tokens = torch.full((hidden.shape[0],), self.weight.shape[0], dtype=torch.long)
+        tokens = tokens.scatter_reduce_(0, rows[wins], token_ids[wins], "amin").tolist()
+        unscreened = (~screened).nonzero().squeeze(1).tolist()
+        self.num_rows_screened += hidden.shape[0] - len(unscreened)
+        for row in unscreened:
             self.num_rows_unscreened += 1
             logits = self.float32_logits(hidden[row : row + 1])
             if allowed is not None:
@@ -113,25 +153,73 @@ class ScreenedArgmax:
             tokens[row] = int(logits.argmax())
         return tokens
 
+    def input_error(self, hidden: torch.Tensor, hidden_bf16: torch.Tensor) -> torch.Tensor:
+        """Step 2's d for each row: [N] float32 (norms in float64, whose squares do not underflow)."""
+        exact = hidden.double()
+        rounding = torch.linalg.vector_norm(exact - hidden_bf16.double(), dim=1)
+        norm_bf16 = torch.linalg.vector_norm(hidden_bf16.double(), dim=1)
+        num_terms = hidden.shape[1]
+        error = (
+            rounding * self.max_weight_norm
+            + norm_bf16 * (self.max_rounding_norm + num_terms * 2.0**-24 * self.max_bf16_weight_norm)
+            + num_terms * 2.0**-126
+        )
+        return error.float()
+
+    def _approximate(self, hidden_bf16: torch.Tensor, allowed: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """Step 1, a chunk at a time: each chunk's bfloat16 products [N, chunk] (kept for the
+        candidates) and every chunk's maximum per row, [N, num_chunks] float32."""
+        approx_chunks, maxima = [], []
+        for index, packed in enumerate(self.packed_chunks):
+            approx = onednn_linear(hidden_bf16, packed, None)
+            if allowed is not None:
+                start = index * self.vocab_chunk
+                approx.masked_fill_(~allowed[:, start : start + approx.shape[1]], float("-inf"))
+            approx_chunks.append(approx)
+            maxima.append(approx.amax(dim=1))
+        return approx_chunks, torch.stack(maxima, dim=1).float()
+
+    def _candidates(
+        self, approx_chunks: list[torch.Tensor], reaches: torch.Tensor, threshold: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 3 in the chunks whose maximum reaches a row's threshold: (row, token id) of
+        every candidate."""
+        rows, token_ids = [torch.empty(0, dtype=torch.long)], [torch.empty(0, dtype=torch.long)]
+        for index in reaches.any(dim=0).nonzero().squeeze(1).tolist():
+            chunk_rows = reaches[:, index].nonzero().squeeze(1)
+            approx = approx_chunks[index].index_select(0, chunk_rows).float()
+            local_rows, columns = (approx >= threshold.index_select(0, chunk_rows).unsqueeze(1)).nonzero(as_tuple=True)
+            rows.append(chunk_rows.index_select(0, local_rows))
+            token_ids.append(columns + index * self.vocab_chunk)
+        return torch.cat(rows), torch.cat(token_ids)
+
     @torch.inference_mode()
-    def _time_max_rows(self) -> int:
-        """The most rows (of TIMED_ROWS, up to the first that lost) at which the screen beat the
-        float32 product, timed in turns on random rows; 0 if it never did."""
+    def calibrate(self, float32_argmax: Callable[[torch.Tensor], list[int]]) -> None:
+        """Set ``max_rows`` to the most rows (of TIMED_ROWS, up to the first that lost) at which
+        the screen beat ``float32_argmax`` (the caller's path without it), timed in turns on
+        random rows: 0 if it never did, None if it always did. A width is lost only if it loses
+        twice: nodes calibrate while their neighbours start, and one burst must not decide."""
         generator = torch.Generator().manual_seed(0)
-        best = 0
+        best: int | None = 0
         for num_rows in TIMED_ROWS:
             hidden = torch.randn(num_rows, self.weight.shape[1], generator=generator)
-            screened, full = float("inf"), float("inf")
-            for _ in range(NUM_TIMING_RUNS):
-                started = time.perf_counter()
-                self.argmax(hidden)
-                screened = min(screened, time.perf_counter() - started)
-                started = time.perf_counter()
-                self.float32_logits(hidden).argmax(dim=1)
-                full = min(full, time.perf_counter() - started)
-            if screened >= full:
+            if not any(self._screen_wins(hidden, float32_argmax) for _ in range(NUM_TIMING_ROUNDS)):
                 break
             best = num_rows
+        else:
+            best = None
+        self.max_rows = best
         self.num_rows_screened = self.num_rows_unscreened = 0
-        log.info("screened greedy head: up to %d rows per step", best)
-        return best
+        log.info("screened greedy head: %s", "at every width" if best is None else f"up to {best} rows per step")
+
+    def _screen_wins(self, hidden: torch.Tensor, float32_argmax: Callable[[torch.Tensor], list[int]]) -> bool:
+        """One round: the fastest of NUM_TIMING_RUNS runs each way, in turns."""
+        screened, full = float("inf"), float("inf")
+        for _ in range(NUM_TIMING_RUNS):
+            started = time.perf_counter()
+            self.argmax(hidden)
+            screened = min(screened, time.perf_counter() - started)
+            started = time.perf_counter()
+            float32_argmax(hidden)
+            full = min(full, time.perf_counter() - started)
+        return screened < full

@@ -76,6 +76,7 @@ class PagedDecoder(nn.Module):
         self.lm_head = ChunkedLmHead(self.lm_head_weight.detach())
         if screen_greedy and screening_available():
             self.greedy_head = ScreenedArgmax(self.lm_head_weight.detach(), float32_logits=self.lm_head)
+            self.greedy_head.calibrate(self.lm_head.argmax)
 
     def prepare_inputs(self, token_ids: torch.Tensor, merges: list[tuple[int, torch.Tensor]]) -> DecoderInputs:
         """Embed ``token_ids`` and merge each (first row, image rows) in ``merges``."""

@@ -12,7 +12,7 @@ from dataclasses import fields
 from services.engine.config import EngineConfig
 from services.models.registry import resolve_model
 from services.preprocess.config import PreprocessConfig
-from shared import cpu_budget
+from shared import allocator, cpu_budget
 from shared.index.cluster_config import EXIT_REFUSED, ConfigMismatchError
 from shared.settings import dataclass_from_sources
 from shared.tracing import configure_tracing
@@ -58,9 +58,17 @@ def run_role(role: str, settings, engine_config: EngineConfig, preprocess_config
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
     configure_tracing(role)
     share = cpu_budget.share_for_this_node(role)
+    keeps_freed_memory = False
     if role not in TENSOR_FREE_ROLES:
         cpu_budget.apply_torch_threads(share)
-    log.info("CPU share: %d threads, OMP_WAIT_POLICY=%s, cores %s", share.num_threads, share.wait_policy, share.cpus or "any")
+        keeps_freed_memory = allocator.keep_freed_memory()
+    log.info(
+        "CPU share: %d threads, OMP_WAIT_POLICY=%s, cores %s; freed memory kept: %s",
+        share.num_threads,
+        share.wait_policy,
+        share.cpus or "any",
+        keeps_freed_memory,
+    )
     model = resolve_model(settings.model)
     try:
         importlib.import_module(ROLE_TO_MODULE[role]).main(settings, model, engine_config, preprocess_config)

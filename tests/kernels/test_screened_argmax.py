@@ -36,20 +36,52 @@ def test_more_rows_than_it_is_worth_are_left_to_the_caller():
     assert head.argmax_or_none(hidden) == float32_argmax(hidden, weight)
 
 
-def test_the_rows_worth_screening_are_timed_when_built():
-    head = ScreenedArgmax(torch.randn(20000, 256) * 0.1)
-    assert head.max_rows in (0, *screened_argmax.TIMED_ROWS)
+def test_without_a_bound_every_width_is_screened():
+    weight = torch.randn(300, 16)
+    hidden = torch.randn(100, 16)
+    assert ScreenedArgmax(weight).argmax_or_none(hidden) == float32_argmax(hidden, weight)
+
+
+def test_calibration_times_the_rows_worth_screening():
+    weight = torch.randn(20000, 256) * 0.1
+    head = ScreenedArgmax(weight)
+    head.calibrate(lambda hidden: float32_argmax(hidden, weight))
+    assert head.max_rows in (0, *screened_argmax.TIMED_ROWS, None)
     assert head.num_rows_screened == 0  # the timing's rows are not counted
 
 
-def test_the_error_bound_holds_for_every_logit():
+@pytest.mark.parametrize("num_rows", [1, 5, 40])
+def test_chunks_give_the_float32_argmax(num_rows):
+    """A vocabulary of many chunks, the last one short: random rows, and near-ties and exact ties
+    whose tokens sit in different chunks."""
+    torch.manual_seed(10 + num_rows)
+    weight = torch.randn(1000, 32) * 0.3
+    hidden = torch.randn(num_rows, 32) * 3
+    weight[130] = hidden[0] / hidden[0].norm() * 40  # chunk 1
+    weight[900] = weight[130] * (1 + 2**-12)  # chunk 9 wins by a hair, finer than bfloat16
+    if num_rows > 1:
+        weight[[350, 720]] = hidden[1] / hidden[1].norm() * 50  # an exact tie across chunks 3 and 7
+    head = ScreenedArgmax(weight, vocab_chunk=96)
+    assert len(head.packed_chunks) == 11
+    expected = float32_argmax(hidden, weight)
+    assert head.argmax(hidden) == expected and expected[0] == 900 and (num_rows == 1 or expected[1] == 350)
+    assert head.num_rows_screened == num_rows
+    allowed = torch.rand(num_rows, 1000) < 0.3
+    allowed[0, 900] = False
+    masked = F.linear(hidden, weight).masked_fill(~allowed, float("-inf")).argmax(dim=-1).tolist()
+    assert head.argmax(hidden, allowed) == masked
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1.0, 10.0, 1e6])
+def test_the_error_bound_holds_for_every_logit(scale):
     torch.manual_seed(0)
-    weight, hidden = torch.randn(3000, 128), torch.randn(8, 128) * 10
+    weight, hidden = torch.randn(3000, 128), torch.randn(8, 128) * scale
     head = ScreenedArgmax(weight, max_rows=8)
-    approx = torch.ops.mkldnn._linear_pointwise(hidden.bfloat16(), head.packed_bf16, None, "none", [], "").float()
+    [packed] = head.packed_chunks
+    approx = torch.ops.mkldnn._linear_pointwise(hidden.bfloat16(), packed, None, "none", [], "").float()
     exact = hidden.double() @ weight.double().t()
-    error = head.error_per_norm * torch.linalg.vector_norm(hidden, dim=1, keepdim=True)
-    assert bool(((approx.double() - exact).abs() <= error.double()).all())
+    bound = head.input_error(hidden, hidden.bfloat16()).unsqueeze(1) + screened_argmax.OUTPUT_ROUNDOFF * approx.abs()
+    assert bool(((approx.double() - exact).abs() <= bound.double()).all())
 
 
 def test_a_near_tie_finer_than_bfloat16_is_decided_in_float32():
