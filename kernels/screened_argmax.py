@@ -4,7 +4,8 @@ half the memory traffic and, where the CPU multiplies bfloat16 natively, half th
 
 Why: reading the float32 LM head is most of a decode step of a few streams (the small built-in
 model's is 768 x 151,936, 467 MB), and its products are most of a step of many streams; the
-bfloat16 copy halves both (docs/benchmarks.md, "Session 2026-11-24 (2)" and "A chunked screen").
+bfloat16 copy halves both (docs/benchmarks.md, "Session 2026-11-24 (2)" and "A chunked screen, and
+freed memory kept").
 
 The screen (per row h, weight rows W_j, j over the vocabulary; b(x) is x rounded to bfloat16):
   1. a_j = b(s_j), where s_j is the float32 sum of the products of b(h) and b(W_j) (each product
@@ -26,8 +27,8 @@ outside it are never candidates: the screen's bound holds for any subset of the 
 
 In vocabulary chunks: step 1 runs a chunk at a time and takes each chunk's maximum while its
 products are still in cache (at hundreds of rows the products themselves are larger than the
-cache); step 3 then looks for candidates only in the chunks whose maximum reaches max - 2e,
-usually one per row.
+cache); step 3 then looks for candidates only in the chunks whose maximum reaches the row's
+threshold, usually one or two per row.
 
 Whether it pays is timed once, after the head is built (``calibrate``, at TIMED_ROWS against the
 caller's float32 path): ``max_rows`` is the most rows at which it won, None when it won at every
@@ -75,8 +76,15 @@ def screening_available() -> bool:
     return bool(torch.allclose(out.float(), x @ weight.t(), atol=0.1, rtol=0.05))
 
 
-def _max_row_norm(matrix: torch.Tensor) -> float:
-    return max(float(torch.linalg.vector_norm(rows.double(), dim=1).max()) for rows in matrix.split(SCREEN_CHUNK))
+def _max_row_norms(weight: torch.Tensor, weight_bf16: torch.Tensor) -> tuple[float, float, float]:
+    """Step 2's maxima over the vocabulary: max_k |W_k|, max_k |W_k - b(W_k)| and max_k |b(W_k)|,
+    a chunk at a time (no float32 copy of the whole matrix at start-up), in float64."""
+    maxima = [0.0, 0.0, 0.0]
+    for rows, rows_bf16 in zip(weight.split(SCREEN_CHUNK), weight_bf16.split(SCREEN_CHUNK)):
+        exact, rounded = rows.double(), rows_bf16.double()
+        for index, matrix in enumerate((exact, exact - rounded, rounded)):
+            maxima[index] = max(maxima[index], float(torch.linalg.vector_norm(matrix, dim=1).max()))
+    return maxima[0], maxima[1], maxima[2]
 
 
 class ScreenedArgmax:
@@ -93,7 +101,7 @@ class ScreenedArgmax:
         vocab_chunk: int = SCREEN_CHUNK,
     ) -> None:
         self.weight = weight
-        # The caller's float32 product (a prepacked one), for the fallback rows and the timing.
+        # The caller's float32 product (a prepacked one), for the rows computed whole.
         self.float32_logits = float32_logits or (lambda hidden: torch.nn.functional.linear(hidden, weight))
         self.vocab_chunk = vocab_chunk
         bf16 = weight.detach().contiguous().bfloat16()
@@ -101,11 +109,8 @@ class ScreenedArgmax:
             torch.ops.mkldnn._reorder_linear_weight(bf16[start : start + vocab_chunk].contiguous(), None)
             for start in range(0, weight.shape[0], vocab_chunk)
         ]
-        # Step 2's maxima over the vocabulary: one bound for every token keeps the screen to a
-        # max and a comparison.
-        self.max_weight_norm = _max_row_norm(weight)
-        self.max_rounding_norm = _max_row_norm(weight - bf16.float())
-        self.max_bf16_weight_norm = _max_row_norm(bf16)
+        # One bound for every token keeps the screen to a max and a comparison.
+        self.max_weight_norm, self.max_rounding_norm, self.max_bf16_weight_norm = _max_row_norms(weight, bf16)
         self.num_rows_screened = 0
         self.num_rows_unscreened = 0  # rows with too many candidates, or none: computed whole
         self.max_rows = max_rows  # the most rows worth screening; None: every width (see calibrate)

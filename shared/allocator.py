@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import os
 from collections.abc import Mapping
 
@@ -26,8 +25,6 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20  # the largest glibc accepts on 64-bit
 TRIM_THRESHOLD_BYTES = 1 << 30
 OPERATOR_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-
-log = logging.getLogger("tessera.allocator")
 
 
 def keep_freed_memory(env: Mapping[str, str] = os.environ) -> bool:
@@ -39,6 +36,4 @@ def keep_freed_memory(env: Mapping[str, str] = os.environ) -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False  # not glibc
-    kept = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
-    log.debug("freed memory kept for reuse: %s", kept)
-    return kept
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
