@@ -15,6 +15,7 @@ from openai import OpenAI
 
 from services.preprocess.preprocessor import Preprocessor
 from services.stack.redis_server import redis_answers
+from services.transport.node_stats import read_stats
 from tests.factories import encode_image, make_image
 from tests.services.stack.conftest import RunningStack
 
@@ -138,3 +139,13 @@ class Streams:
         for thread in self._threads:
             thread.join(timeout=300)
         return self.texts, self.errors
+
+
+def busiest_decode_node(stack: RunningStack) -> dict:
+    """The decode node with the most streams running now. Which node holds streams still decoding
+    depends on timing (a fast node may finish its first streams while the last ones start), so the
+    victim is chosen by what it runs, not by name."""
+    nodes = [node for name, node in stack.state()["roles"].items() if name.split("-")[0] == "decode"]
+    running = [read_stats("decode", node["grpc_address"], stack.internal_auth()).gauges["engine_requests_running"] for node in nodes]
+    assert max(running) > 0, f"no decode node is running a stream: {running}"
+    return nodes[running.index(max(running))]

@@ -21,7 +21,7 @@ from services.stack.launcher import start_node, wait_serving
 from services.transport.node_stats import read_stats
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
-from tests.services.stack.stack_probes import Streams
+from tests.services.stack.stack_probes import Streams, busiest_decode_node
 
 MAX_TOKENS = 96
 NUM_EARLY = 4  # streaming when the node dies
@@ -106,9 +106,13 @@ def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle
     cases = _cases(seed={"decode": 10, "prefill": 30, "encoder": 50, "preprocess": 70}[role])
     expected = [_oracle_text(oracle, case) for case in cases]
     before = {name: _gateway_counter(cluster, name) for name in ("gateway_migrations_total", "gateway_node_failures_total")}
-    victim = cluster.state()["roles"][role]
     early = Streams(cluster, cases[:NUM_EARLY], GREEDY)
-    early.wait_flowing(NUM_EARLY)  # every early stream is decoding, on both decode nodes
+    if role == "decode":
+        early.wait_flowing(1)  # every stream decoding now has nearly all its tokens ahead of it
+        victim = busiest_decode_node(cluster)
+    else:
+        early.wait_flowing(NUM_EARLY)  # every early stream is decoding, on both decode nodes
+        victim = cluster.state()["roles"][role]
     os.kill(victim["pid"], signal.SIGKILL)
     late = Streams(cluster, cases[NUM_EARLY:], GREEDY)  # these still need every role
     (early_texts, early_errors), (late_texts, late_errors) = early.join(), late.join()
