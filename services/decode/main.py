@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 
 from services.engine.config import EngineConfig
+from services.engine.step_pacing import step_pacing
 from services.models.registry import ModelRef
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
+from shared import host_backlog
 from shared.liveness import Liveness
+
+log = logging.getLogger("tessera.decode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +29,12 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     liveness = Liveness(stall_s=settings.liveness_stall_s)
     admission = NodeAdmission("decode", settings.max_pending_requests)
     auth, channel_auth = node_auth(settings)
-    node = DecodeNode(model, engine_config, data_bind=settings.data_address, liveness=liveness, channel_auth=channel_auth)
+    pacing = step_pacing(
+        host_backlog.board_from_env(), yield_step_ms=engine_config.yield_step_ms, yield_backlog=engine_config.yield_backlog
+    )
+    if pacing is not None:
+        log.info("sharing cores: a step at most every %g ms while %d+ calls wait", pacing.yield_step_ms, pacing.yield_backlog)
+    node = DecodeNode(model, engine_config, data_bind=settings.data_address, liveness=liveness, channel_auth=channel_auth, pacing=pacing)
     config = node.cluster_config()
     node.publisher = node_publisher("decode", settings, model.model_id, node.data_address, node.load, liveness, config=config)
     lifecycle = node_lifecycle(

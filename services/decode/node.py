@@ -16,6 +16,7 @@ from services.engine.kv_pages import KVPages
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from services.engine.sampling_params import TokenLogprobs
+from services.engine.step_pacing import StepPacing
 from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth
 from shared.index.publisher import IndexPublisher
@@ -47,8 +48,11 @@ class DecodeNode(EngineNode):
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
+        pacing: StepPacing | None = None,
     ) -> None:
-        super().__init__(model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth)
+        super().__init__(
+            model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth, pacing=pacing
+        )
         self.kv_wait_s = kv_wait_s
         self.metrics = DecodeMetrics(self.engine_metrics)
         pool = self.engine.kv.pool

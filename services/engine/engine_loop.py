@@ -2,8 +2,8 @@
 
 The engine is single-threaded by design. Servers talk to it only through ``call`` (run a function
 on the loop thread between steps, get a concurrent Future) and ``subscribe`` (receive a request's
-outputs). The loop: run pending calls -> one engine step if work exists -> deliver outputs ->
-otherwise sleep until a call arrives.
+outputs). The loop: run pending calls -> one engine step if work exists and its pacing allows ->
+deliver outputs -> otherwise sleep until a call arrives (or the next step is due).
 
 The engine is built on the loop thread too, so that one thread does all of the process's tensor
 work (see shared/compute_thread.py for why that matters on CPU).
@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TypeVar
@@ -29,9 +30,18 @@ OutputCallback = Callable[[RequestOutput | BaseException], None]
 
 class EngineLoop:
     def __init__(
-        self, make_engine: Callable[[], Engine], *, after_step: Callable[[Engine], None] | None = None, liveness: Liveness | None = None
+        self,
+        make_engine: Callable[[], Engine],
+        *,
+        after_step: Callable[[Engine], None] | None = None,
+        liveness: Liveness | None = None,
+        min_step_interval: Callable[[], float] | None = None,
     ) -> None:
         self._after_step = after_step
+        # Seconds from a step's start before the next may start, asked after each step
+        # (services/engine/step_pacing.py); None: step whenever there is work.
+        self._min_step_interval = min_step_interval
+        self._next_step_at = 0.0
         self._calls: queue.SimpleQueue[tuple[Callable[[Engine], object], Future]] = queue.SimpleQueue()
         self._subscribers: dict[str, OutputCallback] = {}
         self._stopped = threading.Event()
@@ -70,9 +80,14 @@ class EngineLoop:
             if self._watch is not None:
                 self._watch.tick()
             busy = self.engine.has_unfinished()
+            wait_s = self._next_step_at - time.monotonic()
             try:
-                # Idle: sleep until a call arrives. Busy: only pick up calls already queued.
-                first = self._calls.get_nowait() if busy else self._calls.get(timeout=0.5)
+                # Idle: sleep until a call arrives. Busy: pick up calls already queued, or those
+                # arriving before the next step is due.
+                if not busy:
+                    first = self._calls.get(timeout=0.5)
+                else:
+                    first = self._calls.get(timeout=wait_s) if wait_s > 0 else self._calls.get_nowait()
             except queue.Empty:
                 first = None
             pending = [first] if first is not None else []
@@ -83,15 +98,18 @@ class EngineLoop:
                     pending.append(self._calls.get_nowait())
                 except queue.Empty:
                     pass
-            if self.engine.has_unfinished():
+            if self.engine.has_unfinished() and time.monotonic() >= self._next_step_at:
                 self._step()
 
     def _step(self) -> None:
+        started = time.monotonic()
         if self._watch is None:
             self._run_step()
-            return
-        with self._watch.busy():
-            self._run_step()
+        else:
+            with self._watch.busy():
+                self._run_step()
+        if self._min_step_interval is not None:
+            self._next_step_at = started + self._min_step_interval()
 
     def _run_step(self) -> None:
         try:

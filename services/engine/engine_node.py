@@ -13,6 +13,7 @@ from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
+from services.engine.step_pacing import StepPacing
 from services.models.checkpoint import dtype_name
 from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
@@ -60,9 +61,15 @@ class EngineNode:
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
         load_vision: bool = False,
+        pacing: StepPacing | None = None,
     ) -> None:
         self.publisher = publisher
-        self.loop = EngineLoop(lambda: Engine(model, config, load_vision=load_vision), after_step=self._publish_kv, liveness=liveness)
+        self.loop = EngineLoop(
+            lambda: Engine(model, config, load_vision=load_vision),
+            after_step=self._publish_kv,
+            liveness=liveness,
+            min_step_interval=pacing.min_interval_s if pacing is not None else None,
+        )
         self.engine = self.loop.engine  # touch it only through self.loop.call once serving
         family, checkpoint = model.family, self.engine.runner.checkpoint
         self.positions = functools.partial(family.positions, checkpoint)  # remote_request.PositionsFn

@@ -9,6 +9,7 @@ from services.engine.config import EngineConfig
 from services.models.registry import ModelRef
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
+from shared import host_backlog
 from shared.liveness import Liveness
 
 
@@ -37,7 +38,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     from services.prefill.server import serve
 
     liveness = Liveness(stall_s=settings.liveness_stall_s)
-    admission = NodeAdmission("prefill", settings.max_pending_requests)
+    admission = NodeAdmission("prefill", settings.max_pending_requests, on_change=host_backlog.poster_from_env())
     auth, channel_auth = node_auth(settings)
     node = PrefillNode(
         model,

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV
+from shared import host_backlog
 from shared.cpu_budget import CpuShare, available_cpus, cgroup_cpu_limit, plan_shares
 from shared.index.cluster_config import EXIT_REFUSED
 
@@ -164,6 +166,9 @@ class Stack:
         self._valkey_retry_at = 0.0
         self._stopping = False
         self.cpu_shares: dict[str, CpuShare] = {}
+        # The host's backlog board (shared/host_backlog.py), made with the CPU shares; None: none.
+        self.backlog_board: Path | None = None
+        self.board_slots: dict[str, int | None] = {}
         # One internal secret per stack (services/transport/internal_auth.py), handed to every role
         # through its environment, never its command line; a configured one is kept.
         self.internal_secret = os.environ.get(SECRET_ENV) or secrets.token_urlsafe(32)
@@ -286,6 +291,8 @@ class Stack:
                     role.process.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     role.process.kill()
+        if self.backlog_board is not None:
+            self.backlog_board.unlink(missing_ok=True)
         if self.valkey is not None and self.valkey.poll() is None:
             self.valkey.terminate()
             try:
@@ -299,6 +306,8 @@ class Stack:
     def _spawn(self, role: RoleProcess) -> None:
         # The role's CPU share first, so a variable the operator set wins over it.
         env = {**self._cpu_share(role).to_env(), **os.environ, "HF_HUB_OFFLINE": "1"}
+        if self.backlog_board is not None and role.role in self.board_slots:
+            env.update(host_backlog.board_env(self.backlog_board, self.board_slots[role.role]))
         env[SECRET_ENV] = self.internal_secret
         if not self.config.index_url:
             env[PASSWORD_ENV] = self.index_password
@@ -310,7 +319,18 @@ class Stack:
             cpus = sorted(os.sched_getaffinity(0))[: available_cpus(limit=cgroup_cpu_limit())]
             role_of_process = {r.role: r.role.split("-")[0] for r in self.roles if r.role != "gateway"}
             self.cpu_shares = plan_shares(role_of_process, cpus, pin=self.config.pin_cpus)
+            shares_cores = {name: share.cpus is None for name, share in self.cpu_shares.items()}
+            self.board_slots = host_backlog.board_roles(role_of_process, shares_cores)
+            if self.board_slots:
+                self.backlog_board = self._make_board(sum(slot is not None for slot in self.board_slots.values()))
         return self.cpu_shares.get(role.role, CpuShare(num_threads=1))
+
+    @staticmethod
+    def _make_board(num_slots: int) -> Path:
+        shm = Path("/dev/shm")  # memory-backed where there is one: the board is read every decode step
+        fd, name = tempfile.mkstemp(prefix="tessera-backlog-", dir=shm if shm.is_dir() else None)
+        os.close(fd)
+        return host_backlog.create_board(Path(name), num_slots)
 
     def _start_valkey(self) -> None:
         from services.stack.redis_server import embedded_valkey_binary, start_redis_server

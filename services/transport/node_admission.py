@@ -40,6 +40,9 @@ class NodeAdmission:
     max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS
     num_pending: int = 0  # calls admitted and not yet finished
     metrics: AdmissionMetrics = field(default_factory=AdmissionMetrics)
+    # Hears num_pending at each change: an encoder's or prefill node's queue, posted to the host's
+    # backlog board for a decode node sharing its cores (shared/host_backlog.py).
+    on_change: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:
         if self.max_pending_requests < 1:
@@ -51,10 +54,14 @@ class NodeAdmission:
             self.metrics.num_refused.inc()
             return False
         self.num_pending += 1
+        if self.on_change is not None:
+            self.on_change(self.num_pending)
         return True
 
     def release(self) -> None:
         self.num_pending -= 1
+        if self.on_change is not None:
+            self.on_change(self.num_pending)
 
     @asynccontextmanager
     async def admitted(self, context: grpc.aio.ServicerContext, *, on_refused: Callable[[], None] = lambda: None) -> AsyncIterator[None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.stack.launcher import INTERNAL_HOST, Stack, StackConfig
+from shared.host_backlog import BOARD_VAR, SLOT_VAR
 
 
 def addresses(argv: list[str], flag: str) -> list[str]:
@@ -53,6 +54,20 @@ def test_each_role_is_spawned_with_its_cpu_share_and_operator_variables_win(monk
     assert set(spawned) == {"preprocess", "encoder", "encoder-1", "prefill", "decode"}
     for env in spawned.values():
         assert env["OMP_WAIT_POLICY"] == "ACTIVE" and int(env["OMP_NUM_THREADS"]) >= 1
+    # Sharing cores, encoders and the prefill node post their queues on one board, which the
+    # decode node reads (shared/host_backlog.py).
+    board = stack.backlog_board
+    assert board is not None and board.exists()
+    assert {name: env.get(SLOT_VAR) for name, env in spawned.items() if env.get(BOARD_VAR) == str(board)} == {
+        "encoder": "0",
+        "encoder-1": "1",
+        "prefill": "2",
+        "decode": None,
+    }
+    for role in stack.roles:
+        role.process = None  # nothing was started
+    stack.stop()
+    assert not board.exists()
 
 
 def test_a_node_that_died_starting_is_restarted_on_new_internal_ports():

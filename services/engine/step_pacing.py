@@ -1,0 +1,42 @@
+"""How often a decode node steps while first-token work queues on the cores it shares.
+
+Rule: a decode node given the host's backlog board (shared/host_backlog.py says why) starts a
+step at most every ``yield_step_ms`` while a colocated encoder or prefill node holds
+``yield_backlog`` or more calls; otherwise it steps as soon as the last step ends. Calls that
+arrive meanwhile (new streams, aborts) are still taken at once; only the next step waits.
+
+Why a floor on the step interval rather than a pause: streams keep a bounded pace (100 ms per
+token is 10 tokens a second, a third of vLLM's TPOT at 16 concurrent image requests here), and
+each step serves every stream that joined during the wait, so the weights read per token fall.
+Why a backlog of 4: a client holding up to 4 requests at once never has 4 waiting while one of its
+streams decodes, so it sees decode at full pace; deeper queues are where the first tokens wait
+seconds (docs/benchmarks.md, "Decode yields to a first-token backlog").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.host_backlog import BacklogBoard
+
+
+def step_interval_s(num_waiting: int, *, yield_step_ms: float, yield_backlog: int) -> float:
+    """The least time from one step's start to the next's, for the longest colocated queue."""
+    return yield_step_ms / 1000.0 if num_waiting >= yield_backlog else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StepPacing:
+    board: BacklogBoard
+    yield_step_ms: float
+    yield_backlog: int
+
+    def min_interval_s(self) -> float:
+        return step_interval_s(self.board.max_waiting(), yield_step_ms=self.yield_step_ms, yield_backlog=self.yield_backlog)
+
+
+def step_pacing(board: BacklogBoard | None, *, yield_step_ms: float, yield_backlog: int) -> StepPacing | None:
+    """The pacing of a node on ``board``; None (step freely) without a board or with a zero step."""
+    if board is None or yield_step_ms == 0:
+        return None
+    return StepPacing(board, yield_step_ms, yield_backlog)

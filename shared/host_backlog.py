@@ -1,0 +1,113 @@
+"""First-token work waiting on this host: a board that encoder and prefill nodes sharing the
+host's cores write their queues to, and that a decode node on the same cores reads.
+
+Why: where the roles share cores (the one-command stack), every core-second a decode node spends
+stepping its streams is one the encoder and prefill nodes do not get. While requests queue for
+their first token, a decode node stepping a batch of one or two flat out (each step reads every
+weight, however few its rows) lengthens that queue for little. vLLM's scheduler runs waiting
+prefills before decodes; the decode node here yields instead, stepping at a bounded pace while the
+board shows a backlog (services/engine/step_pacing.py has the rule). On its own cores (pinned, or
+another host) a decode node has nothing to yield to and gets no board.
+
+Layout: a file of ``num_slots`` records of two little-endian int64s, (pid, calls waiting), one per
+colocated compute process, handed out by the launcher (``BOARD_VAR``, ``SLOT_VAR``). A writer
+stamps its pid with each count, so a reader skips the slot of a process that died (a restarted
+role takes its slot back with its first post). Reads are not locked: a count is one aligned
+8-byte store, and a torn read costs at most one step at the wrong pace.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+
+BOARD_VAR = "TESSERA_BACKLOG_BOARD"  # the board file's path
+SLOT_VAR = "TESSERA_BACKLOG_SLOT"  # this process's slot on it (writers only)
+RECORD = struct.Struct("<qq")  # pid, calls waiting
+WRITER_ROLES = frozenset({"encoder", "prefill"})  # the roles whose calls end in a first token
+
+
+def create_board(path: Path, num_slots: int) -> Path:
+    """An empty board of ``num_slots`` slots at ``path`` (replacing any there)."""
+    if num_slots < 1:
+        raise ValueError(f"a board needs at least one slot, got {num_slots}")
+    path.write_bytes(bytes(RECORD.size * num_slots))
+    return path
+
+
+class BacklogBoard:
+    def __init__(self, path: Path) -> None:
+        with open(path, "r+b") as file:
+            self._map = mmap.mmap(file.fileno(), 0)
+        if len(self._map) == 0 or len(self._map) % RECORD.size:
+            raise ValueError(f"{path} is not a backlog board ({len(self._map)} bytes)")
+        self.num_slots = len(self._map) // RECORD.size
+
+    def post(self, slot: int, num_waiting: int) -> None:
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is not on a board of {self.num_slots}")
+        RECORD.pack_into(self._map, slot * RECORD.size, os.getpid(), num_waiting)
+
+    def max_waiting(self) -> int:
+        """The longest queue posted by a live process (0 when none)."""
+        longest = 0
+        for pid, num_waiting in RECORD.iter_unpack(self._map):
+            if pid > 0 and num_waiting > longest and _alive(pid):
+                longest = num_waiting
+        return longest
+
+    def close(self) -> None:
+        self._map.close()
+
+
+class BacklogPoster:
+    """One writer's slot: what a node's admission calls on every change of its queue."""
+
+    def __init__(self, board: BacklogBoard, slot: int) -> None:
+        self.board, self.slot = board, slot
+        board.post(slot, 0)
+
+    def __call__(self, num_waiting: int) -> None:
+        self.board.post(self.slot, num_waiting)
+
+
+def board_from_env(env: Mapping[str, str] = os.environ) -> BacklogBoard | None:
+    path = env.get(BOARD_VAR)
+    return BacklogBoard(Path(path)) if path else None
+
+
+def poster_from_env(env: Mapping[str, str] = os.environ) -> BacklogPoster | None:
+    """This process's slot, when a launcher gave it one."""
+    board = board_from_env(env)
+    if board is None or not env.get(SLOT_VAR):
+        return None
+    return BacklogPoster(board, int(env[SLOT_VAR]))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, and someone else's
+        return True
+    return True
+
+
+def board_roles(role_of_process: Mapping[str, str], shares_cores: Mapping[str, bool]) -> dict[str, int | None]:
+    """Who is on a launcher's board: process name -> its slot (encoder and prefill nodes, the
+    writers) or None (decode nodes, the readers), among the processes sharing cores. Empty when
+    no decode node shares cores with a writer: then nobody has anything to yield to."""
+    sharing = [name for name, role in role_of_process.items() if shares_cores.get(name)]
+    writers = [name for name in sharing if role_of_process[name] in WRITER_ROLES]
+    readers = [name for name in sharing if role_of_process[name] == "decode"]
+    if not writers or not readers:
+        return {}
+    return {**{name: slot for slot, name in enumerate(writers)}, **dict.fromkeys(readers)}
+
+
+def board_env(path: Path, slot: int | None) -> dict[str, str]:
+    return {BOARD_VAR: str(path), **({SLOT_VAR: str(slot)} if slot is not None else {})}
