@@ -141,11 +141,16 @@ class Streams:
         return self.texts, self.errors
 
 
-def busiest_decode_node(stack: RunningStack) -> dict:
-    """The decode node with the most streams running now. Which node holds streams still decoding
-    depends on timing (a fast node may finish its first streams while the last ones start), so the
-    victim is chosen by what it runs, not by name."""
+def busiest_decode_node(stack: RunningStack, timeout_s: float = 30.0) -> dict:
+    """The decode node with the most streams running, once one runs any. Which node holds streams
+    still decoding depends on timing (a fast node may finish its first streams while the last ones
+    start), so the victim is chosen by what it runs, not by name; and a stream's first token comes
+    from its prefill node, a moment before its decode node runs it."""
     nodes = [node for name, node in stack.state()["roles"].items() if name.split("-")[0] == "decode"]
-    running = [read_stats("decode", node["grpc_address"], stack.internal_auth()).gauges["engine_requests_running"] for node in nodes]
-    assert max(running) > 0, f"no decode node is running a stream: {running}"
-    return nodes[running.index(max(running))]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [read_stats("decode", node["grpc_address"], stack.internal_auth()).gauges["engine_requests_running"] for node in nodes]
+        if max(running) > 0:
+            return nodes[running.index(max(running))]
+        assert time.monotonic() < deadline, f"no decode node ran a stream within {timeout_s} s"
+        time.sleep(0.01)
