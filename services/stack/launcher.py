@@ -367,6 +367,7 @@ class Stack:
         state = {
             "valkey": {"url": self.valkey_url, "pid": self.valkey.pid if self.valkey else None, "restarts": self.valkey_restarts},
             "http": f"http://{self.config.host}:{self.config.http_port}",
+            "backlog_board": str(self.backlog_board) if self.backlog_board is not None else None,
             "roles": {
                 r.role: {"pid": r.process.pid if r.process else None, "grpc_address": r.grpc_address, "restarts": r.num_restarts}
                 for r in self.roles

@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from openai import APIStatusError
 
 from services.engine.config import EngineConfig
+from shared.host_backlog import BacklogBoard
 from tests.factories import chat_case
 from tests.services.stack.e2e_helpers import GREEDY, client_for, oracle_text, png
 
@@ -210,6 +211,32 @@ def test_public_grpc_generate_streams_tokens(stack, oracle):
             len(lp.top_tokens) == 2 for lp in logprobs
         )
     assert "".join(c.text_delta for c in json_chunks) == text and json_chunks[-1].usage.prompt_tokens == prompt_len
+
+
+def _stream_seconds(stack, num_tokens: int) -> float:
+    """Seconds from a text-only stream's first token to its last."""
+    chunks = client_for(stack).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Count on."}], stream=True, temperature=0, max_tokens=num_tokens,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    times = [time.monotonic() for chunk in chunks if chunk.choices and chunk.choices[0].delta.content]
+    return times[-1] - times[0]
+
+
+def test_decode_yields_while_first_tokens_queue_on_its_cores(stack):
+    """The launcher put the decode node on the host's backlog board (shared/host_backlog.py).
+    Posting a queue of 9 in the encoder's slot (a text request never calls the encoder, which
+    would post over it) makes decode step at most every 100 ms; clearing it restores full pace."""
+    board = BacklogBoard(Path(stack.state()["backlog_board"]))
+    num_tokens = 16
+    board.post(0, 9)
+    try:
+        paced = _stream_seconds(stack, num_tokens)
+    finally:
+        board.post(0, 0)
+    unpaced = _stream_seconds(stack, num_tokens)
+    assert paced >= 0.09 * (num_tokens - 1), paced
+    assert unpaced < paced / 2, (unpaced, paced)
 
 
 def test_internal_calls_without_the_stack_secret_are_refused(stack):
