@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -55,10 +56,13 @@ INTERNAL_HOST = "127.0.0.1"  # where the local stack's internal ports listen
 _RANDOM = random.SystemRandom()  # independent of any seeding by the host program
 
 
-def free_port() -> int:
-    """A loopback TCP port that is free now, outside the ephemeral range."""
+def free_port(taken: Collection[int] = ()) -> int:
+    """A loopback TCP port that is free now, outside the ephemeral range, and not in ``taken``
+    (ports already handed out but not bound yet)."""
     for _ in range(200):
         port = _RANDOM.randint(*_PORT_RANGE)
+        if port in taken:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -237,12 +241,21 @@ class Stack:
         if min(counts.values()) < 1:
             raise ValueError("every role needs at least one node")
         processes = []
+        # Nothing binds until the nodes start: without this a draw could repeat another's port,
+        # or the gateway's (which the caller may have drawn the same way).
+        taken = {self.config.http_port, self.config.generate_port}
+
+        def draw() -> int:
+            port = free_port(taken)
+            taken.add(port)
+            return port
+
         for role, count in counts.items():
             for i in range(count):
-                grpc_address = f"{INTERNAL_HOST}:{free_port()}"
+                grpc_address = f"{INTERNAL_HOST}:{draw()}"
                 extra = ["--grpc-address", grpc_address]
                 if role != "preprocess":
-                    extra += ["--data-address", f"tcp://{INTERNAL_HOST}:{free_port()}"]
+                    extra += ["--data-address", f"tcp://{INTERNAL_HOST}:{draw()}"]
                 name = role if i == 0 else f"{role}-{i}"
                 processes.append(RoleProcess(name, [*base, "--role", role, *extra, *self.config.passthrough], grpc_address))
         return processes

@@ -81,3 +81,12 @@ def test_a_node_that_died_starting_is_restarted_on_new_internal_ports():
     [grpc_address], [data_address] = addresses(decode.argv, "--grpc-address"), addresses(decode.argv, "--data-address")
     assert [grpc_address] != old_grpc and [data_address] != old_data and decode.grpc_address == grpc_address
     assert grpc_address.startswith(f"{INTERNAL_HOST}:") and data_address.startswith(f"tcp://{INTERNAL_HOST}:")
+
+
+def test_no_two_nodes_are_handed_the_same_port_or_the_gateways(monkeypatch):
+    """Ports are drawn before anything binds them: each draw must skip the ones handed out."""
+    monkeypatch.setattr("services.stack.launcher._PORT_RANGE", (20000, 20012))  # 13 ports for 13 uses
+    stack = Stack(StackConfig(http_port=20000, generate_port=20001, num_encoders=2, num_decode=2))
+    processes = stack.node_processes(["tessera", "serve"])
+    ports = [int(a.rsplit(":", 1)[1]) for p in processes for flag in ("--grpc-address", "--data-address") for a in addresses(p.argv, flag)]
+    assert len(ports) == 11 and len(set(ports)) == 11 and not {20000, 20001} & set(ports)
