@@ -35,6 +35,9 @@ class DecodeMetrics:
     num_requests: Counter = counter("decode_requests_total", "Requests served: adopted, or finished at their first token")
     num_tokens_generated: Counter = counter("decode_tokens_generated_total", "Tokens generated, each request's first included")
     kv_blocks_free: Gauge = gauge("decode_kv_blocks_free", "KV blocks free in the decode engine's pool")
+    num_yielding_steps: Counter = counter(
+        "decode_yielding_steps_total", "Steps paced to the yield interval: colocated nodes held a first-token backlog"
+    )
 
 
 class DecodeNode(EngineNode):
@@ -57,6 +60,8 @@ class DecodeNode(EngineNode):
         self.metrics = DecodeMetrics(self.engine_metrics)
         pool = self.engine.kv.pool
         self.metrics.kv_blocks_free.read_from(lambda: pool.num_free_blocks)
+        if pacing is not None:
+            self.metrics.num_yielding_steps.read_from(lambda: pacing.num_yielding_steps)
 
     def wait_for_pages(self, request_id: str) -> KVPages:
         """The prompt's KV pages, pushed by the prefill node (blocks until they arrive)."""

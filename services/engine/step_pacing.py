@@ -15,7 +15,7 @@ seconds (docs/benchmarks.md, "Decode yields to a first-token backlog").
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared.host_backlog import BacklogBoard
 
@@ -25,14 +25,17 @@ def step_interval_s(num_waiting: int, *, yield_step_ms: float, yield_backlog: in
     return yield_step_ms / 1000.0 if num_waiting >= yield_backlog else 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepPacing:
     board: BacklogBoard
     yield_step_ms: float
     yield_backlog: int
+    num_yielding_steps: int = field(default=0, init=False)  # steps given the floor (engine thread)
 
     def min_interval_s(self) -> float:
-        return step_interval_s(self.board.max_waiting(), yield_step_ms=self.yield_step_ms, yield_backlog=self.yield_backlog)
+        interval_s = step_interval_s(self.board.max_waiting(), yield_step_ms=self.yield_step_ms, yield_backlog=self.yield_backlog)
+        self.num_yielding_steps += interval_s > 0
+        return interval_s
 
 
 def step_pacing(board: BacklogBoard | None, *, yield_step_ms: float, yield_backlog: int) -> StepPacing | None:

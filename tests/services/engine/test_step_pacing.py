@@ -25,6 +25,7 @@ def test_no_board_or_a_zero_step_means_no_pacing(tmp_path):
     assert pacing is not None and pacing.min_interval_s() == 0.0
     board.post(0, 4)
     assert pacing.min_interval_s() == 0.1
+    assert pacing.num_yielding_steps == 1
 
 
 class SteppingEngine:

@@ -229,14 +229,18 @@ def test_decode_yields_while_first_tokens_queue_on_its_cores(stack):
     would post over it) makes decode step at most every 100 ms; clearing it restores full pace."""
     board = BacklogBoard(Path(stack.state()["backlog_board"]))
     num_tokens = 16
+    yielded_before = stack.metrics()["tessera_decode_yielding_steps_total"]
     board.post(0, 9)
     try:
         paced = _stream_seconds(stack, num_tokens)
     finally:
         board.post(0, 0)
+    yielded = stack.metrics()["tessera_decode_yielding_steps_total"] - yielded_before
     unpaced = _stream_seconds(stack, num_tokens)
     assert paced >= 0.09 * (num_tokens - 1), paced
+    assert yielded >= num_tokens - 1, yielded
     assert unpaced < paced / 2, (unpaced, paced)
+    assert stack.metrics()["tessera_decode_yielding_steps_total"] - yielded_before == yielded
 
 
 def test_internal_calls_without_the_stack_secret_are_refused(stack):
