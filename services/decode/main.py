@@ -30,10 +30,18 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     admission = NodeAdmission("decode", settings.max_pending_requests)
     auth, channel_auth = node_auth(settings)
     pacing = step_pacing(
-        host_backlog.board_from_env(), yield_step_ms=engine_config.yield_step_ms, yield_backlog=engine_config.yield_backlog
+        host_backlog.board_from_env(),
+        yield_step_ms=engine_config.yield_step_ms,
+        yield_backlog=engine_config.yield_backlog,
+        yield_max_streams=engine_config.yield_max_streams,
     )
     if pacing is not None:
-        log.info("sharing cores: a step at most every %g ms while %d+ calls wait", pacing.yield_step_ms, pacing.yield_backlog)
+        log.info(
+            "sharing cores: a step at most every %g ms while %d+ calls wait and %d or fewer streams decode",
+            pacing.yield_step_ms,
+            pacing.yield_backlog,
+            pacing.yield_max_streams,
+        )
     node = DecodeNode(model, engine_config, data_bind=settings.data_address, liveness=liveness, channel_auth=channel_auth, pacing=pacing)
     config = node.cluster_config()
     node.publisher = node_publisher("decode", settings, model.model_id, node.data_address, node.load, liveness, config=config)

@@ -40,9 +40,11 @@ class EngineConfig:
     screen_greedy: bool = True
     # Decode nodes sharing cores with encoder and prefill nodes (a launcher's colocated stack)
     # start a step at most every yield_step_ms while one of those holds yield_backlog or more
-    # calls, so queued first tokens get the cores (services/engine/step_pacing.py). 0: never yield.
+    # calls and they hold at most yield_max_streams streams, so queued first tokens get the cores
+    # (services/engine/step_pacing.py). 0 ms: never yield.
     yield_step_ms: float = 100.0
     yield_backlog: int = 4
+    yield_max_streams: int = 16
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -57,8 +59,11 @@ class EngineConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.yield_step_ms < 0 or self.yield_backlog < 1:
-            raise ValueError(f"yield_step_ms must be at least 0 and yield_backlog at least 1: {self.yield_step_ms}, {self.yield_backlog}")
+        if self.yield_step_ms < 0 or self.yield_backlog < 1 or self.yield_max_streams < 1:
+            raise ValueError(
+                "yield_step_ms must be at least 0, yield_backlog and yield_max_streams at least 1: "
+                f"{self.yield_step_ms}, {self.yield_backlog}, {self.yield_max_streams}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError("num_kv_blocks must be positive")
         if self.max_encoder_tokens_per_step > self.encoder_cache_tokens:

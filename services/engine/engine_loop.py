@@ -35,11 +35,11 @@ class EngineLoop:
         *,
         after_step: Callable[[Engine], None] | None = None,
         liveness: Liveness | None = None,
-        min_step_interval: Callable[[], float] | None = None,
+        min_step_interval: Callable[[int], float] | None = None,
     ) -> None:
         self._after_step = after_step
-        # Seconds from a step's start before the next may start, asked after each step
-        # (services/engine/step_pacing.py); None: step whenever there is work.
+        # Seconds from a step's start before the next may start, asked after each step with the
+        # requests the engine holds (services/engine/step_pacing.py); None: step whenever there is work.
         self._min_step_interval = min_step_interval
         self._next_step_at = 0.0
         self._calls: queue.SimpleQueue[tuple[Callable[[Engine], object], Future]] = queue.SimpleQueue()
@@ -109,7 +109,7 @@ class EngineLoop:
             with self._watch.busy():
                 self._run_step()
         if self._min_step_interval is not None:
-            self._next_step_at = started + self._min_step_interval()
+            self._next_step_at = started + self._min_step_interval(len(self.engine.requests))
 
     def _run_step(self) -> None:
         try:

@@ -2,12 +2,17 @@
 
 Rule: a decode node given the host's backlog board (shared/host_backlog.py says why) starts a
 step at most every ``yield_step_ms`` while a colocated encoder or prefill node holds
-``yield_backlog`` or more calls; otherwise it steps as soon as the last step ends. Calls that
-arrive meanwhile (new streams, aborts) are still taken at once; only the next step waits.
+``yield_backlog`` or more calls and the node holds at most ``yield_max_streams`` streams;
+otherwise it steps as soon as the last step ends. Calls that arrive meanwhile (new streams,
+aborts) are still taken at once; only the next step waits.
 
 Why a floor on the step interval rather than a pause: streams keep a bounded pace (100 ms per
 token is 10 tokens a second, a third of vLLM's TPOT at 16 concurrent image requests here), and
 each step serves every stream that joined during the wait, so the weights read per token fall.
+Why only small batches: a step's fixed cost (reading every weight) is what yielding saves, and it
+dominates only while the batch is small. At 16 rows a step of `small` costs 1.5x a step of one
+row, at 64 rows of `tiny` 6x (docs/benchmarks.md, "A chunked screen"); a wide batch is mostly
+per-row work, which waiting does not save, and 1,000 streams paced this way finished later.
 Why a backlog of 4: a client holding up to 4 requests at once never has 4 waiting while one of its
 streams decodes, so it sees decode at full pace; deeper queues are where the first tokens wait
 seconds (docs/benchmarks.md, "Decode yields to a first-token backlog").
@@ -20,9 +25,10 @@ from dataclasses import dataclass, field
 from shared.host_backlog import BacklogBoard
 
 
-def step_interval_s(num_waiting: int, *, yield_step_ms: float, yield_backlog: int) -> float:
-    """The least time from one step's start to the next's, for the longest colocated queue."""
-    return yield_step_ms / 1000.0 if num_waiting >= yield_backlog else 0.0
+def step_interval_s(num_waiting: int, num_streams: int, *, yield_step_ms: float, yield_backlog: int, yield_max_streams: int) -> float:
+    """The least time from one step's start to the next's, for the longest colocated queue and
+    the streams this node holds."""
+    return yield_step_ms / 1000.0 if num_waiting >= yield_backlog and num_streams <= yield_max_streams else 0.0
 
 
 @dataclass(slots=True)
@@ -30,16 +36,23 @@ class StepPacing:
     board: BacklogBoard
     yield_step_ms: float
     yield_backlog: int
+    yield_max_streams: int
     num_yielding_steps: int = field(default=0, init=False)  # steps given the floor (engine thread)
 
-    def min_interval_s(self) -> float:
-        interval_s = step_interval_s(self.board.max_waiting(), yield_step_ms=self.yield_step_ms, yield_backlog=self.yield_backlog)
+    def min_interval_s(self, num_streams: int) -> float:
+        interval_s = step_interval_s(
+            self.board.max_waiting(),
+            num_streams,
+            yield_step_ms=self.yield_step_ms,
+            yield_backlog=self.yield_backlog,
+            yield_max_streams=self.yield_max_streams,
+        )
         self.num_yielding_steps += interval_s > 0
         return interval_s
 
 
-def step_pacing(board: BacklogBoard | None, *, yield_step_ms: float, yield_backlog: int) -> StepPacing | None:
+def step_pacing(board: BacklogBoard | None, *, yield_step_ms: float, yield_backlog: int, yield_max_streams: int) -> StepPacing | None:
     """The pacing of a node on ``board``; None (step freely) without a board or with a zero step."""
     if board is None or yield_step_ms == 0:
         return None
-    return StepPacing(board, yield_step_ms, yield_backlog)
+    return StepPacing(board, yield_step_ms, yield_backlog, yield_max_streams)

@@ -11,20 +11,23 @@ from services.engine.step_pacing import step_interval_s, step_pacing
 from shared.host_backlog import BacklogBoard, create_board
 
 
-def test_the_floor_applies_only_from_the_backlog_on():
-    assert step_interval_s(3, yield_step_ms=100, yield_backlog=4) == 0.0
-    assert step_interval_s(4, yield_step_ms=100, yield_backlog=4) == 0.1
-    assert step_interval_s(40, yield_step_ms=100, yield_backlog=4) == 0.1
+def test_the_floor_applies_from_the_backlog_on_and_to_small_batches_only():
+    rule = {"yield_step_ms": 100, "yield_backlog": 4, "yield_max_streams": 16}
+    assert step_interval_s(3, 1, **rule) == 0.0
+    assert step_interval_s(4, 1, **rule) == 0.1
+    assert step_interval_s(40, 16, **rule) == 0.1
+    assert step_interval_s(40, 17, **rule) == 0.0  # a wide batch is mostly per-row work
 
 
 def test_no_board_or_a_zero_step_means_no_pacing(tmp_path):
     board = BacklogBoard(create_board(tmp_path / "board", 1))
-    assert step_pacing(None, yield_step_ms=100, yield_backlog=4) is None
-    assert step_pacing(board, yield_step_ms=0, yield_backlog=4) is None
-    pacing = step_pacing(board, yield_step_ms=100, yield_backlog=4)
-    assert pacing is not None and pacing.min_interval_s() == 0.0
+    rule = {"yield_step_ms": 100, "yield_backlog": 4, "yield_max_streams": 16}
+    assert step_pacing(None, **rule) is None
+    assert step_pacing(board, **{**rule, "yield_step_ms": 0}) is None
+    pacing = step_pacing(board, **rule)
+    assert pacing is not None and pacing.min_interval_s(1) == 0.0
     board.post(0, 4)
-    assert pacing.min_interval_s() == 0.1
+    assert pacing.min_interval_s(1) == 0.1 and pacing.min_interval_s(17) == 0.0
     assert pacing.num_yielding_steps == 1
 
 
@@ -53,7 +56,7 @@ class SteppingEngine:
 
 def run_loop(num_steps: int, interval_s: float | None) -> tuple[EngineLoop, SteppingEngine]:
     engine = SteppingEngine(num_steps)
-    loop = EngineLoop(lambda: engine, min_step_interval=(lambda: interval_s) if interval_s is not None else None)
+    loop = EngineLoop(lambda: engine, min_step_interval=(lambda _num_streams: interval_s) if interval_s is not None else None)
     return loop, engine
 
 
