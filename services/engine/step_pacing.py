@@ -7,12 +7,11 @@ otherwise it steps as soon as the last step ends. Calls that arrive meanwhile (n
 aborts) are still taken at once; only the next step waits.
 
 Why a floor on the step interval rather than a pause: streams keep a bounded pace (100 ms per
-token is 10 tokens a second, a third of vLLM's TPOT at 16 concurrent image requests here), and
-each step serves every stream that joined during the wait, so the weights read per token fall.
+token is 10 tokens a second, still well under vLLM's TPOT when its prefills queue), and each step
+serves every stream that joined during the wait, so the weights read per token fall.
 Why only small batches: a step's fixed cost (reading every weight) is what yielding saves, and it
-dominates only while the batch is small. At 16 rows a step of `small` costs 1.5x a step of one
-row, at 64 rows of `tiny` 6x (docs/benchmarks.md, "A chunked screen"); a wide batch is mostly
-per-row work, which waiting does not save, and 1,000 streams paced this way finished later.
+dominates only while the batch is small (the step costs by width are in docs/benchmarks.md, "A
+chunked screen"); a wide batch is mostly per-row work, which waiting does not save.
 Why a backlog of 4: a client holding up to 4 requests at once never has 4 waiting while one of its
 streams decodes, so it sees decode at full pace; deeper queues are where the first tokens wait
 seconds (docs/benchmarks.md, "Decode yields to a first-token backlog").
