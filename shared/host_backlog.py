@@ -21,6 +21,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,6 +37,15 @@ def create_board(path: Path, num_slots: int) -> Path:
         raise ValueError(f"a board needs at least one slot, got {num_slots}")
     path.write_bytes(bytes(RECORD.size * num_slots))
     return path
+
+
+def new_board(num_slots: int) -> Path:
+    """An empty board in a new file, memory-backed where the host has /dev/shm (it is read at
+    every decode step); its maker removes it."""
+    shm = Path("/dev/shm")
+    fd, name = tempfile.mkstemp(prefix="tessera-backlog-", dir=shm if shm.is_dir() else None)
+    os.close(fd)
+    return create_board(Path(name), num_slots)
 
 
 class BacklogBoard:

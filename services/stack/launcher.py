@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -335,15 +334,8 @@ class Stack:
             shares_cores = {name: share.cpus is None for name, share in self.cpu_shares.items()}
             self.board_slots = host_backlog.board_roles(role_of_process, shares_cores)
             if self.board_slots:
-                self.backlog_board = self._make_board(sum(slot is not None for slot in self.board_slots.values()))
+                self.backlog_board = host_backlog.new_board(sum(slot is not None for slot in self.board_slots.values()))
         return self.cpu_shares.get(role.role, CpuShare(num_threads=1))
-
-    @staticmethod
-    def _make_board(num_slots: int) -> Path:
-        shm = Path("/dev/shm")  # memory-backed where there is one: the board is read every decode step
-        fd, name = tempfile.mkstemp(prefix="tessera-backlog-", dir=shm if shm.is_dir() else None)
-        os.close(fd)
-        return host_backlog.create_board(Path(name), num_slots)
 
     def _start_valkey(self) -> None:
         from services.stack.redis_server import embedded_valkey_binary, start_redis_server
