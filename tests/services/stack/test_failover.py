@@ -24,6 +24,9 @@ from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
 from tests.services.stack.stack_probes import Streams, busiest_decode_node
 
 MAX_TOKENS = 96
+# The early streams when a decode node dies: long enough that a loaded machine still finds them
+# decoding once it has found their node (tiny decodes 96 tokens in a fraction of a second).
+MIGRATION_TOKENS = 512
 NUM_EARLY = 4  # streaming when the node dies
 NUM_REQUESTS = 12  # the rest are sent right after
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
@@ -56,8 +59,8 @@ def _cases(seed: int) -> list:
     ]
 
 
-def _oracle_text(oracle, case) -> str:
-    tokens = oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), MAX_TOKENS).token_ids
+def _oracle_text(oracle, case, max_tokens: int = MAX_TOKENS) -> str:
+    tokens = oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), max_tokens).token_ids
     return oracle.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
@@ -104,9 +107,10 @@ def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle
     kill still find it listed in the index (until its TTL lapses) and must fail over."""
     _wait_for_all_nodes(cluster, _num_live_nodes(cluster))
     cases = _cases(seed={"decode": 10, "prefill": 30, "encoder": 50, "preprocess": 70}[role])
-    expected = [_oracle_text(oracle, case) for case in cases]
+    num_early_tokens = MIGRATION_TOKENS if role == "decode" else MAX_TOKENS
+    expected = [_oracle_text(oracle, case, num_early_tokens if i < NUM_EARLY else MAX_TOKENS) for i, case in enumerate(cases)]
     before = {name: _gateway_counter(cluster, name) for name in ("gateway_migrations_total", "gateway_node_failures_total")}
-    early = Streams(cluster, cases[:NUM_EARLY], GREEDY)
+    early = Streams(cluster, cases[:NUM_EARLY], {**GREEDY, "max_tokens": num_early_tokens})
     if role == "decode":
         early.wait_flowing(1)  # every stream decoding now has nearly all its tokens ahead of it
         victim = busiest_decode_node(cluster)
