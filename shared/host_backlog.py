@@ -69,9 +69,6 @@ class BacklogBoard:
                 longest = num_waiting
         return longest
 
-    def close(self) -> None:
-        self._map.close()
-
 
 class BacklogPoster:
     """One writer's slot: what a node's admission calls on every change of its queue."""
@@ -91,10 +88,8 @@ def board_from_env(env: Mapping[str, str] = os.environ) -> BacklogBoard | None:
 
 def poster_from_env(env: Mapping[str, str] = os.environ) -> BacklogPoster | None:
     """This process's slot, when a launcher gave it one."""
-    board = board_from_env(env)
-    if board is None or not env.get(SLOT_VAR):
-        return None
-    return BacklogPoster(board, int(env[SLOT_VAR]))
+    board = board_from_env(env) if env.get(SLOT_VAR) else None
+    return BacklogPoster(board, int(env[SLOT_VAR])) if board is not None else None
 
 
 def _alive(pid: int) -> bool:
