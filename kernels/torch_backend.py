@@ -47,6 +47,7 @@ class _PrefillRow:
     context_len: int
     blocks: torch.Tensor  # the request's block ids covering its context
     mask: torch.Tensor  # [num_new, context_len] True where the key is visible (sliding window aside)
+    plain_causal: bool  # the whole context is new and no span widens the mask: is_causal says it all
 
 
 @dataclass(slots=True)
@@ -71,7 +72,9 @@ class TorchReferenceBackend:
                 decodes.append(i)
                 continue
             blocks = torch.tensor(batch.block_tables[i][: -(-ctx // batch.block_size)], dtype=torch.long, device=device)
-            prefill_rows.append(_PrefillRow(start, end, ctx, blocks, _prefill_mask(ctx, end - start, spans, device)))
+            mask = _prefill_mask(ctx, end - start, spans, device)
+            plain_causal = ctx == end - start and not spans
+            prefill_rows.append(_PrefillRow(start, end, ctx, blocks, mask, plain_causal))
         decode_groups = [_decode_group(batch, group, device) for group in _group_by_length(batch, decodes)]
         batch.plan = _Plan(num_heads > num_kv_heads, prefill_rows, decode_groups, {})
 
@@ -88,7 +91,8 @@ class TorchReferenceBackend:
         if sliding_window is not None:
             prefill_masks, decode_masks = _windowed(plan, sliding_window)
         for row, mask in zip(plan.prefill_rows, prefill_masks):
-            out[row.start : row.end] = _attend_prefill(q[row.start : row.end], k_cache, v_cache, row, mask, scale, plan.gqa)
+            causal = row.plain_causal and sliding_window is None
+            out[row.start : row.end] = _attend_prefill(q[row.start : row.end], k_cache, v_cache, row, None if causal else mask, scale, plan.gqa)
         for group, mask in zip(plan.decode_groups, decode_masks):
             out[group.rows] = _attend_decode(q.index_select(0, group.rows), k_cache, v_cache, group, mask, scale, plan.gqa)
         return out
@@ -111,15 +115,25 @@ def _windowed(plan: _Plan, window: int) -> tuple[list[torch.Tensor], list[torch.
     return plan.window_masks[window]
 
 
-def _attend_prefill(q, k_cache, v_cache, row: _PrefillRow, mask: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:
+def _attend_prefill(q, k_cache, v_cache, row: _PrefillRow, mask: torch.Tensor | None, scale: float, gqa: bool) -> torch.Tensor:
+    """mask None: plainly causal. The inputs are 4-D ([1, heads, tokens, head_dim]) because on CPU
+    only 4-D inputs reach the flash kernel; 3-D ones fall back to the math path, which
+    materializes every score (2.6x slower at 370 tokens: docs/benchmarks.md, "Prefill attention on
+    the flash kernel"). is_causal lets the flash kernel skip the blocks above the diagonal."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     ctx = row.context_len
     keys = k_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
     values = v_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
     attn = F.scaled_dot_product_attention(
-        q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=gqa
+        q.transpose(0, 1)[None],
+        keys.transpose(0, 1)[None],
+        values.transpose(0, 1)[None],
+        attn_mask=None if mask is None else mask[None, None],
+        is_causal=mask is None,
+        scale=scale,
+        enable_gqa=gqa,
     )
-    return attn.transpose(0, 1)
+    return attn[0].transpose(0, 1)
 
 
 def _attend_decode(q, k_cache, v_cache, group: _DecodeGroup, mask: torch.Tensor, scale: float, gqa: bool) -> torch.Tensor:

@@ -140,3 +140,19 @@ def test_a_model_that_needs_masks_gets_the_torch_backend():
     assert create_backend("auto", torch.device("cpu"), needs_masks=True).name == "torch"
     with pytest.raises(ValueError, match="flashinfer"):
         create_backend("flashinfer", torch.device("cpu"), needs_masks=True)
+
+
+@pytest.mark.parametrize("shapes", [[(40, 40)], [(40, 24)]], ids=["whole prompt", "after a cached prefix"])
+def test_torch_backend_prefills_on_the_cpu_flash_kernel(shapes):
+    """3-D inputs send SDPA to its math path, which materializes every score (half a prefill's
+    time at 1,400 tokens); the prefill must reach the flash kernel."""
+    q, k_cache, v_cache, k_new, v_new, batch, qs, ks, vs = _case(torch.device("cpu"), shapes=shapes)
+    backend = create_backend("torch", torch.device("cpu"))
+    backend.prepare(batch, num_heads=4, num_kv_heads=2, head_dim=16)
+    backend.write_kv(k_cache, v_cache, k_new, v_new, batch)
+    with torch.profiler.profile() as profile:
+        out = backend.attend(q, k_cache, v_cache, batch, scale=16**-0.5)
+    kernels = {event.key for event in profile.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels
+    assert "aten::_scaled_dot_product_attention_math" not in kernels
+    torch.testing.assert_close(out, _dense_reference(qs, ks, vs, 16**-0.5), atol=1e-5, rtol=1e-3)
