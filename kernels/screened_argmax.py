@@ -25,10 +25,12 @@ A row with more than MAX_CANDIDATES candidates (nearly flat logits), or none (a 
 computed whole in float32. With ``allowed`` (a structured-output grammar's token mask), tokens
 outside it are never candidates: the screen's bound holds for any subset of the vocabulary.
 
-In vocabulary chunks: step 1 runs a chunk at a time and takes each chunk's maximum while its
-products are still in cache (at hundreds of rows the products themselves are larger than the
-cache); step 3 then looks for candidates only in the chunks whose maximum reaches the row's
-threshold, usually one or two per row.
+In vocabulary chunks: step 1 runs a chunk at a time and takes the maximum of each block of
+SUB_BLOCK tokens while the chunk's products are still in cache (at hundreds of rows the products
+themselves are larger than the cache); step 3 then reads only the blocks whose maximum reaches the
+row's threshold, usually one per row. At a thousand rows (a decode step of a small model) the
+screen writes hundreds of megabytes of products, so every further pass over them costs as much as
+the products (docs/benchmarks.md, "The screen at a thousand rows").
 
 Whether it pays is timed once, after the head is built (``calibrate``, at TIMED_ROWS against the
 caller's float32 path): ``max_rows`` is the most rows at which it won, None when it won at every
@@ -47,7 +49,7 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.cpu_linear import onednn_linear
+from kernels.cpu_linear import MAX_PIECE_ROWS, onednn_linear
 
 ERROR_SCALE = 2.0
 TIMED_ROWS = (1, 4, 16, 64)
@@ -60,6 +62,16 @@ MAX_CANDIDATES = 4096
 # L2 cache, and few chunks keep a step of one row from paying per-chunk overhead.
 SCREEN_CHUNK = 16384
 EXACT_PIECE = 16384  # candidates whose weight rows are gathered at once (bounds that copy)
+# Tokens per block whose maximum step 1 keeps: step 3 then reads only the blocks that reach a
+# row's threshold (usually one) instead of whole chunks. A chunk whose width is not a multiple of
+# it (the vocabulary's last) is one block. Smaller blocks make the maxima cost more than they save
+# (a reduction over 128 tokens is 2.5x slower than over whole rows).
+SUB_BLOCK = 1024
+
+
+def _num_blocks(width: int) -> int:
+    return width // SUB_BLOCK if width % SUB_BLOCK == 0 else 1
+
 
 log = logging.getLogger("tessera.screened_argmax")
 
@@ -109,6 +121,8 @@ class ScreenedArgmax:
             torch.ops.mkldnn._reorder_linear_weight(bf16[start : start + vocab_chunk].contiguous(), None)
             for start in range(0, weight.shape[0], vocab_chunk)
         ]
+        widths = [min(vocab_chunk, weight.shape[0] - start) for start in range(0, weight.shape[0], vocab_chunk)]
+        self.max_blocks_per_chunk = max(_num_blocks(width) for width in widths)
         # One bound for every token keeps the screen to a max and a comparison.
         self.max_weight_norm, self.max_rounding_norm, self.max_bf16_weight_norm = _max_row_norms(weight, bf16)
         self.num_rows_screened = 0
@@ -126,12 +140,12 @@ class ScreenedArgmax:
         """hidden [N, H] float32 (and ``allowed`` [N, V] bool, or None for every token) -> N
         token ids."""
         hidden_bf16 = hidden.bfloat16()
-        approx_chunks, chunk_max = self._approximate(hidden_bf16, allowed)
-        row_max = chunk_max.amax(dim=1)
+        pieces, block_maxima = self._approximate(hidden_bf16, allowed)
+        row_max = block_maxima.amax(dim=(1, 2)).float()
         threshold = row_max - ERROR_SCALE * (2 * self.input_error(hidden, hidden_bf16) + 2 * OUTPUT_ROUNDOFF * row_max.abs())
         # A NaN in h, or a row that allows nothing, has no finite threshold: computed whole.
-        reaches = (chunk_max >= threshold.unsqueeze(1)) & threshold.isfinite().unsqueeze(1)
-        rows, token_ids = self._candidates(approx_chunks, reaches, threshold)
+        reaches = (block_maxima.float() >= threshold[:, None, None]) & threshold.isfinite()[:, None, None]
+        rows, token_ids = self._candidates(pieces, reaches, threshold)
         num_candidates = torch.bincount(rows, minlength=hidden.shape[0])
         screened = (num_candidates > 0) & (num_candidates <= MAX_CANDIDATES)
         keep = screened[rows]
@@ -171,32 +185,50 @@ class ScreenedArgmax:
         )
         return error.float()
 
-    def _approximate(self, hidden_bf16: torch.Tensor, allowed: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """Step 1, a chunk at a time: each chunk's bfloat16 products [N, chunk] (kept for the
-        candidates) and every chunk's maximum per row, [N, num_chunks] float32."""
-        approx_chunks, maxima = [], []
+    def _approximate(self, hidden_bf16: torch.Tensor, allowed: torch.Tensor | None) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+        """Step 1, a chunk at a time and at most MAX_PIECE_ROWS rows at a time: each piece's
+        bfloat16 products [rows, chunk] (kept for the candidates, never concatenated: at a
+        thousand rows that copy cost as much as the products) and each row's maximum in every
+        block of SUB_BLOCK tokens, [N, num_chunks, blocks per chunk] bfloat16."""
+        num_rows, num_chunks = hidden_bf16.shape[0], len(self.packed_chunks)
+        block_maxima = hidden_bf16.new_empty(num_rows, num_chunks, self.max_blocks_per_chunk)
+        pieces: list[list[torch.Tensor]] = []
         for index, packed in enumerate(self.packed_chunks):
-            approx = onednn_linear(hidden_bf16, packed, None)
-            if allowed is not None:
-                start = index * self.vocab_chunk
-                approx.masked_fill_(~allowed[:, start : start + approx.shape[1]], float("-inf"))
-            approx_chunks.append(approx)
-            maxima.append(approx.amax(dim=1))
-        return approx_chunks, torch.stack(maxima, dim=1).float()
+            start, chunk_pieces = index * self.vocab_chunk, []
+            for first in range(0, num_rows, MAX_PIECE_ROWS):
+                approx = onednn_linear(hidden_bf16[first : first + MAX_PIECE_ROWS], packed, None)
+                rows = approx.shape[0]
+                if allowed is not None:
+                    approx.masked_fill_(~allowed[first : first + rows, start : start + approx.shape[1]], float("-inf"))
+                maxima = block_maxima[first : first + rows, index]
+                blocks = _num_blocks(approx.shape[1])
+                maxima[:, :blocks] = approx.view(rows, blocks, -1).amax(dim=2)
+                maxima[:, blocks:] = float("-inf")  # a short last chunk
+                chunk_pieces.append(approx)
+            pieces.append(chunk_pieces)
+        return pieces, block_maxima
 
     def _candidates(
-        self, approx_chunks: list[torch.Tensor], reaches: torch.Tensor, threshold: torch.Tensor
+        self, pieces: list[list[torch.Tensor]], reaches: torch.Tensor, threshold: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Step 3 in the chunks whose maximum reaches a row's threshold: (row, token id) of
-        every candidate."""
-        rows, token_ids = [torch.empty(0, dtype=torch.long)], [torch.empty(0, dtype=torch.long)]
-        for index in reaches.any(dim=0).nonzero().squeeze(1).tolist():
-            chunk_rows = reaches[:, index].nonzero().squeeze(1)
-            approx = approx_chunks[index].index_select(0, chunk_rows).float()
-            local_rows, columns = (approx >= threshold.index_select(0, chunk_rows).unsqueeze(1)).nonzero(as_tuple=True)
-            rows.append(chunk_rows.index_select(0, local_rows))
-            token_ids.append(columns + index * self.vocab_chunk)
-        return torch.cat(rows), torch.cat(token_ids)
+        """Step 3 in the blocks of tokens whose maximum reaches a row's threshold (``reaches``,
+        [N, num_chunks, blocks per chunk]): (row, token id) of every candidate. Only those
+        blocks' products are read again, usually one per row."""
+        rows_found, ids_found = [torch.empty(0, dtype=torch.long)], [torch.empty(0, dtype=torch.long)]
+        for index in reaches.any(dim=2).any(dim=0).nonzero().squeeze(1).tolist():
+            rows, blocks = reaches[:, index].nonzero(as_tuple=True)
+            for piece_index, approx in enumerate(pieces[index]):
+                first = piece_index * MAX_PIECE_ROWS
+                in_piece = (rows >= first) & (rows < first + approx.shape[0])
+                piece_rows, piece_blocks = rows[in_piece], blocks[in_piece]
+                if piece_rows.numel() == 0:
+                    continue
+                width = approx.shape[1] // _num_blocks(approx.shape[1])
+                values = approx.view(approx.shape[0], -1, width)[piece_rows - first, piece_blocks].float()
+                hit, column = (values >= threshold.index_select(0, piece_rows).unsqueeze(1)).nonzero(as_tuple=True)
+                rows_found.append(piece_rows.index_select(0, hit))
+                ids_found.append(index * self.vocab_chunk + piece_blocks.index_select(0, hit) * width + column)
+        return torch.cat(rows_found), torch.cat(ids_found)
 
     @torch.inference_mode()
     def calibrate(self, float32_argmax: Callable[[torch.Tensor], list[int]]) -> None:

@@ -92,7 +92,8 @@ class TorchReferenceBackend:
             prefill_masks, decode_masks = _windowed(plan, sliding_window)
         for row, mask in zip(plan.prefill_rows, prefill_masks):
             causal = row.plain_causal and sliding_window is None
-            out[row.start : row.end] = _attend_prefill(q[row.start : row.end], k_cache, v_cache, row, None if causal else mask, scale, plan.gqa)
+            rows = slice(row.start, row.end)
+            out[rows] = _attend_prefill(q[rows], k_cache, v_cache, row, None if causal else mask, scale, plan.gqa)
         for group, mask in zip(plan.decode_groups, decode_masks):
             out[group.rows] = _attend_decode(q.index_select(0, group.rows), k_cache, v_cache, group, mask, scale, plan.gqa)
         return out

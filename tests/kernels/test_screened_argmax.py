@@ -50,10 +50,15 @@ def test_calibration_times_the_rows_worth_screening():
     assert head.num_rows_screened == 0  # the timing's rows are not counted
 
 
+@pytest.mark.parametrize("small_pieces", [False, True], ids=["whole", "blocks of 16 tokens, pieces of 8 rows"])
 @pytest.mark.parametrize("num_rows", [1, 5, 40])
-def test_chunks_give_the_float32_argmax(num_rows):
+def test_chunks_give_the_float32_argmax(num_rows, small_pieces, monkeypatch):
     """A vocabulary of many chunks, the last one short: random rows, and near-ties and exact ties
-    whose tokens sit in different chunks."""
+    whose tokens sit in different chunks. With small pieces, every chunk holds several blocks (the
+    short last one is one block) and the rows run in several pieces."""
+    if small_pieces:
+        monkeypatch.setattr(screened_argmax, "SUB_BLOCK", 16)
+        monkeypatch.setattr(screened_argmax, "MAX_PIECE_ROWS", 8)
     torch.manual_seed(10 + num_rows)
     weight = torch.randn(1000, 32) * 0.3
     hidden = torch.randn(num_rows, 32) * 3
@@ -62,7 +67,7 @@ def test_chunks_give_the_float32_argmax(num_rows):
     if num_rows > 1:
         weight[[350, 720]] = hidden[1] / hidden[1].norm() * 50  # an exact tie across chunks 3 and 7
     head = ScreenedArgmax(weight, vocab_chunk=96)
-    assert len(head.packed_chunks) == 11
+    assert len(head.packed_chunks) == 11 and head.max_blocks_per_chunk == (6 if small_pieces else 1)
     expected = float32_argmax(hidden, weight)
     assert head.argmax(hidden) == expected and expected[0] == 900 and (num_rows == 1 or expected[1] == 350)
     assert head.num_rows_screened == num_rows
