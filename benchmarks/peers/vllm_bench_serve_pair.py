@@ -5,13 +5,16 @@ table per load (`tessera bench --compare`'s) and leaves vLLM's result JSON files
 `{tessera,vllm}-{load}.json`, in OUT.
 
     python benchmarks/peers/vllm_bench_serve_pair.py --out benchmarks/results/vllm-bench-serve/RUN \
-        [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0]
+        [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0] [--temperature 0]
 
 The workload is benchmarks/peers/README.md's: one new 448x448 image per request, 64 input and 16
-output tokens, ignore_eos on both sides. Each load draws its own prompts and images (seed, seed+1,
-...; the warm-up the next one): a load that replayed an earlier one's would hit every cache. The
-two systems get the same ones. An open-loop load also keeps `--max-concurrency 64`, so a rate
-above a server's capacity queues in the server, not without bound in the client.
+output tokens, ignore_eos on both sides. `vllm bench serve` sends no temperature unless told, so
+both servers sample at the API's default of 1.0; `--temperature 0` measures greedy decoding
+(where Tessera's greedy head reads a bfloat16 copy of the LM head: kernels/screened_argmax.py).
+Each load draws its own prompts and images (seed, seed+1, ...; the warm-up the next one): a load
+that replayed an earlier one's would hit every cache. The two systems get the same ones. An
+open-loop load also keeps `--max-concurrency 64`, so a rate above a server's capacity queues in
+the server, not without bound in the client.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def serve_bench(
         "--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}', "--random-mm-bucket-config", "{(448, 448, 1): 1.0}",
         "--ignore-eos", "--seed", str(seed), "--save-result", "--result-dir", str(args.out), "--result-filename", f"{name}.json",
     ]  # fmt: skip
+    if args.temperature is not None:
+        command += ["--temperature", str(args.temperature)]
     subprocess.run(command, check=True)
     return args.out / f"{name}.json"
 
@@ -80,6 +85,7 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=40)
     parser.add_argument("--warmup-prompts", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=None, help="sent with every request (default: none, so 1.0)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     loads = [("c", float(c)) for c in args.concurrency.split(",") if c] + [("rate", float(r)) for r in args.request_rate.split(",") if r]
