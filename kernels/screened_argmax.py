@@ -64,8 +64,8 @@ SCREEN_CHUNK = 16384
 EXACT_PIECE = 16384  # candidates whose weight rows are gathered at once (bounds that copy)
 # Tokens per block whose maximum step 1 keeps: step 3 then reads only the blocks that reach a
 # row's threshold (usually one) instead of whole chunks. A chunk whose width is not a multiple of
-# it (the vocabulary's last) is one block. Smaller blocks make the maxima cost more than they save
-# (a reduction over 128 tokens is 2.5x slower than over whole rows).
+# it (the vocabulary's last) is one block. Much smaller blocks make the maxima cost more than they
+# save: a reduction over short runs is slower per value than over whole rows.
 SUB_BLOCK = 1024
 
 
@@ -117,12 +117,8 @@ class ScreenedArgmax:
         self.float32_logits = float32_logits or (lambda hidden: torch.nn.functional.linear(hidden, weight))
         self.vocab_chunk = vocab_chunk
         bf16 = weight.detach().contiguous().bfloat16()
-        self.packed_chunks = [
-            torch.ops.mkldnn._reorder_linear_weight(bf16[start : start + vocab_chunk].contiguous(), None)
-            for start in range(0, weight.shape[0], vocab_chunk)
-        ]
-        widths = [min(vocab_chunk, weight.shape[0] - start) for start in range(0, weight.shape[0], vocab_chunk)]
-        self.max_blocks_per_chunk = max(_num_blocks(width) for width in widths)
+        self.packed_chunks = [torch.ops.mkldnn._reorder_linear_weight(rows.contiguous(), None) for rows in bf16.split(vocab_chunk)]
+        self.max_blocks_per_chunk = max(_num_blocks(rows.shape[0]) for rows in bf16.split(vocab_chunk))
         # One bound for every token keeps the screen to a max and a comparison.
         self.max_weight_norm, self.max_rounding_norm, self.max_bf16_weight_norm = _max_row_norms(weight, bf16)
         self.num_rows_screened = 0

@@ -119,8 +119,8 @@ def _windowed(plan: _Plan, window: int) -> tuple[list[torch.Tensor], list[torch.
 def _attend_prefill(q, k_cache, v_cache, row: _PrefillRow, mask: torch.Tensor | None, scale: float, gqa: bool) -> torch.Tensor:
     """mask None: plainly causal. The inputs are 4-D ([1, heads, tokens, head_dim]) because on CPU
     only 4-D inputs reach the flash kernel; 3-D ones fall back to the math path, which
-    materializes every score (2.6x slower at 370 tokens: docs/benchmarks.md, "Prefill attention on
-    the flash kernel"). is_causal lets the flash kernel skip the blocks above the diagonal."""
+    materializes every score (docs/benchmarks.md, "Prefill attention on the flash kernel").
+    is_causal lets the flash kernel skip the blocks above the diagonal."""
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     ctx = row.context_len
     keys = k_cache.index_select(0, row.blocks).reshape(-1, num_kv_heads, head_dim)[:ctx]
