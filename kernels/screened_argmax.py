@@ -22,7 +22,18 @@ The screen (per row h, weight rows W_j, j over the vocabulary; b(x) is x rounded
   4. The others (the candidates, usually a handful) get float32 logits from the float32 weight;
      the first largest wins, as torch.argmax picks the lowest index among equal values.
 A row with more than MAX_CANDIDATES candidates (nearly flat logits), or none (a NaN in h), is
-computed whole in float32. With ``allowed`` (a structured-output grammar's token mask), tokens
+computed whole in float32.
+
+Sampled rows (``race``, kernels/race.py) race instead: the token is the argmax of the float32
+scores l_j / T + g_j, where |g_j| <= G or g_j = -inf (never a winner). Step 1 adds the noise to
+a_j / T, giving s'_j, and M is the largest s'. A token can come near the top only if its logit is
+near it too: s'_j >= M - X implies |a_j| / T <= B = |M| + G + X. Such a token's score is off by at
+most e = d / T + c B + 2^-22 G, c = u' + 2^-22: the approximation, and float32 rounding of s'_j and
+of step 4's score. A token below M - X with a larger |a_j| has a_j < 0, and with its error it stays
+below the top. So step 3 keeps s'_j >= M - X with X = ERROR_SCALE * 2e, which, B holding X, solves
+to X = 2 ERROR_SCALE (d / T + c (|M| + G) + 2^-22 G) / (1 - 2 ERROR_SCALE c). No pass over the
+products or the noise finds a bound. Step 4 scores its candidates with the same float32 expression
+as every other path. With ``allowed`` (a structured-output grammar's token mask), tokens
 outside it are never candidates: the screen's bound holds for any subset of the vocabulary.
 
 In vocabulary chunks: step 1 runs a chunk at a time and takes the maximum of each block of
@@ -50,6 +61,7 @@ from collections.abc import Callable
 import torch
 
 from kernels.cpu_linear import MAX_PIECE_ROWS, onednn_linear
+from kernels.race import Race, race_scores
 
 ERROR_SCALE = 2.0
 TIMED_ROWS = (1, 4, 16, 64)
@@ -125,28 +137,28 @@ class ScreenedArgmax:
         self.num_rows_unscreened = 0  # rows with too many candidates, or none: computed whole
         self.max_rows = max_rows  # the most rows worth screening; None: every width (see calibrate)
 
-    def argmax_or_none(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int] | None:
+    def argmax_or_none(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None, race: Race | None = None) -> list[int] | None:
         """The rows' tokens where the screen is worth it (at most ``max_rows`` rows), else None."""
         if self.max_rows is not None and hidden.shape[0] > self.max_rows:
             return None
-        return self.argmax(hidden, allowed)
+        return self.argmax(hidden, allowed, race)
 
     @torch.inference_mode()
-    def argmax(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int]:
-        """hidden [N, H] float32 (and ``allowed`` [N, V] bool, or None for every token) -> N
-        token ids."""
+    def argmax(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None, race: Race | None = None) -> list[int]:
+        """hidden [N, H] float32 (``allowed`` [N, V] bool, or None for every token; ``race``, the
+        rows' sampling noise, or None for the argmax of the logits) -> N token ids."""
         hidden_bf16 = hidden.bfloat16()
-        pieces, block_maxima = self._approximate(hidden_bf16, allowed)
+        pieces, block_maxima = self._approximate(hidden_bf16, allowed, race)
         row_max = block_maxima.amax(dim=(1, 2)).float()
-        threshold = row_max - ERROR_SCALE * (2 * self.input_error(hidden, hidden_bf16) + 2 * OUTPUT_ROUNDOFF * row_max.abs())
+        threshold = row_max - ERROR_SCALE * self._margin(hidden, hidden_bf16, row_max, race)
         # A NaN in h, or a row that allows nothing, has no finite threshold: computed whole.
         reaches = (block_maxima.float() >= threshold[:, None, None]) & threshold.isfinite()[:, None, None]
-        rows, token_ids = self._candidates(pieces, reaches, threshold)
+        rows, token_ids = self._candidates(pieces, reaches, threshold, race)
         num_candidates = torch.bincount(rows, minlength=hidden.shape[0])
         screened = (num_candidates > 0) & (num_candidates <= MAX_CANDIDATES)
         keep = screened[rows]
         rows, token_ids = rows[keep], token_ids[keep]
-        # Step 4: each candidate's float32 logit; per row the largest, then the lowest id among equals.
+        # Step 4: each candidate's float32 logit (or score); per row the largest, then the lowest id among equals.
         exact = torch.cat(
             [
                 (hidden.index_select(0, piece_rows) * self.weight.index_select(0, piece_ids)).sum(dim=1)
@@ -154,6 +166,8 @@ class ScreenedArgmax:
             ]
             or [torch.empty(0)]
         )
+        if race is not None:
+            exact = race_scores(exact, race.temperatures[rows, 0], race.gumbel[rows, token_ids])
         best = torch.full((hidden.shape[0],), float("-inf")).scatter_reduce_(0, rows, exact, "amax")
         wins = exact == best[rows]
         tokens = torch.full((hidden.shape[0],), self.weight.shape[0], dtype=torch.long)
@@ -163,10 +177,22 @@ class ScreenedArgmax:
         for row in unscreened:
             self.num_rows_unscreened += 1
             logits = self.float32_logits(hidden[row : row + 1])
+            if race is not None:
+                logits = race_scores(logits, race.temperatures[row : row + 1], race.gumbel[row : row + 1])
             if allowed is not None:
                 logits = logits.masked_fill(~allowed[row], float("-inf"))
             tokens[row] = int(logits.argmax())
         return tokens
+
+    def _margin(self, hidden: torch.Tensor, hidden_bf16: torch.Tensor, row_max: torch.Tensor, race: Race | None) -> torch.Tensor:
+        """Step 3's distance below each row's largest approximate score, over ERROR_SCALE."""
+        error = self.input_error(hidden, hidden_bf16)
+        if race is None:
+            return 2 * error + 2 * OUTPUT_ROUNDOFF * row_max.abs()
+        noise, rounding = race.max_abs_noise, 2.0**-22
+        spread = OUTPUT_ROUNDOFF + rounding
+        near_top = error / race.temperatures[:, 0] + spread * (row_max.abs() + noise) + rounding * noise
+        return 2 * near_top / (1 - 2 * ERROR_SCALE * spread)
 
     def input_error(self, hidden: torch.Tensor, hidden_bf16: torch.Tensor) -> torch.Tensor:
         """Step 2's d for each row: [N] float32 (norms in float64, whose squares do not underflow)."""
@@ -181,38 +207,47 @@ class ScreenedArgmax:
         )
         return error.float()
 
-    def _approximate(self, hidden_bf16: torch.Tensor, allowed: torch.Tensor | None) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
+    def _approximate(
+        self, hidden_bf16: torch.Tensor, allowed: torch.Tensor | None, race: Race | None
+    ) -> tuple[list[list[torch.Tensor]], torch.Tensor]:
         """Step 1, a chunk at a time and at most MAX_PIECE_ROWS rows at a time: each piece's
         bfloat16 products [rows, chunk] (kept for the candidates, never concatenated: at a
         thousand rows that copy cost as much as the products) and each row's maximum in every
-        block of SUB_BLOCK tokens, [N, num_chunks, blocks per chunk] bfloat16."""
+        block of SUB_BLOCK tokens, [N, num_chunks, blocks per chunk] (bfloat16; float32 scores
+        when racing)."""
         num_rows, num_chunks = hidden_bf16.shape[0], len(self.packed_chunks)
-        block_maxima = hidden_bf16.new_empty(num_rows, num_chunks, self.max_blocks_per_chunk)
+        dtype = torch.bfloat16 if race is None else torch.float32
+        block_maxima = torch.empty(num_rows, num_chunks, self.max_blocks_per_chunk, dtype=dtype)
         pieces: list[list[torch.Tensor]] = []
         for index, packed in enumerate(self.packed_chunks):
             start, chunk_pieces = index * self.vocab_chunk, []
             for first in range(0, num_rows, MAX_PIECE_ROWS):
                 approx = onednn_linear(hidden_bf16[first : first + MAX_PIECE_ROWS], packed, None)
-                rows = approx.shape[0]
+                rows, width = approx.shape
+                values = approx
                 if allowed is not None:
-                    approx.masked_fill_(~allowed[first : first + rows, start : start + approx.shape[1]], float("-inf"))
+                    approx.masked_fill_(~allowed[first : first + rows, start : start + width], float("-inf"))
+                if race is not None:
+                    rows_race = slice(first, first + rows)
+                    values = race_scores(approx, race.temperatures[rows_race], race.gumbel[rows_race, start : start + width])
                 maxima = block_maxima[first : first + rows, index]
-                blocks = _num_blocks(approx.shape[1])
-                maxima[:, :blocks] = approx.view(rows, blocks, -1).amax(dim=2)
+                blocks = _num_blocks(width)
+                maxima[:, :blocks] = values.view(rows, blocks, -1).amax(dim=2)
                 maxima[:, blocks:] = float("-inf")  # a short last chunk
                 chunk_pieces.append(approx)
             pieces.append(chunk_pieces)
         return pieces, block_maxima
 
     def _candidates(
-        self, pieces: list[list[torch.Tensor]], reaches: torch.Tensor, threshold: torch.Tensor
+        self, pieces: list[list[torch.Tensor]], reaches: torch.Tensor, threshold: torch.Tensor, race: Race | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Step 3 in the blocks of tokens whose maximum reaches a row's threshold (``reaches``,
         [N, num_chunks, blocks per chunk]): (row, token id) of every candidate. Only those
-        blocks' products are read again, usually one per row."""
+        blocks' products (and noise) are read again, usually one per row."""
         rows_found, ids_found = [torch.empty(0, dtype=torch.long)], [torch.empty(0, dtype=torch.long)]
         for index in reaches.any(dim=2).any(dim=0).nonzero().squeeze(1).tolist():
             rows, blocks = reaches[:, index].nonzero(as_tuple=True)
+            start = index * self.vocab_chunk
             for piece_index, approx in enumerate(pieces[index]):
                 first = piece_index * MAX_PIECE_ROWS
                 in_piece = (rows >= first) & (rows < first + approx.shape[0])
@@ -221,9 +256,12 @@ class ScreenedArgmax:
                     continue
                 width = approx.shape[1] // _num_blocks(approx.shape[1])
                 values = approx.view(approx.shape[0], -1, width)[piece_rows - first, piece_blocks].float()
+                if race is not None:
+                    chunk_noise = race.gumbel[:, start : start + approx.shape[1]].view(race.gumbel.shape[0], -1, width)
+                    values = race_scores(values, race.temperatures[piece_rows], chunk_noise[piece_rows, piece_blocks])
                 hit, column = (values >= threshold.index_select(0, piece_rows).unsqueeze(1)).nonzero(as_tuple=True)
                 rows_found.append(piece_rows.index_select(0, hit))
-                ids_found.append(index * self.vocab_chunk + piece_blocks.index_select(0, hit) * width + column)
+                ids_found.append(start + piece_blocks.index_select(0, hit) * width + column)
         return torch.cat(rows_found), torch.cat(ids_found)
 
     @torch.inference_mode()

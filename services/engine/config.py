@@ -34,9 +34,10 @@ class EngineConfig:
     # Prepack linear weights for oneDNN on CPU (kernels/cpu_linear.py): faster decode steps of a
     # few rows, at the cost of a second vocabulary matrix. Off: MKL sgemm, as transformers runs.
     prepack_weights: bool = True
-    # With prepack_weights: greedy requests that ask for no logprobs take their token through a
-    # bfloat16 copy of the LM head, checked exact against the float32 one
-    # (kernels/screened_argmax.py): half the reading per step, half a vocabulary matrix more memory.
+    # With prepack_weights: greedy requests that ask for no logprobs, and requests sampled at a
+    # temperature with nothing cut (kernels/race.py), take their token through a bfloat16 copy of
+    # the LM head, checked exact against the float32 one (kernels/screened_argmax.py): half the
+    # reading per step, half a vocabulary matrix more memory.
     screen_greedy: bool = True
     # Decode nodes sharing cores with encoder and prefill nodes (a launcher's colocated stack)
     # start a step at most every yield_step_ms while one of those holds yield_backlog or more

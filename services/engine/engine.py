@@ -119,7 +119,7 @@ class Engine:
         self.num_steps += 1
         masks = self.grammars.start_masks([item.request.request_id for item in plan.scheduled])  # beside the forward pass
         allowed_for = functools.cache(masks.result) if masks is not None else None
-        result = self.runner.execute(plan, self.kv, allowed_for)
+        result = self.runner.execute(plan, self.kv, allowed_for, self._gumbel_for)
         if allowed_for is not None:
             _apply_masks(result, allowed_for())
         token_for, logprobs_for = self._sample(result)
@@ -138,7 +138,7 @@ class Engine:
         return outputs
 
     def _sample(self, result) -> tuple[dict[str, int | SamplingError], dict[str, TokenLogprobs | None]]:
-        token_for: dict[str, int | SamplingError] = dict(result.greedy_token_for)
+        token_for: dict[str, int | SamplingError] = dict(result.token_for)
         if not result.requests:
             return token_for, {}
         ids, params = [r.request_id for r in result.requests], [r.sampling for r in result.requests]
@@ -147,6 +147,10 @@ class Engine:
         token_for.update(zip(ids, sampled))
         token_ids = [t if isinstance(t, int) else 0 for t in sampled]  # a failed row's logprobs are never read
         return token_for, dict(zip(ids, Sampler.logprobs(result.logits, token_ids, params)))
+
+    def _gumbel_for(self, requests: list[Request]) -> torch.Tensor:
+        vocab_size = self.runner.checkpoint.shape.vocab_size
+        return self.sampler.gumbel([r.request_id for r in requests], [r.sampling for r in requests], vocab_size)
 
     def _append(self, request: Request, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
         grammar_complete = self.grammars.accept(request.request_id, token)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels.cpu_linear import packing_available
+from kernels.race import Race
 from kernels.selector import create_backend
 from services.engine.attention_inputs import layer_attention_inputs, new_kv_storage
 from services.engine.config import EngineConfig
@@ -25,13 +26,15 @@ from shared.types import MmHash
 
 # Request id -> the allowed tokens of its structured output ([vocab] bool), made on demand.
 AllowedTokens = Callable[[], dict[str, torch.Tensor]]
+# Sampled requests -> this step's race noise, [len(requests), vocab] float32 (Sampler.gumbel).
+GumbelNoise = Callable[[list[Request]], torch.Tensor]
 
 
 @dataclass(slots=True)
 class StepLogits:
     requests: list[Request]  # those whose sampling reads logits (sampled, or asking for logprobs)
     logits: torch.Tensor  # [len(requests), vocab] float32
-    greedy_token_for: dict[str, int] = field(default_factory=dict)  # request id -> token: the others
+    token_for: dict[str, int] = field(default_factory=dict)  # request id -> token: the others (greedy or raced)
 
 
 class ModelRunner:
@@ -66,9 +69,12 @@ class ModelRunner:
             self.encoder_outputs.pop(mm_hash, None)
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput, kv: KVCacheManager, allowed_for: AllowedTokens | None = None) -> StepLogits:
+    def execute(
+        self, step: SchedulerOutput, kv: KVCacheManager, allowed_for: AllowedTokens | None = None, gumbel_for: GumbelNoise | None = None
+    ) -> StepLogits:
         """``allowed_for()``: request id -> its grammar's allowed tokens ([vocab] bool), for the
-        requests with a structured output; called only once the forward pass is done."""
+        requests with a structured output; called only once the forward pass is done.
+        ``gumbel_for``: the race noise of the sampled requests the runner samples itself."""
         self._run_encoder(step)
         token_ids: list[int] = []
         positions: list[torch.Tensor] = []
@@ -96,31 +102,50 @@ class ModelRunner:
         hidden = self.decoder(inputs, torch.cat(positions, dim=1).to(self.device), layer_kv, self.backend)
         if not sample_rows:
             return StepLogits([], torch.empty(0))
-        return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests, allowed_for)
+        return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests, allowed_for, gumbel_for)
 
     @staticmethod
     def _image_spans(step: SchedulerOutput) -> list[list[tuple[int, int]]]:
         return [[(f.placeholder.offset, f.placeholder.end) for f in item.request.mm_features] for item in step.scheduled]
 
-    def _sample_inputs(self, hidden: torch.Tensor, requests: list[Request], allowed_for: AllowedTokens | None) -> StepLogits:
-        """Logits for the rows whose sampling reads them; a greedy row that asks for no logprobs
-        only needs its argmax (among its grammar's allowed tokens), which the decoder finds
-        without the float32 logits where it can."""
+    def _sample_inputs(
+        self, hidden: torch.Tensor, requests: list[Request], allowed_for: AllowedTokens | None, gumbel_for: GumbelNoise | None
+    ) -> StepLogits:
+        """Logits for the rows whose sampling reads them. A greedy row, or a row sampled at a
+        temperature with nothing cut, that asks for no logprobs only needs the argmax of its
+        logits or of its race scores (among its grammar's allowed tokens), which the decoder
+        finds without the float32 logits where it can."""
         wants_logits = [r.sampling.reads_logits for r in requests]
-        greedy = [row for row, wants in enumerate(wants_logits) if not wants]
+        own = [row for row, wants in enumerate(wants_logits) if not wants]
         full = [row for row, wants in enumerate(wants_logits) if wants]
-        greedy_token_for = {}
-        if greedy:
-            allowed = None
-            if allowed_for is not None and any(requests[row].sampling.has_grammar for row in greedy):
-                masks = allowed_for()
-                vocab_size = self.checkpoint.shape.vocab_size
-                everything = torch.ones(vocab_size, dtype=torch.bool)
-                allowed = torch.stack([masks.get(requests[row].request_id, everything) for row in greedy]).to(self.device)
-            tokens = self.decoder.greedy_tokens(hidden[greedy] if full else hidden, allowed)
-            greedy_token_for = {requests[row].request_id: token for row, token in zip(greedy, tokens)}
-        logits = self.decoder.compute_logits(hidden[full] if greedy else hidden) if full else torch.empty(0)
-        return StepLogits([requests[row] for row in full], logits.cpu(), greedy_token_for)
+        token_for = {}
+        if own:
+            own_requests = [requests[row] for row in own]
+            allowed, race = self._allowed(own_requests, allowed_for), self._race(own_requests, gumbel_for)
+            tokens = self.decoder.argmax_tokens(hidden[own] if full else hidden, allowed, race)
+            token_for = {request.request_id: token for request, token in zip(own_requests, tokens)}
+        logits = self.decoder.compute_logits(hidden[full] if own else hidden) if full else torch.empty(0)
+        return StepLogits([requests[row] for row in full], logits.cpu(), token_for)
+
+    def _allowed(self, requests: list[Request], allowed_for: AllowedTokens | None) -> torch.Tensor | None:
+        """[N, vocab] bool where any request has a grammar, else None."""
+        if allowed_for is None or not any(r.sampling.has_grammar for r in requests):
+            return None
+        masks = allowed_for()
+        everything = torch.ones(self.checkpoint.shape.vocab_size, dtype=torch.bool)
+        return torch.stack([masks.get(r.request_id, everything) for r in requests]).to(self.device)
+
+    def _race(self, requests: list[Request], gumbel_for: GumbelNoise | None) -> Race | None:
+        """The sampled rows' noise where any row samples (a greedy row races at temperature 1
+        with no noise: its argmax), else None."""
+        sampled = [row for row, r in enumerate(requests) if not r.sampling.is_greedy]
+        if not sampled:
+            return None
+        if gumbel_for is None:
+            raise RuntimeError("sampled requests need race noise: pass gumbel_for")
+        gumbel = torch.zeros(len(requests), self.checkpoint.shape.vocab_size)
+        gumbel[sampled] = gumbel_for([requests[row] for row in sampled])
+        return Race.build([r.sampling.temperature or 1.0 for r in requests], gumbel)
 
     def _run_encoder(self, step: SchedulerOutput) -> None:
         pending: dict[MmHash, tuple[torch.Tensor, tuple[int, int, int]]] = {}

@@ -2,10 +2,13 @@
 
 Order per request: the logits processors (min_tokens, logit_bias, penalties: see
 logits_processors.py), then temperature == 0 -> argmax. Otherwise logits / temperature -> min_p ->
-top-k filter -> top-p (nucleus) filter over the sorted probabilities -> sample with the request's
-own generator, seeded from ``seed`` when given, so a seeded request is reproducible whatever else
-is batched. A greedy request with no processors and no logprobs never reaches here: the model
-runner takes its argmax without materialising logits.
+top-k filter -> top-p (nucleus) filter over the sorted probabilities -> a race among the tokens
+kept (kernels/race.py: argmax of logits / temperature + Gumbel noise, which samples
+softmax(logits / temperature)). The noise is one draw over the vocabulary per request and step,
+from the request's own generator, seeded from ``seed`` when given, so a seeded request is
+reproducible whatever else is batched and whichever path samples it: a request with no
+processors, filters or logprobs never reaches here, since the model runner races it without
+materialising logits (``gumbel``), as it takes a greedy request's argmax.
 
 Logprobs (when a request asks for them) are the model's own: log-softmax of the raw float32
 logits, before temperature, top-k or top-p, as vLLM reports them by default; ties among the top
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernels.race import gumbel_from_uniform, race_scores
 from services.engine.logits_processors import apply_min_p, process_logits
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
 
@@ -57,8 +61,8 @@ class Sampler:
                 if p.is_greedy:
                     out.append(int(processed.argmax()))
                 else:
-                    out.append(self._sample_one(processed, self._generator(request_id, p), p))
-            except (RuntimeError, ValueError) as exc:  # e.g. torch.multinomial on NaN or inf probabilities
+                    out.append(self._sample_one(processed, self.gumbel([request_id], [p], processed.shape[-1])[0], p))
+            except (RuntimeError, ValueError) as exc:  # e.g. NaN logits
                 out.append(SamplingError(f"sampling failed for this request: {exc}"))
         return out
 
@@ -80,6 +84,14 @@ class Sampler:
             out[i] = TokenLogprobs(token_ids[i], float(logprobs[row, token_ids[i]]), top)
         return out
 
+    def gumbel(self, request_ids: list[str], params: list[SamplingParams], vocab_size: int) -> torch.Tensor:
+        """One step's race noise for these requests, [N, vocab] float32: a row per request, each
+        from its own generator (the same draw whichever path then samples it)."""
+        uniform = torch.empty(len(request_ids), vocab_size)
+        for row, (request_id, p) in enumerate(zip(request_ids, params)):
+            torch.rand(vocab_size, generator=self._generator(request_id, p), out=uniform[row])
+        return gumbel_from_uniform(uniform)
+
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
@@ -95,16 +107,22 @@ class Sampler:
         return generator
 
     @staticmethod
-    def _sample_one(logits: torch.Tensor, generator: torch.Generator, p: SamplingParams) -> int:
-        scaled = logits.float() / p.temperature
+    def _sample_one(logits: torch.Tensor, gumbel: torch.Tensor, p: SamplingParams) -> int:
+        temperature = torch.tensor(p.temperature, dtype=torch.float32)
+        scaled = logits.float() / temperature
+        if torch.isnan(scaled).any():
+            raise ValueError("the logits contain NaN")
+        keep = scaled > float("-inf")
         if p.top_k > 0 and p.top_k < scaled.numel():
-            kth = torch.topk(scaled, p.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = apply_min_p(torch.softmax(scaled, dim=-1), p.min_p)
-        if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-            drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
-            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
+            keep &= scaled >= torch.topk(scaled, p.top_k).values[-1]
+        if p.min_p > 0.0 or p.top_p < 1.0:
+            probs = apply_min_p(torch.softmax(scaled.masked_fill(~keep, float("-inf")), dim=-1), p.min_p)
+            if p.top_p < 1.0:
+                sorted_probs, order = probs.sort(descending=True)
+                # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+                drop = sorted_probs.cumsum(0) - sorted_probs >= p.top_p
+                probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs.masked_fill(drop, 0.0))
+            keep &= probs > 0
+        if not keep.any():
+            raise ValueError("no token has a finite logit")
+        return int(race_scores(logits, temperature, gumbel).masked_fill(~keep, float("-inf")).argmax())

@@ -88,7 +88,14 @@ class SamplingParams:
         return self.structured is not None
 
     @property
+    def has_truncation(self) -> bool:
+        """top-k, top-p or min-p: a sampled request whose candidates are cut before the draw."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
     def reads_logits(self) -> bool:
-        """False for the fast greedy path: the argmax of the raw logits (among the grammar's
-        allowed tokens, with one), nothing reported."""
-        return not self.is_greedy or self.logprobs is not None or self.has_logits_processors
+        """False for the model runner's own paths: the argmax of the raw logits (greedy), or a
+        race over them (sampled at a temperature, with nothing cut: kernels/race.py), among the
+        grammar's allowed tokens with one, and nothing reported."""
+        truncated = not self.is_greedy and self.has_truncation
+        return truncated or self.logprobs is not None or self.has_logits_processors

@@ -1,10 +1,10 @@
 """What every family's text decoder shares: the vocabulary matrix (LM head, and with tied
-embeddings the embedding table), its CPU packing, and greedy tokens without full logits.
+embeddings the embedding table), its CPU packing, and greedy or raced tokens without full logits.
 
 A family's decoder subclasses ``PagedDecoder``, builds ``self.layers`` and implements
 ``forward(inputs, positions, layer_kv, backend) -> hidden`` (layer_kv: per layer, its KV storage
 and its planned AttentionBatch: services/engine/attention_inputs.py); the model runner calls only
-``prepare_inputs``, ``forward``, ``compute_logits``, ``greedy_tokens`` and ``pack_for_cpu``.
+``prepare_inputs``, ``forward``, ``compute_logits``, ``argmax_tokens`` and ``pack_for_cpu``.
 
 An image's encoder output is one tensor of rows, one row per placeholder token. Its first
 ``hidden_size`` columns replace the token embeddings; a family whose tower feeds more than the
@@ -23,6 +23,7 @@ from torch import nn
 
 from kernels.cpu_linear import pack_linears
 from kernels.lm_head import ChunkedLmHead
+from kernels.race import Race
 from kernels.screened_argmax import ScreenedArgmax, screening_available
 
 
@@ -48,7 +49,7 @@ class PagedDecoder(nn.Module):
         self.lm_head_weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
         self.embed_tokens: nn.Embedding | None = None
         self.lm_head: ChunkedLmHead | None = None  # set by pack_for_cpu
-        self.greedy_head: ScreenedArgmax | None = None  # set by pack_for_cpu
+        self.screened_head: ScreenedArgmax | None = None  # set by pack_for_cpu
         if not tie_word_embeddings:
             self.embed_tokens = nn.Embedding(vocab_size, hidden_size)
         self.layers = nn.ModuleList()
@@ -71,12 +72,12 @@ class PagedDecoder(nn.Module):
         chunks, kernels/lm_head.py): decode steps of several streams no longer repack the weights
         on every call. The plain head stays, for embedding lookups; the packed copy costs one
         more vocabulary matrix of memory. ``screen_greedy``: a bfloat16 copy too (half a matrix more), for
-        greedy tokens at half the reading (kernels/screened_argmax.py)."""
+        greedy and raced tokens at half the reading (kernels/screened_argmax.py)."""
         pack_linears(self.layers)
         self.lm_head = ChunkedLmHead(self.lm_head_weight.detach())
         if screen_greedy and screening_available():
-            self.greedy_head = ScreenedArgmax(self.lm_head_weight.detach(), float32_logits=self.lm_head)
-            self.greedy_head.calibrate(self.lm_head.argmax)
+            self.screened_head = ScreenedArgmax(self.lm_head_weight.detach(), float32_logits=self.lm_head)
+            self.screened_head.calibrate(self.lm_head.argmax)
 
     def prepare_inputs(self, token_ids: torch.Tensor, merges: list[tuple[int, torch.Tensor]]) -> DecoderInputs:
         """Embed ``token_ids`` and merge each (first row, image rows) in ``merges``."""
@@ -103,14 +104,18 @@ class PagedDecoder(nn.Module):
             return self.lm_head(hidden).float()
         return F.linear(hidden, self.lm_head_weight).float()
 
-    def greedy_tokens(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int]:
-        """The argmax token of each row's logits (among its ``allowed`` tokens, [N, V] bool, when
-        given), without the logits where the screen is on."""
-        tokens = self.greedy_head.argmax_or_none(hidden, allowed) if self.greedy_head is not None else None
+    def argmax_tokens(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None, race: Race | None = None) -> list[int]:
+        """Each row's token: the argmax of its logits, or with ``race`` of its race scores
+        (kernels/race.py), among its ``allowed`` tokens ([N, V] bool) when given; without the
+        logits where the screen is on."""
+        tokens = self.screened_head.argmax_or_none(hidden, allowed, race) if self.screened_head is not None else None
         if tokens is not None:
             return tokens
-        if allowed is not None:
-            return self.compute_logits(hidden).masked_fill(~allowed, float("-inf")).argmax(dim=-1).tolist()
-        if self.lm_head is not None:
+        if allowed is None and race is None and self.lm_head is not None:
             return self.lm_head.argmax(hidden)
-        return self.compute_logits(hidden).argmax(dim=-1).tolist()
+        scores = self.compute_logits(hidden)
+        if race is not None:
+            scores = race.scores(scores)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        return scores.argmax(dim=-1).tolist()

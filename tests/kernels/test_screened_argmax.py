@@ -9,6 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from kernels import screened_argmax
+from kernels.race import Race, gumbel_from_uniform
 from kernels.screened_argmax import ScreenedArgmax, screening_available
 
 pytestmark = pytest.mark.skipif(not screening_available(), reason="this torch build has no oneDNN bfloat16 products")
@@ -136,3 +137,67 @@ def test_an_allowed_mask_gives_the_masked_float32_argmax():
     head = ScreenedArgmax(weight, max_rows=8)
     expected = F.linear(hidden, weight).masked_fill(~allowed, float("-inf")).argmax(dim=-1).tolist()
     assert head.argmax(hidden, allowed) == expected and expected[5] == 1234
+
+
+def float32_race(hidden: torch.Tensor, weight: torch.Tensor, race: Race, allowed: torch.Tensor | None = None) -> list[int]:
+    scores = race.scores(F.linear(hidden, weight))
+    return (scores if allowed is None else scores.masked_fill(~allowed, float("-inf"))).argmax(dim=-1).tolist()
+
+
+def make_race(num_rows: int, vocab_size: int, seed: int) -> Race:
+    """Gumbel noise at temperatures from 0.05 to 5; every fourth row greedy (temperature 1, no noise)."""
+    generator = torch.Generator().manual_seed(seed)
+    gumbel = gumbel_from_uniform(torch.rand(num_rows, vocab_size, generator=generator))
+    gumbel[::4] = 0.0
+    temperatures = [(1.0, 0.05, 0.7, 5.0)[row % 4] for row in range(num_rows)]
+    return Race.build(temperatures, gumbel)
+
+
+@pytest.mark.parametrize("small_pieces", [False, True], ids=["whole", "blocks of 16 tokens, pieces of 8 rows"])
+@pytest.mark.parametrize("num_rows", [1, 6, 40])
+def test_races_give_the_float32_race_winner(num_rows, small_pieces, monkeypatch):
+    """Sampled rows: the token of the float32 race (logits / T + noise) for the same noise, in a
+    vocabulary of many chunks, with and without a grammar's mask; a greedy row in the race gets
+    the float32 argmax."""
+    if small_pieces:
+        monkeypatch.setattr(screened_argmax, "SUB_BLOCK", 16)
+        monkeypatch.setattr(screened_argmax, "MAX_PIECE_ROWS", 8)
+    torch.manual_seed(20 + num_rows)
+    weight = torch.randn(1000, 32) * 0.3
+    hidden = torch.randn(num_rows, 32) * 3
+    head = ScreenedArgmax(weight, vocab_chunk=96)
+    race = make_race(num_rows, 1000, seed=num_rows)
+    tokens = head.argmax(hidden, None, race)
+    assert tokens == float32_race(hidden, weight, race)
+    assert tokens[0] == float32_argmax(hidden[:1], weight)[0]
+    assert head.num_rows_screened == num_rows and head.num_rows_unscreened == 0
+    allowed = torch.rand(num_rows, 1000) < 0.3
+    assert head.argmax(hidden, allowed, race) == float32_race(hidden, weight, race, allowed)
+
+
+def test_a_race_decided_by_noise_finer_than_bfloat16():
+    """Two tokens with the same weight and noise a hair apart: the noise decides, in float32; a
+    token whose noise is -inf (a uniform draw of 0) never wins."""
+    torch.manual_seed(6)
+    weight = torch.randn(2000, 32)
+    hidden = torch.randn(2, 32)
+    weight[[100, 1500]] = hidden[0] / hidden[0].norm() * 40
+    weight[700] = hidden[1] / hidden[1].norm() * 80
+    race = Race.build([0.8, 0.8], torch.zeros(2, 2000))
+    race.gumbel[0, 100], race.gumbel[0, 1500] = 1.0, 1.0 + 2**-10  # scores near 280: bfloat16 steps by 2
+    race.gumbel[1, 700] = float("-inf")
+    head = ScreenedArgmax(weight, max_rows=8)
+    tokens = head.argmax(hidden, None, race)
+    assert tokens == float32_race(hidden, weight, race) and tokens[0] == 1500 and tokens[1] != 700
+    assert head.num_rows_unscreened == 0
+
+
+def test_a_race_row_it_cannot_screen_is_computed_whole():
+    torch.manual_seed(7)
+    weight, hidden = torch.randn(400, 16), torch.randn(3, 16)
+    race = make_race(3, 400, seed=7)
+    race.gumbel[2, 9] = float("inf")  # no finite threshold
+    head = ScreenedArgmax(weight, max_rows=8)
+    tokens = head.argmax(hidden, None, race)
+    assert tokens == float32_race(hidden, weight, race) and tokens[2] == 9
+    assert (head.num_rows_screened, head.num_rows_unscreened) == (2, 1)

@@ -75,7 +75,7 @@ def test_chunked_prefill_with_image_spanning_chunks(make_llm, oracle):
 def test_greedy_tokens_match_oracle_with_and_without_the_screened_head(screen_greedy, make_llm, oracle):
     cases = _batch_of_8()
     llm = make_llm(screen_greedy=screen_greedy)
-    head = llm.engine.runner.decoder.greedy_head
+    head = llm.engine.runner.decoder.screened_head
     if head is not None:
         head.max_rows = 8  # whatever the startup timing found worth it on this machine
     results = llm.generate([c.prompt for c in cases], GREEDY_16)

@@ -12,12 +12,13 @@ POISON_SEED = 666
 
 
 class PoisonedSampler(Sampler):
-    """Fails like torch.multinomial on NaN probabilities, for requests seeded POISON_SEED."""
+    """Fails as on NaN logits, for requests seeded POISON_SEED (sampled with top_p, so that the
+    sampler, not the model runner, samples them)."""
 
-    def _sample_one(self, logits, generator, params):
+    def _sample_one(self, logits, gumbel, params):
         if params.seed == POISON_SEED:
-            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
-        return Sampler._sample_one(logits, generator, params)
+            raise ValueError("the logits contain NaN")
+        return Sampler._sample_one(logits, gumbel, params)
 
 
 def test_a_poisoned_request_fails_alone_and_its_neighbours_equal_the_oracle(make_llm, oracle):
@@ -27,9 +28,8 @@ def test_a_poisoned_request_fails_alone_and_its_neighbours_equal_the_oracle(make
     greedy = SamplingParams(max_tokens=8, ignore_eos=True)
     engine = llm.engine
     engine.add_request("healthy", llm.preprocessor.preprocess(healthy.prompt), greedy)
-    engine.add_request(
-        "poisoned", llm.preprocessor.preprocess(chat_case("Hi.").prompt), SamplingParams(max_tokens=8, temperature=1.0, seed=POISON_SEED)
-    )
+    poisoned = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=POISON_SEED)
+    engine.add_request("poisoned", llm.preprocessor.preprocess(chat_case("Hi.").prompt), poisoned)
     engine.add_request("bystander", llm.preprocessor.preprocess(bystander.prompt), greedy)
     tokens: dict[str, list[int]] = {"healthy": [], "poisoned": [], "bystander": []}
     failures = []

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from kernels.race import Race
 from services.engine.sampling import Sampler, TokenHistory
 from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case
@@ -78,3 +81,36 @@ def test_stop_strings_tokens_and_max_tokens(make_llm):
     [by_string] = llm.generate([prompt], SamplingParams(max_tokens=12, stop=(stop,), ignore_eos=True))
     assert by_string.finish_reason == "stop"
     assert stop not in by_string.text and free.text.startswith(by_string.text)
+
+
+def test_an_unfiltered_row_is_the_race_of_its_own_noise():
+    """The sampler's path and the model runner's (Sampler.gumbel, then the race) give the same
+    token for a seeded request: the noise is one draw per step from the request's generator."""
+    logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(4))
+    params = SamplingParams(temperature=0.7, seed=9)
+    sampler, racer = Sampler(), Sampler()
+    sampled = [sampler.sample(logits, ["a"], [params], no_history(1))[0] for _ in range(20)]
+    raced = [int(Race.build([0.7], racer.gumbel(["a"], [params], 300)).scores(logits).argmax()) for _ in range(20)]
+    assert sampled == raced and len(set(sampled)) > 1
+
+
+@pytest.mark.parametrize("screen_greedy", [True, False], ids=["screened", "float32-head"])
+def test_a_seeded_request_samples_the_same_tokens_on_every_path(screen_greedy, make_llm):
+    """The model runner races a plain sampled request itself (through the screened head, or the
+    float32 one); asking for logprobs sends it through the sampler instead; batched beside
+    another request, or alone, the tokens are the same."""
+    llm = make_llm(screen_greedy=screen_greedy)
+    head = llm.engine.runner.decoder.screened_head
+    if head is not None:
+        head.max_rows = 8  # whatever the startup timing found worth it on this machine
+    prompt, other = chat_case("Tell me a story.").prompt, chat_case("Count to ten.").prompt
+    sampled = SamplingParams(max_tokens=12, temperature=0.9, seed=5, ignore_eos=True)
+    [alone] = llm.generate([prompt], sampled)
+    [with_logprobs] = llm.generate([prompt], dataclasses.replace(sampled, logprobs=0))
+    batched, _ = llm.generate([prompt, other], [sampled, dataclasses.replace(sampled, seed=6)])
+    [greedy] = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))
+    [reseeded] = llm.generate([prompt], dataclasses.replace(sampled, seed=7))
+    assert alone.token_ids == with_logprobs.token_ids == batched.token_ids
+    assert alone.token_ids != greedy.token_ids and alone.token_ids != reseeded.token_ids
+    if head is not None:
+        assert head.num_rows_screened >= 12 * 2  # alone and batched went through the screen
