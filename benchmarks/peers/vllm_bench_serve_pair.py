@@ -5,7 +5,8 @@ table per load (`tessera bench --compare`'s) and leaves vLLM's result JSON files
 `{tessera,vllm}-{load}.json`, in OUT.
 
     python benchmarks/peers/vllm_bench_serve_pair.py --out benchmarks/results/vllm-bench-serve/RUN \
-        [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0] [--temperature 0]
+        [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0] [--temperature 0] \
+        [--systems tessera]
 
 The workload is benchmarks/peers/README.md's: one new 448x448 image per request, 64 input and 16
 output tokens, ignore_eos on both sides. `vllm bench serve` sends no temperature unless told, so
@@ -86,21 +87,29 @@ def main() -> int:
     parser.add_argument("--warmup-prompts", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=None, help="sent with every request (default: none, so 1.0)")
+    parser.add_argument("--systems", default="tessera,vllm", help="which to run: one alone (a variant's own runs) prints its table alone")
     args = parser.parse_args()
+    systems = [system for system in args.systems.split(",") if system]
+    if not systems or any(system not in ("tessera", "vllm") for system in systems):
+        parser.error(f"--systems takes tessera, vllm or both, got {args.systems!r}")
     args.out.mkdir(parents=True, exist_ok=True)
     loads = [("c", float(c)) for c in args.concurrency.split(",") if c] + [("rate", float(r)) for r in args.request_rate.split(",") if r]
     label = {load: f"c{int(load[1])}" if load[0] == "c" else f"rate{load[1]:g}" for load in loads}
     outputs: dict[tuple[str, float], list[Path]] = {load: [] for load in loads}
-    for system in ("tessera", "vllm"):
+    for system in systems:
         with serving(system, args) as (base_url, served):
             serve_bench(args, base_url, served, ("c", 4), f"warmup-{system}", args.warmup_prompts, args.seed + len(loads))
             for number, load in enumerate(loads):
                 name = f"{system}-{label[load]}"
                 outputs[load].append(serve_bench(args, base_url, served, load, name, args.num_prompts, args.seed + number))
     for load in loads:
+        results = [json.loads(path.read_text()) for path in outputs[load]]
+        if len(results) == 1:
+            print(f"\n{label[load]} ({systems[0]})")
+            print(table(systems, results))
+            continue
         print(f"\n{label[load]} (ratio: tessera / vLLM)")
-        tessera, vllm = (json.loads(path.read_text()) for path in outputs[load])
-        print(table(["vllm", "tessera"], [vllm, tessera]))
+        print(table(["vllm", "tessera"], results[::-1]))
     return 0
 
 

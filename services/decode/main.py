@@ -32,14 +32,16 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     pacing = step_pacing(
         host_backlog.board_from_env(),
         yield_step_ms=engine_config.yield_step_ms,
+        yield_max_step_ms=engine_config.yield_max_step_ms,
         yield_backlog=engine_config.yield_backlog,
         yield_max_streams=engine_config.yield_max_streams,
     )
     if pacing is not None:
         log.info(
-            "sharing cores: a step at most every %g ms while %d+ calls wait and %d or fewer streams decode",
+            "sharing cores: a step at most every %g ms per %d calls waiting (up to %g ms) while %d or fewer streams decode",
             pacing.yield_step_ms,
             pacing.yield_backlog,
+            pacing.yield_max_step_ms,
             pacing.yield_max_streams,
         )
     node = DecodeNode(model, engine_config, data_bind=settings.data_address, liveness=liveness, channel_auth=channel_auth, pacing=pacing)

@@ -1,14 +1,22 @@
 """How often a decode node steps while first-token work queues on the cores it shares.
 
-Rule: a decode node given the host's backlog board (shared/host_backlog.py says why) starts a
-step at most every ``yield_step_ms`` while a colocated encoder or prefill node holds
-``yield_backlog`` or more calls and the node holds at most ``yield_max_streams`` streams;
-otherwise it steps as soon as the last step ends. Calls that arrive meanwhile (new streams,
-aborts) are still taken at once; only the next step waits.
+Rule: a decode node given the host's backlog board (shared/host_backlog.py says why) waits, from
+one step's start to the next's, at least
 
-Why a floor on the step interval rather than a pause: streams keep a bounded pace (100 ms per
-token is 10 tokens a second, still well under vLLM's TPOT when its prefills queue), and each step
+    min(yield_step_ms * num_waiting / yield_backlog, yield_max_step_ms)
+
+while a colocated encoder or prefill node holds num_waiting >= ``yield_backlog`` calls (the longest
+queue) and the node holds at most ``yield_max_streams`` streams; otherwise it steps as soon as the
+last step ends. Calls that arrive meanwhile (new streams, aborts) are still taken at once; only
+the next step waits.
+
+Why a floor on the step interval rather than a pause: streams keep a bounded pace (250 ms per
+token at most is 4 tokens a second, under vLLM's TPOT when its prefills queue), and each step
 serves every stream that joined during the wait, so the weights read per token fall.
+Why it grows with the queue: with a deep queue, every first token waits behind the whole queue's
+encodes and prefills, and the cores decode gives up go to them; in a closed loop (a client that
+sends a request when one ends) the queue's wait is most of the time to first token, while a
+stream's tokens are a small share of it (docs/benchmarks.md, "Sampling through the screen").
 Why only small batches: a step's fixed cost (reading every weight) is what yielding saves, and it
 dominates only while the batch is small (the step costs by width are in docs/benchmarks.md, "A
 chunked screen"); a wide batch is mostly per-row work, which waiting does not save.
@@ -24,16 +32,21 @@ from dataclasses import dataclass, field
 from shared.host_backlog import BacklogBoard
 
 
-def step_interval_s(num_waiting: int, num_streams: int, *, yield_step_ms: float, yield_backlog: int, yield_max_streams: int) -> float:
+def step_interval_s(
+    num_waiting: int, num_streams: int, *, yield_step_ms: float, yield_max_step_ms: float, yield_backlog: int, yield_max_streams: int
+) -> float:
     """The least time from one step's start to the next's, for the longest colocated queue and
     the streams this node holds."""
-    return yield_step_ms / 1000.0 if num_waiting >= yield_backlog and num_streams <= yield_max_streams else 0.0
+    if num_waiting < yield_backlog or num_streams > yield_max_streams:
+        return 0.0
+    return min(yield_step_ms * num_waiting / yield_backlog, yield_max_step_ms) / 1000.0
 
 
 @dataclass(slots=True)
 class StepPacing:
     board: BacklogBoard
     yield_step_ms: float
+    yield_max_step_ms: float
     yield_backlog: int
     yield_max_streams: int
     num_yielding_steps: int = field(default=0, init=False)  # steps given the floor (engine thread)
@@ -43,6 +56,7 @@ class StepPacing:
             self.board.max_waiting(),
             num_streams,
             yield_step_ms=self.yield_step_ms,
+            yield_max_step_ms=self.yield_max_step_ms,
             yield_backlog=self.yield_backlog,
             yield_max_streams=self.yield_max_streams,
         )
@@ -50,8 +64,10 @@ class StepPacing:
         return interval_s
 
 
-def step_pacing(board: BacklogBoard | None, *, yield_step_ms: float, yield_backlog: int, yield_max_streams: int) -> StepPacing | None:
+def step_pacing(
+    board: BacklogBoard | None, *, yield_step_ms: float, yield_max_step_ms: float, yield_backlog: int, yield_max_streams: int
+) -> StepPacing | None:
     """The pacing of a node on ``board``; None (step freely) without a board or with a zero step."""
     if board is None or yield_step_ms == 0:
         return None
-    return StepPacing(board, yield_step_ms, yield_backlog, yield_max_streams)
+    return StepPacing(board, yield_step_ms, yield_max_step_ms, yield_backlog, yield_max_streams)

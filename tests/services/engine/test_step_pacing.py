@@ -10,21 +10,26 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.step_pacing import step_interval_s, step_pacing
 from shared.host_backlog import BacklogBoard, create_board
 
+RULE = {"yield_step_ms": 100, "yield_max_step_ms": 250, "yield_backlog": 4, "yield_max_streams": 16}
+
 
 def test_the_floor_applies_from_the_backlog_on_and_to_small_batches_only():
-    rule = {"yield_step_ms": 100, "yield_backlog": 4, "yield_max_streams": 16}
-    assert step_interval_s(3, 1, **rule) == 0.0
-    assert step_interval_s(4, 1, **rule) == 0.1
-    assert step_interval_s(40, 16, **rule) == 0.1
-    assert step_interval_s(40, 17, **rule) == 0.0  # a wide batch is mostly per-row work
+    assert step_interval_s(3, 1, **RULE) == 0.0
+    assert step_interval_s(4, 1, **RULE) == 0.1
+    assert step_interval_s(40, 17, **RULE) == 0.0  # a wide batch is mostly per-row work
+
+
+def test_the_floor_grows_with_the_queue_up_to_its_bound():
+    assert step_interval_s(6, 1, **RULE) == 0.15
+    assert step_interval_s(8, 16, **RULE) == 0.2
+    assert step_interval_s(10, 1, **RULE) == 0.25 and step_interval_s(40, 16, **RULE) == 0.25
 
 
 def test_no_board_or_a_zero_step_means_no_pacing(tmp_path):
     board = BacklogBoard(create_board(tmp_path / "board", 1))
-    rule = {"yield_step_ms": 100, "yield_backlog": 4, "yield_max_streams": 16}
-    assert step_pacing(None, **rule) is None
-    assert step_pacing(board, **{**rule, "yield_step_ms": 0}) is None
-    pacing = step_pacing(board, **rule)
+    assert step_pacing(None, **RULE) is None
+    assert step_pacing(board, **{**RULE, "yield_step_ms": 0}) is None
+    pacing = step_pacing(board, **RULE)
     assert pacing is not None and pacing.min_interval_s(1) == 0.0
     board.post(0, 4)
     assert pacing.min_interval_s(1) == 0.1 and pacing.min_interval_s(17) == 0.0
