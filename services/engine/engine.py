@@ -150,7 +150,8 @@ class Engine:
 
     def _gumbel_for(self, requests: list[Request]) -> torch.Tensor:
         vocab_size = self.runner.checkpoint.shape.vocab_size
-        return self.sampler.gumbel([r.request_id for r in requests], [r.sampling for r in requests], vocab_size)
+        positions = [len(r.output_token_ids) for r in requests]
+        return self.sampler.gumbel([r.request_id for r in requests], [r.sampling for r in requests], positions, vocab_size)
 
     def _append(self, request: Request, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
         grammar_complete = self.grammars.accept(request.request_id, token)

@@ -4,11 +4,14 @@ Order per request: the logits processors (min_tokens, logit_bias, penalties: see
 logits_processors.py), then temperature == 0 -> argmax. Otherwise logits / temperature -> min_p ->
 top-k filter -> top-p (nucleus) filter over the sorted probabilities -> a race among the tokens
 kept (kernels/race.py: argmax of logits / temperature + Gumbel noise, which samples
-softmax(logits / temperature)). The noise is one draw over the vocabulary per request and step,
-from the request's own generator, seeded from ``seed`` when given, so a seeded request is
-reproducible whatever else is batched and whichever path samples it: a request with no
-processors, filters or logprobs never reaches here, since the model runner races it without
-materialising logits (``gumbel``), as it takes a greedy request's argmax.
+softmax(logits / temperature)). The noise is one draw over the vocabulary per request and output
+token. A seeded request's draw for its token at output position k comes from a generator seeded
+with ``draw_seed(seed, k)``, so it depends on nothing else: not on what else is batched, not on
+the path that samples it, and not on the node (the prefill node samples the first token, a decode
+node the rest, and a migrated request resumes on another). An unseeded request draws from its own
+generator, seeded at random. A request with no processors, filters or logprobs never reaches
+``sample``: the model runner races it without materialising logits (with ``gumbel``'s noise), as
+it takes a greedy request's argmax.
 
 Logprobs (when a request asks for them) are the model's own: log-softmax of the raw float32
 logits, before temperature, top-k or top-p, as vLLM reports them by default; ties among the top
@@ -17,6 +20,7 @@ alternatives are ordered by token id.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +29,12 @@ import torch
 from kernels.race import gumbel_from_uniform, race_scores
 from services.engine.logits_processors import apply_min_p, process_logits
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
+
+
+def draw_seed(seed: int, position: int) -> int:
+    """The seed of a seeded request's draw for its output token at ``position``: a hash of both,
+    32 bits (torch's CPU generator keeps only those)."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=4).digest(), "little")
 
 
 class SamplingError(Exception):
@@ -42,7 +52,8 @@ class TokenHistory:
 @dataclass(slots=True)
 class Sampler:
     eos_token_ids: frozenset[int] = frozenset()
-    _generators: dict[str, torch.Generator] = field(default_factory=dict)
+    _generators: dict[str, torch.Generator] = field(default_factory=dict)  # unseeded requests' own
+    _seeded: torch.Generator = field(default_factory=torch.Generator)  # reseeded for every seeded draw
 
     def sample(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams], histories: list[TokenHistory]
@@ -61,7 +72,8 @@ class Sampler:
                 if p.is_greedy:
                     out.append(int(processed.argmax()))
                 else:
-                    out.append(self._sample_one(processed, self.gumbel([request_id], [p], processed.shape[-1])[0], p))
+                    gumbel = self.gumbel([request_id], [p], [len(history.output_token_ids)], processed.shape[-1])[0]
+                    out.append(self._sample_one(processed, gumbel, p))
             except (RuntimeError, ValueError) as exc:  # e.g. NaN logits
                 out.append(SamplingError(f"sampling failed for this request: {exc}"))
         return out
@@ -84,25 +96,24 @@ class Sampler:
             out[i] = TokenLogprobs(token_ids[i], float(logprobs[row, token_ids[i]]), top)
         return out
 
-    def gumbel(self, request_ids: list[str], params: list[SamplingParams], vocab_size: int) -> torch.Tensor:
-        """One step's race noise for these requests, [N, vocab] float32: a row per request, each
-        from its own generator (the same draw whichever path then samples it)."""
+    def gumbel(self, request_ids: list[str], params: list[SamplingParams], positions: list[int], vocab_size: int) -> torch.Tensor:
+        """The race noise for these requests' tokens at output ``positions``, [N, vocab] float32:
+        the same draw whichever path then samples it."""
         uniform = torch.empty(len(request_ids), vocab_size)
-        for row, (request_id, p) in enumerate(zip(request_ids, params)):
-            torch.rand(vocab_size, generator=self._generator(request_id, p), out=uniform[row])
+        for row, (request_id, p, position) in enumerate(zip(request_ids, params, positions)):
+            torch.rand(vocab_size, generator=self._generator(request_id, p, position), out=uniform[row])
         return gumbel_from_uniform(uniform)
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
 
-    def _generator(self, request_id: str, params: SamplingParams) -> torch.Generator:
+    def _generator(self, request_id: str, params: SamplingParams, position: int) -> torch.Generator:
+        if params.seed is not None:
+            return self._seeded.manual_seed(draw_seed(params.seed, position))
         generator = self._generators.get(request_id)
         if generator is None:
             generator = torch.Generator()
-            if params.seed is not None:
-                generator.manual_seed(params.seed)
-            else:
-                generator.seed()
+            generator.seed()
             self._generators[request_id] = generator
         return generator
 

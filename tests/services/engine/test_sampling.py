@@ -38,18 +38,34 @@ def no_history(num_requests: int) -> list[TokenHistory]:
     return [TokenHistory((), ())] * num_requests
 
 
+def at_position(position: int, num_requests: int = 1) -> list[TokenHistory]:
+    """Histories whose next output token is at ``position``."""
+    return [TokenHistory((), (0,) * position)] * num_requests
+
+
 def test_seeded_sampling_is_reproducible_and_independent_of_batch():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     params = SamplingParams(temperature=1.0, seed=42)
     draws = []
     for _ in range(2):
         sampler = Sampler()
-        draws.append([sampler.sample(logits[:1], ["a"], [params], no_history(1))[0] for _ in range(5)])
-    alone = draws[0]
+        draws.append([sampler.sample(logits[:1], ["a"], [params], at_position(k))[0] for k in range(5)])
     batched_sampler = Sampler()
     pair = [params, SamplingParams(temperature=1.0)]
-    batched = [batched_sampler.sample(logits[[0, 1]], ["a", "b"], pair, no_history(2))[0] for _ in range(5)]
-    assert draws[0] == draws[1] == batched == alone
+    batched = [batched_sampler.sample(logits[[0, 1]], ["a", "b"], pair, at_position(k, 2))[0] for k in range(5)]
+    assert draws[0] == draws[1] == batched and len(set(batched)) > 1
+
+
+def test_a_seeded_draw_depends_only_on_the_seed_and_the_position():
+    """A node that samples a request's later tokens (decode after prefill, or after a migration)
+    draws what one node sampling every token would."""
+    params = [SamplingParams(temperature=1.0, seed=42)]
+    one_node = Sampler()
+    every_draw = [one_node.gumbel(["a"], params, [k], 100) for k in range(4)]
+    assert torch.equal(Sampler().gumbel(["a"], params, [3], 100), every_draw[3])
+    assert not torch.equal(every_draw[1], every_draw[2])
+    other_seed = Sampler().gumbel(["a"], [SamplingParams(temperature=1.0, seed=43)], [3], 100)
+    assert not torch.equal(other_seed, every_draw[3])
 
 
 def test_top_k_1_and_tiny_top_p_are_greedy():
@@ -64,7 +80,8 @@ def test_top_k_1_and_tiny_top_p_are_greedy():
 def test_top_k_restricts_the_support():
     logits = torch.arange(10, dtype=torch.float32)
     sampler = Sampler()
-    draws = {sampler.sample(logits[None], ["r"], [SamplingParams(temperature=5.0, top_k=3, seed=3)], no_history(1))[0] for _ in range(200)}
+    params = [SamplingParams(temperature=5.0, top_k=3, seed=3)]
+    draws = {sampler.sample(logits[None], ["r"], params, at_position(k))[0] for k in range(200)}
     assert draws <= {7, 8, 9} and len(draws) > 1
 
 
@@ -89,8 +106,8 @@ def test_an_unfiltered_row_is_the_race_of_its_own_noise():
     logits = torch.randn(1, 300, generator=torch.Generator().manual_seed(4))
     params = SamplingParams(temperature=0.7, seed=9)
     sampler, racer = Sampler(), Sampler()
-    sampled = [sampler.sample(logits, ["a"], [params], no_history(1))[0] for _ in range(20)]
-    raced = [int(Race.build([0.7], racer.gumbel(["a"], [params], 300)).scores(logits).argmax()) for _ in range(20)]
+    sampled = [sampler.sample(logits, ["a"], [params], at_position(k))[0] for k in range(20)]
+    raced = [int(Race.build([0.7], racer.gumbel(["a"], [params], [k], 300)).scores(logits).argmax()) for k in range(20)]
     assert sampled == raced and len(set(sampled)) > 1
 
 

@@ -12,6 +12,9 @@ import re
 import httpx
 import jsonschema
 
+from services.engine.config import EngineConfig
+from services.engine.llm import LLM
+from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case, tool_call_history
 from tests.services.stack.e2e_helpers import GREEDY, client_for, png
 
@@ -84,6 +87,22 @@ def test_presence_and_frequency_penalties_change_greedy_output_deterministically
         for _ in range(2)
     ]
     assert penalised[0] == penalised[1] != plain
+
+
+def test_a_seeded_sampled_request_draws_as_one_engine_would(stack, tiny_model):
+    """The prefill node samples the first token and the decode node the rest, each through its
+    screened head: a seeded request's tokens equal those of one in-process engine sampling them
+    all, since a draw depends only on the seed and the token's position."""
+    case = chat_case("Tell me a story about a river.")
+    sampling = {"temperature": 0.9, "seed": 11, "max_tokens": 10}
+    replies = [
+        client_for(stack).chat.completions.create(model="tiny", messages=case.body["messages"], **sampling, extra_body={"ignore_eos": True})
+        for _ in range(2)
+    ]
+    [local] = LLM(str(tiny_model.path), EngineConfig()).generate([case.prompt], SamplingParams(**sampling, ignore_eos=True))
+    greedy = greedy_chat(stack, case.body["messages"], max_tokens=10, extra_body={"ignore_eos": True})
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content == local.text
+    assert local.text != greedy.choices[0].message.content
 
 
 def test_logit_bias_forces_a_token_and_min_tokens_holds_off_the_stop(stack):
