@@ -35,8 +35,8 @@ def gumbel_from_uniform(uniform: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class Race:
-    """The noise of one step's sampled rows: a greedy row races with temperature 1 and no noise,
-    which scores each token by its logit, exactly."""
+    """The noise of one step's sampled rows. (A row at temperature 1 with no noise would score
+    each token by its logit, exactly: its argmax.)"""
 
     temperatures: torch.Tensor  # [N, 1] float32
     gumbel: torch.Tensor  # [N, V] float32, from gumbel_from_uniform (or 0)

@@ -114,17 +114,21 @@ class ModelRunner:
         """Logits for the rows whose sampling reads them. A greedy row, or a row sampled at a
         temperature with nothing cut, that asks for no logprobs only needs the argmax of its
         logits or of its race scores (among its grammar's allowed tokens), which the decoder
-        finds without the float32 logits where it can."""
+        finds without the float32 logits where it can. Greedy and raced rows go in separate
+        calls: a greedy row in a race would need a row of zero noise as wide as the vocabulary."""
         wants_logits = [r.sampling.reads_logits for r in requests]
-        own = [row for row, wants in enumerate(wants_logits) if not wants]
         full = [row for row, wants in enumerate(wants_logits) if wants]
+        greedy = [row for row, wants in enumerate(wants_logits) if not wants and requests[row].sampling.is_greedy]
+        raced = [row for row, wants in enumerate(wants_logits) if not wants and not requests[row].sampling.is_greedy]
         token_for = {}
-        if own:
-            own_requests = [requests[row] for row in own]
-            allowed, race = self._allowed(own_requests, allowed_for), self._race(own_requests, gumbel_for)
-            tokens = self.decoder.argmax_tokens(hidden[own] if full else hidden, allowed, race)
-            token_for = {request.request_id: token for request, token in zip(own_requests, tokens)}
-        logits = self.decoder.compute_logits(hidden[full] if own else hidden) if full else torch.empty(0)
+        for rows in (greedy, raced):
+            if not rows:
+                continue
+            own_requests = [requests[row] for row in rows]
+            race = self._race(own_requests, gumbel_for) if rows is raced else None
+            tokens = self.decoder.argmax_tokens(hidden[rows], self._allowed(own_requests, allowed_for), race)
+            token_for.update((request.request_id, token) for request, token in zip(own_requests, tokens))
+        logits = self.decoder.compute_logits(hidden[full]) if full else torch.empty(0)
         return StepLogits([requests[row] for row in full], logits.cpu(), token_for)
 
     def _allowed(self, requests: list[Request], allowed_for: AllowedTokens | None) -> torch.Tensor | None:
@@ -135,17 +139,12 @@ class ModelRunner:
         everything = torch.ones(self.checkpoint.shape.vocab_size, dtype=torch.bool)
         return torch.stack([masks.get(r.request_id, everything) for r in requests]).to(self.device)
 
-    def _race(self, requests: list[Request], gumbel_for: GumbelNoise | None) -> Race | None:
-        """The sampled rows' noise where any row samples (a greedy row races at temperature 1
-        with no noise: its argmax), else None."""
-        sampled = [row for row, r in enumerate(requests) if not r.sampling.is_greedy]
-        if not sampled:
-            return None
+    @staticmethod
+    def _race(requests: list[Request], gumbel_for: GumbelNoise | None) -> Race:
+        """The sampled requests' temperatures and this step's noise."""
         if gumbel_for is None:
             raise RuntimeError("sampled requests need race noise: pass gumbel_for")
-        gumbel = torch.zeros(len(requests), self.checkpoint.shape.vocab_size)
-        gumbel[sampled] = gumbel_for([requests[row] for row in sampled])
-        return Race.build([r.sampling.temperature or 1.0 for r in requests], gumbel)
+        return Race.build([r.sampling.temperature for r in requests], gumbel_for(requests))
 
     def _run_encoder(self, step: SchedulerOutput) -> None:
         pending: dict[MmHash, tuple[torch.Tensor, tuple[int, int, int]]] = {}

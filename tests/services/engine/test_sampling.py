@@ -115,7 +115,7 @@ def test_an_unfiltered_row_is_the_race_of_its_own_noise():
 def test_a_seeded_request_samples_the_same_tokens_on_every_path(screen_greedy, make_llm):
     """The model runner races a plain sampled request itself (through the screened head, or the
     float32 one); asking for logprobs sends it through the sampler instead; batched beside
-    another request, or alone, the tokens are the same."""
+    another sampled request and a greedy one, or alone, the tokens are the same."""
     llm = make_llm(screen_greedy=screen_greedy)
     head = llm.engine.runner.decoder.screened_head
     if head is not None:
@@ -124,10 +124,11 @@ def test_a_seeded_request_samples_the_same_tokens_on_every_path(screen_greedy, m
     sampled = SamplingParams(max_tokens=12, temperature=0.9, seed=5, ignore_eos=True)
     [alone] = llm.generate([prompt], sampled)
     [with_logprobs] = llm.generate([prompt], dataclasses.replace(sampled, logprobs=0))
-    batched, _ = llm.generate([prompt, other], [sampled, dataclasses.replace(sampled, seed=6)])
-    [greedy] = llm.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))
+    greedy_params = SamplingParams(max_tokens=12, ignore_eos=True)
+    batched, _, greedy_beside = llm.generate([prompt, other, prompt], [sampled, dataclasses.replace(sampled, seed=6), greedy_params])
+    [greedy] = llm.generate([prompt], greedy_params)
     [reseeded] = llm.generate([prompt], dataclasses.replace(sampled, seed=7))
-    assert alone.token_ids == with_logprobs.token_ids == batched.token_ids
+    assert alone.token_ids == with_logprobs.token_ids == batched.token_ids and greedy_beside.token_ids == greedy.token_ids
     assert alone.token_ids != greedy.token_ids and alone.token_ids != reseeded.token_ids
     if head is not None:
         assert head.num_rows_screened >= 12 * 2  # alone and batched went through the screen
