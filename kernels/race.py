@@ -35,16 +35,15 @@ def gumbel_from_uniform(uniform: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class Race:
-    """The noise of one step's sampled rows. (A row at temperature 1 with no noise would score
-    each token by its logit, exactly: its argmax.)"""
+    """The temperatures and noise of one step's sampled rows."""
 
     temperatures: torch.Tensor  # [N, 1] float32
     gumbel: torch.Tensor  # [N, V] float32, from gumbel_from_uniform (or 0)
     max_abs_noise: float = MAX_ABS_GUMBEL  # bounds |g| over the finite noise
 
     @classmethod
-    def build(cls, temperatures: list[float], gumbel: torch.Tensor) -> Race:
-        return cls(torch.tensor(temperatures, dtype=torch.float32)[:, None], gumbel)
+    def build(cls, temperatures: list[float], gumbel: torch.Tensor, device: torch.device | str = "cpu") -> Race:
+        return cls(torch.tensor(temperatures, dtype=torch.float32, device=device)[:, None], gumbel.to(device))
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         """Every row's scores: logits [N, V]."""

@@ -46,7 +46,8 @@ the products (docs/benchmarks.md, "The screen at a thousand rows").
 Whether it pays is timed once, after the head is built (``calibrate``, at TIMED_ROWS against the
 caller's float32 path): ``max_rows`` is the most rows at which it won, None when it won at every
 count timed (then it is used at every width), 0 when it never did (a CPU without bfloat16
-arithmetic).
+arithmetic). Raced rows use the same ``max_rows``, timed on greedy rows: the products are the
+cost either way, and both paths add the same noise.
 The float32 logits of step 4 are summed in another order than a full product would, so they may
 differ in the last bits, as the oneDNN and MKL paths already do (kernels/cpu_linear.py).
 """
@@ -69,6 +70,7 @@ NUM_TIMING_RUNS = 5
 NUM_TIMING_ROUNDS = 2
 BF16_UNIT_ROUNDOFF = 2.0**-8
 OUTPUT_ROUNDOFF = BF16_UNIT_ROUNDOFF / (1 - BF16_UNIT_ROUNDOFF)  # step 2's u'
+RACE_ROUNDING = 2.0**-22  # a race's float32 rounding, relative (the header's 2^-22)
 MAX_CANDIDATES = 4096
 # Tokens per chunk of step 1: a chunk's products for 64 rows (2 MB of bfloat16) stay in a core's
 # L2 cache, and few chunks keep a step of one row from paying per-chunk overhead.
@@ -189,9 +191,9 @@ class ScreenedArgmax:
         error = self.input_error(hidden, hidden_bf16)
         if race is None:
             return 2 * error + 2 * OUTPUT_ROUNDOFF * row_max.abs()
-        noise, rounding = race.max_abs_noise, 2.0**-22
-        spread = OUTPUT_ROUNDOFF + rounding
-        near_top = error / race.temperatures[:, 0] + spread * (row_max.abs() + noise) + rounding * noise
+        noise = race.max_abs_noise
+        spread = OUTPUT_ROUNDOFF + RACE_ROUNDING
+        near_top = error / race.temperatures[:, 0] + spread * (row_max.abs() + noise) + RACE_ROUNDING * noise
         return 2 * near_top / (1 - 2 * ERROR_SCALE * spread)
 
     def input_error(self, hidden: torch.Tensor, hidden_bf16: torch.Tensor) -> torch.Tensor:
@@ -281,7 +283,7 @@ class ScreenedArgmax:
             best = None
         self.max_rows = best
         self.num_rows_screened = self.num_rows_unscreened = 0
-        log.info("screened greedy head: %s", "at every width" if best is None else f"up to {best} rows per step")
+        log.info("screened head: %s", "at every width" if best is None else f"up to {best} rows per step")
 
     def _screen_wins(self, hidden: torch.Tensor, float32_argmax: Callable[[torch.Tensor], list[int]]) -> bool:
         """One round: the fastest of NUM_TIMING_RUNS runs each way, in turns."""

@@ -69,9 +69,7 @@ class ModelRunner:
             self.encoder_outputs.pop(mm_hash, None)
 
     @torch.inference_mode()
-    def execute(
-        self, step: SchedulerOutput, kv: KVCacheManager, allowed_for: AllowedTokens | None = None, gumbel_for: GumbelNoise | None = None
-    ) -> StepLogits:
+    def execute(self, step: SchedulerOutput, kv: KVCacheManager, allowed_for: AllowedTokens | None, gumbel_for: GumbelNoise) -> StepLogits:
         """``allowed_for()``: request id -> its grammar's allowed tokens ([vocab] bool), for the
         requests with a structured output; called only once the forward pass is done.
         ``gumbel_for``: the race noise of the sampled requests the runner samples itself."""
@@ -109,27 +107,35 @@ class ModelRunner:
         return [[(f.placeholder.offset, f.placeholder.end) for f in item.request.mm_features] for item in step.scheduled]
 
     def _sample_inputs(
-        self, hidden: torch.Tensor, requests: list[Request], allowed_for: AllowedTokens | None, gumbel_for: GumbelNoise | None
+        self, hidden: torch.Tensor, requests: list[Request], allowed_for: AllowedTokens | None, gumbel_for: GumbelNoise
     ) -> StepLogits:
         """Logits for the rows whose sampling reads them. A greedy row, or a row sampled at a
         temperature with nothing cut, that asks for no logprobs only needs the argmax of its
         logits or of its race scores (among its grammar's allowed tokens), which the decoder
         finds without the float32 logits where it can. Greedy and raced rows go in separate
-        calls: a greedy row in a race would need a row of zero noise as wide as the vocabulary."""
-        wants_logits = [r.sampling.reads_logits for r in requests]
+        calls: a greedy row in a race would need a row of zero noise as wide as the vocabulary.
+        A row whose hidden state is not finite goes to the sampler too, which fails a sampled
+        request on it alone (a greedy one gets the argmax, as it always did)."""
+        finite = torch.isfinite(hidden).all(dim=1).tolist()
+        wants_logits = [r.sampling.reads_logits or not ok for r, ok in zip(requests, finite)]
         full = [row for row, wants in enumerate(wants_logits) if wants]
         greedy = [row for row, wants in enumerate(wants_logits) if not wants and requests[row].sampling.is_greedy]
         raced = [row for row, wants in enumerate(wants_logits) if not wants and not requests[row].sampling.is_greedy]
-        token_for = {}
-        for rows in (greedy, raced):
-            if not rows:
-                continue
-            own_requests = [requests[row] for row in rows]
-            race = self._race(own_requests, gumbel_for) if rows is raced else None
-            tokens = self.decoder.argmax_tokens(hidden[rows], self._allowed(own_requests, allowed_for), race)
-            token_for.update((request.request_id, token) for request, token in zip(own_requests, tokens))
+        token_for: dict[str, int] = {}
+        if greedy:
+            token_for |= self._head_tokens(hidden, [requests[row] for row in greedy], greedy, allowed_for, None)
+        if raced:
+            raced_requests = [requests[row] for row in raced]
+            race = Race.build([r.sampling.temperature for r in raced_requests], gumbel_for(raced_requests), self.device)
+            token_for |= self._head_tokens(hidden, raced_requests, raced, allowed_for, race)
         logits = self.decoder.compute_logits(hidden[full]) if full else torch.empty(0)
         return StepLogits([requests[row] for row in full], logits.cpu(), token_for)
+
+    def _head_tokens(
+        self, hidden: torch.Tensor, requests: list[Request], rows: list[int], allowed_for: AllowedTokens | None, race: Race | None
+    ) -> dict[str, int]:
+        tokens = self.decoder.argmax_tokens(hidden[rows], self._allowed(requests, allowed_for), race)
+        return {request.request_id: token for request, token in zip(requests, tokens)}
 
     def _allowed(self, requests: list[Request], allowed_for: AllowedTokens | None) -> torch.Tensor | None:
         """[N, vocab] bool where any request has a grammar, else None."""
@@ -138,13 +144,6 @@ class ModelRunner:
         masks = allowed_for()
         everything = torch.ones(self.checkpoint.shape.vocab_size, dtype=torch.bool)
         return torch.stack([masks.get(r.request_id, everything) for r in requests]).to(self.device)
-
-    @staticmethod
-    def _race(requests: list[Request], gumbel_for: GumbelNoise | None) -> Race:
-        """The sampled requests' temperatures and this step's noise."""
-        if gumbel_for is None:
-            raise RuntimeError("sampled requests need race noise: pass gumbel_for")
-        return Race.build([r.sampling.temperature for r in requests], gumbel_for(requests))
 
     def _run_encoder(self, step: SchedulerOutput) -> None:
         pending: dict[MmHash, tuple[torch.Tensor, tuple[int, int, int]]] = {}

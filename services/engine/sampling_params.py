@@ -9,6 +9,9 @@ from typing import Literal
 
 MAX_LOGPROBS = 20
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI and vLLM require
+# Below this a temperature is greedy (argmax), as in vLLM: dividing logits by a denormal-sized
+# temperature overflows to inf, and no race or softmax can draw from that.
+GREEDY_TEMPERATURE_EPS = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE_EPS
 
     @property
     def has_logits_processors(self) -> bool:

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from protos.gen import pb
-from services.engine.sampling_params import SamplingParams, StructuredOutput
+from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS, SamplingParams, StructuredOutput
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.ignored_fields import report_ignored_fields
 from services.gateway.prompt_wire import chat_prompt, raw_prompt
-from services.gateway.protocol import GREEDY_TEMPERATURE_EPS, INT64_MIN, ChatCompletionRequest
+from services.gateway.protocol import INT64_MIN, ChatCompletionRequest
 from services.gateway.tenants import Tenant, request_cache_salt
 from services.gateway.tool_calls import ToolMode, tool_mode_of
 from services.gateway.validation_errors import validation_error

@@ -18,6 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StringConstraints, field_validator, model_validator
 
+from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS
 from services.gateway.structured_fields import StructuredRequestFields
 from services.gateway.wire_base import NonEmptyStr, WireModel
 
@@ -27,9 +28,6 @@ MAX_STOP_STRINGS = 4
 MAX_CHOICES = 16  # n: each choice is a full request on the decode tier
 MAX_LOGPROBS = 20  # alternatives per token, as OpenAI allows
 MAX_LOGIT_BIAS = 100.0
-# Below this a temperature is greedy (argmax), as in vLLM: dividing logits by a denormal-sized
-# temperature overflows to inf and the softmax to NaN, which no sampler can draw from.
-GREEDY_TEMPERATURE_EPS = 1e-5
 
 ImageUuid = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 

@@ -175,18 +175,24 @@ def test_races_give_the_float32_race_winner(num_rows, small_pieces, monkeypatch)
     assert head.argmax(hidden, allowed, race) == float32_race(hidden, weight, race, allowed)
 
 
-def test_a_race_decided_by_noise_finer_than_bfloat16():
-    """Two tokens with the same weight and noise a hair apart: the noise decides, in float32; a
-    token whose noise is -inf (a uniform draw of 0) never wins."""
+def test_a_race_the_bfloat16_scores_get_backwards_is_decided_in_float32():
+    """Token 1500's weight is token 100's times 1 + 2^-12, finer than bfloat16 resolves, and its
+    noise is lower by 0.03: the bfloat16 scores put 100 first, the float32 race 1500 (its logit is
+    higher by about 0.07 / T). A token whose noise is -inf (a uniform draw of 0) never wins."""
     torch.manual_seed(6)
     weight = torch.randn(2000, 32)
     hidden = torch.randn(2, 32)
-    weight[[100, 1500]] = hidden[0] / hidden[0].norm() * 40
+    weight[100] = hidden[0] / hidden[0].norm() * 40
+    weight[1500] = weight[100] * (1 + 2**-12)
     weight[700] = hidden[1] / hidden[1].norm() * 80
     race = Race.build([0.8, 0.8], torch.zeros(2, 2000))
-    race.gumbel[0, 100], race.gumbel[0, 1500] = 1.0, 1.0 + 2**-10  # scores near 280: bfloat16 steps by 2
+    race.gumbel[0, 100], race.gumbel[0, 1500] = 1.03, 1.0
     race.gumbel[1, 700] = float("-inf")
     head = ScreenedArgmax(weight, max_rows=8)
+    [packed] = head.packed_chunks
+    approx = torch.ops.mkldnn._linear_pointwise(hidden[:1].bfloat16(), packed, None, "none", [], "").float()
+    approx_scores = approx[0, [100, 1500]] / 0.8 + race.gumbel[0, [100, 1500]]
+    assert approx_scores[0] > approx_scores[1]  # the screen's own order is the wrong one
     tokens = head.argmax(hidden, None, race)
     assert tokens == float32_race(hidden, weight, race) and tokens[0] == 1500 and tokens[1] != 700
     assert head.num_rows_unscreened == 0

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels.race import Race
-from services.engine.sampling import Sampler, TokenHistory
+from services.engine.sampling import Sampler, SamplingError, TokenHistory
 from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case
 
@@ -85,6 +85,54 @@ def test_top_k_restricts_the_support():
     assert draws <= {7, 8, 9} and len(draws) > 1
 
 
+def test_top_p_and_min_p_restrict_the_support():
+    """Three tokens hold nearly all the mass (a third each): top_p=0.6 keeps two of them, and
+    min_p=0.5 keeps the two with the largest logits of [0, ..., 5, 5]."""
+    sampler = Sampler()
+    three = torch.tensor([5.0, 5.0, 5.0] + [0.0] * 7)
+    top_p = [SamplingParams(temperature=1.0, top_p=0.6, seed=4)]
+    draws = {sampler.sample(three[None], ["p"], top_p, at_position(k))[0] for k in range(200)}
+    assert draws < {0, 1, 2} and len(draws) == 2
+    two = torch.tensor([0.0] * 8 + [5.0, 5.0])
+    min_p = [SamplingParams(temperature=1.0, min_p=0.5, seed=4)]
+    draws = {sampler.sample(two[None], ["m"], min_p, at_position(k))[0] for k in range(200)}
+    assert draws == {8, 9}
+
+
+def test_nan_logits_fail_that_request_only():
+    logits = torch.randn(2, 20)
+    logits[0, 3] = float("nan")
+    params = [SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0)]
+    failed, fine = Sampler().sample(logits, ["bad", "good"], params, no_history(2))
+    assert isinstance(failed, SamplingError) and "NaN" in str(failed) and isinstance(fine, int)
+
+
+def test_a_sampled_request_with_a_nan_hidden_state_fails_alone(make_llm):
+    """The model runner races plain sampled rows itself; a row whose hidden state is NaN goes to
+    the sampler, which fails that request, and the engine goes on."""
+    llm = make_llm()
+    engine, decoder = llm.engine, llm.engine.runner.decoder
+    forward = decoder.forward
+
+    def poisoned(*args, **kwargs):
+        hidden = forward(*args, **kwargs)
+        hidden[-1] = float("nan")  # the last scheduled request's row
+        return hidden
+
+    decoder.forward = poisoned
+    engine.add_request("nan", llm.preprocessor.preprocess(chat_case("Hi.").prompt), SamplingParams(max_tokens=4, temperature=1.0))
+    failures = []
+    for _ in range(4):  # bounded: the request fails on its first sampled step
+        engine.step()
+        failures += engine.take_failures()
+        if not engine.has_unfinished():
+            break
+    decoder.forward = forward
+    assert [(rid, type(error)) for rid, error in failures] == [("nan", SamplingError)]
+    [again] = llm.generate([chat_case("Hi.").prompt], SamplingParams(max_tokens=4, temperature=1.0, seed=1))
+    assert len(again.token_ids) == 4
+
+
 def test_stop_strings_tokens_and_max_tokens(make_llm):
     llm = make_llm()
     prompt = chat_case("Tell me something.").prompt
@@ -122,7 +170,10 @@ def test_a_seeded_request_samples_the_same_tokens_on_every_path(screen_greedy, m
         head.max_rows = 8  # whatever the startup timing found worth it on this machine
     prompt, other = chat_case("Tell me a story.").prompt, chat_case("Count to ten.").prompt
     sampled = SamplingParams(max_tokens=12, temperature=0.9, seed=5, ignore_eos=True)
+    num_screened = head.num_rows_screened if head is not None else 0
     [alone] = llm.generate([prompt], sampled)
+    if head is not None:
+        assert head.num_rows_screened - num_screened >= 11  # every decode step of the sampled request
     [with_logprobs] = llm.generate([prompt], dataclasses.replace(sampled, logprobs=0))
     greedy_params = SamplingParams(max_tokens=12, ignore_eos=True)
     batched, _, greedy_beside = llm.generate([prompt, other, prompt], [sampled, dataclasses.replace(sampled, seed=6), greedy_params])
@@ -130,5 +181,3 @@ def test_a_seeded_request_samples_the_same_tokens_on_every_path(screen_greedy, m
     [reseeded] = llm.generate([prompt], dataclasses.replace(sampled, seed=7))
     assert alone.token_ids == with_logprobs.token_ids == batched.token_ids and greedy_beside.token_ids == greedy.token_ids
     assert alone.token_ids != greedy.token_ids and alone.token_ids != reseeded.token_ids
-    if head is not None:
-        assert head.num_rows_screened >= 12 * 2  # alone and batched went through the screen
