@@ -51,15 +51,20 @@ def test_calibration_times_the_rows_worth_screening():
     assert head.num_rows_screened == 0  # the timing's rows are not counted
 
 
-@pytest.mark.parametrize("small_pieces", [False, True], ids=["whole", "blocks of 16 tokens, pieces of 8 rows"])
+@pytest.fixture(params=[False, True], ids=["whole", "blocks of 16 tokens, pieces of 8 rows"])
+def small_pieces(request, monkeypatch) -> bool:
+    """With small pieces, every chunk holds several blocks and the rows run in several pieces."""
+    if request.param:
+        monkeypatch.setattr(screened_argmax, "SUB_BLOCK", 16)
+        monkeypatch.setattr(screened_argmax, "MAX_PIECE_ROWS", 8)
+    return request.param
+
+
 @pytest.mark.parametrize("num_rows", [1, 5, 40])
-def test_chunks_give_the_float32_argmax(num_rows, small_pieces, monkeypatch):
+def test_chunks_give_the_float32_argmax(num_rows, small_pieces):
     """A vocabulary of many chunks, the last one short: random rows, and near-ties and exact ties
     whose tokens sit in different chunks. With small pieces, every chunk holds several blocks (the
     short last one is one block) and the rows run in several pieces."""
-    if small_pieces:
-        monkeypatch.setattr(screened_argmax, "SUB_BLOCK", 16)
-        monkeypatch.setattr(screened_argmax, "MAX_PIECE_ROWS", 8)
     torch.manual_seed(10 + num_rows)
     weight = torch.randn(1000, 32) * 0.3
     hidden = torch.randn(num_rows, 32) * 3
@@ -153,15 +158,11 @@ def make_race(num_rows: int, vocab_size: int, seed: int) -> Race:
     return Race.build(temperatures, gumbel)
 
 
-@pytest.mark.parametrize("small_pieces", [False, True], ids=["whole", "blocks of 16 tokens, pieces of 8 rows"])
 @pytest.mark.parametrize("num_rows", [1, 6, 40])
-def test_races_give_the_float32_race_winner(num_rows, small_pieces, monkeypatch):
+def test_races_give_the_float32_race_winner(num_rows, small_pieces):
     """Sampled rows: the token of the float32 race (logits / T + noise) for the same noise, in a
     vocabulary of many chunks, with and without a grammar's mask; a greedy row in the race gets
     the float32 argmax."""
-    if small_pieces:
-        monkeypatch.setattr(screened_argmax, "SUB_BLOCK", 16)
-        monkeypatch.setattr(screened_argmax, "MAX_PIECE_ROWS", 8)
     torch.manual_seed(20 + num_rows)
     weight = torch.randn(1000, 32) * 0.3
     hidden = torch.randn(num_rows, 32) * 3
