@@ -18,6 +18,7 @@ from tests.factories import chat_case
     [
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": -1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
         ({"top_p": 0}, "top_p"),
         ({"top_k": -2}, "top_k"),
         ({"stop": ("",)}, "stop"),

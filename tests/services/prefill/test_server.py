@@ -13,6 +13,7 @@ import pytest
 
 from protos.gen import pb, rpc
 from services.engine.config import EngineConfig
+from services.engine.sampling import Sampler
 from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_to_pb
 from services.prefill.node import PrefillNode
@@ -22,6 +23,8 @@ from services.transport.node_admission import NodeAdmission
 from services.transport.node_error import ErrorKind, node_error_of
 from services.transport.tensor_channel import TensorInbox
 from tests.aio_server import serving
+
+POISON_SEED = 666
 
 
 def _prompt(seed: int, num_tokens: int = 8192) -> list[int]:
@@ -102,12 +105,25 @@ def test_a_call_past_its_deadline_mid_prefill_aborts_its_engine_request(prefill)
     _run(prefill, scenario)
 
 
+class PoisonedSampler(Sampler):
+    """Fails as on NaN logits for requests seeded POISON_SEED (with top_p, so that the sampler,
+    not the model runner, samples them)."""
+
+    def _sample_one(self, logits, gumbel, params):
+        if params.seed == POISON_SEED:
+            raise ValueError("the logits contain NaN")
+        return Sampler._sample_one(logits, gumbel, params)
+
+
 def test_requests_that_fail_on_their_own_get_a_clear_status_and_the_node_goes_on(prefill):
     async def scenario(stub, node: PrefillNode, sink: TensorInbox) -> None:
-        # A temperature this small overflows the logits to inf, and the sampler draws from NaN.
-        poisoned = SamplingParams(max_tokens=4, temperature=1e-40)
-        with pytest.raises(grpc.aio.AioRpcError) as sampling:
-            await stub.Prefill(_request("nan", sink, _prompt(4, 64), poisoned), timeout=60)
+        healthy_sampler, node.engine.sampler = node.engine.sampler, PoisonedSampler()
+        poisoned = SamplingParams(max_tokens=4, temperature=1.0, top_p=0.9, seed=POISON_SEED)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as sampling:
+                await stub.Prefill(_request("nan", sink, _prompt(4, 64), poisoned), timeout=60)
+        finally:
+            node.engine.sampler = healthy_sampler
         assert sampling.value.code() == grpc.StatusCode.INTERNAL and "sampling failed for this request" in sampling.value.details()
         assert node_error_of(sampling.value).kind is ErrorKind.REQUEST_FAILED
         vocab_size = node.engine.runner.checkpoint.text.vocab_size

@@ -11,8 +11,9 @@ What reaches each role:
   clamps tiny temperatures to greedy and validates every field, preprocess checks token ids
   against the vocabulary and decodes and sizes every image), so their poison is what a faulty
   caller on the internal plane could send, sent with the stack's internal secret: pixels that do
-  not fit their patch grid (encoder), a temperature that overflows the logits to NaN and a token
-  id outside the vocabulary (prefill), and that temperature in a decode step (decode).
+  not fit their patch grid (encoder), a NaN logit bias (the gateway clips biases to +-100), which
+  makes the sampler's logits NaN, and a token id outside the vocabulary (prefill), and that bias
+  in a decode step (decode).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ HEALTHY = [
     chat_case("Count from one to ten."),
 ]
 STREAM = {"temperature": 0, "max_tokens": 48, "extra_body": {"ignore_eos": True}}
-NAN_TEMPERATURE = 1e-40  # logits / this overflow to inf: the softmax is NaN, and sampling fails
+NAN_BIAS = SamplingParams(max_tokens=8, temperature=1.0, logit_bias=((5, float("nan")),))  # sampling fails on NaN logits
 PROMPT = [10 + i for i in range(40)]
 # (the role that failed it; its HTTP status, or its gRPC code / the kind of its typed node error;
 # its message, or for the expected outcomes a fragment of it)
@@ -161,7 +162,7 @@ class _Nodes:
         return self._rpc("encoder", lambda channel: rpc.EncodeStub(channel).Encode(request, timeout=60))
 
     def prefill_sampling_nan(self, round_name: str) -> Outcome:
-        request = self._prefill_request(f"poison-nan-{round_name}", PROMPT, SamplingParams(max_tokens=4, temperature=NAN_TEMPERATURE))
+        request = self._prefill_request(f"poison-nan-{round_name}", PROMPT, NAN_BIAS)
         return self._rpc("prefill", lambda channel: rpc.PrefillStub(channel).Prefill(request, timeout=60))
 
     def prefill_token_outside_the_vocabulary(self, round_name: str) -> Outcome:
@@ -179,7 +180,7 @@ class _Nodes:
                 request_id=rid,
                 prompt_token_ids=PROMPT,
                 first_token_id=first,
-                sampling=sampling_to_pb(SamplingParams(max_tokens=8, temperature=NAN_TEMPERATURE)),
+                sampling=sampling_to_pb(NAN_BIAS),
                 stream=True,
             )
             return [chunk async for chunk in rpc.DecodeStub(channel).Decode(request, timeout=60)]
