@@ -38,8 +38,7 @@ class Race:
     """The temperatures and noise of one step's sampled rows."""
 
     temperatures: torch.Tensor  # [N, 1] float32
-    gumbel: torch.Tensor  # [N, V] float32, from gumbel_from_uniform (or 0)
-    max_abs_noise: float = MAX_ABS_GUMBEL  # bounds |g| over the finite noise
+    gumbel: torch.Tensor  # [N, V] float32, from gumbel_from_uniform (so |g| <= MAX_ABS_GUMBEL, or -inf)
 
     @classmethod
     def build(cls, temperatures: list[float], gumbel: torch.Tensor, device: torch.device | str = "cpu") -> Race:

@@ -25,7 +25,7 @@ A row with more than MAX_CANDIDATES candidates (nearly flat logits), or none (a 
 computed whole in float32.
 
 Sampled rows (``race``, kernels/race.py) race instead: the token is the argmax of the float32
-scores l_j / T + g_j, where |g_j| <= G or g_j = -inf (never a winner). Step 1 adds the noise to
+scores l_j / T + g_j, where |g_j| <= G (MAX_ABS_GUMBEL) or g_j = -inf (never a winner). Step 1 adds the noise to
 a_j / T, giving s'_j, and M is the largest s'. A token can come near the top only if its logit is
 near it too: s'_j >= M - X implies |a_j| / T <= B = |M| + G + X. Such a token's score is off by at
 most e = d / T + c B + 2^-22 G, c = u' + 2^-22: the approximation, and float32 rounding of s'_j and
@@ -62,7 +62,7 @@ from collections.abc import Callable
 import torch
 
 from kernels.cpu_linear import MAX_PIECE_ROWS, onednn_linear
-from kernels.race import Race, race_scores
+from kernels.race import MAX_ABS_GUMBEL, Race, race_scores
 
 ERROR_SCALE = 2.0
 TIMED_ROWS = (1, 4, 16, 64)
@@ -191,9 +191,8 @@ class ScreenedArgmax:
         error = self.input_error(hidden, hidden_bf16)
         if race is None:
             return 2 * error + 2 * OUTPUT_ROUNDOFF * row_max.abs()
-        noise = race.max_abs_noise
         spread = OUTPUT_ROUNDOFF + RACE_ROUNDING
-        near_top = error / race.temperatures[:, 0] + spread * (row_max.abs() + noise) + RACE_ROUNDING * noise
+        near_top = error / race.temperatures[:, 0] + spread * (row_max.abs() + MAX_ABS_GUMBEL) + RACE_ROUNDING * MAX_ABS_GUMBEL
         return 2 * near_top / (1 - 2 * ERROR_SCALE * spread)
 
     def input_error(self, hidden: torch.Tensor, hidden_bf16: torch.Tensor) -> torch.Tensor:
