@@ -11,7 +11,7 @@ import torch
 from services.engine.engine import Engine, RequestRejectedError
 from services.engine.kv.kv_cache_manager import page_key
 from services.engine.kv_pages import KVPages, num_blocks
-from services.engine.request import Request, RequestStatus
+from services.engine.request import Request
 from shared.types import BlockHash, MmHash
 
 
@@ -57,9 +57,8 @@ def import_prefilled(engine: Engine, request: Request, pages: KVPages) -> None:
         k_cache.index_copy_(0, ids, k_pages[kept].to(k_cache.device, k_cache.dtype))
         v_cache.index_copy_(0, ids, v_pages[kept].to(v_cache.device, v_cache.dtype))
     engine.kv.cache_computed_blocks(request)
-    request.status = RequestStatus.RUNNING
     engine.requests[request.request_id] = request
-    engine.scheduler.running.append(request)
+    engine.scheduler.adopt(request)
 
 
 def _layer_pages(engine: Engine, request: Request, layer: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -90,7 +90,7 @@ class EngineNode:
     def load(self) -> tuple[float, float]:
         """(requests queued or running, fraction of KV pages in use), for heartbeats."""
         pool = self.engine.kv.pool
-        return float(len(self.engine.scheduler.running) + len(self.engine.scheduler.waiting)), 1.0 - pool.num_free_blocks / pool.num_blocks
+        return float(len(self.engine.scheduler.running) + self.engine.scheduler.num_waiting()), 1.0 - pool.num_free_blocks / pool.num_blocks
 
     def _engine_metrics(self) -> EngineMetrics:
         engine = self.engine
@@ -98,7 +98,7 @@ class EngineNode:
         metrics = EngineMetrics(self.inbox.metrics, scheduler.queue_time)
         metrics.num_requests_aborted.read_from(lambda: engine.num_aborted)
         metrics.requests_running.read_from(lambda: len(scheduler.running))
-        metrics.requests_waiting.read_from(lambda: len(scheduler.waiting))
+        metrics.requests_waiting.read_from(scheduler.num_waiting)
         metrics.kv_cache.read_from(lambda: pool.num_blocks - pool.num_free_blocks, lambda: pool.num_blocks)
         metrics.prefix_cache.read_from(lambda: len(pool.hash_to_block), lambda: pool.num_blocks)
         metrics.embedding_cache.read_from(lambda: embeddings.cache_size - embeddings.num_free_slots, lambda: embeddings.cache_size)

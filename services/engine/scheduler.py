@@ -1,6 +1,8 @@
 """Continuous-batching scheduler with chunked prefill (one step = one token budget).
 
 Each step:
+  0. adopted requests (imported with their KV already in place, every page they may need
+     reserved) join the running ones while sequence slots remain, first come first served;
   1. running requests, in admission order: schedule their remaining tokens (1 when decoding, a
      chunk when a prefill was split); if KV cannot be allocated, preempt the most recently
      admitted running request (recompute mode: its blocks are freed and it rejoins the front of
@@ -52,6 +54,7 @@ class Scheduler:
         self.encoder_cache = encoder_cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.adopted: deque[Request] = deque()  # KV in place, waiting only for a sequence slot
         self.num_preemptions = 0
         # Declared here, where it is observed; the prefill and decode nodes export it.
         self.queue_time = Histogram("queue_seconds", "A request's wait from reaching the engine to its first scheduled step")
@@ -60,14 +63,27 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
+    def adopt(self, request: Request) -> None:
+        """A request whose KV was computed elsewhere and whose pages are all reserved: it runs as
+        soon as a sequence slot is free (max_num_seqs bounds the batch however requests arrive)."""
+        request.status = RequestStatus.WAITING
+        self.adopted.append(request)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.adopted)
+
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.adopted)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         encoder_budget = self.config.max_encoder_tokens_per_step
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        while self.adopted and len(self.running) < self.config.max_num_seqs:
+            request = self.adopted.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -126,6 +142,8 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        elif request in self.adopted:
+            self.adopted.remove(request)
         self.kv.free(request)
         self.encoder_cache.free_request(request.request_id, [f.mm_hash for f in request.mm_features])
 

@@ -122,3 +122,41 @@ def test_impossible_requests_are_rejected_up_front(make_llm):
     llm = make_llm(encoder_cache_tokens=32, max_encoder_tokens_per_step=32)
     with pytest.raises(RequestRejectedError, match="embedding rows"):
         llm.generate([chat_case(encode_image(make_image(224, 224, seed=1))).prompt], GREEDY_16)
+
+
+def _adopted(scheduler: Scheduler, request_id: str, num_prompt_tokens: int = 8, max_tokens: int = 4) -> Request:
+    """A request as connector.import_prefilled leaves it: its prompt's KV in place, every page it
+    may need reserved, its first token already sampled."""
+    request = make_request(request_id, num_prompt_tokens)
+    request.sampling = SamplingParams(max_tokens=max_tokens)
+    request.output_token_ids.append(1)
+    request.num_computed_tokens = request.num_tokens - 1
+    assert scheduler.kv.allocate(request, num_prompt_tokens + max_tokens - request.num_computed_tokens)
+    scheduler.adopt(request)
+    return request
+
+
+def test_adopted_requests_wait_for_a_sequence_slot():
+    scheduler = make_scheduler(max_num_seqs=2)
+    a, b, c = (_adopted(scheduler, name) for name in "abc")
+    plan = scheduler.schedule()
+    assert [(s.request.request_id, s.num_new_tokens) for s in plan.scheduled] == [("a", 1), ("b", 1)]
+    assert scheduler.running == [a, b] and list(scheduler.adopted) == [c] and scheduler.num_waiting() == 1
+    _advance(scheduler, plan)
+    b.output_token_ids.append(2)  # b's next token, sampled
+    scheduler.finish(a, RequestStatus.FINISHED_STOPPED)
+    plan = scheduler.schedule()
+    assert [s.request.request_id for s in plan.scheduled] == ["b", "c"]
+    assert scheduler.running == [b, c] and not scheduler.adopted
+
+
+def test_an_adopted_request_aborted_while_waiting_frees_its_pages():
+    scheduler = make_scheduler(max_num_seqs=1)
+    free = scheduler.kv.pool.num_free_blocks
+    running = _adopted(scheduler, "a")
+    waiting = _adopted(scheduler, "b")
+    assert [s.request for s in scheduler.schedule().scheduled] == [running]
+    scheduler.finish(waiting, RequestStatus.FINISHED_ABORTED)
+    assert not scheduler.adopted and waiting.request_id not in scheduler.kv.req_to_tables
+    scheduler.finish(running, RequestStatus.FINISHED_ABORTED)
+    assert scheduler.kv.pool.num_free_blocks == free and not scheduler.has_unfinished()
