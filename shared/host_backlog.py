@@ -29,6 +29,7 @@ BOARD_VAR = "TESSERA_BACKLOG_BOARD"  # the board file's path
 SLOT_VAR = "TESSERA_BACKLOG_SLOT"  # this process's slot on it (writers only)
 RECORD = struct.Struct("<qq")  # pid, calls waiting
 WRITER_ROLES = frozenset({"encoder", "prefill"})  # the roles whose calls end in a first token
+_BOARD_PREFIX = "tessera-backlog-"  # then the maker's pid, "-", a unique suffix
 
 
 def create_board(path: Path, num_slots: int) -> Path:
@@ -39,13 +40,29 @@ def create_board(path: Path, num_slots: int) -> Path:
     return path
 
 
-def new_board(num_slots: int) -> Path:
+def new_board(num_slots: int, directory: Path | None = None) -> Path:
     """An empty board in a new file, memory-backed where the host has /dev/shm (it is read at
-    every decode step); its maker removes it."""
-    shm = Path("/dev/shm")
-    fd, name = tempfile.mkstemp(prefix="tessera-backlog-", dir=shm if shm.is_dir() else None)
+    every decode step), named for its maker's pid. Its maker removes it; a maker killed outright
+    cannot, so each new board first removes the boards of makers that are gone (/dev/shm is
+    memory, and outlives every process)."""
+    if directory is None:
+        shm = Path("/dev/shm")
+        directory = shm if shm.is_dir() else Path(tempfile.gettempdir())
+    remove_orphaned_boards(directory)
+    fd, name = tempfile.mkstemp(prefix=f"{_BOARD_PREFIX}{os.getpid()}-", dir=directory)
     os.close(fd)
     return create_board(Path(name), num_slots)
+
+
+def remove_orphaned_boards(directory: Path) -> list[Path]:
+    """Remove the boards in ``directory`` whose maker is gone; the paths removed."""
+    removed = []
+    for path in directory.glob(f"{_BOARD_PREFIX}*-*"):
+        pid = path.name.removeprefix(_BOARD_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 class BacklogBoard:

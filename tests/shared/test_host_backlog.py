@@ -3,6 +3,7 @@ who a launcher puts on it (pure logic, on a temporary file and a real child proc
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from shared.host_backlog import (
     board_env,
     board_roles,
     create_board,
+    new_board,
     poster_from_env,
 )
 
@@ -66,3 +68,13 @@ def test_encoders_and_prefill_nodes_write_and_decode_nodes_read_among_those_shar
     pinned_decode = {**everyone, "decode": False}  # on its own cores: nothing to yield to
     assert board_roles(roles, pinned_decode) == {}
     assert board_roles({"decode": "decode"}, {"decode": True}) == {}
+
+
+def test_a_new_board_removes_those_whose_maker_is_gone(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True, capture_output=True, text=True)
+    orphan = create_board(tmp_path / f"tessera-backlog-{int(gone.stdout)}-x1", 1)  # its launcher was SIGKILLed
+    live = new_board(2, tmp_path)
+    other = create_board(tmp_path / "tessera-backlog-notes", 1)  # not named as a board: left alone
+    assert live.name.startswith(f"tessera-backlog-{os.getpid()}-") and BacklogBoard(live).num_slots == 2
+    assert not orphan.exists() and other.exists()
+    assert new_board(1, tmp_path) != live and live.exists()  # a live maker's board stays
