@@ -8,7 +8,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 
 

@@ -14,7 +14,7 @@ from typing import IO
 
 import httpx
 
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

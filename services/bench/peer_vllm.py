@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.models.registry import ensure_builtin
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "peer"

@@ -36,7 +36,7 @@ class PortAllocator:
         self._given: set[int] = set()
 
     def __call__(self) -> int:
-        from services.stack.launcher import free_port
+        from services.stack.node_process import free_port
 
         for _ in range(100):
             port = free_port()

@@ -33,7 +33,7 @@ from openai import OpenAI
 from services.bench.local_stack import launch, stop_stack
 from services.bench.suites.common import RESULTS, command, machine, write_json
 from services.bench.workloads import image_url, synthetic_image, user_turn
-from services.stack.launcher import free_port, start_node, wait_serving
+from services.stack.node_process import free_port, start_node, wait_serving
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV, InternalAuth
 from services.transport.node_stats import read_stats

@@ -24,7 +24,7 @@ from services.bench.report import percentile
 from services.bench.suites.common import RESULTS, command, ms, write_json
 from services.router.membership import Membership
 from services.router.router import Router
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 from shared.hashing import MmSpan, block_hashes
 from shared.index.backend import create_index

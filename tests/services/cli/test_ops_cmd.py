@@ -11,7 +11,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.cli.main import main
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 
 
 def test_health_is_0_only_while_the_server_answers_serving():

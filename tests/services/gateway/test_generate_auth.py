@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos.gen import pb, rpc
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.tenants import ApiKeys, Tenant
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from tests.services.gateway.test_app import FakePipeline
 
 REQUEST = pb.GenerateRequest(request_json=json.dumps({"messages": [{"role": "user", "content": "hi"}]}))

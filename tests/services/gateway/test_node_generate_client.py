@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from services.gateway.generate_server import GenerateServicer, start_generate_server
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from tests.services.gateway.test_app import FakePipeline
 
 CLIENT_DIR = Path(__file__).resolve().parents[3] / "protos" / "examples" / "node"

@@ -13,7 +13,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.tenants import Tenant
 from services.gateway.typed_generate import typed_generations
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from tests.services.gateway.test_app import FakePipeline
 
 

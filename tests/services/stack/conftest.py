@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV, InternalAuth
 from shared.index.backend import CacheIndex, IndexCredentials, create_index

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from services.stack.launcher import start_node
+from services.stack.node_process import start_node
 from shared.index.cluster_config import EXIT_REFUSED
 
 

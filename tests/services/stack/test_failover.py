@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from services.stack.launcher import start_node, wait_serving
+from services.stack.node_process import start_node, wait_serving
 from services.transport.node_stats import read_stats
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack

@@ -85,7 +85,7 @@ def test_a_node_that_died_starting_is_restarted_on_new_internal_ports():
 
 def test_no_two_nodes_are_handed_the_same_port_or_the_gateways(monkeypatch):
     """Ports are drawn before anything binds them: each draw must skip the ones handed out."""
-    monkeypatch.setattr("services.stack.launcher._PORT_RANGE", (20000, 20012))  # 13 ports for 13 uses
+    monkeypatch.setattr("services.stack.node_process._PORT_RANGE", (20000, 20012))  # 13 ports for 13 uses
     stack = Stack(StackConfig(http_port=20000, generate_port=20001, num_encoders=2, num_decode=2))
     processes = stack.node_processes(["tessera", "serve"])
     ports = [int(a.rsplit(":", 1)[1]) for p in processes for flag in ("--grpc-address", "--data-address") for a in addresses(p.argv, flag)]

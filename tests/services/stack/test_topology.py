@@ -16,7 +16,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from tests.factories import chat_case, encode_image, make_image
 
 QUESTIONS = ["What is this?", "Describe the colours.", "Count the shapes.", "What style is it?"]

@@ -11,7 +11,7 @@ import time
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from services.transport.grpc_server import report_liveness
 from shared.liveness import Liveness
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from services.transport.metrics_http import NodeCollector, start_metrics_server
 from shared.node_metrics import Counter, Gauge, Histogram, counter, gauge, histogram, snapshot
 

@@ -93,7 +93,7 @@ def test_a_send_to_a_peer_that_never_reads_times_out_instead_of_blocking():
     import pytest
     import zmq
 
-    from services.stack.launcher import free_port
+    from services.stack.node_process import free_port
     from services.transport.tensor_channel import TensorSendTimeoutError
 
     silent = zmq.Context.instance().socket(zmq.PULL)  # connected, never reads: its queue fills

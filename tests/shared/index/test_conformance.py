@@ -252,7 +252,7 @@ def test_a_heartbeat_fails_once_someone_else_rewrote_the_record(index, index_url
 
 
 def test_unreachable_index_raises_a_typed_error_and_then_fails_fast():
-    from services.stack.launcher import free_port
+    from services.stack.node_process import free_port
 
     index = create_index(f"redis://127.0.0.1:{free_port()}/0", namespace="down")
     for _ in range(3):

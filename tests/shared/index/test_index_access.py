@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.stack.launcher import free_port
+from services.stack.node_process import free_port
 from services.stack.redis_server import start_redis_server
 from services.transport.index_access import PASSWORD_ENV, index_credentials, open_index
 from services.transport.internal_auth import InternalPlaneSettings

@@ -49,7 +49,7 @@ def test_events_are_published_in_batches_and_evictions_cancel_stores():
 
 
 def test_index_outage_then_restart_catches_up_from_the_node_snapshot():
-    from services.stack.launcher import free_port
+    from services.stack.node_process import free_port
 
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
