@@ -24,8 +24,8 @@ from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
 from tests.services.stack.stack_probes import Streams, busiest_decode_node
 
 MAX_TOKENS = 96
-# The early streams when a decode node dies: long enough that a loaded machine still finds them
-# decoding once it has found their node (tiny decodes 96 tokens in a fraction of a second).
+# Streams on a decode node that dies or freezes: long enough that a loaded machine still finds
+# them decoding once it has found their node (tiny decodes 96 tokens in a fraction of a second).
 MIGRATION_TOKENS = 512
 NUM_EARLY = 4  # streaming when the node dies
 NUM_REQUESTS = 12  # the rest are sent right after
@@ -174,9 +174,9 @@ def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(clu
         wait_serving(grpc_address, 120, extra)
         _wait_for_all_nodes(cluster, num_nodes + 1)
         cases = _cases(seed=110)[:6]
-        expected = [_oracle_text(oracle, case) for case in cases]
+        expected = [_oracle_text(oracle, case, MIGRATION_TOKENS) for case in cases]
         migrations_before = _gateway_counter(cluster, "gateway_migrations_total")
-        streams = Streams(cluster, cases, GREEDY)
+        streams = Streams(cluster, cases, {**GREEDY, "max_tokens": MIGRATION_TOKENS})  # still decoding at the freeze
         streams.wait_flowing(len(cases))
         # Least-loaded placement alternates between the two decode nodes.
         assert _decode_requests(cluster, grpc_address) > 0, "no stream was placed on the node about to freeze"
