@@ -57,6 +57,17 @@ class Attempts:
         if busy.address:
             self.excluded.add(busy.address)
 
+    def readmit(self, role: str) -> bool:
+        """Every node of ``role`` was excluded for this request: let the ones that failed it try
+        again, all but the one that failed last. A node that failed once may be well (a call cut
+        while its host stalled) after the node the request went to next has died; the last to
+        fail is the likeliest still down. Whether any node was readmitted. Bounded: each try
+        after it spends the failure budget."""
+        failed = [f.address for f in self.failures if f.role == role and f.address]
+        readmitted = (set(failed[:-1]) - set(failed[-1:])) & self.excluded
+        self.excluded -= readmitted
+        return bool(readmitted)
+
     def no_node_left(self, exc: NoLiveNodeError) -> GatewayError:
         """A role has no node left for this request: 429 when the ones there are were busy (the
         client should come back soon), else 503."""

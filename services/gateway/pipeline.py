@@ -15,8 +15,9 @@ prompt plus the tokens already streamed (their prompt blocks are prefix-cache hi
 decode node continues after them, so the client sees one stream with no repeated token.
 A node that refuses a call as busy (at its limit of requests) is skipped for this request only,
 not quarantined; when every node of a role is busy the request gets a 429 with Retry-After.
-A request gives up with a 503 when a role has no live node left, or after ``max_failures`` node
-failures. Errors about the request itself (4xx) are never retried. A request has one deadline
+When every node of a role has failed the request, those that failed before the last one are
+tried again (``Attempts.readmit``). A request gives up with a 503 when a role has no live node
+left, or after ``max_failures`` node failures. Errors about the request itself (4xx) are never retried. A request has one deadline
 (``timeout_s`` from its arrival, retries included): every call gets what is left of it as its
 gRPC deadline, which the called node sees too, and a request out of time ends with a 504.
 Cancelling the task that runs a request (its client left) cancels the call it awaits, on the node
@@ -165,7 +166,8 @@ class Pipeline:
                 if failure.role == "preprocess":
                     run.preprocess_address = None
             except NoLiveNodeError as exc:
-                raise run.attempts.no_node_left(exc) from None
+                if not run.attempts.readmit(exc.role):
+                    raise run.attempts.no_node_left(exc) from None
         raise AssertionError("unreachable")
 
     async def _next_attempt(self, run: RequestRun, number: int, fit_max_tokens: bool) -> tuple[Attempt, list[MmHash]]:

@@ -11,6 +11,7 @@ import pytest
 from protos.gen import pb
 from services.engine.sampling_params import SamplingParams
 from services.gateway.errors import GatewayError
+from services.gateway.failures import Attempts, NodeFailure, NodeOverloaded
 from services.gateway.pipeline import Pipeline
 from services.router.membership import Membership
 from services.router.router import Router
@@ -182,12 +183,32 @@ def test_a_stream_cut_by_a_dead_decode_node_migrates_without_repeating_a_token()
 
 
 def test_when_no_node_of_a_role_is_left_the_request_gets_a_clear_503():
-    pipeline = FakePipeline()
-    pipeline.nodes["d:1"].failures = [UNAVAILABLE]
-    pipeline.nodes["d:2"].failures = [UNAVAILABLE]
+    pipeline = FakePipeline(Router(Membership(None, {**NODES, "decode": ()}), policy="round_robin"))
     with pytest.raises(GatewayError) as caught:
         pipeline.generate()
     assert caught.value.status == 503 and "no live decode node" in caught.value.message
+
+
+def test_a_node_that_failed_before_the_last_one_is_tried_again_when_none_is_left():
+    """d:1 cuts the stream (its host stalled), d:2 then dies: the request goes back to d:1, not
+    to a 503, and the client sees one stream."""
+    pipeline = FakePipeline()
+    pipeline.nodes["d:1"].failures = [UNAVAILABLE]
+    pipeline.nodes["d:2"].failures = [UNAVAILABLE]
+    events = pipeline.generate()
+    assert [e.token_ids for e in events] == [[100], [101]]
+    assert [address for address, _ in pipeline.called("Decode")] == ["d:1", "d:2", "d:1"]
+
+
+def test_readmitting_keeps_out_the_node_that_failed_last_and_nodes_that_were_busy():
+    attempts = Attempts(max_failures=4)
+    attempts.record(NodeFailure("decode", "d:1", "cut"))
+    attempts.record(NodeFailure("decode", "d:2", "dead"))
+    attempts.record_busy(NodeOverloaded("decode", "d:3", "busy"))
+    attempts.record(NodeFailure("prefill", "p:1", "dead"))
+    assert attempts.readmit("decode") and attempts.excluded == {"d:2", "d:3", "p:1"}
+    assert not attempts.readmit("decode")  # nothing more to readmit: the 503 follows
+    assert not attempts.readmit("encoder")
 
 
 def test_retries_are_bounded():
