@@ -19,9 +19,10 @@ at once.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError, NodeInfo, NodeState
@@ -52,6 +53,7 @@ class Membership:
         self._lock = threading.Lock()
         self._nodes: dict[str, NodeState] = {}
         self._role_to_nodes: dict[str, tuple[NodeState, ...]] = {}  # sorted by address; rebuilt on change
+        self._role_to_address_to_node: dict[str, dict[str, NodeState]] = {}  # the same nodes, by address
         if static:
             for role, addresses in static.items():
                 for address in addresses:
@@ -71,9 +73,39 @@ class Membership:
         nothing else is left."""
         now = self._clock()
         with self._lock:
-            candidates = [s for s in self._role_to_nodes.get(role, ()) if s.info.grpc_address not in exclude]
-            healthy = [s for s in candidates if not self._quarantined(s, now)] if self._address_to_quarantine else candidates
+            nodes = self._role_to_nodes.get(role, ())
+            candidates = [s for s in nodes if s.info.grpc_address not in exclude] if exclude else list(nodes)
+            # Per request, over the role's every node: only the few in quarantine pay for the check.
+            quarantine = self._address_to_quarantine
+            healthy = candidates
+            if quarantine:
+                healthy = [s for s in candidates if s.info.grpc_address not in quarantine or not self._quarantined(s, now)]
         return healthy or candidates
+
+    def sample(self, role: str, *, exclude: frozenset[str], holders: Collection[str], k: int, rng: random.Random) -> list[NodeState] | None:
+        """For a role of more than ``k`` nodes: its usable nodes among ``holders`` (addresses,
+        in address order), then ``k`` other usable ones drawn at random, where usable means not
+        in ``exclude`` and not in quarantine. Its cost is O(holders + k + exclusions), not the
+        role's size: the draw takes k indices plus one per node it may have to skip. None when
+        the role has ``k`` nodes or fewer, or nothing usable was found (then ``nodes``, which
+        falls back on quarantined nodes)."""
+        now = self._clock()
+        with self._lock:
+            nodes = self._role_to_nodes.get(role, ())
+            if len(nodes) <= k:
+                return None
+            by_address = self._role_to_address_to_node[role]
+
+            def usable(state: NodeState) -> bool:
+                address = state.info.grpc_address
+                return address not in exclude and (address not in self._address_to_quarantine or not self._quarantined(state, now))
+
+            held = sorted((by_address[a] for a in holders if a in by_address and usable(by_address[a])), key=lambda s: s.info.grpc_address)
+            held_addresses = {s.info.grpc_address for s in held}
+            num_draws = min(len(nodes), k + len(exclude) + len(self._address_to_quarantine) + len(held_addresses))
+            drawn = (nodes[i] for i in rng.sample(range(len(nodes)), num_draws))
+            others = [s for s in drawn if s.info.grpc_address not in held_addresses and usable(s)][:k]
+        return held + others if held or others else None
 
     def find(self, address: str) -> NodeState | None:
         with self._lock:
@@ -104,6 +136,7 @@ class Membership:
         for state in self._nodes.values():
             role_to_nodes.setdefault(state.info.role, []).append(state)
         self._role_to_nodes = {role: tuple(sorted(nodes, key=lambda s: s.info.grpc_address)) for role, nodes in role_to_nodes.items()}
+        self._role_to_address_to_node = {role: {s.info.grpc_address: s for s in nodes} for role, nodes in role_to_nodes.items()}
 
     def note_version(self, version: int) -> None:
         """The membership version a lookup saw. A new one (a node joined or left) updates the
@@ -157,8 +190,12 @@ class Membership:
 
     def report_failure(self, address: str) -> None:
         state = self.find(address)
+        now = self._clock()
         with self._lock:
-            self._address_to_quarantine[address] = (self._clock() + self.quarantine_s, state.epoch if state else 0)
+            # Quarantines already served end here, so the map holds only current ones (``sample``
+            # draws one extra node per entry).
+            self._address_to_quarantine = {a: entry for a, entry in self._address_to_quarantine.items() if entry[0] > now}
+            self._address_to_quarantine[address] = (now + self.quarantine_s, state.epoch if state else 0)
 
     def refresh(self) -> bool:
         if self.index is None:

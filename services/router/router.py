@@ -21,7 +21,8 @@ Power of d choices: past MAX_SCORED_NODES nodes of a role, cache_aware and least
 the nodes holding the request's work plus MAX_SCORED_NODES others drawn at random (seeded by
 the request's turn), not the whole role. The least loaded of d random nodes is nearly as good as
 the least loaded of all (Mitzenmacher), and a decision then costs the same at 500 nodes as at
-20. round_robin always sees every node.
+20: the draw itself takes O(holders + d) nodes, never the role's list (Membership.sample).
+round_robin always sees every node.
 """
 
 from __future__ import annotations
@@ -257,13 +258,13 @@ class Router:
     def _candidates(self, role: str, exclude: frozenset[str], turn: int, holders: Collection[str] = ()) -> list[Candidate]:
         """The role's nodes to score: all of them, or past MAX_SCORED_NODES the holders of the
         request's work and a random draw of the others (the module's header says why)."""
-        nodes = self.membership.nodes(role, exclude=exclude)
+        nodes = None
+        if self.policy != "round_robin":
+            nodes = self.membership.sample(role, exclude=exclude, holders=holders, k=MAX_SCORED_NODES, rng=random.Random(turn))
+        if nodes is None:
+            nodes = self.membership.nodes(role, exclude=exclude)
         if not nodes:
             raise NoLiveNodeError(role)
-        if self.policy != "round_robin" and len(nodes) > MAX_SCORED_NODES:
-            held = [s for s in nodes if s.info.grpc_address in holders]
-            others = [s for s in nodes if s.info.grpc_address not in holders]
-            nodes = held + random.Random(turn).sample(others, min(len(others), MAX_SCORED_NODES))
         return [self._candidate(s) for s in nodes]
 
     def _candidate(self, state: NodeState) -> Candidate:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from services.router.membership import Membership
 from shared.index.memory_backend import InProcessIndex
 from shared.index.types import IndexUnavailableError, NodeInfo
@@ -106,3 +108,30 @@ def test_a_new_version_applies_only_the_changed_nodes_and_lists_when_the_log_can
     register(index, "encoder", "e:2")
     membership.note_version(index.lookup([], []).membership_version)
     assert addresses(membership, "encoder") == ["e:1", "e:2"] and index.num_listings == listings + 1
+
+
+def test_a_large_roles_sample_is_its_usable_holders_and_a_random_draw_of_k_others():
+    clock = FakeClock(0.0)
+    membership = Membership(None, {"prefill": tuple(f"p:{i:02d}" for i in range(40))}, quarantine_s=5, clock=clock)
+    membership.report_failure("p:05")
+    excluded = frozenset({"p:07", "p:09"})
+    draws = []
+    for turn in range(30):
+        sample = membership.sample("prefill", exclude=excluded, holders={"p:30": 1, "p:07": 1, "x:1": 1}, k=8, rng=random.Random(turn))
+        picked = [s.info.grpc_address for s in sample]
+        assert picked[0] == "p:30" and len(picked) == 9 == len(set(picked))  # the usable holder, then 8 others
+        assert not {"p:05", "p:07", "p:09"} & set(picked)  # quarantined or excluded: never drawn
+        draws.append(frozenset(picked))
+    assert len(set(draws)) > 1  # the draw changes with the generator
+    assert membership.sample("prefill", exclude=frozenset(), holders={}, k=40, rng=random.Random(0)) is None  # small enough: all of them
+    everyone = frozenset(f"p:{i:02d}" for i in range(40))
+    assert membership.sample("prefill", exclude=everyone, holders={}, k=8, rng=random.Random(0)) is None  # nothing usable
+
+
+def test_served_quarantines_are_forgotten_at_the_next_failure():
+    clock = FakeClock(0.0)
+    membership = Membership(None, {"decode": ("d:1", "d:2")}, quarantine_s=5, clock=clock)
+    membership.report_failure("d:1")
+    clock.now += 6
+    membership.report_failure("d:2")
+    assert set(membership._address_to_quarantine) == {"d:2"}
