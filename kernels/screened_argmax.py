@@ -25,9 +25,9 @@ A row with more than MAX_CANDIDATES candidates (nearly flat logits), or none (a 
 computed whole in float32.
 
 Sampled rows (``race``, kernels/race.py) race instead: the token is the argmax of the float32
-scores l_j / T + g_j, where |g_j| <= G (MAX_ABS_GUMBEL) or g_j = -inf (never a winner). Step 1 adds the noise to
-a_j / T, giving s'_j, and M is the largest s'. A token can come near the top only if its logit is
-near it too: s'_j >= M - X implies |a_j| / T <= B = |M| + G + X. Such a token's score is off by at
+scores l_j / T + g_j, where |g_j| <= G (MAX_ABS_GUMBEL) or g_j = -inf (never a winner). Step 1
+adds the noise to a_j / T, giving s'_j, and M is the largest s'. A token can come near the top
+only if its logit is near it too: s'_j >= M - X implies |a_j| / T <= B = |M| + G + X. Such a token's score is off by at
 most e = d / T + c B + 2^-22 G, c = u' + 2^-22: the approximation, and float32 rounding of s'_j and
 of step 4's score. A token below M - X with a larger |a_j| has a_j < 0, and with its error it stays
 below the top. So step 3 keeps s'_j >= M - X with X = ERROR_SCALE * 2e, which, B holding X, solves

@@ -54,15 +54,12 @@ def new_board(num_slots: int, directory: Path | None = None) -> Path:
     return create_board(Path(name), num_slots)
 
 
-def remove_orphaned_boards(directory: Path) -> list[Path]:
-    """Remove the boards in ``directory`` whose maker is gone; the paths removed."""
-    removed = []
+def remove_orphaned_boards(directory: Path) -> None:
+    """Remove the boards in ``directory`` whose maker is gone."""
     for path in directory.glob(f"{_BOARD_PREFIX}*-*"):
         pid = path.name.removeprefix(_BOARD_PREFIX).split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
 
 
 class BacklogBoard:

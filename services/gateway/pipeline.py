@@ -17,9 +17,10 @@ A node that refuses a call as busy (at its limit of requests) is skipped for thi
 not quarantined; when every node of a role is busy the request gets a 429 with Retry-After.
 When every node of a role has failed the request, those that failed before the last one are
 tried again (``Attempts.readmit``). A request gives up with a 503 when a role has no live node
-left, or after ``max_failures`` node failures. Errors about the request itself (4xx) are never retried. A request has one deadline
-(``timeout_s`` from its arrival, retries included): every call gets what is left of it as its
-gRPC deadline, which the called node sees too, and a request out of time ends with a 504.
+left, or after ``max_failures`` node failures. Errors about the request itself (4xx) are never
+retried. A request has one deadline (``timeout_s`` from its arrival, retries included): every
+call gets what is left of it as its gRPC deadline, which the called node sees too, and a request
+out of time ends with a 504.
 Cancelling the task that runs a request (its client left) cancels the call it awaits, on the node
 too, and nothing is retried.
 """

@@ -73,13 +73,8 @@ class Membership:
         nothing else is left."""
         now = self._clock()
         with self._lock:
-            nodes = self._role_to_nodes.get(role, ())
-            candidates = [s for s in nodes if s.info.grpc_address not in exclude] if exclude else list(nodes)
-            # Per request, over the role's every node: only the few in quarantine pay for the check.
-            quarantine = self._address_to_quarantine
-            healthy = candidates
-            if quarantine:
-                healthy = [s for s in candidates if s.info.grpc_address not in quarantine or not self._quarantined(s, now)]
+            candidates = [s for s in self._role_to_nodes.get(role, ()) if s.info.grpc_address not in exclude]
+            healthy = [s for s in candidates if not self._quarantined(s, now)] if self._address_to_quarantine else candidates
         return healthy or candidates
 
     def sample(self, role: str, *, exclude: frozenset[str], holders: Collection[str], k: int, rng: random.Random) -> list[NodeState] | None:
@@ -97,8 +92,7 @@ class Membership:
             by_address = self._role_to_address_to_node[role]
 
             def usable(state: NodeState) -> bool:
-                address = state.info.grpc_address
-                return address not in exclude and (address not in self._address_to_quarantine or not self._quarantined(state, now))
+                return state.info.grpc_address not in exclude and not self._quarantined(state, now)
 
             held = sorted((by_address[a] for a in holders if a in by_address and usable(by_address[a])), key=lambda s: s.info.grpc_address)
             held_addresses = {s.info.grpc_address for s in held}
