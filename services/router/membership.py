@@ -101,6 +101,14 @@ class Membership:
             others = [s for s in drawn if s.info.grpc_address not in held_addresses and usable(s)][:k]
         return held + others if held or others else None
 
+    def resolve(self, node_to_epoch: Mapping[str, int]) -> dict[str, NodeState]:
+        """The member records of the nodes an index lookup named (id -> the epoch their entries
+        carry), those whose member record has that epoch: a name the membership does not hold
+        (a record that failed its seal or disagrees with the cluster's settings, a node pruned
+        or restarted since) is credited with nothing."""
+        with self._lock:
+            return {n: s for n, epoch in node_to_epoch.items() if (s := self._nodes.get(n)) is not None and s.epoch == epoch}
+
     def find(self, address: str) -> NodeState | None:
         with self._lock:
             return next((s for s in self._nodes.values() if s.info.grpc_address == address), None)

@@ -1,10 +1,12 @@
 """Routes one request: one index lookup, then a pure choice per role (see scoring.py).
 
 Candidates are the live nodes of each role from Membership (the index's node records), minus the
-nodes this request already saw fail; the lookup adds what each node holds. Without an index (or
-while it is unreachable) the candidates are the static or last-known nodes with no cached work,
-so cache_aware degrades to tie-breaking and the other policies still work. Decode placement ignores caches (the prompt's KV is shipped from
-prefill): cache_aware places decode least-loaded. Whatever the policy, when cache lookups are on
+nodes this request already saw fail; the lookup adds what each node holds, naming holders by id
+and epoch, which the membership resolves to its records (a name it does not hold counts for
+nothing). Without an index (or while it is unreachable) the candidates are the static or
+last-known nodes with no cached work, so cache_aware degrades to tie-breaking and the other
+policies still work. Decode placement ignores caches (the prompt's KV is shipped from prefill):
+cache_aware places decode least-loaded. Whatever the policy, when cache lookups are on
 the route reports how many leading prompt tokens each live prefill and decode node holds, so the
 caller can pull a prefix from a peer instead of recomputing it. Adaptive dispatch (scoring.py)
 then says whether the chosen prefill node encodes the images the chosen encoder lacks.
@@ -150,14 +152,18 @@ class Router:
             else:
                 hashes = compute_block_hashes(token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt)
         lookup = self._lookup([h for h, _ in images], hashes)
+        named: dict[str, NodeState] = {}
         if lookup is not None:
             self.membership.note_version(lookup.membership_version)
+            named = self.membership.resolve(lookup.node_to_epoch)
         tie_key = images[0][0] if images else ""
         image_tokens = {h: r.length for h, r in images}
         mm_holders = (
-            {h: {self._address(n, lookup): e for n, e in holders.items()} for h, holders in lookup.mm_holders.items()} if lookup else {}
+            {h: {named[n].info.grpc_address: e for n, e in holders.items() if n in named} for h, holders in lookup.mm_holders.items()}
+            if lookup
+            else {}
         )
-        prefix_tokens = self._prefix_tokens_by_node(lookup)
+        prefix_tokens = self._prefix_tokens_by_node(lookup, named)
         # Decide and count the work in one step: requests of a burst (cold images arriving
         # together) each see the load of those routed before them, and the images they sent to
         # be encoded (pending_encodes.py). Counted only after their pixels were pushed, all of
@@ -235,14 +241,15 @@ class Router:
                 out[mm_hash] = min(holders, key=lambda c: (c.load, c.node_id)).node_id
         return out
 
-    def _prefix_tokens_by_node(self, lookup: LookupResult | None) -> dict[str, int]:
+    def _prefix_tokens_by_node(self, lookup: LookupResult | None, named: dict[str, NodeState]) -> dict[str, int]:
+        """``named``: the lookup's holders the membership holds (Membership.resolve)."""
         if lookup is None:
             return {}
         # Only prefill and decode nodes hold KV pages a request can reuse.
         node_to_num_blocks = {
-            self._address(node_id, lookup): num_blocks
+            named[node_id].info.grpc_address: num_blocks
             for node_id, num_blocks in lookup.node_to_num_prefix_blocks.items()
-            if node_id in lookup.nodes and lookup.nodes[node_id].info.role in ("prefill", "decode")
+            if node_id in named and named[node_id].info.role in ("prefill", "decode")
         }
         return prefix_tokens_per_node(node_to_num_blocks, self.block_size)
 
@@ -274,11 +281,6 @@ class Router:
         pending = self.membership.num_in_flight(pending_tokens_key(address))
         load = max(state.load, in_flight)
         return Candidate(address, load, state.kv_usage, state.info.can_encode, busy=busy, queue=in_flight, pending_tokens=pending)
-
-    @staticmethod
-    def _address(node_id: str, lookup: LookupResult | None) -> str:
-        state: NodeState | None = lookup.nodes.get(node_id) if lookup is not None else None
-        return state.info.grpc_address if state is not None else node_id
 
 
 def work_keys(route: Route, mm_hashes: list[MmHash]) -> list[str]:

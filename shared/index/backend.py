@@ -6,8 +6,11 @@ Semantics every backend must honour (tests/shared/index/test_conformance.py chec
   * a node's entries are served only while its heartbeat key is alive and only if they were
     written under its current epoch;
   * publish applies a batch atomically; lookup answers a whole request in one round trip, stops
-    the block list at the first block no live node holds, and names (with their records) only
-    the nodes holding something: its cost is independent of the number of nodes;
+    the block list at the first block no live node holds, and names only the nodes holding
+    something, by id and current epoch, without their records: its cost is independent of the
+    number of nodes. Trust and cluster settings are checked on records, so only where records
+    are listed (live_nodes, membership_changes); a reader credits a lookup's name only while its
+    membership holds that node under that epoch;
   * a membership version moves with every registration, deregistration and prune (lookup
     returns it), so a reader knows when to call live_nodes again, or membership_changes, which
     names the nodes each move was for (the latest MEMBER_LOG_LENGTH) with their records;
@@ -16,7 +19,7 @@ Semantics every backend must honour (tests/shared/index/test_conformance.py chec
   * config agreement (shared/index/cluster_config.py): a registration whose cluster settings
     disagree with the namespace's record raises ConfigMismatchError and writes nothing; else its
     settings fill in what the record lacks. Registrations and heartbeats keep the record alive
-    for a TTL; live_nodes and lookup serve only nodes agreeing with it;
+    for a TTL; live_nodes and membership_changes list only nodes agreeing with it;
   * membership: the live node records *are* the cluster. live_nodes lists them (and prunes the
     records of nodes whose heartbeat lapsed); deregister_node removes a draining node at once.
 """

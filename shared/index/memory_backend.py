@@ -125,15 +125,10 @@ class InProcessIndex:
         with self._lock:
             self.num_round_trips += 1
             now = self._clock()
-            agreed = self._agreed_config()
-            nodes = {
-                nid: state
-                for nid, (state, expires) in self._node_to_state.items()
-                if expires > now and agrees(state.info.config.settings(), agreed)
-            }
+            node_to_epoch = {nid: state.epoch for nid, (state, expires) in self._node_to_state.items() if expires > now}
 
             def live(node_id: str, epoch: int) -> bool:
-                return node_id in nodes and nodes[node_id].epoch == epoch
+                return node_to_epoch.get(node_id) == epoch
 
             def holders(entries: dict[str, tuple[int, object]]) -> tuple[dict[str, object], bool]:
                 """The live holders, and whether they were sampled (redis_scripts.py's bound)."""
@@ -156,7 +151,7 @@ class InProcessIndex:
                     node_to_num_prefix_blocks = self._walk(block_hashes, set(first), 1, live)
             named = {nid for holders in mm_holders.values() for nid in holders} | set(node_to_num_prefix_blocks)
             return LookupResult(
-                nodes={nid: nodes[nid] for nid in named},
+                node_to_epoch={nid: node_to_epoch[nid] for nid in named},
                 mm_holders=mm_holders,
                 node_to_num_prefix_blocks=node_to_num_prefix_blocks,
                 membership_version=self._membership_version,

@@ -23,9 +23,8 @@ pruned still gets an epoch its old entries never carried.
 Entry keys expire ENTRY_TTL_S after their last write, so a node that vanished for good leaves
 nothing behind for long; liveness and epoch checks make such leftovers harmless meanwhile.
 Writes are one MULTI/EXEC transaction per batch; a lookup is one EVALSHA of LOOKUP_SCRIPT
-(redis_scripts.py, with every script), which filters by liveness, epoch and cluster settings on
-the server and returns each live node's leading-block count, reading only the records of the
-nodes it names.
+(redis_scripts.py, with every script), which filters by liveness and epoch on the server and
+returns each live node's leading-block count, reading only the epochs of the nodes it names.
 """
 
 from __future__ import annotations
@@ -174,7 +173,6 @@ class RedisIndex:
             reply = json.loads(self._lookup(args=[self.prefix, json.dumps([mm_hashes, block_hashes]), MAX_HOLDERS_PER_KEY]))
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
-        nodes = {node_id: _node_state(node_id, fields) for node_id, fields in reply["nodes"].items()}
         mm_holders = {}
         for mm_hash in mm_hashes:
             holders = {}
@@ -183,7 +181,10 @@ class RedisIndex:
                 holders[node_id] = MmEntry(int(num_tokens), tuple(int(x) for x in grid.split(",")), int(num_bytes))
             mm_holders[mm_hash] = holders
         return LookupResult(
-            nodes=nodes, mm_holders=mm_holders, node_to_num_prefix_blocks=reply["prefix"], membership_version=int(reply["version"])
+            node_to_epoch={node_id: int(epoch) for node_id, epoch in reply["nodes"].items()},
+            mm_holders=mm_holders,
+            node_to_num_prefix_blocks=reply["prefix"],
+            membership_version=int(reply["version"]),
         )
 
     def close(self) -> None:

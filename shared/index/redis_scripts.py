@@ -43,15 +43,16 @@ end
 
 # ARGV[1]: key prefix; ARGV[2]: JSON [[mm_hash...], [block_hash...]]; ARGV[3]: the holders a key
 # may name (types.MAX_HOLDERS_PER_KEY).
-# Returns JSON {"nodes": {id: fields}, "mm": {mm_hash: {node: value}}, "prefix": {node: blocks},
-# "version": members} with current-epoch entries of live nodes only, "nodes" holding the records
-# of the nodes named in the answer. JSON both ways because redis-py's RESP packer and parser are
-# pure Python, paying per argument and per reply element, while cjson on the server and json in
-# the client are C: a 256-block request is one argument, and the reply one string.
-# A holder's record is read the first time the answer names it, to check that it is live, agrees
-# with the cluster's settings (their record read once per lookup) and that the entry carries its
-# current epoch. The membership itself (every node, with its load) is the gateway's, refreshed by
-# live_nodes and at once when "version" moves.
+# Returns JSON {"nodes": {id: epoch}, "mm": {mm_hash: {node: value}}, "prefix": {node: blocks},
+# "version": members} with current-epoch entries of live nodes only, "nodes" naming the nodes in
+# the answer with their epochs. JSON both ways because redis-py's RESP packer and parser are pure
+# Python, paying per argument and per reply element, while cjson on the server and json in the
+# client are C: a 256-block request is one argument, and the reply one string.
+# A holder's epoch field is read the first time the answer names it: no field, no live record;
+# an entry counts only when it carries that epoch. Not its whole record: the records, their
+# seals and their cluster settings are the membership's to check (live_nodes, at once when
+# "version" moves), and the gateway credits a name only while its membership holds that node
+# under that epoch. One field per holder keeps the server's work and the reply small.
 #
 # Bounded fan-out. A key with more than ARGV[3] holders (a hot image, a hot prefix's first
 # blocks: every node that served it) names a random ARGV[3] of them (HRANDFIELD), so a lookup
@@ -66,27 +67,22 @@ end
 #     (sampled past the bound) only; over block 0's sample instead when none of them is live or
 #     holds block 0 (a dead node's entries, an evicted head). Named: the holders of the longest
 #     prefix found, each with its exact length; a node holding only a shorter hot prefix is not.
-#     Records read: at most the bound per image and two samples, whatever the cluster's size.
-LOOKUP_SCRIPT = (
-    AGREES
-    + """
+#     Holders read: at most the bound per image and two samples, whatever the cluster's size.
+LOOKUP_SCRIPT = """
 local call, find = redis.call, string.find
 local prefix = ARGV[1]
 local request = cjson.decode(ARGV[2])
 local bound = tonumber(ARGV[3])
 local tags = {}  -- holder -> "{epoch}|", the start of every entry written under its epoch; false: not live
-local nodes = {}
+local nodes = {}  -- the holders named -> their epoch
 local function tag_of(id)
   local tag = tags[id]
   if tag == nil then
-    local fields = call('HGETALL', prefix .. 'node:' .. id)
-    local state = {}
-    for i = 1, #fields, 2 do state[fields[i]] = fields[i + 1] end
-    -- No epoch: not a registration (a heartbeat that raced the key's expiry); not live. Nor is a
-    -- node whose settings disagree with the cluster's.
-    if state['epoch'] and agrees(prefix, state) then
-      nodes[id] = state
-      tag = state['epoch'] .. '|'
+    -- No epoch: no live registration (the record expired, or a heartbeat raced its expiry).
+    local epoch = call('HGET', prefix .. 'node:' .. id, 'epoch')
+    if epoch then
+      nodes[id] = tonumber(epoch)
+      tag = epoch .. '|'
     else
       tag = false
     end
@@ -161,7 +157,6 @@ for node, count in pairs(counts) do
 end
 return cjson.encode({nodes = nodes, mm = mm, prefix = counts, version = tonumber(call('GET', prefix .. 'members')) or 0})
 """
-)
 
 
 # KEYS: epoch key, node key, cluster config; ARGV: epoch, load, kv_usage, ttl_ms, seal. Check and refresh in one atomic

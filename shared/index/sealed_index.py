@@ -1,6 +1,7 @@
 """A CacheIndex whose node records are sealed on write and checked on read
-(shared/index/record_seal.py has the rule). Entries of a rejected node are dropped with it, so a
-forged record is never routed to, dialled, or credited with cached work."""
+(shared/index/record_seal.py has the rule). A rejected record is left out of every listing
+(live_nodes, membership_changes), so it is never a member: never routed to, dialled, or credited
+with the cached work a lookup names it for (a lookup's names count only through the membership)."""
 
 from __future__ import annotations
 
@@ -53,16 +54,9 @@ class SealedIndex:
         self.inner.publish(node_id, epoch, events)
 
     def lookup(self, mm_hashes: list[MmHash], block_hashes: list[BlockHash]) -> LookupResult:
-        result = self.inner.lookup(mm_hashes, block_hashes)
-        nodes = self.sealer.admitted(result.nodes)
-        if len(nodes) == len(result.nodes):
-            return result
-        return LookupResult(
-            nodes=nodes,
-            mm_holders={h: {n: e for n, e in holders.items() if n in nodes} for h, holders in result.mm_holders.items()},
-            node_to_num_prefix_blocks={n: k for n, k in result.node_to_num_prefix_blocks.items() if n in nodes},
-            membership_version=result.membership_version,
-        )
+        # A lookup names holders without their records, so there is no seal here to check: its
+        # names count only through a membership read from this index (LookupResult says so).
+        return self.inner.lookup(mm_hashes, block_hashes)
 
     def close(self) -> None:
         self.inner.close()

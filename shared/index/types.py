@@ -72,12 +72,16 @@ class LookupResult:
     count is exact. With at most MAX_HOLDERS_PER_KEY holders of the first block, every holder is
     named; with more, the holders of the longest prefix found (up to the bound, sampled past it).
     mm_holders names every live holder of an image, or a random MAX_HOLDERS_PER_KEY of them past
-    the bound. So a lookup's cost is O(images + prompt blocks), whatever the cluster's size, and
-    it reads only the records of the holders it names. Every node, with its load, comes from
-    live_nodes.
+    the bound. So a lookup's cost is O(images + prompt blocks), whatever the cluster's size.
+
+    Holders are named by id and epoch only, not with their records: a lookup reads one field per
+    holder and its reply carries no records. A holder's record (address, role, load), and whether
+    to trust it at all (its seal, its cluster settings), come from the membership, which lists
+    the records (live_nodes, membership_changes): a name counts only while the membership holds
+    that node under that epoch (services/router/membership.py, Membership.resolve).
     """
 
-    nodes: dict[str, NodeState]  # the records of the nodes named below, not every live node
+    node_to_epoch: dict[str, int]  # the nodes named below -> the epoch their entries carry, their current one
     mm_holders: dict[MmHash, dict[str, MmEntry]]
     node_to_num_prefix_blocks: dict[str, int]
     membership_version: int = 0  # moves when a node registers, deregisters or is pruned

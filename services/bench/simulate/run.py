@@ -173,7 +173,7 @@ class _Run:
         started = time.perf_counter()
         holders = dict.fromkeys(ROLES, 0)
         for mm_hashes, block_hashes in recent:
-            for state in self.lookup_index.lookup(mm_hashes, block_hashes).nodes.values():
+            for state in self.membership.resolve(self.lookup_index.lookup(mm_hashes, block_hashes).node_to_epoch).values():
                 holders[state.info.role] += 1
         wall_s = time.perf_counter() - started
         work = delta(before, self.stats.snapshot(), len(recent))

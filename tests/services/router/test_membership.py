@@ -135,3 +135,17 @@ def test_served_quarantines_are_forgotten_at_the_next_failure():
     clock.now += 6
     membership.report_failure("d:2")
     assert set(membership._address_to_quarantine) == {"d:2"}
+
+
+def test_a_lookups_names_resolve_to_member_records_of_the_same_epoch_only():
+    index = InProcessIndex()
+    old = register(index, "prefill", "p:1")
+    register(index, "prefill", "p:2")
+    membership = Membership(index)
+    membership.refresh()
+    resolved = membership.resolve({"prefill@p:1": old, "prefill@p:9": 1})  # p:9: no member record
+    assert list(resolved) == ["prefill@p:1"] and resolved["prefill@p:1"].info.grpc_address == "p:1"
+    new = register(index, "prefill", "p:1")  # restarted: until the membership sees it, its new entries count for nothing
+    assert membership.resolve({"prefill@p:1": new}) == {}
+    membership.refresh()
+    assert list(membership.resolve({"prefill@p:1": new})) == ["prefill@p:1"] and membership.resolve({"prefill@p:1": old}) == {}

@@ -12,6 +12,8 @@ from services.router.router import NoLiveNodeError, Router, local_encode_key, pe
 from services.router.scoring import PIN_LOAD_SLACK, POLICIES
 from shared.hashing import MmSpan, block_hashes
 from shared.index.memory_backend import InProcessIndex
+from shared.index.record_seal import RecordSealer
+from shared.index.sealed_index import SealedIndex
 from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
 from shared.types import MmHash, PlaceholderRange
 
@@ -77,6 +79,23 @@ def test_precomputed_block_hashes_give_the_same_route():
     given = router.route(TOKENS, [IMAGE], block_hashes=HASHES)
     assert (given.prefill, given.prefix_tokens_by_node) == (computed.prefill, computed.prefix_tokens_by_node)
     assert index.num_round_trips == 2  # one lookup per route, hashes given or not
+
+
+def test_a_holder_whose_record_the_membership_refused_is_credited_with_nothing():
+    """A lookup names holders by id and epoch; only the membership's (sealed) records make them
+    count, so a forged record holding the whole prompt draws nothing."""
+    inner = InProcessIndex(namespace="tiny@abc")
+    index = SealedIndex(inner, RecordSealer(b"k" * 16, "tiny@abc"))
+    for node_id in ALL_NODES:
+        role, address = node_id.split("@")
+        epoch = index.register_node(NodeInfo(node_id, role, address), ttl_s=60)
+        index.publish(node_id, epoch, IndexEvents(kv_stored={HASHES[0]: "device"}) if role == "prefill" else IndexEvents())
+    forged = inner.register_node(NodeInfo("prefill@p:9", "prefill", "p:9"), ttl_s=60)  # past the seal
+    held = IndexEvents(mm_stored={IMAGE[0]: MmEntry(12, (1, 6, 8), 64)}, kv_stored=dict.fromkeys(HASHES, "device"))
+    inner.publish("prefill@p:9", forged, held)
+    assert "prefill@p:9" in index.lookup([IMAGE[0]], HASHES).node_to_epoch  # named by the lookup
+    route = router_over(index).route(TOKENS, [IMAGE])
+    assert route.prefix_tokens_by_node == {"p:1": 4, "p:2": 4} and route.prefill in ("p:1", "p:2") and not route.image_to_source
 
 
 class DownIndex(InProcessIndex):

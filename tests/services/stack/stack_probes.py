@@ -62,9 +62,12 @@ def mm_hash_of(preprocessor: Preprocessor, case) -> str:
 
 def served_holders(index, mm_hashes: list[str], role: str = "encoder") -> dict[str, set[str]]:
     """mm_hash -> the node ids of ``role`` the index serves as holders (live heartbeat, current
-    epoch). Prefill nodes publish the embeddings they hold too; these tests follow encoders."""
+    epoch, a live record). Prefill nodes publish the embeddings they hold too; these tests follow
+    encoders."""
     result = index.lookup(mm_hashes, [])
-    return {h: {n for n in result.mm_holders[h] if n in result.nodes and result.nodes[n].info.role == role} for h in mm_hashes}
+    live = index.live_nodes()
+    named = {n for n, epoch in result.node_to_epoch.items() if n in live and live[n].epoch == epoch and live[n].info.role == role}
+    return {h: set(result.mm_holders[h]) & named for h in mm_hashes}
 
 
 def is_serving(address: str) -> bool:

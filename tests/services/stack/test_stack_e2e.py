@@ -321,5 +321,6 @@ def test_nodes_publish_their_caches_to_the_embedded_valkey_index(stack):
     assert mm_holders == ["encoder", "prefill"]
     assert result.mm_holders[item.mm_hash][next(iter(result.mm_holders[item.mm_hash]))].num_tokens == item.placeholder.length
     assert holders == {"prefill", "decode"}  # both hold every full prompt block
-    assert {state.info.role for state in result.nodes.values()} == {"encoder", "prefill", "decode"}  # the holders it names
-    assert {state.info.role for state in index.live_nodes().values()} == {"preprocess", "encoder", "prefill", "decode"}
+    live = index.live_nodes()
+    assert {live[node_id].info.role for node_id in result.node_to_epoch} == {"encoder", "prefill", "decode"}  # the holders it names
+    assert {state.info.role for state in live.values()} == {"preprocess", "encoder", "prefill", "decode"}

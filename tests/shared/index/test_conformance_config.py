@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from services.router.membership import Membership
 from shared.index.backend import create_index
 from shared.index.cluster_config import ClusterConfig, ConfigMismatchError, Disagreement
 from shared.index.types import IndexEvents, NodeInfo
@@ -53,10 +54,8 @@ def test_a_node_gives_only_the_settings_that_matter_to_it(index):
 
 
 def test_records_hand_back_the_settings_they_registered_with(index):
-    epoch = index.register_node(node("pf", PAGES), ttl_s=30)
+    index.register_node(node("pf", PAGES), ttl_s=30)
     assert index.live_nodes()["pf"].info.config == PAGES
-    index.publish("pf", epoch, IndexEvents(kv_stored={BlockHash("b0"): "device"}))
-    assert index.lookup([], [BlockHash("b0")]).nodes["pf"].info.config == PAGES
 
 
 def test_the_record_lapses_once_no_node_of_the_cluster_is_alive(index, lapse):
@@ -109,5 +108,7 @@ def test_a_node_record_disagreeing_with_the_cluster_is_never_served(index, index
     client = redis.Redis.from_url(index_url, decode_responses=True)
     client.hset(index.inner.prefix + "node:sneaky", "cfg:block_size", "32")  # inner: the RedisIndex behind the breaker
     assert set(index.live_nodes()) == {"good"}
-    result = index.lookup([], [BlockHash("b0")])
-    assert result.nodes == {} and result.node_to_num_prefix_blocks == {}
+    membership = Membership(index)
+    membership.refresh()
+    named = index.lookup([], [BlockHash("b0")]).node_to_epoch  # a lookup names holders; the membership says whom to credit
+    assert membership.resolve(named) == {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from services.router.membership import Membership
 from shared.index.cluster_config import ClusterConfig
 from shared.index.memory_backend import InProcessIndex
 from shared.index.record_seal import RecordSealer
@@ -68,7 +69,7 @@ def test_a_record_sealed_further_in_the_future_than_the_skew_allows_is_rejected(
     assert reader.rejection(sealed_state(writer_ahead)) == "stale"
 
 
-def test_a_sealed_index_drops_a_forged_node_and_its_entries_and_counts_it():
+def test_a_forged_node_is_never_a_member_nor_credited_with_its_entries_and_is_counted():
     clock = FakeClock()
     inner = InProcessIndex(namespace="tiny@abc")
     index = SealedIndex(inner, RecordSealer(KEY, "tiny@abc", clock=clock))
@@ -78,12 +79,13 @@ def test_a_sealed_index_drops_a_forged_node_and_its_entries_and_counts_it():
     entry = MmEntry(4, (1, 2, 2), 64)
     for node_id, e in (("real", epoch), ("forged", forged)):
         inner.publish(node_id, e, IndexEvents(mm_stored={MmHash("img"): entry}, kv_stored={BlockHash("b0"): "device"}))
+    membership = Membership(index)
+    membership.refresh()
+    assert set(membership.snapshot()) == {"real"} and membership.snapshot()["real"].load == 2.0
     result = index.lookup([MmHash("img")], [BlockHash("b0")])
-    assert set(result.nodes) == {"real"} and result.nodes["real"].load == 2.0
-    assert result.mm_holders == {MmHash("img"): {"real": entry}}
-    assert result.node_to_num_prefix_blocks == {"real": 1}
-    assert set(index.live_nodes()) == {"real"}
-    assert index.sealer.metrics.unsealed.value == 2.0
+    credited = membership.resolve(result.node_to_epoch)  # a lookup's names count only through the membership
+    assert set(credited) == {"real"}
+    assert index.sealer.metrics.unsealed.value == 1.0
 
 
 def test_the_epochs_a_reader_remembers_are_bounded(monkeypatch):
