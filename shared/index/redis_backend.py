@@ -30,6 +30,7 @@ returns each live node's leading-block count, reading only the epochs of the nod
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 
 import redis
@@ -70,6 +71,48 @@ class _OneWritePacker(PythonRespSerializer):
         return [b"".join(super().pack(*args))]
 
 
+class _HeldConnection:
+    """One connection kept out of the pool for one script, the lookup: redis-py's per-command path
+    (checking a connection out of the pool and back in, its command hooks) costs more than the
+    round trip itself (docs/benchmarks.md, "A lookup that carries no records"). A call that finds
+    it in use (another thread's lookup) takes the pool's way, and so do one whose script the
+    server lost, which loads it again, and one whose connection dropped."""
+
+    def __init__(self, client: redis.Redis, script) -> None:
+        self._client, self._script = client, script
+        self._lock = threading.Lock()
+        self._connection = None
+
+    def __call__(self, *, args: list) -> str:
+        if not self._lock.acquire(blocking=False):
+            return self._script(args=args)
+        try:
+            if self._connection is None:
+                self._connection = self._client.connection_pool.get_connection()
+            connection = self._connection
+            try:
+                connection.send_packed_command(connection.pack_command("EVALSHA", self._script.sha, 0, *args), check_health=False)
+                return connection.read_response()
+            except redis.exceptions.NoScriptError:
+                return self._script(args=args)
+            except redis.TimeoutError:
+                connection.disconnect()  # a reply left unread must not answer the next call
+                raise
+            except redis.ConnectionError:
+                # A dropped connection (a server restart, an idle timeout): the pool's way connects
+                # afresh and retries as redis-py's policy says; a lookup only reads, so it is safe.
+                connection.disconnect()
+                return self._script(args=args)
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._connection is not None:
+                self._client.connection_pool.release(self._connection)
+                self._connection = None
+
+
 class RedisIndex:
     def __init__(self, url: str, *, namespace: str, credentials: IndexCredentials, timeout_s: float = 1.0) -> None:
         self.namespace = namespace
@@ -86,7 +129,7 @@ class RedisIndex:
             **({"password": credentials.password} if credentials.password else {}),
             **tls,
         )
-        self._lookup = self._client.register_script(LOOKUP_SCRIPT)
+        self._lookup = _HeldConnection(self._client, self._client.register_script(LOOKUP_SCRIPT))
         self._heartbeat = self._client.register_script(HEARTBEAT_SCRIPT)
         self._register = self._client.register_script(REGISTER_SCRIPT)
         self._deregister = self._client.register_script(DEREGISTER_SCRIPT)
@@ -188,6 +231,7 @@ class RedisIndex:
         )
 
     def close(self) -> None:
+        self._lookup.close()
         self._client.close()
 
 

@@ -31,11 +31,12 @@ class ServerStats:
             for name, stats in self._client.info("commandstats").items()
             if name not in _OWN_COMMANDS
         }
-        clients = {}
+        clients: dict[str, tuple[int, int, int]] = {}
         for entry in self._client.client_list():
             for key, name in CLIENTS.items():
-                if entry.get("name") == name:
-                    clients[key] = (int(entry["tot-cmds"]), int(entry["tot-net-in"]), int(entry["tot-net-out"]))
+                if entry.get("name") == name:  # a client may hold several connections (the lookup's own, the pool's)
+                    counts = (int(entry["tot-cmds"]), int(entry["tot-net-in"]), int(entry["tot-net-out"]))
+                    clients[key] = tuple(a + b for a, b in zip(clients.get(key, (0, 0, 0)), counts, strict=True))
         return {"commands": commands, "clients": clients, "used_memory": int(self._client.info("memory")["used_memory"])}
 
     def close(self) -> None:
