@@ -18,6 +18,7 @@ from types import ModuleType
 
 # suite name -> its module under services/bench/suites/
 SUITES = (
+    "compute",
     "concurrency",
     "decode_step",
     "detokenize",

@@ -44,7 +44,7 @@ def test_every_suite_answers_help_with_its_own_arguments(name, capsys):
 @pytest.mark.parametrize("argv", [[], ["bogus"], ["--model", "tiny"]])
 def test_suite_must_be_named_first(argv, capsys):
     assert main(["bench", "--suite", *argv]) == 2
-    assert "name one of concurrency, decode_step" in capsys.readouterr().err
+    assert "name one of compute, concurrency, decode_step" in capsys.readouterr().err
 
 
 def test_a_suite_refuses_arguments_it_does_not_have(capsys):
