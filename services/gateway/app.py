@@ -10,7 +10,6 @@ request's task, and with it the request's work on every node.
 
 # No `from __future__ import annotations` here: FastAPI reads the routes' annotations at runtime,
 # and the dependency they name (``tenant``) is a local of create_app, invisible to string lookups.
-import importlib.metadata
 import time
 from typing import Annotated
 
@@ -47,9 +46,10 @@ from services.gateway.tokenize_protocol import DetokenizeRequest, DetokenizeResp
 from services.gateway.validation_errors import validation_error
 from services.router.membership import ROUTED_ROLES
 from services.transport.api_key_auth import bearer_token
+from shared.version import tessera_version
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-TESSERA_VERSION = importlib.metadata.version("tessera")
+TESSERA_VERSION = tessera_version()
 API_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted in tessera_requests_total
 _STREAM = {"content": {"text/event-stream": {}}, "description": "the response, or a stream of chunks when stream=true"}
 _RESPONSES = {200: _STREAM, **{status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}}
