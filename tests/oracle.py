@@ -123,6 +123,15 @@ class ReferenceOracle:
         return positions[:, 0, :], int(deltas[0, 0].item())
 
     @torch.inference_mode()
+    def image_features(self, inputs: OracleInputs) -> torch.Tensor:
+        """transformers' own vision tower and merger over the request's images (Qwen families):
+        one row per image token, every image in order."""
+        assert self.model is not None and inputs.pixel_values is not None
+        out = self.model.model.get_image_features(inputs.pixel_values, inputs.image_grid_thw)
+        out = out.pooler_output if hasattr(out, "pooler_output") else out
+        return torch.cat(list(out)) if isinstance(out, (list, tuple)) else out
+
+    @torch.inference_mode()
     def generate(self, inputs: OracleInputs, max_new_tokens: int, **generate_kwargs) -> OracleOutput:
         """Greedy; ``generate_kwargs`` add transformers' logits processors (repetition_penalty)."""
         assert self.model is not None

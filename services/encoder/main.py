@@ -39,7 +39,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         data_bind=settings.data_address,
         cache_tokens=engine_config.encoder_cache_tokens,
         device=engine_config.device,
-        prepack=engine_config.prepack_weights,
+        prepack=engine_config.prepack_vision,
         liveness=liveness,
         channel_auth=channel_auth,
     )

@@ -83,7 +83,7 @@ class EncoderNode:
         data_bind: str,
         cache_tokens: int,
         device: str = "cpu",
-        prepack: bool = True,
+        prepack: bool = False,
         pixel_wait_s: float = 2.0,
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,

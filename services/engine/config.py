@@ -34,6 +34,12 @@ class EngineConfig:
     # Prepack linear weights for oneDNN on CPU (kernels/cpu_linear.py): faster decode steps of a
     # few rows, at the cost of a second vocabulary matrix. Off: MKL sgemm, as transformers runs.
     prepack_weights: bool = True
+    # Prepack the vision tower too (its linears, and its patch embedding as a linear product):
+    # a tower pass about a tenth faster on CPU, but summed in another order than transformers'
+    # tower, so embeddings stop being bitwise the oracle's and greedy tokens can differ (the
+    # built-in `small`: 6 of 8 image requests, docs/benchmarks.md "A vision tower summed as
+    # transformers sums it"). Off: the tower runs transformers' own arithmetic.
+    prepack_vision: bool = False
     # With prepack_weights: greedy requests that ask for no logprobs, and requests sampled at a
     # temperature with nothing cut (kernels/race.py), take their token through a bfloat16 copy of
     # the LM head, checked exact against the float32 one (kernels/screened_argmax.py): half the

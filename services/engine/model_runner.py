@@ -51,7 +51,7 @@ class ModelRunner:
         # A node that receives embeddings from an encoder node loads no vision tower.
         self.vision: VisionEncoder | None = None
         if load_vision:
-            self.vision = self.family.build_vision(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_weights)
+            self.vision = self.family.build_vision(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_vision)
         text = self.checkpoint.shape
         self.layout = KVLayout.from_windows(text.layer_windows) if config.sliding_window_kv else KVLayout.uniform(text.num_layers)
         # KV pages, each holding layout.num_slots layers (every layer when all are alike).

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
+from services.engine.config import EngineConfig
+from services.engine.llm import LLM
+from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case, encode_image, make_image
 from tests.oracle import assert_tokens_match
 from tests.services.engine.conftest import GREEDY_16, oracle_tokens
@@ -29,6 +33,32 @@ def test_single_request_matches_oracle(name, make_llm, oracle):
     [result] = make_llm().generate([case.prompt], GREEDY_16)
     assert_tokens_match(result.token_ids, oracle_tokens(oracle, case), context=name)
     assert result.usage.prompt_tokens == len(oracle.process(oracle.chat_text(case.oracle_messages), case.images).token_ids)
+
+
+def test_the_vision_tower_sums_as_transformers_tower_does(make_llm, oracle):
+    """Exactness starts at the embeddings: by default (prepack_vision off) the engine's tower
+    output is bitwise transformers' own, for every image of a request."""
+    case = CASES["three_images"]()
+    llm = make_llm()
+    images = [item.image for item in llm.preprocessor.preprocess(case.prompt).mm_items]
+    ours = llm.engine.runner.vision.encode([i.pixel_values for i in images], [i.grid_thw for i in images])
+    theirs = oracle.image_features(oracle.process(oracle.chat_text(case.oracle_messages), case.images))
+    assert torch.equal(torch.cat(ours), theirs)
+
+
+@pytest.mark.slow
+def test_image_requests_on_the_small_model_match_oracle():
+    """The built-in ``small`` amplifies any change in its tower's summation order (a packed tower
+    diverged from transformers on 6 of 8 of these requests): every one must match."""
+    from tests.oracle import ReferenceOracle
+
+    llm = LLM("small", EngineConfig())
+    small_oracle = ReferenceOracle(llm.model.path)
+    questions = ("What is in this image?", "Describe the colours.", "Count the shapes.", "What style is it?")
+    for seed in range(800, 808):
+        case = chat_case(_png(448, 448, seed), questions[seed % 4])
+        [result] = llm.generate([case.prompt], SamplingParams(max_tokens=24, ignore_eos=True))
+        assert_tokens_match(result.token_ids, oracle_tokens(small_oracle, case, 24), context=f"small, image seed {seed}")
 
 
 def _batch_of_8():
