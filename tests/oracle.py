@@ -29,6 +29,11 @@ class OracleInputs:
     def token_ids(self) -> list[int]:
         return self.input_ids[0].tolist()
 
+    def to(self, device: torch.device) -> OracleInputs:
+        """The same inputs on ``device`` (for an oracle model moved there)."""
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return OracleInputs(move(self.input_ids), move(self.pixel_values), move(self.image_grid_thw), move(self.mm_token_type_ids))
+
 
 @dataclass(slots=True)
 class OracleOutput:

@@ -35,10 +35,10 @@ class EngineConfig:
     # few rows, at the cost of a second vocabulary matrix. Off: MKL sgemm, as transformers runs.
     prepack_weights: bool = True
     # Prepack the vision tower too (its linears, and its patch embedding as a linear product):
-    # a tower pass about a tenth faster on CPU, but summed in another order than transformers'
-    # tower, so embeddings stop being bitwise the oracle's and greedy tokens can differ (the
-    # built-in `small`: 6 of 8 image requests, docs/benchmarks.md "A vision tower summed as
-    # transformers sums it"). Off: the tower runs transformers' own arithmetic.
+    # faster on CPU, but summed in another order than transformers' tower, so embeddings stop
+    # being bitwise the oracle's and greedy tokens of image requests can differ from it
+    # (docs/benchmarks.md, "A vision tower summed as transformers sums it"). Off: the tower runs
+    # transformers' own arithmetic.
     prepack_vision: bool = False
     # With prepack_weights: greedy requests that ask for no logprobs, and requests sampled at a
     # temperature with nothing cut (kernels/race.py), take their token through a bfloat16 copy of

@@ -6,8 +6,9 @@ tower per image, and a token-exactness check against transformers' ``generate`` 
 
 Decode step: ``batch`` text requests are prefilled, then each following ``Engine.step()`` (one
 token for every request: scheduling, the forward, the head, sampling, output processing) is
-timed; the median of ``--steps`` steps. ``max_num_seqs`` is raised to the widest batch. The step returns its tokens as
-Python ints, so a GPU step is timed to its end without an explicit synchronize.
+timed; the median of ``--steps`` steps. ``max_num_seqs`` is raised to the widest batch. The
+step returns its tokens as Python ints, so a GPU step is timed to its end without an explicit
+synchronize.
 
 Vision tower: the preprocessed pixels of ``n`` distinct images of each ``--image-sizes`` size in
 one ``encode`` call, the device synchronized around it; the median of ``--repeats`` calls, after
@@ -125,10 +126,7 @@ def check_tokens(llm: LLM, num_tokens: int) -> list[dict]:
     oracle.model.to(device)
     rows = []
     for case, result in zip(cases, ours):
-        inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
-        for name in ("input_ids", "pixel_values", "image_grid_thw", "mm_token_type_ids"):
-            value = getattr(inputs, name)
-            setattr(inputs, name, None if value is None else value.to(device))
+        inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images).to(device)
         reference = oracle.generate(inputs, num_tokens)
         first_divergence = next((i for i, (a, b) in enumerate(zip(result.token_ids, reference.token_ids)) if a != b), None)
         rows.append(
