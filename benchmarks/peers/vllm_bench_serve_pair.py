@@ -6,7 +6,7 @@ table per load (`tessera bench --compare`'s) and leaves vLLM's result JSON files
 
     python benchmarks/peers/vllm_bench_serve_pair.py --out benchmarks/results/vllm-bench-serve/RUN \
         [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0] [--temperature 0] \
-        [--systems tessera]
+        [--systems tessera] [--detailed]
 
 The workload is benchmarks/peers/README.md's: one new 448x448 image per request, 64 input and 16
 output tokens, ignore_eos on both sides. `vllm bench serve` sends no temperature unless told, so
@@ -56,6 +56,8 @@ def serve_bench(
     ]  # fmt: skip
     if args.temperature is not None:
         command += ["--temperature", str(args.temperature)]
+    if args.detailed:
+        command.append("--save-detailed")
     subprocess.run(command, check=True)
     return args.out / f"{name}.json"
 
@@ -87,6 +89,7 @@ def main() -> int:
     parser.add_argument("--warmup-prompts", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=None, help="sent with every request (default: none, so 1.0)")
+    parser.add_argument("--detailed", action="store_true", help="save each request's TTFT, ITLs and text too (--save-detailed)")
     parser.add_argument("--systems", default="tessera,vllm", help="which to run: one alone (a variant's own runs) prints its table alone")
     args = parser.parse_args()
     systems = [system for system in args.systems.split(",") if system]

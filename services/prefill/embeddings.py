@@ -103,7 +103,7 @@ class ResidentEmbeddings:
         from_encoder = source_to_items.pop(job.encoder_address or "", [])
         for source, items in source_to_items.items():
             try:
-                from_encoder += await self._fetch(rid, items, source, upstream)
+                from_encoder += await self._fetch(rid, items, source, upstream, job.deadline_s)
             except Exception as exc:  # a holder that cannot ship costs only the saving: the encoder encodes
                 log.info("holder %s did not ship %d image(s) (%s); asking the encoder", source, len(items), exc)
                 from_encoder += items
@@ -111,7 +111,7 @@ class ResidentEmbeddings:
             return
         if not job.encoder_address:
             raise RequestRejectedError("images need embeddings but no encoder_address was given")
-        missing = await self._fetch(rid, from_encoder, job.encoder_address, upstream)
+        missing = await self._fetch(rid, from_encoder, job.encoder_address, upstream, job.deadline_s)
         if missing:
             raise MissingPixelsError([i.mm_hash for i in missing], "encoder lacks pixels for some images")
 
@@ -131,7 +131,9 @@ class ResidentEmbeddings:
     def release(self, request_id: str, items: Sequence[PromptItem]) -> None:
         self.loop.call(lambda engine: engine.encoder_cache.free_request(request_id, [i.mm_hash for i in items]))
 
-    async def _fetch(self, request_id: str, lacking: list[PromptItem], source: str, upstream: Upstream) -> list[PromptItem]:
+    async def _fetch(
+        self, request_id: str, lacking: list[PromptItem], source: str, upstream: Upstream, deadline_s: float | None
+    ) -> list[PromptItem]:
         """Import ``lacking`` from ``source`` (an encoder, or a prefill node shipping what it
         holds); returns those it could neither ship nor encode (no pixels there)."""
         unavailable: list[PromptItem] = []
@@ -140,7 +142,7 @@ class ResidentEmbeddings:
             mine, others = self._begin(lacking)
             try:
                 if mine:
-                    missing = set(await upstream.encode(source, mine, self.inbox.address))
+                    missing = set(await upstream.encode(source, mine, self.inbox.address, deadline_s))
                     unavailable += [i for i in mine if i.mm_hash in missing]
                     await asyncio.to_thread(self._receive, request_id, [i for i in mine if i.mm_hash not in missing], source)
             finally:

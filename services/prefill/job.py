@@ -29,6 +29,9 @@ class PrefillJob:
     local_encode: frozenset[MmHash] = frozenset()  # images the router chose this node to encode
     local_pixels_key_prefix: str = ""  # their pixels wait in the inbox under prefix + mm_hash
     kv_sources: Sequence[KVSource] = ()  # peers holding a prefix of the prompt's KV
+    # When the caller stops waiting, in time.time() seconds (the Prefill call's gRPC deadline); the
+    # encoder calls it makes get what is left of it. None: the caller set none.
+    deadline_s: float | None = None
 
     def engine_request(self, positions: PositionsFn) -> Request:
         # The answer so far is computed like prompt text (same positions) and counts toward
@@ -52,9 +55,10 @@ class Upstream(Protocol):
     """The calls one prefill makes to other nodes. A failed encoder call raises whatever its
     transport raises: the servicer fails the request the way the encoder failed it."""
 
-    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str) -> list[MmHash]:
+    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str, deadline_s: float | None = None) -> list[MmHash]:
         """Have the encoder push the embeddings of ``items`` to ``target``'s inbox (keyed by
-        mm_hash); returns the images it lacks pixels for."""
+        mm_hash); returns the images it lacks pixels for. ``deadline_s``: the request's deadline
+        (time.time() seconds), the call's own."""
         ...
 
     async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:

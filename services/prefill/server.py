@@ -12,6 +12,7 @@ request; a node at its limit of calls refuses new ones as busy (services/transpo
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -26,7 +27,7 @@ from services.prefill.job import PrefillJob, PrefillResult
 from services.prefill.kv_pull import KVSource
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMismatchError
 from services.prefill.node import PrefillNode
-from services.transport.convert import item_from_pb, item_to_pb
+from services.transport.convert import call_deadline_s, item_from_pb, item_to_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
@@ -51,7 +52,7 @@ class PrefillServicer(rpc.PrefillServicer):
 
     async def _prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
         try:
-            result = await self.node.run(job_from_pb(request), self.upstream)
+            result = await self.node.run(job_from_pb(request, call_deadline_s(context)), self.upstream)
         except EncoderCallError as exc:  # a failed peer pull is recomputed, so only encoders fail a prefill
             await fail_like_encoder(context, exc.rpc_error, exc.encoder)
         except MissingPixelsError as exc:
@@ -71,7 +72,7 @@ class PrefillServicer(rpc.PrefillServicer):
         return stats_response("prefill", node_snapshot(self.node.metrics, self.admission.metrics), self.node.data_address)
 
 
-def job_from_pb(request: pb.PrefillRequest) -> PrefillJob:
+def job_from_pb(request: pb.PrefillRequest, deadline: float | None = None) -> PrefillJob:
     return PrefillJob(
         request_id=request.request_id,
         prompt_token_ids=list(request.prompt_token_ids),
@@ -85,6 +86,7 @@ def job_from_pb(request: pb.PrefillRequest) -> PrefillJob:
         local_encode=frozenset(MmHash(h) for h in request.local_encode_mm_hashes),
         local_pixels_key_prefix=request.local_pixels_key_prefix,
         kv_sources=[KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources],
+        deadline_s=deadline,
     )
 
 
@@ -124,6 +126,10 @@ class EncoderCallError(Exception):
         self.rpc_error = rpc_error
 
 
+# An encode call's gRPC timeout when its request carries no deadline (a direct gRPC caller's).
+NO_DEADLINE_ENCODE_S = 120.0
+
+
 class GrpcUpstream:
     """job.Upstream over gRPC, one channel per address."""
 
@@ -132,14 +138,14 @@ class GrpcUpstream:
         self._encoders: dict[str, rpc.EncodeStub] = {}
         self._peers: dict[str, rpc.KVPeerStub] = {}
 
-    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str) -> list[MmHash]:
+    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str, deadline_s: float | None = None) -> list[MmHash]:
         stub = self._encoders.get(encoder)
         if stub is None:
             stub = self._encoders[encoder] = rpc.EncodeStub(internal_channel(encoder, self.auth))
         try:
             reply = await stub.Encode(
                 pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in items], target_data_address=target),
-                timeout=120,
+                timeout=NO_DEADLINE_ENCODE_S if deadline_s is None else max(0.0, deadline_s - time.time()),
                 metadata=outgoing_metadata(),
             )
         except grpc.aio.AioRpcError as exc:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from protos.gen import pb
 from shared.types import MmHash, PlaceholderRange
 
@@ -12,3 +14,11 @@ def item_to_pb(mm_hash: MmHash, placeholder: PlaceholderRange, grid_thw: tuple[i
 
 def item_from_pb(item: pb.MmItem) -> tuple[MmHash, PlaceholderRange, tuple[int, int, int]]:
     return MmHash(item.mm_hash), PlaceholderRange(item.offset, item.length), tuple(item.grid_thw)
+
+
+def call_deadline_s(context) -> float | None:
+    """A call's gRPC deadline as a time.time() instant (None: the caller set none), for the calls
+    it makes in turn: each gets what is left of it, as every call of a request does
+    (services/gateway/pipeline.py)."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.time() + remaining

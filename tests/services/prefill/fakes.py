@@ -63,7 +63,7 @@ class FakeUpstream:
     failing_sources: frozenset[str] = frozenset()  # holders whose call fails outright
     _sender: TensorSender | None = None
 
-    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str) -> list[MmHash]:
+    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str, deadline_s: float | None = None) -> list[MmHash]:
         self.encode_calls.append((encoder, [i.mm_hash for i in items]))
         if encoder in self.failing_sources:
             raise ConnectionError(f"{encoder} is gone")

@@ -1,7 +1,8 @@
 """The Prefill servicer over a real prefill node: a call that goes away mid-prefill (the gateway
 cancelled it, or its deadline passed) aborts its engine request, so the engine stops computing a
 prompt nobody waits for and ships no KV pages; a request that fails on its own (its sampling, a
-token outside the vocabulary) fails alone with a clear status, and the node goes on serving."""
+token outside the vocabulary) fails alone with a clear status, and the node goes on serving; the
+encoder call a prefill makes gets what is left of the prefill call's deadline."""
 
 from __future__ import annotations
 
@@ -147,3 +148,37 @@ async def _is_idle(node: PrefillNode) -> bool:
         return not engine.requests and not engine.scheduler.running and not engine.scheduler.waiting
 
     return await asyncio.wrap_future(node.loop.call(idle))
+
+
+class DeadlineRecordingEncoder(rpc.EncodeServicer):
+    """Stands in for an encoder: notes what is left of each call's deadline, and has no pixels."""
+
+    def __init__(self) -> None:
+        self.time_remaining: list[float | None] = []
+
+    async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
+        self.time_remaining.append(context.time_remaining())
+        return pb.EncodeResponse(missing_pixels=[item.mm_hash for item in request.items])
+
+
+def test_the_encoder_call_gets_what_is_left_of_the_prefill_calls_deadline(prefill):
+    encoder = DeadlineRecordingEncoder()
+
+    async def scenario(stub, node: PrefillNode, sink: TensorInbox) -> None:
+        server = grpc.aio.server()
+        rpc.add_EncodeServicer_to_server(encoder, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            request = _request("with-image", sink, _prompt(4, 64))
+            request.mm_items.append(pb.MmItem(mm_hash="ab" * 32, offset=4, length=16, grid_thw=[1, 8, 8]))
+            request.encoder_address = f"127.0.0.1:{port}"
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await stub.Prefill(request, timeout=7.0)
+            assert node_error_of(failed.value).kind is ErrorKind.MISSING_PIXELS
+        finally:
+            await server.stop(0)
+
+    _run(prefill, scenario)
+    # Not a fixed timeout of its own (it was 120 s): an encode nobody waits for is not run.
+    assert len(encoder.time_remaining) == 1 and 5.0 < encoder.time_remaining[0] <= 7.0
