@@ -90,9 +90,15 @@ def plan_shares(role_of_process: Mapping[str, str], cpus: Sequence[int], *, pin:
             continue
         slot = compute.index(name)
         pinned = tuple(cpus[slot * num_threads : (slot + 1) * num_threads]) if fits else None
-        shared_cores = not fits and len(compute) > len(cpus)
+        shared_cores = not fits and cores_shared(len(compute), len(cpus))
         shares[name] = CpuShare(num_threads=len(cpus) if shared_cores else num_threads, cpus=pinned)
     return shares
+
+
+def cores_shared(num_compute_processes: int, num_cpus: int) -> bool:
+    """Whether colocated compute processes outnumber the cores: each then gets every core (the
+    rule above), and whatever two of them compute at once runs on the same cores."""
+    return num_compute_processes > num_cpus
 
 
 def share_for_this_node(role: str, env: Mapping[str, str] = os.environ) -> CpuShare:

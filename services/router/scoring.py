@@ -129,6 +129,17 @@ def choose(
     raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
 
 
+def default_encode_dispatch(cores_shared: bool) -> str:
+    """The dispatch a launcher gives a stack whose operator chose none. Where the encoder and
+    prefill nodes run on the same cores (shared/cpu_budget.py's cores_shared), "encoder": a local
+    encode there runs on the very cores the encoder's queue waits for, so it saves nothing, and
+    the request it serves overtakes the ones queued before it, which spreads TTFT out; first come,
+    first served keeps the tail short at the same throughput (docs/benchmarks.md, "First come,
+    first served where the roles share cores"). Elsewhere "adaptive": the prefill node's tower
+    has cores of its own."""
+    return "encoder" if cores_shared else "adaptive"
+
+
 def encode_on_prefill(dispatch: str, num_new_tokens: int, encoder: Candidate, prefill: Candidate, mean_call_tokens: float) -> bool:
     """Whether ``prefill`` encodes the request's ``num_new_tokens`` image tokens that ``encoder``
     lacks, by the adaptive dispatch rule in this module's header."""

@@ -23,11 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.router.scoring import default_encode_dispatch
 from services.stack.node_process import ServerExitedError, detach_but_die_with_parent, free_port, wait_serving
+from services.stack.roles import ENV_PREFIX
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV
 from shared import host_backlog
-from shared.cpu_budget import CpuShare, available_cpus, cgroup_cpu_limit, plan_shares
+from shared.cpu_budget import COMPUTE_ROLES, CpuShare, available_cpus, cgroup_cpu_limit, cores_shared, plan_shares
 from shared.index.cluster_config import EXIT_REFUSED
 
 INTERNAL_HOST = "127.0.0.1"  # where the local stack's internal ports listen
@@ -71,6 +73,9 @@ class StackConfig:
     pin_cpus: bool = False  # pin each compute role to its own cores when their shares fit
 
 
+DISPATCH_ENV = f"{ENV_PREFIX}ENCODE_DISPATCH"
+
+
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
@@ -82,6 +87,7 @@ class Stack:
         self._valkey_retry_at = 0.0
         self._stopping = False
         self.cpu_shares: dict[str, CpuShare] = {}
+        self.cores_shared = False  # the compute roles outnumber the cores (set with the CPU shares)
         # The host's backlog board (shared/host_backlog.py), made with the CPU shares; None: none.
         self.backlog_board: Path | None = None
         self.board_slots: dict[str, int | None] = {}
@@ -127,6 +133,7 @@ class Stack:
                 generate_address,
                 "--routing-policy",
                 self.config.routing_policy,
+                *self._encode_dispatch_flags(),
                 *self.config.passthrough,
             ],
             generate_address,
@@ -238,12 +245,21 @@ class Stack:
             env[PASSWORD_ENV] = self.index_password
         role.process = subprocess.Popen(role.argv, env=env, preexec_fn=detach_but_die_with_parent)
 
+    def _encode_dispatch_flags(self) -> list[str]:
+        """The gateway's --encode-dispatch for this host's CPU plan, unless the operator chose one
+        (a flag, or its variable)."""
+        if DISPATCH_ENV in os.environ or any(arg.split("=", 1)[0] == "--encode-dispatch" for arg in self.config.passthrough):
+            return []
+        return ["--encode-dispatch", default_encode_dispatch(self.cores_shared)]
+
     def _cpu_share(self, role: RoleProcess) -> CpuShare:
         """``role``'s share of this machine's CPUs (shared/cpu_budget.py has the rule)."""
         if not self.cpu_shares:
             cpus = sorted(os.sched_getaffinity(0))[: available_cpus(limit=cgroup_cpu_limit())]
             role_of_process = {r.role: r.role.split("-")[0] for r in self.roles if r.role != "gateway"}
             self.cpu_shares = plan_shares(role_of_process, cpus, pin=self.config.pin_cpus)
+            num_compute = sum(role in COMPUTE_ROLES for role in role_of_process.values())
+            self.cores_shared = cores_shared(num_compute, len(cpus))
             shares_cores = {name: share.cpus is None for name, share in self.cpu_shares.items()}
             self.board_slots = host_backlog.board_roles(role_of_process, shares_cores)
             if self.board_slots:

@@ -90,3 +90,21 @@ def test_no_two_nodes_are_handed_the_same_port_or_the_gateways(monkeypatch):
     processes = stack.node_processes(["tessera", "serve"])
     ports = [int(a.rsplit(":", 1)[1]) for p in processes for flag in ("--grpc-address", "--data-address") for a in addresses(p.argv, flag)]
     assert len(ports) == 11 and len(set(ports)) == 11 and not {20000, 20001} & set(ports)
+
+
+@pytest.mark.parametrize(("num_cpus", "dispatch"), [(2, "encoder"), (16, "adaptive")])
+def test_the_gateway_keeps_images_on_the_encoder_tier_where_the_roles_share_cores(monkeypatch, num_cpus, dispatch):
+    from services.stack.launcher import DISPATCH_ENV
+
+    monkeypatch.delenv(DISPATCH_ENV, raising=False)
+    monkeypatch.setattr("services.stack.launcher.os.sched_getaffinity", lambda _pid: set(range(num_cpus)))
+    monkeypatch.setattr("services.stack.launcher.available_cpus", lambda limit=None: num_cpus)
+    stack = Stack(StackConfig())
+    stack.roles.extend(stack.node_processes(["tessera", "serve"]))
+    stack._cpu_share(stack.roles[0])  # plans every role's share
+    assert stack._encode_dispatch_flags() == ["--encode-dispatch", dispatch]
+    # The operator's choice stands, as a flag or as its variable.
+    chosen = Stack(StackConfig(passthrough=["--encode-dispatch", "adaptive"]))
+    assert chosen._encode_dispatch_flags() == []
+    monkeypatch.setenv(DISPATCH_ENV, "prefill")
+    assert stack._encode_dispatch_flags() == []
