@@ -9,11 +9,14 @@ prefills before decodes; the decode node here yields instead, stepping at a boun
 board shows a backlog (services/engine/step_pacing.py has the rule). On its own cores (pinned, or
 another host) a decode node has nothing to yield to and gets no board.
 
-Layout: a file of ``num_slots`` records of two little-endian int64s, (pid, calls waiting), one per
-colocated compute process, handed out by the launcher (``BOARD_VAR``, ``SLOT_VAR``). A writer
-stamps its pid with each count, so a reader skips the slot of a process that died (a restarted
-role takes its slot back with its first post). Reads are not locked: a count is one aligned
-8-byte store, and a torn read costs at most one step at the wrong pace.
+Layout: a file of ``num_slots`` records of three little-endian int64s, (pid, calls waiting,
+prompts ready), one per colocated compute process, handed out by the launcher (``BOARD_VAR``,
+``SLOT_VAR``). Calls waiting: the calls a node admitted and has not answered, some of them waiting
+on other nodes (a prefill on its encodes). Prompts ready: the prompts a prefill node could compute
+now (in its engine). A writer stamps its pid with each count, so a reader skips the slot of a
+process that died (a restarted role takes its slot back with its first post). Reads are not
+locked: a count is one aligned 8-byte store, and a torn read costs at most one step at the wrong
+pace.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from pathlib import Path
 
 BOARD_VAR = "TESSERA_BACKLOG_BOARD"  # the board file's path
 SLOT_VAR = "TESSERA_BACKLOG_SLOT"  # this process's slot on it (writers only)
-RECORD = struct.Struct("<qq")  # pid, calls waiting
+RECORD = struct.Struct("<qqq")  # pid, calls waiting, prompts ready
+_INT64 = struct.Struct("<q")
 WRITER_ROLES = frozenset({"encoder", "prefill"})  # the roles whose calls end in a first token
 _BOARD_PREFIX = "tessera-backlog-"  # then the maker's pid, "-", a unique suffix
 
@@ -71,17 +75,33 @@ class BacklogBoard:
         self.num_slots = len(self._map) // RECORD.size
 
     def post(self, slot: int, num_waiting: int) -> None:
-        if not 0 <= slot < self.num_slots:
-            raise ValueError(f"slot {slot} is not on a board of {self.num_slots}")
-        RECORD.pack_into(self._map, slot * RECORD.size, os.getpid(), num_waiting)
+        self._post(slot, 1, num_waiting)
+
+    def post_ready(self, slot: int, num_ready: int) -> None:
+        self._post(slot, 2, num_ready)
 
     def max_waiting(self) -> int:
         """The longest queue posted by a live process (0 when none)."""
-        longest = 0
-        for pid, num_waiting in RECORD.iter_unpack(self._map):
-            if pid > 0 and num_waiting > longest and _alive(pid):
-                longest = num_waiting
-        return longest
+        return self._max(1)
+
+    def max_ready(self) -> int:
+        """The most prompts ready on one live process (0 when none)."""
+        return self._max(2)
+
+    def _post(self, slot: int, field: int, count: int) -> None:
+        """One count of a slot's record, stamped with this process's pid (the other count kept)."""
+        if not 0 <= slot < self.num_slots:
+            raise ValueError(f"slot {slot} is not on a board of {self.num_slots}")
+        offset = slot * RECORD.size
+        _INT64.pack_into(self._map, offset + _INT64.size * field, count)
+        _INT64.pack_into(self._map, offset, os.getpid())
+
+    def _max(self, field: int) -> int:
+        most = 0
+        for record in RECORD.iter_unpack(self._map):
+            if record[0] > 0 and record[field] > most and _alive(record[0]):
+                most = record[field]
+        return most
 
 
 class BacklogPoster:
@@ -93,6 +113,10 @@ class BacklogPoster:
 
     def __call__(self, num_waiting: int) -> None:
         self.board.post(self.slot, num_waiting)
+
+    def post_ready(self, num_ready: int) -> None:
+        """What a prefill node calls on every change of the prompts in its engine."""
+        self.board.post_ready(self.slot, num_ready)
 
 
 def board_from_env(env: Mapping[str, str] = os.environ) -> BacklogBoard | None:

@@ -35,6 +35,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         yield_max_step_ms=engine_config.yield_max_step_ms,
         yield_backlog=engine_config.yield_backlog,
         yield_max_streams=engine_config.yield_max_streams,
+        yield_ready=engine_config.yield_ready,
     )
     if pacing is not None:
         log.info(

@@ -3,12 +3,13 @@
 Rule: a decode node given the host's backlog board (shared/host_backlog.py says why) waits, from
 one step's start to the next's, at least
 
-    min(yield_step_ms * num_waiting / yield_backlog, yield_max_step_ms)
+    min(yield_step_ms * max(num_waiting / yield_backlog, num_ready / yield_ready), yield_max_step_ms)
 
 while a colocated encoder or prefill node holds num_waiting >= ``yield_backlog`` calls (the longest
-queue) and the node holds at most ``yield_max_streams`` streams; otherwise it steps as soon as the
-last step ends. Calls that arrive meanwhile (new streams, aborts) are still taken at once; only
-the next step waits.
+queue), or a colocated prefill node holds num_ready >= ``yield_ready`` prompts it could compute now,
+and the node holds at most ``yield_max_streams`` streams; otherwise it steps as soon as the last
+step ends. Calls that arrive meanwhile (new streams, aborts) are still taken at once; only the
+next step waits.
 
 Why a floor on the step interval rather than a pause: streams keep a bounded pace (250 ms per
 token at most is 4 tokens a second, under vLLM's TPOT when its prefills queue), and each step
@@ -23,6 +24,14 @@ chunked screen"); a wide batch is mostly per-row work, which waiting does not sa
 Why a backlog of 4: a client holding up to 4 requests at once never has 4 waiting while one of its
 streams decodes, so it sees decode at full pace; deeper queues are where the first tokens wait
 seconds (docs/benchmarks.md, "Decode yields to a first-token backlog").
+Why ready prompts count apart, from 2: calls waiting include prefills still waiting on their
+encodes, which decode yielding does not speed up; a prompt whose embeddings are resident is
+computed at once with the cores decode gives up. Two or more ready while a stream decodes is
+mostly a burst, such as a closed loop's start, where vLLM prefills the whole batch before it
+decodes; yielding then brought the burst's last first token sooner on `long_prompts`
+(docs/benchmarks.md, "Decode yields to ready prompts"). An encoder's calls do not count as
+ready: under a steady stream of new images its queue holds them most of the time, and pacing
+then would slow every stream for first tokens that wait on the tower.
 """
 
 from __future__ import annotations
@@ -33,13 +42,22 @@ from shared.host_backlog import BacklogBoard
 
 
 def step_interval_s(
-    num_waiting: int, num_streams: int, *, yield_step_ms: float, yield_max_step_ms: float, yield_backlog: int, yield_max_streams: int
+    num_waiting: int,
+    num_streams: int,
+    *,
+    yield_step_ms: float,
+    yield_max_step_ms: float,
+    yield_backlog: int,
+    yield_max_streams: int,
+    num_ready: int = 0,
+    yield_ready: int = 2,
 ) -> float:
-    """The least time from one step's start to the next's, for the longest colocated queue and
-    the streams this node holds."""
-    if num_waiting < yield_backlog or num_streams > yield_max_streams:
+    """The least time from one step's start to the next's, for the longest colocated queue, the
+    most prompts ready on one colocated prefill node, and the streams this node holds."""
+    if (num_waiting < yield_backlog and num_ready < yield_ready) or num_streams > yield_max_streams:
         return 0.0
-    return min(yield_step_ms * num_waiting / yield_backlog, yield_max_step_ms) / 1000.0
+    share = max(num_waiting / yield_backlog if num_waiting >= yield_backlog else 0.0, num_ready / yield_ready)
+    return min(yield_step_ms * share, yield_max_step_ms) / 1000.0
 
 
 @dataclass(slots=True)
@@ -49,6 +67,7 @@ class StepPacing:
     yield_max_step_ms: float
     yield_backlog: int
     yield_max_streams: int
+    yield_ready: int = 2
     num_yielding_steps: int = field(default=0, init=False)  # steps given the floor (engine thread)
 
     def min_interval_s(self, num_streams: int) -> float:
@@ -59,15 +78,23 @@ class StepPacing:
             yield_max_step_ms=self.yield_max_step_ms,
             yield_backlog=self.yield_backlog,
             yield_max_streams=self.yield_max_streams,
+            num_ready=self.board.max_ready(),
+            yield_ready=self.yield_ready,
         )
         self.num_yielding_steps += interval_s > 0
         return interval_s
 
 
 def step_pacing(
-    board: BacklogBoard | None, *, yield_step_ms: float, yield_max_step_ms: float, yield_backlog: int, yield_max_streams: int
+    board: BacklogBoard | None,
+    *,
+    yield_step_ms: float,
+    yield_max_step_ms: float,
+    yield_backlog: int,
+    yield_max_streams: int,
+    yield_ready: int = 2,
 ) -> StepPacing | None:
     """The pacing of a node on ``board``; None (step freely) without a board or with a zero step."""
     if board is None or yield_step_ms == 0:
         return None
-    return StepPacing(board, yield_step_ms, yield_max_step_ms, yield_backlog, yield_max_streams)
+    return StepPacing(board, yield_step_ms, yield_max_step_ms, yield_backlog, yield_max_streams, yield_ready)

@@ -38,7 +38,8 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     from services.prefill.server import serve
 
     liveness = Liveness(stall_s=settings.liveness_stall_s)
-    admission = NodeAdmission("prefill", settings.max_pending_requests, on_change=host_backlog.poster_from_env())
+    poster = host_backlog.poster_from_env()
+    admission = NodeAdmission("prefill", settings.max_pending_requests, on_change=poster)
     auth, channel_auth = node_auth(settings)
     node = PrefillNode(
         model,
@@ -51,6 +52,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         prefill_s_per_token=settings.prefill_ms_per_token / 1000,
         channel_auth=channel_auth,
         local_encode=settings.local_encode,
+        post_ready=poster.post_ready if poster is not None else None,
     )
     config = node.cluster_config()
     node.publisher = node_publisher(

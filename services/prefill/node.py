@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, replace
 
@@ -70,7 +71,13 @@ class PrefillNode(EngineNode):
         prefill_s_per_token: float = 0.0007,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
         local_encode: bool = False,
+        post_ready: Callable[[int], None] | None = None,
     ) -> None:
+        # Prompts whose embeddings are resident and whose first token is not yet sampled: work
+        # this node can compute now. Where decode shares its cores, they go on the host's board
+        # (shared/host_backlog.py) for a colocated decode node to yield to. Event-loop thread only.
+        self._post_ready = post_ready
+        self.num_ready = 0
         # Before the engine thread starts: its after-step hook publishes from the index.
         self.embedding_index = EmbeddingIndex()
         super().__init__(
@@ -109,13 +116,22 @@ class PrefillNode(EngineNode):
         the failing step's error; cancelled (the caller went away), it stops the engine request."""
         try:
             await self.embeddings.make_resident(job, upstream)
-            request = job.engine_request(self.positions)
-            num_pulled = await self.kv_puller.pull(request, job.kv_sources, upstream, self.data_address)
-            result = await self._prefill(request, job.decode_address)
+            self._count_ready(+1)
+            try:
+                request = job.engine_request(self.positions)
+                num_pulled = await self.kv_puller.pull(request, job.kv_sources, upstream, self.data_address)
+                result = await self._prefill(request, job.decode_address)
+            finally:
+                self._count_ready(-1)
         except BaseException:
             self.embeddings.release(job.request_id, job.items)
             raise
         return replace(result, num_pulled_tokens=num_pulled)
+
+    def _count_ready(self, change: int) -> None:
+        self.num_ready += change
+        if self._post_ready is not None:
+            self._post_ready(self.num_ready)
 
     async def _prefill(self, request: Request, decode_address: str) -> PrefillResult:
         started = time.perf_counter()

@@ -78,3 +78,15 @@ def test_a_new_board_removes_those_whose_maker_is_gone(tmp_path):
     assert live.name.startswith(f"tessera-backlog-{os.getpid()}-") and BacklogBoard(live).num_slots == 2
     assert not orphan.exists() and other.exists()
     assert new_board(1, tmp_path) != live and live.exists()  # a live maker's board stays
+
+
+def test_prompts_ready_are_posted_and_read_apart_from_calls_waiting(tmp_path):
+    path = create_board(tmp_path / "board", 2)
+    encoder, prefill = poster_from_env(board_env(path, 0)), poster_from_env(board_env(path, 1))
+    reader = BacklogBoard(path)
+    prefill(6)  # six calls, most waiting on their encodes ...
+    prefill.post_ready(2)  # ... two of them ready to prefill
+    encoder(3)
+    assert reader.max_waiting() == 6 and reader.max_ready() == 2
+    prefill(1)  # posting one count keeps the other
+    assert reader.max_waiting() == 3 and reader.max_ready() == 2

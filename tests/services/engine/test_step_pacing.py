@@ -88,3 +88,20 @@ def test_a_call_arriving_while_a_step_waits_runs_at_once():
     assert ran_at - sent < 0.5 and len(engine.step_times) == 1
     assert engine.done.wait(10)
     loop.stop()
+
+
+def test_ready_prompts_pace_from_their_own_threshold():
+    assert step_interval_s(0, 1, num_ready=1, yield_ready=2, **RULE) == 0.0
+    assert step_interval_s(0, 1, num_ready=2, yield_ready=2, **RULE) == 0.1  # a burst's prompts, ready at once
+    assert step_interval_s(0, 1, num_ready=3, yield_ready=2, **RULE) == 0.15
+    assert step_interval_s(8, 1, num_ready=2, yield_ready=2, **RULE) == 0.2  # the larger of the two shares
+    assert step_interval_s(3, 1, num_ready=1, yield_ready=2, **RULE) == 0.0  # 3 calls, but mostly waiting on encodes
+    assert step_interval_s(0, 17, num_ready=5, yield_ready=2, **RULE) == 0.0  # a wide batch steps freely
+
+
+def test_the_board_s_ready_prompts_reach_the_pacing(tmp_path):
+    board = BacklogBoard(create_board(tmp_path / "board", 1))
+    pacing = step_pacing(board, **RULE)
+    assert pacing is not None and pacing.min_interval_s(1) == 0.0
+    board.post_ready(0, 2)
+    assert pacing.min_interval_s(1) == 0.1

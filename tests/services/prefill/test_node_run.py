@@ -1,5 +1,6 @@
 """PrefillNode.run releases what it claimed when a step fails: a request whose images cannot all
-be made resident leaves no reference on the embeddings it found here, so they stay evictable."""
+be made resident leaves no reference on the embeddings it found here, so they stay evictable. It
+fetches each image from its named holder, and counts the prompts it could compute now."""
 
 from __future__ import annotations
 
@@ -95,3 +96,27 @@ def test_a_prefill_node_ships_the_embeddings_it_holds_and_names_the_rest(held_an
         assert torch.equal(message.tensors["embeds"], seeded_embeddings(items[0], node.engine.runner.checkpoint.text.hidden_size))
     finally:
         inbox.close()
+
+
+def test_a_prompt_counts_as_ready_from_its_embeddings_to_its_first_token(tiny_model):
+    """What the node posts for a colocated decode node to yield to (shared/host_backlog.py): a
+    prompt waiting on its encoder is not ready, one whose embeddings are resident is, until its
+    first token; one that never gets its embeddings never counts."""
+    posted: list[int] = []
+    node = PrefillNode(tiny_model, EngineConfig(), data_bind="tcp://127.0.0.1:0", post_ready=posted.append)
+    sink = TensorInbox("tcp://127.0.0.1:0")
+    preprocessor = Preprocessor(tiny_model)
+    prep = preprocessor.preprocess(chat_case(encode_image(make_image(112, 112, seed=31)), "What is it?").prompt)
+    lacking = preprocessor.preprocess(chat_case(encode_image(make_image(112, 112, seed=32)), "And this?").prompt)
+    lacks_pixels = frozenset({prompt_items(lacking)[0].mm_hash})
+    upstream = FakeUpstream(node.engine.runner.checkpoint.text.hidden_size, lacks_pixels=lacks_pixels)
+    try:
+        asyncio.run(node.run(prefill_job("ready", prep, sink.address, max_tokens=1), upstream))
+        assert posted == [1, 0] and node.num_ready == 0
+        with pytest.raises(MissingPixelsError):
+            asyncio.run(node.run(prefill_job("never-ready", lacking, sink.address, max_tokens=1), upstream))
+        assert posted == [1, 0]
+    finally:
+        upstream.close()
+        sink.close()
+        node.close()
