@@ -49,8 +49,8 @@ def step_interval_s(
     yield_max_step_ms: float,
     yield_backlog: int,
     yield_max_streams: int,
+    yield_ready: int,
     num_ready: int = 0,
-    yield_ready: int = 2,
 ) -> float:
     """The least time from one step's start to the next's, for the longest colocated queue, the
     most prompts ready on one colocated prefill node, and the streams this node holds."""
@@ -67,7 +67,7 @@ class StepPacing:
     yield_max_step_ms: float
     yield_backlog: int
     yield_max_streams: int
-    yield_ready: int = 2
+    yield_ready: int
     num_yielding_steps: int = field(default=0, init=False)  # steps given the floor (engine thread)
 
     def min_interval_s(self, num_streams: int) -> float:
@@ -92,7 +92,7 @@ def step_pacing(
     yield_max_step_ms: float,
     yield_backlog: int,
     yield_max_streams: int,
-    yield_ready: int = 2,
+    yield_ready: int,
 ) -> StepPacing | None:
     """The pacing of a node on ``board``; None (step freely) without a board or with a zero step."""
     if board is None or yield_step_ms == 0:

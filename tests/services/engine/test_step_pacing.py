@@ -10,7 +10,7 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.step_pacing import step_interval_s, step_pacing
 from shared.host_backlog import BacklogBoard, create_board
 
-RULE = {"yield_step_ms": 100, "yield_max_step_ms": 250, "yield_backlog": 4, "yield_max_streams": 16}
+RULE = {"yield_step_ms": 100, "yield_max_step_ms": 250, "yield_backlog": 4, "yield_max_streams": 16, "yield_ready": 2}
 
 
 def test_the_floor_applies_from_the_backlog_on_and_to_small_batches_only():
@@ -91,12 +91,12 @@ def test_a_call_arriving_while_a_step_waits_runs_at_once():
 
 
 def test_ready_prompts_pace_from_their_own_threshold():
-    assert step_interval_s(0, 1, num_ready=1, yield_ready=2, **RULE) == 0.0
-    assert step_interval_s(0, 1, num_ready=2, yield_ready=2, **RULE) == 0.1  # a burst's prompts, ready at once
-    assert step_interval_s(0, 1, num_ready=3, yield_ready=2, **RULE) == 0.15
-    assert step_interval_s(8, 1, num_ready=2, yield_ready=2, **RULE) == 0.2  # the larger of the two shares
-    assert step_interval_s(3, 1, num_ready=1, yield_ready=2, **RULE) == 0.0  # 3 calls, but mostly waiting on encodes
-    assert step_interval_s(0, 17, num_ready=5, yield_ready=2, **RULE) == 0.0  # a wide batch steps freely
+    assert step_interval_s(0, 1, num_ready=1, **RULE) == 0.0
+    assert step_interval_s(0, 1, num_ready=2, **RULE) == 0.1  # a burst's prompts, ready at once
+    assert step_interval_s(0, 1, num_ready=3, **RULE) == 0.15
+    assert step_interval_s(8, 1, num_ready=2, **RULE) == 0.2  # the larger of the two shares
+    assert step_interval_s(3, 1, num_ready=1, **RULE) == 0.0  # 3 calls, but mostly waiting on encodes
+    assert step_interval_s(0, 17, num_ready=5, **RULE) == 0.0  # a wide batch steps freely
 
 
 def test_the_board_s_ready_prompts_reach_the_pacing(tmp_path):
