@@ -27,6 +27,7 @@ from services.router.router import Router
 from services.router.scoring import ENCODE_DISPATCHES, POLICIES
 from services.transport.index_access import open_index
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
+from shared.startup_heap import freeze_startup_heap
 
 if TYPE_CHECKING:  # the gateway runs no model: it must not load the families' tensor code
     from services.models.registry import ModelRef
@@ -179,7 +180,13 @@ async def _serve(
         ),
         on_exit=lambda: loop.call_soon(drain),  # signal handlers run on the loop's own thread, between its steps
     )
-    log.info("gateway on http://%s:%d, Generate on %s", config.http_host, config.http_port, config.generate_address)
+    log.info(
+        "gateway on http://%s:%d, Generate on %s (%d start-up objects frozen)",
+        config.http_host,
+        config.http_port,
+        config.generate_address,
+        freeze_startup_heap(),
+    )
     try:
         await server.serve()  # returns once SIGTERM/SIGINT has stopped it and its open streams ended
     finally:

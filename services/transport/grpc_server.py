@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.transport.internal_auth import InternalAuth, add_port, server_interceptors
 from shared.liveness import Liveness
+from shared.startup_heap import freeze_startup_heap
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 # Keepalive: a peer whose host vanished (no RST, no FIN) is detected by an unanswered HTTP/2 ping
@@ -90,7 +91,7 @@ async def serve_forever(server: grpc.aio.Server, address: str, service_names: li
             if lifecycle.on_stop is not None:
                 lifecycle.on_stop()
             raise
-    log.info("serving %s on %s", ", ".join(service_names), address)
+    log.info("serving %s on %s (%d start-up objects frozen)", ", ".join(service_names), address, freeze_startup_heap())
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

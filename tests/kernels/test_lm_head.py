@@ -1,5 +1,5 @@
 """The chunked LM head: the same logits as F.linear, and the same argmax as the full logits,
-ties to the lowest token id and NaN rows included, across chunk borders."""
+ties to the lowest token id and NaN rows included, across block, chunk and row-piece borders."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch buil
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(lm_head, "VOCAB_CHUNK", 100)  # 1000 tokens: ten chunks, the last partial
+    monkeypatch.setattr(lm_head, "VOCAB_CHUNK", 100)  # 1050 tokens: eleven chunks, the last partial
+    monkeypatch.setattr(lm_head, "ARGMAX_BLOCK", 25)  # four blocks a chunk; the last chunk's 50 tokens are one
+    monkeypatch.setattr(lm_head, "ARGMAX_PIECE_ROWS", 64)
 
 
 @pytest.mark.parametrize("num_rows", [1, 3, 70, 300])
@@ -30,15 +32,16 @@ def test_logits_and_argmax_equal_the_full_product(num_rows):
     assert head.argmax(hidden) == expected.argmax(dim=1).tolist()
 
 
-def test_ties_across_chunks_go_to_the_lowest_token_id():
+def test_ties_across_blocks_and_chunks_go_to_the_lowest_token_id():
     weight = torch.randn(1000, 16)
-    weight[[150, 450, 999]] = weight[20] * 5
-    hidden = weight[20].unsqueeze(0).clone()
-    assert ChunkedLmHead(weight).argmax(hidden) == [150]
+    weight[[160, 180, 450, 999]] = weight[20] * 5  # 160 and 180: one chunk, two blocks
+    weight[[540, 545]] = weight[21] * 5  # one block
+    hidden = torch.stack([weight[20], weight[21]]).repeat(40, 1)  # 80 rows: past a few
+    assert ChunkedLmHead(weight).argmax(hidden) == [160, 540] * 40
 
 
 def test_a_nan_row_takes_the_full_logits_argmax():
-    weight, hidden = torch.randn(1000, 16), torch.randn(2, 16)
+    weight, hidden = torch.randn(1000, 16), torch.randn(80, 16)  # two pieces of rows
     weight[730, 3] = float("nan")  # only a later chunk sees it
     head = ChunkedLmHead(weight)
-    assert head.argmax(hidden) == head(hidden).argmax(dim=1).tolist() == [730, 730]
+    assert head.argmax(hidden) == head(hidden).argmax(dim=1).tolist() == [730] * 80
