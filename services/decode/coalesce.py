@@ -28,11 +28,11 @@ class OutputCoalescer:
         self._pending_logprobs: list[TokenLogprobs] = []
 
     def __call__(self, output: RequestOutput | BaseException) -> None:
-        if isinstance(output, BaseException):
+        if self._every_output or isinstance(output, BaseException):
             self._forward(output)
             return
         self._pending.extend(output.new_token_ids)
         self._pending_logprobs.extend(output.new_logprobs)
-        if self._every_output or output.finished:
+        if output.finished:
             self._forward(replace(output, new_token_ids=self._pending, new_logprobs=self._pending_logprobs))
             self._pending, self._pending_logprobs = [], []

@@ -75,7 +75,7 @@ class ModelRunner:
         ``gumbel_for``: the race noise of the sampled requests the runner samples itself."""
         self._run_encoder(step)
         token_ids: list[int] = []
-        positions: list[torch.Tensor] = []
+        positions: list[torch.Tensor | range] = []
         merges: list[tuple[int, torch.Tensor]] = []  # (row in batch, embedding rows)
         sample_rows, sample_requests = [], []
         for item in step.scheduled:
@@ -83,7 +83,8 @@ class ModelRunner:
             end = start + item.num_new_tokens
             row0 = len(token_ids)
             token_ids.extend(request.token_ids()[start:end])
-            positions.append(request.positions(start, end))
+            generated = start >= request.num_prompt_tokens
+            positions.append(request.generated_positions(start, end) if generated else request.positions(start, end))
             for feature in request.mm_features:
                 lo, hi = max(start, feature.placeholder.offset), min(end, feature.placeholder.end)
                 if lo < hi:
@@ -97,7 +98,7 @@ class ModelRunner:
         inputs = self.decoder.prepare_inputs(ids, merges)
         spans = self._image_spans(step) if self.family.bidirectional_images else None
         layer_kv = layer_attention_inputs(step, kv, self.kv_caches, self.backend, self.checkpoint.shape, spans)
-        hidden = self.decoder(inputs, torch.cat(positions, dim=1).to(self.device), layer_kv, self.backend)
+        hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
         if not sample_rows:
             return StepLogits([], torch.empty(0))
         return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests, allowed_for, gumbel_for)
@@ -162,3 +163,22 @@ class ModelRunner:
         outputs = self.vision.encode([p for p, _ in pending.values()], [g for _, g in pending.values()])
         for mm_hash, embeds in zip(pending, outputs):
             self.encoder_outputs[mm_hash] = embeds
+
+
+def _positions_tensor(pieces: list[torch.Tensor | range]) -> torch.Tensor:
+    """(3, rows) positions from each scheduled item's: a (3, n) tensor, or a range of generated
+    tokens' positions (the same on all three axes). A run of ranges (a decode step's every row)
+    becomes one tensor, not one per request."""
+    tensors: list[torch.Tensor] = []
+    run: list[int] = []
+    for piece in pieces:
+        if isinstance(piece, range):
+            run.extend(piece)
+            continue
+        if run:
+            tensors.append(torch.tensor(run, dtype=torch.long).expand(3, -1))
+            run = []
+        tensors.append(piece)
+    if run:
+        tensors.append(torch.tensor(run, dtype=torch.long).expand(3, -1))
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=1)

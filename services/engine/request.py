@@ -87,6 +87,11 @@ class Request:
         if start < prompt_len:
             parts.append(self.mrope_positions[:, start : min(end, prompt_len)])
         if end > prompt_len:
-            tail = torch.arange(max(start, prompt_len), end, dtype=torch.long) + self.mrope_delta
+            tail = torch.tensor(self.generated_positions(max(start, prompt_len), end), dtype=torch.long)
             parts.append(tail.expand(3, -1))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def generated_positions(self, start: int, end: int) -> range:
+        """The position, the same on all three axes, of each generated token in [start, end)
+        (``start`` at or past the prompt's end): its index + mrope_delta."""
+        return range(start + self.mrope_delta, end + self.mrope_delta)

@@ -88,6 +88,8 @@ class GatewayMetrics:
         )
         for family in (self.prompt_tokens, self.generation_tokens, self.vllm_ttft, self.vllm_itl, self.vllm_e2e):
             family.labels(model_name)  # served from the start, as zeros, like vLLM's
+        # This model's series, looked up once: the inter-token one is observed for every streamed token.
+        self.model_ttft, self.model_itl, self.model_e2e = (h.labels(model_name) for h in (self.vllm_ttft, self.vllm_itl, self.vllm_e2e))
         self.registry.register(_ClusterCollector(role_stats, model_name))
 
     def record_request(self, status: int) -> None:
@@ -95,17 +97,18 @@ class GatewayMetrics:
 
     def record_ttft(self, seconds: float) -> None:
         self.ttft.observe(seconds)
-        self.vllm_ttft.labels(self.model_name).observe(seconds)
+        self.model_ttft.observe(seconds)
 
     def record_tokens(self, seconds: float, num_tokens: int) -> None:
         """``num_tokens`` arrived together ``seconds`` after the previous ones: each is one gap."""
+        gap_s = seconds / num_tokens
         for _ in range(num_tokens):
-            self.itl.observe(seconds / num_tokens)
-            self.vllm_itl.labels(self.model_name).observe(seconds / num_tokens)
+            self.itl.observe(gap_s)
+            self.model_itl.observe(gap_s)
 
     def record_e2e(self, seconds: float) -> None:
         self.e2e.observe(seconds)
-        self.vllm_e2e.labels(self.model_name).observe(seconds)
+        self.model_e2e.observe(seconds)
 
     def record_finished(self, prompt_tokens: int, generation_tokens: int, finish_reasons: list[str]) -> None:
         """A request that ran to its end: its usage, and each choice's finish reason."""
