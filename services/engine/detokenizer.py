@@ -9,6 +9,10 @@ not end in U+FFFD (bytes of a character still arriving). The text so far is ``co
 what is pending past ``read_offset``. Both windows start at the same token, so a decoder that
 treats its first token specially (dropping a leading space) does it to both and the difference
 is exact; the tests check it against the full decode on every built-in tokenizer.
+
+A fast tokenizer that does no clean-up of spaces is decoded by its Rust tokenizer directly:
+that is all transformers' ``decode`` does for it, and its argument conversion around that call
+cost several times the decode itself at every token.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, skip_ids: frozenset[int]) -> None:
         self.tokenizer = tokenizer
         self.skip_ids = skip_ids
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        direct = backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+        self._decode = backend.decode if direct else tokenizer.decode
 
     def text(self, state: DetokenizerState, output_token_ids: list[int]) -> str:
         """The decoded text of ``output_token_ids`` (which only ever grows), from ``state``."""
@@ -47,6 +54,6 @@ class IncrementalDetokenizer:
         return state.committed + new_text[len(prefix_text) :]
 
     def _window(self, state: DetokenizerState) -> tuple[str, str]:
-        decode = self.tokenizer.decode
+        decode = self._decode
         prefix = decode(state.ids[state.prefix_offset : state.read_offset], skip_special_tokens=True)
         return prefix, decode(state.ids[state.prefix_offset :], skip_special_tokens=True)

@@ -43,3 +43,12 @@ def test_tokens_given_at_once_catch_up_in_one_call(tokenizer):
     ids = tokenizer.encode(TEXT, add_special_tokens=False)
     detokenizer = IncrementalDetokenizer(tokenizer, frozenset())
     assert detokenizer.text(DetokenizerState(), ids) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_the_rust_decode_is_used_only_without_space_clean_up(tokenizer):
+    assert IncrementalDetokenizer(tokenizer, frozenset())._decode == tokenizer.backend_tokenizer.decode
+    tokenizer.clean_up_tokenization_spaces = True  # transformers' decode would then post-process
+    try:
+        assert IncrementalDetokenizer(tokenizer, frozenset())._decode == tokenizer.decode
+    finally:
+        tokenizer.clean_up_tokenization_spaces = False
