@@ -46,7 +46,11 @@ the products (docs/benchmarks.md, "The screen at a thousand rows").
 Whether it pays is timed once, after the head is built (``calibrate``, at TIMED_ROWS against the
 caller's float32 path): ``max_rows`` is the most rows at which it won, None when it won at every
 count timed (then it is used at every width), 0 when it never did (a CPU without bfloat16
-arithmetic). Raced rows use the same ``max_rows``, timed on greedy rows: the products are the
+arithmetic). The widths go up to 256 rows, the decode batch's default bound: the float32 head's
+own argmax costs less per row in wide batches (kernels/lm_head.py), and on this project's 2-core
+machine the screen won at 64 rows of `tiny` but lost at 256 (docs/benchmarks.md, "The LM head at
+a thousand streams"). A wide width is timed in fewer runs (about TIMED_ROWS_PER_ROUND rows per
+round), so start-up stays short. Raced rows use the same ``max_rows``, timed on greedy rows: the products are the
 cost either way, and both paths add the same noise.
 The float32 logits of step 4 are summed in another order than a full product would, so they may
 differ in the last bits, as the oneDNN and MKL paths already do (kernels/cpu_linear.py).
@@ -65,8 +69,9 @@ from kernels.cpu_linear import MAX_PIECE_ROWS, onednn_linear
 from kernels.race import MAX_ABS_GUMBEL, Race, race_scores
 
 ERROR_SCALE = 2.0
-TIMED_ROWS = (1, 4, 16, 64)
+TIMED_ROWS = (1, 4, 16, 64, 256)
 NUM_TIMING_RUNS = 5
+TIMED_ROWS_PER_ROUND = 320
 NUM_TIMING_ROUNDS = 2
 BF16_UNIT_ROUNDOFF = 2.0**-8
 OUTPUT_ROUNDOFF = BF16_UNIT_ROUNDOFF / (1 - BF16_UNIT_ROUNDOFF)  # step 2's u'
@@ -285,9 +290,10 @@ class ScreenedArgmax:
         log.info("screened head: %s", "at every width" if best is None else f"up to {best} rows per step")
 
     def _screen_wins(self, hidden: torch.Tensor, float32_argmax: Callable[[torch.Tensor], list[int]]) -> bool:
-        """One round: the fastest of NUM_TIMING_RUNS runs each way, in turns."""
+        """One round: the fastest of up to NUM_TIMING_RUNS runs each way (fewer for wide
+        ``hidden``: about TIMED_ROWS_PER_ROUND rows in all), in turns."""
         screened, full = float("inf"), float("inf")
-        for _ in range(NUM_TIMING_RUNS):
+        for _ in range(max(1, min(NUM_TIMING_RUNS, TIMED_ROWS_PER_ROUND // hidden.shape[0]))):
             started = time.perf_counter()
             self.argmax(hidden)
             screened = min(screened, time.perf_counter() - started)
