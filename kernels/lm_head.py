@@ -39,6 +39,7 @@ class ChunkedLmHead:
         self.vocab_size = weight.shape[0]
         self.chunk_size = VOCAB_CHUNK
         self.block_size = ARGMAX_BLOCK
+        self.piece_rows = ARGMAX_PIECE_ROWS
         self.chunks = [
             torch.ops.mkldnn._reorder_linear_weight(weight[start : start + self.chunk_size].detach().contiguous(), None)
             for start in range(0, self.vocab_size, self.chunk_size)
@@ -53,7 +54,7 @@ class ChunkedLmHead:
     def argmax(self, hidden: torch.Tensor) -> list[int]:
         """hidden [N, H] -> the argmax token of each row's logits, without materializing them."""
         tokens: list[int] = []
-        for piece in hidden.split(ARGMAX_PIECE_ROWS):
+        for piece in hidden.split(self.piece_rows):
             tokens += self._piece_argmax(piece)
         return tokens
 

@@ -47,11 +47,11 @@ Whether it pays is timed once, after the head is built (``calibrate``, at TIMED_
 caller's float32 path): ``max_rows`` is the most rows at which it won, None when it won at every
 count timed (then it is used at every width), 0 when it never did (a CPU without bfloat16
 arithmetic). The widths go up to 256 rows, the decode batch's default bound: the float32 head's
-own argmax costs less per row in wide batches (kernels/lm_head.py), and on this project's 2-core
-machine the screen won at 64 rows of `tiny` but lost at 256 (docs/benchmarks.md, "The LM head at
-a thousand streams"). A wide width is timed in fewer runs (about TIMED_ROWS_PER_ROUND rows per
-round), so start-up stays short. Raced rows use the same ``max_rows``, timed on greedy rows: the products are the
-cost either way, and both paths add the same noise.
+own argmax costs less per row in wide batches (kernels/lm_head.py), so a win at 64 rows does not
+imply one at 256 (docs/benchmarks.md, "The LM head at a thousand streams"). A wide width is timed
+in fewer runs (about TIMED_ROWS_PER_ROUND rows per round), so start-up stays short. Raced rows
+use the same ``max_rows``, timed on greedy rows: the products are the cost either way, and both
+paths add the same noise.
 The float32 logits of step 4 are summed in another order than a full product would, so they may
 differ in the last bits, as the oneDNN and MKL paths already do (kernels/cpu_linear.py).
 """

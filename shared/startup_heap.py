@@ -2,9 +2,9 @@
 
 Why: a server's process holds millions of objects from start-up (imported modules, FastAPI's and
 pydantic's schemas, gRPC, a tokenizer, a model's Python side) that live as long as it does. Every
-collection of the oldest generation walks all of them. Under 1,000 concurrent streams the gateway
-spent more than half of its CPU time in the collector, about 0.3 s per full collection
-(docs/benchmarks.md, "The collector and the startup heap"). ``gc.freeze`` moves every object alive
+collection of the oldest generation walks all of them, and under many concurrent streams those
+collections come often (docs/benchmarks.md, "The collector and the startup heap" has the
+gateway's numbers). ``gc.freeze`` moves every object alive
 now into a generation the collector never walks, so collections cost in proportion to what the
 requests allocate. vLLM's API server and engine core do the same after start-up.
 
