@@ -10,6 +10,12 @@ publisher also keeps the node's current holdings, so that after the index was un
 the node re-registered under a new epoch) it republishes the full snapshot: the index catches up
 by itself, and a node never depends on the index to serve. A re-registration the cluster refuses
 (it was redeployed with other settings meanwhile) ends the publisher and calls ``on_refused``.
+
+A failed call (a timeout on a loaded machine, an outage) keeps the epoch: the failed batch goes
+back in front of what was recorded since, and the next round heartbeats first. The heartbeat
+decides: accepted, the node publishes on under the same epoch (a slow reply costs no
+re-registration, so routers never see the node's entries go stale); refused (the record lapsed
+or the index restarted empty), the node registers again and republishes its snapshot.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared import process_stats
 from shared.index.backend import CacheIndex
@@ -44,6 +50,39 @@ class PublisherMetrics:
     publish_time: Histogram = histogram("index_publish_seconds", "One batch of cache events published: one round trip", PUBLISH_BUCKETS_S)
 
 
+@dataclass(slots=True)
+class _PendingChanges:
+    """Changes not yet published, net: a hash is in at most one of stored and evicted, so a batch
+    publishes the same result in any order (a store after an eviction of the same hash wins)."""
+
+    mm_stored: dict[MmHash, MmEntry] = field(default_factory=dict)
+    mm_evicted: set[MmHash] = field(default_factory=set)
+    kv_stored: dict[BlockHash, str] = field(default_factory=dict)
+    kv_evicted: set[BlockHash] = field(default_factory=set)
+
+    def add(self, events: IndexEvents) -> None:
+        """Apply ``events`` after what is pending (within one batch, stores before evictions,
+        as the index applies them)."""
+        for h, entry in events.mm_stored.items():
+            self.mm_evicted.discard(h)
+            self.mm_stored[h] = entry
+        for h in events.mm_evicted:
+            self.mm_stored.pop(h, None)
+            self.mm_evicted.add(h)
+        for h, tier in events.kv_stored.items():
+            self.kv_evicted.discard(h)
+            self.kv_stored[h] = tier
+        for h in events.kv_evicted:
+            self.kv_stored.pop(h, None)
+            self.kv_evicted.add(h)
+
+    def is_empty(self) -> bool:
+        return not (self.mm_stored or self.mm_evicted or self.kv_stored or self.kv_evicted)
+
+    def to_events(self) -> IndexEvents:
+        return IndexEvents(dict(self.mm_stored), list(self.mm_evicted), dict(self.kv_stored), list(self.kv_evicted))
+
+
 class IndexPublisher:
     def __init__(
         self,
@@ -66,7 +105,7 @@ class IndexPublisher:
         self.epoch: int | None = None
         self.refusal: ConfigMismatchError | None = None  # set once the cluster refused this node
         self._lock = threading.Lock()
-        self._pending = IndexEvents()
+        self._pending = _PendingChanges()
         self._mm_holdings: dict[MmHash, MmEntry] = {}
         self._kv_holdings: dict[BlockHash, str] = {}
         self._wake = threading.Event()
@@ -93,20 +132,13 @@ class IndexPublisher:
         if events.is_empty():
             return
         with self._lock:
-            for h, entry in events.mm_stored.items():
-                self._mm_holdings[h] = entry
-                self._pending.mm_stored[h] = entry
+            self._mm_holdings.update(events.mm_stored)
             for h in events.mm_evicted:
                 self._mm_holdings.pop(h, None)
-                self._pending.mm_stored.pop(h, None)
-                self._pending.mm_evicted.append(h)
-            for h, tier in events.kv_stored.items():
-                self._kv_holdings[h] = tier
-                self._pending.kv_stored[h] = tier
+            self._kv_holdings.update(events.kv_stored)
             for h in events.kv_evicted:
                 self._kv_holdings.pop(h, None)
-                self._pending.kv_stored.pop(h, None)
-                self._pending.kv_evicted.append(h)
+            self._pending.add(events)
         self._wake.set()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -166,21 +198,22 @@ class IndexPublisher:
                         continue
                     next_heartbeat = time.monotonic() + self.ttl_s / 3
                 with self._lock:
-                    batch, self._pending = self._pending, IndexEvents()
+                    batch, self._pending = self._pending, _PendingChanges()
                 if not batch.is_empty():
                     try:
                         started = time.monotonic()
-                        self.index.publish(self.node.node_id, self.epoch, batch)
+                        self.index.publish(self.node.node_id, self.epoch, batch.to_events())
                         self.metrics.publish_time.observe(time.monotonic() - started)
                     except IndexUnavailableError:
-                        with self._lock:  # keep it; the snapshot on re-registration covers it
+                        with self._lock:  # the failed batch first, then what was recorded since
+                            batch.add(self._pending.to_events())
                             self._pending = batch
                         raise
             except IndexUnavailableError as exc:
                 self.metrics.num_publish_failures.inc()
                 if self.epoch is not None:
-                    log.warning("index unreachable (%s); serving from local caches, will catch up", exc)
-                self.epoch = None
+                    log.warning("index call failed (%s); serving from local caches, will catch up", exc)
+                next_heartbeat = 0.0  # the heartbeat says whether the epoch still holds
                 self._stopped.wait(min(1.0, self.ttl_s / 3))
             except ConfigMismatchError as exc:
                 log.error("%s", exc)
@@ -193,7 +226,7 @@ class IndexPublisher:
         epoch = self.index.register_node(self.node, ttl_s=self.ttl_s)
         with self._lock:
             snapshot = IndexEvents(mm_stored=dict(self._mm_holdings), kv_stored=dict(self._kv_holdings))
-            self._pending = IndexEvents()
+            self._pending = _PendingChanges()
         started = time.monotonic()
         self.index.publish(self.node.node_id, epoch, snapshot)
         self.metrics.publish_time.observe(time.monotonic() - started)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -145,3 +146,70 @@ def test_a_later_refusal_ends_the_publisher_and_tells_the_node():
         assert not publisher._thread.is_alive()
     finally:
         publisher.stop()
+
+
+class _GatedIndex(InProcessIndex):
+    """Holds each publish until the test opens the gate, so changes pile up behind it."""
+
+    def __init__(self) -> None:
+        super().__init__(namespace="gated")
+        self.gate = threading.Event()
+        self.gate.set()
+        self.num_publishing = 0
+
+    def publish(self, node_id, epoch, events):
+        self.num_publishing += 1
+        self.gate.wait(timeout=10)
+        super().publish(node_id, epoch, events)
+
+
+def test_a_hash_evicted_then_stored_again_while_a_publish_is_in_flight_stays_held():
+    index = _GatedIndex()
+    publisher = IndexPublisher(index, NodeInfo("enc", "encoder", "a:1"), ttl_s=2)
+    publisher.start()
+    try:
+        publisher.record(IndexEvents(mm_stored={MmHash("x"): ENTRY}))
+        assert publisher.flush()
+        index.gate.clear()
+        num_before = index.num_publishing
+        publisher.record(IndexEvents(mm_stored={MmHash("y"): ENTRY}))
+        assert _wait_for(lambda: index.num_publishing > num_before)  # y's batch waits at the gate
+        publisher.record(IndexEvents(mm_evicted=[MmHash("x")]))
+        publisher.record(IndexEvents(mm_stored={MmHash("x"): ENTRY}))  # the next batch nets to "x held"
+        index.gate.set()
+        assert publisher.flush()
+        result = index.lookup([MmHash("x"), MmHash("y")], [])
+        assert result.mm_holders == {MmHash("x"): {"enc": ENTRY}, MmHash("y"): {"enc": ENTRY}}
+    finally:
+        index.gate.set()
+        publisher.stop()
+
+
+def test_an_index_stalled_past_its_timeout_costs_a_failure_but_not_the_epoch():
+    """A reply later than the client's 1 s timeout (a loaded machine) but within the TTL: the call
+    is counted as failed, yet the node keeps its epoch (no re-registration, so routers never see
+    its entries go stale) and what it recorded meanwhile is published once the index answers."""
+    from services.stack.node_process import free_port
+    from services.stack.redis_server import start_redis_server
+
+    process, url = start_redis_server(valkey_binary(), free_port())
+    try:
+        index = create_index(url, namespace="stall")
+        publisher = IndexPublisher(index, NodeInfo("pf", "prefill", "a:1"), ttl_s=6.0)
+        publisher.start()
+        publisher.record(IndexEvents(kv_stored={BlockHash("b0"): "device"}))
+        assert publisher.flush()
+        epoch = publisher.epoch
+        process.send_signal(signal.SIGSTOP)
+        publisher.record(IndexEvents(kv_stored={BlockHash("b1"): "device"}))
+        time.sleep(1.6)
+        process.send_signal(signal.SIGCONT)
+        assert publisher.metrics.num_publish_failures.value > 0
+        b0_b1 = [BlockHash("b0"), BlockHash("b1")]
+        assert _wait_for(lambda: index.lookup([], b0_b1).node_to_num_prefix_blocks == {"pf": 2})
+        assert publisher.epoch == epoch
+        publisher.stop()
+    finally:
+        process.send_signal(signal.SIGCONT)
+        process.terminate()
+        process.wait(timeout=5)
