@@ -74,8 +74,10 @@ def create_app(
     max_model_len = pipeline.max_model_len
     admission = Admission(max_num_requests)
 
-    def tenant(authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> Tenant | None:
-        """The caller's tenant; every /v1 route depends on it. None when keys are off."""
+    async def tenant(authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> Tenant | None:
+        """The caller's tenant; every /v1 route depends on it. None when keys are off. Async only
+        so that FastAPI calls it on the event loop: a plain function would cost every request a
+        trip through a worker thread."""
         if api_keys is None:
             return None
         key = bearer_token(authorization)

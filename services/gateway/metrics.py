@@ -90,10 +90,19 @@ class GatewayMetrics:
             family.labels(model_name)  # served from the start, as zeros, like vLLM's
         # This model's series, looked up once: the inter-token one is observed for every streamed token.
         self.model_ttft, self.model_itl, self.model_e2e = (h.labels(model_name) for h in (self.vllm_ttft, self.vllm_itl, self.vllm_e2e))
+        self.model_prompt_tokens = self.prompt_tokens.labels(model_name)
+        self.model_generation_tokens = self.generation_tokens.labels(model_name)
+        # Labelled children met so far: few (HTTP statuses, finish reasons), and a lookup costs
+        # more than the increment it serves.
+        self._status_to_requests: dict[int, Counter] = {}
+        self._reason_to_success: dict[str, Counter] = {}
         self.registry.register(_ClusterCollector(role_stats, model_name))
 
     def record_request(self, status: int) -> None:
-        self.requests.labels(status=str(status)).inc()
+        child = self._status_to_requests.get(status)
+        if child is None:
+            child = self._status_to_requests[status] = self.requests.labels(status=str(status))
+        child.inc()
 
     def record_ttft(self, seconds: float) -> None:
         self.ttft.observe(seconds)
@@ -112,10 +121,13 @@ class GatewayMetrics:
 
     def record_finished(self, prompt_tokens: int, generation_tokens: int, finish_reasons: list[str]) -> None:
         """A request that ran to its end: its usage, and each choice's finish reason."""
-        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
-        self.generation_tokens.labels(self.model_name).inc(generation_tokens)
+        self.model_prompt_tokens.inc(prompt_tokens)
+        self.model_generation_tokens.inc(generation_tokens)
         for reason in finish_reasons:
-            self.success.labels(self.model_name, reason).inc()
+            child = self._reason_to_success.get(reason)
+            if child is None:
+                child = self._reason_to_success[reason] = self.success.labels(self.model_name, reason)
+            child.inc()
 
     def record_route(self, seconds: float) -> None:
         self.route.observe(seconds)

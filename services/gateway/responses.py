@@ -13,12 +13,13 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from services.gateway.admission import Ticket
 from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
+from services.gateway.event_stream import EventStreamResponse
 from services.gateway.formatters import ChoiceResult, Formatter, usage_of
 from services.gateway.openai_api import ApiRequest, Generation
 from services.gateway.protocol import Usage
@@ -26,7 +27,7 @@ from services.gateway.state import GatewayState
 from services.gateway.token_events import TokenEvent
 
 
-async def respond(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> JSONResponse | StreamingResponse:
+async def respond(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> JSONResponse | EventStreamResponse:
     """The response; ``ticket`` (the request's admission) is released when its work ends."""
     if request.stream:
         return await _start_stream(state, request, formatter, ticket)
@@ -52,7 +53,7 @@ async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatt
     return JSONResponse(body.model_dump())
 
 
-async def _start_stream(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> StreamingResponse:
+async def _start_stream(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> EventStreamResponse:
     started = time.monotonic()
     events = merged_events(lambda g: state.events(g, stream=True), request.generations)
     try:
@@ -65,7 +66,7 @@ async def _start_stream(state: GatewayState, request: ApiRequest, formatter: For
     state.metrics.record_request(200)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     body = _sse(state, request, formatter, first, events, started, ticket)
-    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+    return EventStreamResponse(body, headers=headers)
 
 
 async def _sse(
