@@ -12,7 +12,8 @@ workload (services/bench/suites/), with ``--suite NAME`` followed by that suite'
     tessera bench --suite router --prompt-tokens 4096 --decisions 2000     # every argument after NAME is the suite's
     tessera bench --suite engine --help                                     # a suite's own arguments
 
-Suites: compute, concurrency, decode_step, detokenize, e2e, elastic, engine, kv_layout, preprocess, router, routing, soak (the
+Suites: compute, concurrency, decode_step, detokenize, e2e, elastic, engine, kv_layout, loop_handoff, preprocess, router, routing,
+simulate, soak (the
 scripts in benchmarks/ run the same, ``python benchmarks/router_bench.py`` being
 ``tessera bench --suite router``). Every argument after ``--suite NAME`` is the suite's; the other
 ``tessera bench`` options do not apply to a suite.

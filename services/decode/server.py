@@ -24,6 +24,7 @@ from services.transport.kv_peer import add_kv_peer
 from services.transport.node_admission import NodeAdmission, abort_overloaded
 from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with
 from services.transport.stats_wire import stats_response
+from shared.loop_handoff import LoopHandoff
 from shared.process_stats import node_snapshot
 
 
@@ -31,6 +32,12 @@ class DecodeServicer(rpc.DecodeServicer):
     def __init__(self, node: DecodeNode, admission: NodeAdmission) -> None:
         self.node = node
         self.admission = admission
+        self._handoff: LoopHandoff | None = None  # made on the serving loop, at the first stream
+
+    def _to_loop(self) -> LoopHandoff:
+        if self._handoff is None:
+            self._handoff = LoopHandoff(asyncio.get_running_loop())
+        return self._handoff
 
     @functools.lru_cache(maxsize=65536)  # noqa: B019 - one servicer per process, lives as long
     def token_text(self, token_id: int) -> str:
@@ -55,7 +62,7 @@ class DecodeServicer(rpc.DecodeServicer):
         )
         engine_request.num_cached_tokens = request.num_cached_tokens
         engine_request.output_token_ids = list(request.prior_output_token_ids)  # a migrated request
-        loop = asyncio.get_running_loop()
+        handoff = self._to_loop()
         queue: asyncio.Queue = asyncio.Queue()
         finished = False
         try:
@@ -79,7 +86,7 @@ class DecodeServicer(rpc.DecodeServicer):
             if finished:
                 return
             try:
-                to_client = OutputCoalescer(lambda out: loop.call_soon_threadsafe(queue.put_nowait, out), every_output=request.stream)
+                to_client = OutputCoalescer(lambda out: handoff.call(queue.put_nowait, out), every_output=request.stream)
                 await asyncio.wrap_future(self.node.adopt(engine_request, pages, to_client))
                 span.add_event("adopted")
             except KVPagesExhaustedError as exc:  # taken since can_adopt: the gateway continues elsewhere

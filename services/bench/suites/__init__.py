@@ -1,10 +1,11 @@
 """``tessera bench --suite NAME``: the measurements that are not an HTTP workload of ``tessera
 bench`` (the engine in one process, the router's decision time, routing policies, preprocessing,
 elasticity, soak, many clients, decode steps, detokenization, end-to-end against the engine, KV
-bytes per layout, the gateway process's footprint, a cluster simulation with the real router and
-index). One module per suite; each has a docstring (its ``--help``), ``add_arguments(parser)``
-and ``run(args) -> int``. Results go where the scripts in benchmarks/ always wrote them
-(benchmarks/results/...); those scripts now only call ``tessera bench --suite``.
+bytes per layout, outputs handed from the engine thread to the loop, the gateway process's
+footprint, a cluster simulation with the real router and index). One module per suite; each
+has a docstring (its ``--help``), ``add_arguments(parser)`` and ``run(args) -> int``. Results go
+where the scripts in benchmarks/ always wrote them (benchmarks/results/...); those scripts now
+only call ``tessera bench --suite``.
 
 Suites that compare with the transformers reference or time preprocessing on the test images
 (engine, preprocess) import them from tests/ when they run: they need a repository checkout.
@@ -27,6 +28,7 @@ SUITES = (
     "engine",
     "gateway_footprint",
     "kv_layout",
+    "loop_handoff",
     "preprocess",
     "router",
     "routing",
