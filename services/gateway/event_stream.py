@@ -2,9 +2,8 @@
 
 Why not Starlette's StreamingResponse: below ASGI spec 2.4 (uvicorn's httptools protocol declares
 2.3) it runs every stream in an anyio task group, and a task group's cancellation is delivered
-again on every event-loop cycle until its tasks have ended. With a thousand streams open, that
-redelivery and the task group around it were a tenth of the gateway's CPU (docs/benchmarks.md,
-"The gateway's per-request costs").
+again on every event-loop cycle until its tasks have ended: a cost per stream that shows at a
+thousand streams (docs/benchmarks.md, "The gateway's per-request costs").
 
 Here the events are written by one plain asyncio task while a second waits for the client's
 ``http.disconnect``. Whichever ends first decides: the stream ran out (the watcher is cancelled),

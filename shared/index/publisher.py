@@ -106,6 +106,7 @@ class IndexPublisher:
         self.refusal: ConfigMismatchError | None = None  # set once the cluster refused this node
         self._lock = threading.Lock()
         self._pending = _PendingChanges()
+        self._publishing = False  # a batch taken from _pending is on its way to the index
         self._mm_holdings: dict[MmHash, MmEntry] = {}
         self._kv_holdings: dict[BlockHash, str] = {}
         self._wake = threading.Event()
@@ -147,7 +148,7 @@ class IndexPublisher:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._lock:
-                if self.epoch is not None and self._pending.is_empty():
+                if self.epoch is not None and self._pending.is_empty() and not self._publishing:
                     return True
             time.sleep(0.02)
         return False
@@ -199,7 +200,8 @@ class IndexPublisher:
                     next_heartbeat = time.monotonic() + self.ttl_s / 3
                 with self._lock:
                     batch, self._pending = self._pending, _PendingChanges()
-                if not batch.is_empty():
+                    self._publishing = not batch.is_empty()
+                if self._publishing:
                     try:
                         started = time.monotonic()
                         self.index.publish(self.node.node_id, self.epoch, batch.to_events())
@@ -209,6 +211,8 @@ class IndexPublisher:
                             batch.add(self._pending.to_events())
                             self._pending = batch
                         raise
+                    finally:
+                        self._publishing = False
             except IndexUnavailableError as exc:
                 self.metrics.num_publish_failures.inc()
                 if self.epoch is not None:

@@ -174,6 +174,7 @@ def test_a_hash_evicted_then_stored_again_while_a_publish_is_in_flight_stays_hel
         num_before = index.num_publishing
         publisher.record(IndexEvents(mm_stored={MmHash("y"): ENTRY}))
         assert _wait_for(lambda: index.num_publishing > num_before)  # y's batch waits at the gate
+        assert not publisher.flush(timeout_s=0.2)  # taken from the queue is not yet published
         publisher.record(IndexEvents(mm_evicted=[MmHash("x")]))
         publisher.record(IndexEvents(mm_stored={MmHash("x"): ENTRY}))  # the next batch nets to "x held"
         index.gate.set()
