@@ -35,6 +35,8 @@ class EventStreamResponse(StreamingResponse):
             writer.cancel()  # a no-op once the stream has run out
             await asyncio.wait((writer, watcher))
         error = None if writer.cancelled() else writer.exception()
+        if error is None and not watcher.cancelled():
+            error = watcher.exception()  # the server's receive failed: the stream was cut short
         if error is not None:
             raise error
         if self.background is not None:

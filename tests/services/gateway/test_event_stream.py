@@ -96,6 +96,29 @@ def test_an_error_in_the_events_reaches_the_server():
         asyncio.run(scenario())
 
 
+def test_a_failing_receive_ends_the_stream_and_reaches_the_server():
+    closed = []
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: 0\n\n"
+            await asyncio.Event().wait()
+        finally:
+            closed.append(True)
+
+    async def broken_receive() -> dict:
+        await asyncio.sleep(0.01)
+        raise RuntimeError("receive failed")
+
+    async def scenario() -> None:
+        client = _Client()
+        await EventStreamResponse(events())({"type": "http"}, broken_receive, client.send)
+
+    with pytest.raises(RuntimeError, match="receive failed"):
+        asyncio.run(scenario())
+    assert closed == [True]
+
+
 def test_a_cancelled_response_cancels_its_writer_and_watcher():
     closed = []
 
