@@ -22,7 +22,7 @@ import llguidance.hf
 import numpy as np
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
-from llguidance.torch import fill_next_token_bitmask
+from llguidance.numpy import fill_next_token_bitmask  # not llguidance.torch: it imports torch's compiler, seconds per node
 
 from services.engine.sampling_params import StructuredOutput
 
@@ -103,9 +103,9 @@ class Grammars:
         words = (self._tokenizer().vocab_size + 31) // 32
         out = {}
         for request_id, matcher in matchers:
-            bits = torch.zeros(1, words, dtype=torch.int32)
+            bits = np.zeros((1, words), dtype=np.int32)
             fill_next_token_bitmask(matcher, bits, 0)
-            allowed = np.unpackbits(bits.numpy().view(np.uint8), bitorder="little")[: self._vocab_size].astype(bool)
+            allowed = np.unpackbits(bits.view(np.uint8), bitorder="little")[: self._vocab_size].astype(bool)
             if allowed.shape[0] < self._vocab_size:  # model rows past the tokenizer's vocabulary stay banned
                 allowed = np.pad(allowed, (0, self._vocab_size - allowed.shape[0]))
             out[request_id] = torch.from_numpy(allowed)
