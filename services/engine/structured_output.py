@@ -22,7 +22,9 @@ import llguidance.hf
 import numpy as np
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark
-from llguidance.numpy import fill_next_token_bitmask  # not llguidance.torch: it imports torch's compiler, seconds per node
+
+# Not llguidance.torch: it imports torch's compiler when loaded (docs/benchmarks.md, "A stack's start").
+from llguidance.numpy import fill_next_token_bitmask
 
 from services.engine.sampling_params import StructuredOutput
 

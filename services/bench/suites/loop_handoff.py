@@ -14,7 +14,6 @@ import asyncio
 import resource
 import statistics
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 from services.bench.suites.common import RESULTS, command, machine, write_json
@@ -40,12 +39,8 @@ async def _one_run(mode: str, args: argparse.Namespace) -> float:
     """Process CPU seconds for ``args.steps`` steps of ``args.requests`` outputs each."""
     loop = asyncio.get_running_loop()
     queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(args.requests)]
-    handoff = LoopHandoff(loop)
-    hand: Callable[[asyncio.Queue, int], None]
-    if mode == "call_soon_threadsafe":
-        hand = lambda queue, step: loop.call_soon_threadsafe(queue.put_nowait, step)  # noqa: E731
-    else:
-        hand = lambda queue, step: handoff.call(queue.put_nowait, step)  # noqa: E731
+    # Both take (callback, argument): the only difference is how often the loop is woken.
+    post = loop.call_soon_threadsafe if mode == "call_soon_threadsafe" else LoopHandoff(loop).call
 
     async def consume(queue: asyncio.Queue) -> None:
         for _ in range(args.steps):
@@ -57,7 +52,7 @@ async def _one_run(mode: str, args: argparse.Namespace) -> float:
             for i in range(args.step_work):
                 total += i
             for queue in queues:
-                hand(queue, step)
+                post(queue.put_nowait, step)
 
     started = _cpu_s()
     consumers = [loop.create_task(consume(queue)) for queue in queues]

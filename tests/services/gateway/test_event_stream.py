@@ -34,6 +34,16 @@ class _Client:
         return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
 
 
+async def _one_event_then_waiting(closed: list[bool]) -> AsyncIterator[bytes]:
+    """A decode stream with no next token yet; ``closed`` records that it was closed, which is
+    where the request's work is cancelled on every node."""
+    try:
+        yield b"data: 0\n\n"
+        await asyncio.Event().wait()
+    finally:
+        closed.append(True)
+
+
 def _call(response: EventStreamResponse, client: _Client):
     return response({"type": "http", "asgi": {"spec_version": "2.3"}}, client.receive, client.send)
 
@@ -62,18 +72,8 @@ def test_a_disconnect_closes_the_event_iterator_where_it_waits_and_writes_nothin
 
     async def scenario() -> _Client:
         client = _Client()
-        never = asyncio.Event()
-
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                yield b"data: first\n\n"
-                await never.wait()  # a decode stream with no next token yet
-                yield b"data: never\n\n"
-            finally:
-                closed.append(True)  # where the request's work is cancelled on every node
-
-        call = asyncio.get_running_loop().create_task(_call(EventStreamResponse(events()), client))
-        while len(client.bodies()) < 1:
+        call = asyncio.get_running_loop().create_task(_call(EventStreamResponse(_one_event_then_waiting(closed)), client))
+        while not client.bodies():
             await asyncio.sleep(0)
         client.gone.set()
         await asyncio.wait_for(call, timeout=5)  # returns, without an error
@@ -81,7 +81,7 @@ def test_a_disconnect_closes_the_event_iterator_where_it_waits_and_writes_nothin
         return client
 
     client = asyncio.run(scenario())
-    assert client.bodies() == [b"data: first\n\n"] and closed == [True]
+    assert client.bodies() == [b"data: 0\n\n"] and closed == [True]
 
 
 def test_an_error_in_the_events_reaches_the_server():
@@ -97,14 +97,7 @@ def test_an_error_in_the_events_reaches_the_server():
 
 
 def test_a_failing_receive_ends_the_stream_and_reaches_the_server():
-    closed = []
-
-    async def events() -> AsyncIterator[bytes]:
-        try:
-            yield b"data: 0\n\n"
-            await asyncio.Event().wait()
-        finally:
-            closed.append(True)
+    closed: list[bool] = []
 
     async def broken_receive() -> dict:
         await asyncio.sleep(0.01)
@@ -112,7 +105,7 @@ def test_a_failing_receive_ends_the_stream_and_reaches_the_server():
 
     async def scenario() -> None:
         client = _Client()
-        await EventStreamResponse(events())({"type": "http"}, broken_receive, client.send)
+        await EventStreamResponse(_one_event_then_waiting(closed))({"type": "http"}, broken_receive, client.send)
 
     with pytest.raises(RuntimeError, match="receive failed"):
         asyncio.run(scenario())
@@ -123,15 +116,8 @@ def test_a_cancelled_response_cancels_its_writer_and_watcher():
     closed = []
 
     async def scenario() -> None:
-        async def events() -> AsyncIterator[bytes]:
-            try:
-                yield b"data: 0\n\n"
-                await asyncio.Event().wait()
-            finally:
-                closed.append(True)
-
         client = _Client()
-        call = asyncio.get_running_loop().create_task(_call(EventStreamResponse(events()), client))
+        call = asyncio.get_running_loop().create_task(_call(EventStreamResponse(_one_event_then_waiting(closed)), client))
         while not client.bodies():
             await asyncio.sleep(0)
         call.cancel()  # the server shutting down
