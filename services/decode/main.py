@@ -10,7 +10,7 @@ from services.engine.config import EngineConfig
 from services.engine.step_pacing import step_pacing
 from services.models.registry import ModelRef
 from services.transport.node_admission import NodeAdmission
-from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
+from services.transport.node_runtime import NodeSettings, node_addresses, node_auth, node_lifecycle, node_publisher
 from shared import host_backlog
 from shared.liveness import Liveness
 
@@ -29,6 +29,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     liveness = Liveness(stall_s=settings.liveness_stall_s)
     admission = NodeAdmission("decode", settings.max_pending_requests)
     auth, channel_auth = node_auth(settings)
+    addresses = node_addresses(settings)
     pacing = step_pacing(
         host_backlog.board_from_env(),
         yield_step_ms=engine_config.yield_step_ms,
@@ -45,7 +46,15 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
             pacing.yield_max_step_ms,
             pacing.yield_max_streams,
         )
-    node = DecodeNode(model, engine_config, data_bind=settings.data_address, liveness=liveness, channel_auth=channel_auth, pacing=pacing)
+    node = DecodeNode(
+        model,
+        engine_config,
+        data_bind=settings.data_address,
+        advertise_host=addresses.data_host,
+        liveness=liveness,
+        channel_auth=channel_auth,
+        pacing=pacing,
+    )
     config = node.cluster_config()
     node.publisher = node_publisher("decode", settings, model.model_id, node.data_address, node.load, liveness, config=config)
     lifecycle = node_lifecycle(

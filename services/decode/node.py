@@ -47,6 +47,7 @@ class DecodeNode(EngineNode):
         config: EngineConfig,
         *,
         data_bind: str,
+        advertise_host: str | None = None,
         kv_wait_s: float = 60.0,
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
@@ -54,7 +55,14 @@ class DecodeNode(EngineNode):
         pacing: StepPacing | None = None,
     ) -> None:
         super().__init__(
-            model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth, pacing=pacing
+            model,
+            config,
+            data_bind=data_bind,
+            advertise_host=advertise_host,
+            publisher=publisher,
+            liveness=liveness,
+            channel_auth=channel_auth,
+            pacing=pacing,
         )
         self.kv_wait_s = kv_wait_s
         self.metrics = DecodeMetrics(self.engine_metrics)
@@ -65,7 +73,7 @@ class DecodeNode(EngineNode):
 
     def wait_for_pages(self, request_id: str) -> KVPages:
         """The prompt's KV pages, pushed by the prefill node (blocks until they arrive)."""
-        pages = self.receive_pages(request_id, self.kv_wait_s)
+        pages = self.receive_pages(request_id, self.kv_wait_s, "its prefill node")
         if pages is None:
             raise KVTransferTimeoutError(f"KV pages for {request_id} did not arrive within {self.kv_wait_s}s")
         return pages

@@ -9,7 +9,7 @@ from services.encoder.batching import default_max_batch_rows
 from services.engine.config import EngineConfig
 from services.models.registry import ModelRef
 from services.transport.node_admission import NodeAdmission
-from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
+from services.transport.node_runtime import NodeSettings, node_addresses, node_auth, node_lifecycle, node_publisher
 from shared import host_backlog
 from shared.liveness import Liveness
 
@@ -34,9 +34,11 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     liveness = Liveness(stall_s=settings.liveness_stall_s)
     admission = NodeAdmission("encoder", settings.max_pending_requests, on_change=host_backlog.poster_from_env())
     auth, channel_auth = node_auth(settings)
+    addresses = node_addresses(settings)
     node = EncoderNode(
         model,
         data_bind=settings.data_address,
+        advertise_host=addresses.data_host,
         cache_tokens=engine_config.encoder_cache_tokens,
         device=engine_config.device,
         prepack=engine_config.prepack_vision,

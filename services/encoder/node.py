@@ -21,6 +21,7 @@ from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.models.checkpoint import COMPUTE_DTYPE, dtype_name, load_weights
 from services.models.family import VisionEncoder
 from services.models.registry import ModelRef
+from services.transport.addresses import AdvertisedAddress
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.compute_thread import ComputeThread
@@ -81,6 +82,7 @@ class EncoderNode:
         model: ModelRef,
         *,
         data_bind: str,
+        advertise_host: str | None = None,
         cache_tokens: int,
         device: str = "cpu",
         prepack: bool = False,
@@ -93,7 +95,7 @@ class EncoderNode:
         self.vision = self.compute.run(_build_vision, model, device, prepack)
         self.cache = EncoderCacheManager(cache_tokens)
         self.store: dict[MmHash, torch.Tensor] = {}
-        self.inbox = TensorInbox(data_bind, auth=channel_auth)
+        self.inbox = TensorInbox(data_bind, advertise_host=advertise_host, auth=channel_auth)
         self.sender = TensorSender(auth=channel_auth)
         self.pixel_wait_s = pixel_wait_s
         self.publisher = publisher
@@ -112,7 +114,8 @@ class EncoderNode:
         return metrics
 
     @property
-    def data_address(self) -> str:
+    def data_address(self) -> AdvertisedAddress:
+        """Where peers push this node pixels: what it hands out, never its bound endpoint."""
         return self.inbox.address
 
     def encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
@@ -231,7 +234,7 @@ def _plan_call(items: list[EncodeItem], node: EncoderNode, to_encode: dict[MmHas
             plan.hits.append(item.mm_hash)
             node.metrics.num_cache_hits.inc()
             continue
-        message = node.inbox.wait(item.mm_hash, node.pixel_wait_s)
+        message = node.inbox.wait(item.mm_hash, node.pixel_wait_s, sender="a preprocess node", what="pixels of image")
         if message is None:
             plan.missing.append(item.mm_hash)
         else:

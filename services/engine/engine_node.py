@@ -16,6 +16,7 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.step_pacing import StepPacing
 from services.models.checkpoint import dtype_name
 from services.models.registry import ModelRef
+from services.transport.addresses import AdvertisedAddress
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.index.cluster_config import ClusterConfig
@@ -57,6 +58,7 @@ class EngineNode:
         config: EngineConfig,
         *,
         data_bind: str,
+        advertise_host: str | None = None,
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
@@ -74,12 +76,13 @@ class EngineNode:
         family, checkpoint = model.family, self.engine.runner.checkpoint
         self.positions = functools.partial(family.positions, checkpoint)  # remote_request.PositionsFn
         self.pixels_match = functools.partial(family.pixels_match, checkpoint)  # local_pixels.PixelsMatchFn
-        self.inbox = TensorInbox(data_bind, auth=channel_auth)
+        self.inbox = TensorInbox(data_bind, advertise_host=advertise_host, auth=channel_auth)
         self.sender = TensorSender(auth=channel_auth)
         self.engine_metrics = self._engine_metrics()
 
     @property
-    def data_address(self) -> str:
+    def data_address(self) -> AdvertisedAddress:
+        """Where peers push this node tensors: what it hands out, never its bound endpoint."""
         return self.inbox.address
 
     def cluster_config(self) -> ClusterConfig:
@@ -122,10 +125,10 @@ class EngineNode:
         tensors, meta = kv_pages.pack(pages)
         self.sender.send(target, key, tensors, meta)
 
-    def receive_pages(self, key: str, timeout_s: float) -> kv_pages.KVPages | None:
-        """The pages sent under ``key``, or None if they do not arrive in time (or arrive in a
-        format this node cannot read, which is logged and treated the same way)."""
-        message = self.inbox.wait(key, timeout_s)
+    def receive_pages(self, key: str, timeout_s: float, sender: str) -> kv_pages.KVPages | None:
+        """The pages ``sender`` sent under ``key``, or None if they do not arrive in time (or
+        arrive in a format this node cannot read, which is logged and treated the same way)."""
+        message = self.inbox.wait(key, timeout_s, sender=sender, what="KV pages")
         if message is None:
             return None
         try:

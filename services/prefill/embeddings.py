@@ -203,7 +203,7 @@ class ResidentEmbeddings:
         """Wait for pushed embeddings of ``items`` and import them; raises if any never arrive."""
         missing = []
         for item in items:
-            message = self.inbox.wait(item.mm_hash, self.wait_s)
+            message = self.inbox.wait(item.mm_hash, self.wait_s, sender=encoder, what="embeddings of image")
             if message is None:
                 missing.append(item.mm_hash)
                 continue

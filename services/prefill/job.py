@@ -12,6 +12,7 @@ from services.engine.remote_request import PositionsFn, PromptItem, build_reques
 from services.engine.request import Request
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
 from services.prefill.kv_pull import KVSource
+from services.transport.addresses import AdvertisedAddress
 from shared.types import BlockHash, MmHash
 
 
@@ -55,13 +56,17 @@ class Upstream(Protocol):
     """The calls one prefill makes to other nodes. A failed encoder call raises whatever its
     transport raises: the servicer fails the request the way the encoder failed it."""
 
-    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str, deadline_s: float | None = None) -> list[MmHash]:
+    async def encode(
+        self, encoder: str, items: Sequence[PromptItem], target: AdvertisedAddress, deadline_s: float | None = None
+    ) -> list[MmHash]:
         """Have the encoder push the embeddings of ``items`` to ``target``'s inbox (keyed by
         mm_hash); returns the images it lacks pixels for. ``deadline_s``: the request's deadline
         (time.time() seconds), the call's own."""
         ...
 
-    async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:
+    async def export_kv(
+        self, peer: str, hashes: Sequence[BlockHash], target: AdvertisedAddress, transfer_id: str, timeout_s: float
+    ) -> int | None:
         """Have the peer push its pages of the leading ``hashes`` to ``target`` under
         ``transfer_id``; returns how many blocks it sends, None if the peer could not be asked."""
         ...

@@ -15,11 +15,12 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.request import Request
 from services.prefill.job import Upstream
 from services.prefill.kv_pull import KVSource, PullCostModel, blocks_to_pull, updated_rate
+from services.transport.addresses import AdvertisedAddress
 from shared.node_metrics import Counter, counter
 from shared.types import BlockHash
 
-# (key, timeout_s) -> the pages pushed under key, None if they did not come: EngineNode.receive_pages.
-ReceivePagesFn = Callable[[str, float], kv_pages.KVPages | None]
+# (key, timeout_s, sender) -> the pages pushed under key, None if they did not come: EngineNode.receive_pages.
+ReceivePagesFn = Callable[[str, float, str], kv_pages.KVPages | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ class KVPuller:
         self.prefill_s_per_token = prefill_s_per_token  # refined by every prefill (observe_prefill)
         self.metrics = PullMetrics()
 
-    async def pull(self, request: Request, sources: Sequence[KVSource], upstream: Upstream, target: str) -> int:
+    async def pull(self, request: Request, sources: Sequence[KVSource], upstream: Upstream, target: AdvertisedAddress) -> int:
         """Pull ``request``'s prefix pages to ``target`` (this node's inbox) if worth it; returns
         the number of prompt tokens pulled. Never raises for the peer's failure."""
         if not sources:
@@ -94,7 +95,7 @@ class KVPuller:
         if num_blocks == 0:
             self.metrics.num_blocks_missed.inc(len(plan.hashes))
             return 0  # the source no longer held them: nothing was sent
-        pages = self.receive_pages(plan.transfer_id, self.timeout_s)
+        pages = self.receive_pages(plan.transfer_id, self.timeout_s, plan.source.grpc_address)
         if pages is None:
             self._record_failure(plan)
             return 0

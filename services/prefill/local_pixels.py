@@ -48,7 +48,9 @@ def take_pixels(
     pixels: dict[MmHash, torch.Tensor] = {}
     missing: list[str] = []
     for item in items:
-        message = inbox.wait(key_prefix + item.mm_hash, wait_s if item.mm_hash in wanted else 0.0)
+        message = inbox.wait(
+            key_prefix + item.mm_hash, wait_s if item.mm_hash in wanted else 0.0, sender="a preprocess node", what="pixels of image"
+        )
         if item.mm_hash not in wanted:
             continue
         if message is None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from services.engine.config import EngineConfig
 from services.models.registry import ModelRef
 from services.transport.node_admission import NodeAdmission
-from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
+from services.transport.node_runtime import NodeSettings, node_addresses, node_auth, node_lifecycle, node_publisher
 from shared import host_backlog
 from shared.liveness import Liveness
 
@@ -41,10 +41,12 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     poster = host_backlog.poster_from_env()
     admission = NodeAdmission("prefill", settings.max_pending_requests, on_change=poster)
     auth, channel_auth = node_auth(settings)
+    addresses = node_addresses(settings)
     node = PrefillNode(
         model,
         engine_config,
         data_bind=settings.data_address,
+        advertise_host=addresses.data_host,
         liveness=liveness,
         kv_pull_bandwidth_bytes_per_s=settings.kv_pull_bandwidth_gbps * 1e9,
         kv_pull_overhead_s=settings.kv_pull_overhead_ms / 1000,

@@ -61,6 +61,7 @@ class PrefillNode(EngineNode):
         config: EngineConfig,
         *,
         data_bind: str,
+        advertise_host: str | None = None,
         embedding_wait_s: float = 30.0,
         prefill_timeout_s: float = 600.0,
         publisher: IndexPublisher | None = None,
@@ -81,7 +82,14 @@ class PrefillNode(EngineNode):
         # Before the engine thread starts: its after-step hook publishes from the index.
         self.embedding_index = EmbeddingIndex()
         super().__init__(
-            model, config, data_bind=data_bind, publisher=publisher, liveness=liveness, channel_auth=channel_auth, load_vision=local_encode
+            model,
+            config,
+            data_bind=data_bind,
+            advertise_host=advertise_host,
+            publisher=publisher,
+            liveness=liveness,
+            channel_auth=channel_auth,
+            load_vision=local_encode,
         )
         runner = self.engine.runner
         self.embeddings = ResidentEmbeddings(

@@ -27,6 +27,7 @@ from services.prefill.job import PrefillJob, PrefillResult
 from services.prefill.kv_pull import KVSource
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMismatchError
 from services.prefill.node import PrefillNode
+from services.transport.addresses import AdvertisedAddress
 from services.transport.convert import call_deadline_s, item_from_pb, item_to_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
@@ -138,7 +139,9 @@ class GrpcUpstream:
         self._encoders: dict[str, rpc.EncodeStub] = {}
         self._peers: dict[str, rpc.KVPeerStub] = {}
 
-    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str, deadline_s: float | None = None) -> list[MmHash]:
+    async def encode(
+        self, encoder: str, items: Sequence[PromptItem], target: AdvertisedAddress, deadline_s: float | None = None
+    ) -> list[MmHash]:
         stub = self._encoders.get(encoder)
         if stub is None:
             stub = self._encoders[encoder] = rpc.EncodeStub(internal_channel(encoder, self.auth))
@@ -152,7 +155,9 @@ class GrpcUpstream:
             raise EncoderCallError(encoder, exc) from exc
         return [MmHash(h) for h in reply.missing_pixels]
 
-    async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:
+    async def export_kv(
+        self, peer: str, hashes: Sequence[BlockHash], target: AdvertisedAddress, transfer_id: str, timeout_s: float
+    ) -> int | None:
         stub = self._peers.get(peer)
         if stub is None:
             stub = self._peers[peer] = rpc.KVPeerStub(internal_channel(peer, self.auth))

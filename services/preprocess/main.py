@@ -30,7 +30,7 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config: 
     auth, channel_auth = node_auth(settings)
     node = PreprocessNode(model, preprocess_config, index=index, liveness=liveness, channel_auth=channel_auth)
     # Pixels are the same whatever the cluster's block size and compute dtype: nothing to agree on.
-    publisher = node_publisher("preprocess", settings, model.model_id, "", node.load, liveness, config=ClusterConfig())
+    publisher = node_publisher("preprocess", settings, model.model_id, None, node.load, liveness, config=ClusterConfig())
     lifecycle = node_lifecycle(
         "preprocess", settings, publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission
     )

@@ -22,12 +22,16 @@ def start_redis_server(
     password: str | None = None,
     preexec_fn: Callable[[], None] | None = None,
     timeout_s: float = 10.0,
+    bind: str = "127.0.0.1",
+    reach_host: str = "127.0.0.1",
+    argv_prefix: tuple[str, ...] = (),
 ) -> tuple[subprocess.Popen, str]:
-    """(process, url) once the server answers PING; no persistence, bound to 127.0.0.1. With a
-    password, every client must AUTH; it goes in on the server's stdin (config file "-"), so no
-    command line or file shows it."""
+    """(process, url) once the server answers PING at ``reach_host``; no persistence, bound to
+    ``bind``. With a password, every client must AUTH; it goes in on the server's stdin (config
+    file "-"), so no command line or file shows it. ``argv_prefix`` runs it under another command
+    (``ip netns exec NAME`` in the multi-host tests)."""
     process = subprocess.Popen(
-        [binary, "-", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        [*argv_prefix, binary, "-", "--port", str(port), "--bind", bind, "--save", "", "--appendonly", "no"],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -39,7 +43,7 @@ def start_redis_server(
             raise ValueError("the index password may not contain whitespace or quotes")
         process.stdin.write(f"requirepass {password}\n".encode())
     process.stdin.close()
-    url = f"redis://127.0.0.1:{port}/0"
+    url = f"redis://{reach_host}:{port}/0"
     client = redis.Redis.from_url(url, password=password)
     deadline = time.monotonic() + timeout_s
     while True:

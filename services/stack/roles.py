@@ -26,6 +26,8 @@ ROLE_TO_MODULE = {
     "gateway": "services.gateway.server",
 }
 ROLES = tuple(ROLE_TO_MODULE)
+ROLES_WITH_INBOX = frozenset({"encoder", "prefill", "decode"})  # they bind a data address for tensors
+EXIT_UNREACHABLE = EXIT_REFUSED  # a node its peers could not dial: a configuration error, like a refusal
 TENSOR_FREE_ROLES = frozenset({"gateway"})  # they run no model and load no torch (tests/test_layering.py)
 log = logging.getLogger("tessera")
 
@@ -54,6 +56,19 @@ def role_settings(role: str, flags: argparse.Namespace):
     return dataclass_from_sources(cls, ENV_PREFIX, flags)
 
 
+def _check_advertised_addresses(role: str, settings) -> None:
+    """A node its peers could not dial stops here, before its model loads, with the reason."""
+    from services.transport.addresses import AdvertiseError
+    from services.transport.node_runtime import NodeSettings, node_addresses
+
+    if isinstance(settings, NodeSettings):
+        try:
+            node_addresses(settings, with_inbox=role in ROLES_WITH_INBOX)
+        except AdvertiseError as exc:
+            log.error("the %s node cannot start: %s", role, exc)
+            raise SystemExit(EXIT_UNREACHABLE) from None
+
+
 def run_role(role: str, settings, engine_config: EngineConfig, preprocess_config: PreprocessConfig) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {role} %(levelname)s %(message)s")
     configure_tracing(role)
@@ -69,6 +84,7 @@ def run_role(role: str, settings, engine_config: EngineConfig, preprocess_config
         share.cpus or "any",
         keeps_freed_memory,
     )
+    _check_advertised_addresses(role, settings)
     model = resolve_model(settings.model)
     try:
         importlib.import_module(ROLE_TO_MODULE[role]).main(settings, model, engine_config, preprocess_config)

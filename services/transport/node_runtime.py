@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.transport.addresses import advertise, split_host_port
+from services.transport.addresses import AdvertisedAddress, BoundAddress, advertise, advertised_host, split_host_port
 from services.transport.channel_auth import DEFAULT_MAX_FRAME_BYTES, ChannelAuth
 from services.transport.grpc_server import Lifecycle
 from services.transport.index_access import open_index
@@ -33,8 +33,11 @@ class NodeSettings(InternalPlaneSettings):
     """Flags of ``tessera serve --role R`` common to every node, each also ``TESSERA_SERVE_<NAME>``."""
 
     model: str = "tiny"
-    # Where this node listens, and the host other nodes dial (advertised in the index; default:
-    # the bind host, or this host's own address when binding a wildcard such as 0.0.0.0).
+    # Where this node listens, and the host other nodes dial: every address this node hands out
+    # (its index record, its Stats, the target of the tensors it asks peers for) is advertised.
+    # Default: the bind host, or this host's own address when binding a wildcard such as
+    # 0.0.0.0; a wildcard or loopback one with an index on another host refuses to start
+    # (services/transport/addresses.py).
     grpc_address: str = "127.0.0.1:0"
     data_address: str = "tcp://127.0.0.1:0"
     advertise_host: str = ""
@@ -62,6 +65,28 @@ class NodeSettings(InternalPlaneSettings):
             raise ValueError("with --index-url a node must bind an explicit --grpc-address port: the index advertises it")
 
 
+@dataclass(frozen=True, slots=True)
+class NodeAddresses:
+    """Where this node's peers reach it: its gRPC server, and the host its data inbox is
+    advertised at (the inbox's port is known once it binds: TensorInbox.address)."""
+
+    grpc: AdvertisedAddress
+    data_host: str | None  # None: a node without an inbox (preprocess)
+
+
+def node_addresses(settings: NodeSettings, *, with_inbox: bool = True) -> NodeAddresses:
+    """This node's advertised addresses; AdvertiseError where peers could not dial them (checked
+    before the model loads, so a misconfigured node fails in a second, naming --advertise-host).
+    ``with_inbox``: the node binds a data inbox at ``settings.data_address``."""
+
+    def host_for(bind: str) -> str:
+        return advertised_host(split_host_port(bind)[0], settings.advertise_host, settings.index_url)
+
+    grpc_bound = BoundAddress.parse(settings.grpc_address)
+    data_host = host_for(settings.data_address) if with_inbox else None
+    return NodeAddresses(grpc=advertise(grpc_bound, host_for(settings.grpc_address)), data_host=data_host)
+
+
 def node_auth(settings: NodeSettings) -> tuple[InternalAuth, ChannelAuth]:
     """The node's internal-plane credentials: for gRPC, and for its tensor channel."""
     auth = InternalAuth.from_settings(settings)
@@ -73,7 +98,7 @@ def node_publisher(
     role: str,
     settings: NodeSettings,
     namespace: str,
-    data_address: str,
+    data_address: AdvertisedAddress | None,
     load_fn: LoadFn,
     liveness: Liveness,
     *,
@@ -81,13 +106,14 @@ def node_publisher(
     can_encode: bool = False,
 ) -> IndexPublisher | None:
     """The node's membership in the index (None without one): registered under its advertised
-    addresses with the settings it must share with the cluster (``config``), heartbeating only
+    addresses (its gRPC server's from ``settings``, and its inbox's ``data_address``; None:
+    it has no inbox) with the settings it must share with the cluster (``config``), heartbeating only
     while ``liveness`` holds. ``can_encode``: a prefill node with its own vision tower, which the
     router may ask to encode images."""
     if not settings.index_url:
         return None
-    grpc_address = advertise(settings.grpc_address, settings.advertise_host)
-    data = advertise(data_address, settings.advertise_host) if data_address else ""
+    grpc_address = node_addresses(settings, with_inbox=False).grpc
+    data = data_address or ""
     node_id = settings.node_id or f"{role}@{grpc_address}"
     info = NodeInfo(node_id=node_id, role=role, grpc_address=grpc_address, data_address=data, can_encode=can_encode, config=config)
     index = open_index(settings.index_url, namespace=namespace, settings=settings)

@@ -7,12 +7,14 @@ import logging
 import os
 
 from protos.gen import pb
+from services.transport.addresses import AdvertisedAddress
 from shared.node_metrics import HistogramValue, Snapshot
 
 log = logging.getLogger("tessera")
 
 
-def stats_response(role: str, snapshot: Snapshot, data_address: str = "") -> pb.StatsResponse:
+def stats_response(role: str, snapshot: Snapshot, data_address: AdvertisedAddress | None = None) -> pb.StatsResponse:
+    """``data_address``: where peers push this node tensors (None: it has no inbox)."""
     histograms = [
         pb.Histogram(name=name, bounds=h.bounds, cumulative_counts=h.cumulative, sum=h.sum) for name, h in snapshot.histograms.items()
     ]
@@ -22,7 +24,7 @@ def stats_response(role: str, snapshot: Snapshot, data_address: str = "") -> pb.
         counters=snapshot.counters,
         gauges=snapshot.gauges,
         histograms=histograms,
-        data_address=data_address,
+        data_address=data_address or "",
     )
 
 

@@ -35,6 +35,7 @@ import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from services.transport.addresses import AdvertisedAddress, BoundAddress, advertise, advertised_host
 from services.transport.channel_auth import OPEN_CHANNEL, ChannelAuth
 from services.transport.frame_mac import frames_tag, verify_frames
 from shared.cache_gauges import CacheGauges, cache_gauges
@@ -99,6 +100,7 @@ class TensorSender:
         self.num_bytes_sent = 0
 
     def send(self, address: str, key: str, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> int:
+        """Push ``tensors`` under ``key`` to the inbox peers reach at ``address`` (advertised)."""
         header = {"key": key, "meta": meta or {}, "tensors": []}
         frames: list[memoryview] = []
         for name, tensor in tensors.items():
@@ -145,12 +147,15 @@ class TensorSender:
 
 
 class TensorInbox:
-    """Binds ``address`` and keeps received messages until claimed with ``wait``."""
+    """Binds ``bind`` and keeps received messages until claimed with ``wait``. Senders dial
+    ``address``: the bound endpoint at ``advertise_host`` (services/transport/addresses.py; by
+    default the bind host, or this host's own address for a wildcard)."""
 
     def __init__(
         self,
-        address: str,
+        bind: str,
         *,
+        advertise_host: str | None = None,
         capacity_bytes: int = 1 << 30,
         max_age_s: float = 120.0,
         context: zmq.Context | None = None,
@@ -163,8 +168,10 @@ class TensorInbox:
         self._socket.setsockopt(zmq.MAXMSGSIZE, auth.max_frame_bytes)
         # ZMQ reports a frame over MAXMSGSIZE only by closing that connection: watch closures.
         self._monitor = self._socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self._socket.bind(address)
-        self.address = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._socket.bind(bind)
+        self.bound_address = BoundAddress.parse(self._socket.getsockopt_string(zmq.LAST_ENDPOINT))
+        host = advertise_host if advertise_host is not None else advertised_host(self.bound_address.host)
+        self.address: AdvertisedAddress = advertise(self.bound_address, host)
         self.capacity_bytes = capacity_bytes
         # Unclaimed messages (their request was cancelled, or its waiter timed out) are dropped
         # after max_age_s: without it they stayed until the inbox filled, up to capacity_bytes of
@@ -182,12 +189,25 @@ class TensorInbox:
         self._thread = threading.Thread(target=self._receive_loop, name="tensor-inbox", daemon=True)
         self._thread.start()
 
-    def wait(self, key: str, timeout_s: float) -> TensorMessage | None:
+    def wait(self, key: str, timeout_s: float, *, sender: str = "", what: str = "") -> TensorMessage | None:
+        """The message pushed under ``key``, or None after ``timeout_s``. A wait in vain for a
+        named ``sender`` is logged with the address this node gave it: the operator's one clue
+        when tensors go to the wrong place (a peer told a bound wildcard pushes to itself)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while key not in self._messages:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
+                    if sender and timeout_s > 0 and not self._closed:
+                        log.warning(
+                            "waited %.3gs in vain for %s %s from %s, which was told to send it to %s (this inbox is bound at %s)",
+                            timeout_s,
+                            what or "tensors",
+                            key,
+                            sender,
+                            self.address,
+                            self.bound_address,
+                        )
                     return None
                 self._cond.wait(remaining)
             message = self._messages.pop(key)
@@ -267,7 +287,7 @@ class TensorInbox:
         events.inc()
         count = int(events.value)
         if count & (count - 1) == 0:
-            log.warning("tensor inbox %s: %s (%d so far)", self.address, what, count)
+            log.warning("tensor inbox %s: %s (%d so far)", self.bound_address, what, count)
 
 
 def _decode(frames: list) -> TensorMessage:

@@ -10,6 +10,11 @@ runs the deployment:
 * a service others wait for with ``service_completed_successfully`` (model-init) runs once, to
   completion, before them.
 
+With a ``network`` (tests/deploy/netns_hosts.py), every replica runs on a host of its own
+instead, with its addresses as the file gives them (compose_mapping.plan_replica_on_host), and
+the Valkey on its own host under its service name. One-shot services need no network and run
+here.
+
 Processes are started in their own session and are SIGKILLed if the harness process dies
 (``PR_SET_PDEATHSIG``); each one's stdout and stderr go to ``workdir/logs/<name>.log``. Restart
 policies are not emulated. Every wait has a bound.
@@ -25,10 +30,11 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
-from tests.deploy.compose_mapping import ReplicaPlan, plan_replica, redis_plan
+from tests.deploy.compose_mapping import ReplicaPlan, plan_replica, plan_replica_on_host, redis_plan, with_model
 from tests.deploy.compose_mapping import local_argv as local_argv  # the pure names stay importable from here
 from tests.deploy.compose_processes import PortAllocator, RunningReplica, is_healthy, run_to_completion, start_built, start_valkey
 from tests.deploy.compose_spec import (
@@ -43,6 +49,7 @@ from tests.deploy.compose_spec import (
 from tests.deploy.compose_spec import REPO_ROOT as REPO_ROOT
 from tests.deploy.compose_spec import Healthcheck as Healthcheck
 from tests.deploy.compose_spec import parse_duration as parse_duration
+from tests.deploy.netns_hosts import HostNetwork
 
 
 class Replica(NamedTuple):
@@ -66,7 +73,12 @@ class ComposeDeployment:
         profiles: Iterable[str] = (),
         startup_timeout_s: float = 300.0,
         one_shot_timeout_s: float = 600.0,
+        network: HostNetwork | None = None,
+        model: str | None = None,
+        service_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
+        """``model``: serve (and build) this model instead of the file's; ``service_env``: extra
+        environment per service (settings the file leaves to their defaults)."""
         if workdir is None:
             raise ValueError("workdir is required")
         self.compose_path = Path(compose_path).resolve()
@@ -86,6 +98,9 @@ class ComposeDeployment:
         self._completed: set[str] = set()
         self._next_number: dict[str, int] = {name: 1 for name in self.services}
         self._allocate_port = PortAllocator()
+        self.network = network
+        self.model = model
+        self.service_env = {name: dict(env) for name, env in (service_env or {}).items()}
 
     # -- lifecycle ------------------------------------------------------------------------
     def up(self, scale: Mapping[str, int] | None = None, *, wait: bool = True, timeout_s: float | None = None) -> ComposeDeployment:
@@ -135,6 +150,16 @@ class ComposeDeployment:
         if wait and replicas > len(running):
             self.wait_healthy([service], timeout_s=self.startup_timeout_s if timeout_s is None else timeout_s)
         return []
+
+    def add_replica(self, service: str, env: Mapping[str, str], *, timeout_s: float | None = None) -> Replica:
+        """One more replica of ``service`` with ``env`` on top of its own, once healthy."""
+        run = self._start_replica(self.services[service], env)
+        deadline = time.monotonic() + (self.startup_timeout_s if timeout_s is None else timeout_s)
+        while not is_healthy(self.services[service], run, self.project_dir, False):
+            if not run.alive or time.monotonic() > deadline:
+                raise RuntimeError(f"{run.log_path.stem} did not become healthy\n{run.log_path.read_text(errors='replace')[-4000:]}")
+            time.sleep(0.5)
+        return Replica(run.process.pid, run.plan.grpc_address())
 
     def kill(self, service: str, index: int = 0, sig: int = signal.SIGKILL) -> int:
         """Send ``sig`` to replica ``index`` (0-based, in ``replicas(service)`` order); its pid.
@@ -235,30 +260,43 @@ class ComposeDeployment:
     def _run_once(self, service: Service) -> None:
         number = self._next_number[service.name]
         self._next_number[service.name] += 1
-        plan = self._plan(service, number)
+        plan = self._plan(service, number, one_shot=True)
         log_path = self.workdir / "logs" / f"{self.project}-{service.name}-{number}.log"
         code = run_to_completion(plan, log_path, self.project_dir, self.one_shot_timeout_s)
         if code != 0:
             raise RuntimeError(f"{service.name} exited with {code}\n{log_path.read_text(errors='replace')[-4000:]}")
         self._completed.add(service.name)
 
-    def _start_replica(self, service: Service) -> RunningReplica:
+    def _start_replica(self, service: Service, env: Mapping[str, str] | None = None) -> RunningReplica:
         number = self._next_number[service.name]
         self._next_number[service.name] += 1
         log_path = self.workdir / "logs" / f"{self.project}-{service.name}-{number}.log"
         if is_redis_image(service.image) and not service.build:
-            run = start_valkey(redis_plan(service, number, self._allocate_port, self.volume_dirs), log_path)
+            if self.network is not None:
+                host = self.network.add_host()
+                plan = plan_replica_on_host(service, number, host=host.address, netns=host.name, volume_dirs=self.volume_dirs)
+                run = start_valkey(replace(plan, ports={(service.container_ports or (6379,))[0]: 6379}), log_path)
+                self.network.name_service(service.name, host.address)
+            else:
+                run = start_valkey(redis_plan(service, number, self._allocate_port, self.volume_dirs), log_path)
         elif service.build:
-            run = start_built(self._plan(service, number), log_path, self.project_dir)
+            run = start_built(self._plan(service, number, env), log_path, self.project_dir)
         else:
             raise NotImplementedError(f"{service.name}: image {service.image!r} is neither built here nor a Redis-compatible server")
         self._running[service.name].append(run)
         return run
 
-    def _plan(self, service: Service, number: int) -> ReplicaPlan:
-        return plan_replica(
-            service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port
-        )
+    def _plan(self, service: Service, number: int, env: Mapping[str, str] | None = None, *, one_shot: bool = False) -> ReplicaPlan:
+        env = {**self.service_env.get(service.name, {}), **(env or {})}
+        if self.network is not None and not one_shot:
+            host = self.network.add_host()
+            plan = plan_replica_on_host(service, number, host=host.address, netns=host.name, volume_dirs=self.volume_dirs, env=env)
+        else:
+            plan = plan_replica(
+                service, number, service_ports=self.service_ports, volume_dirs=self.volume_dirs, allocate_port=self._allocate_port
+            )
+            plan = replace(plan, env={**plan.env, **env})
+        return replace(plan, argv=with_model(plan.argv, self.model))
 
     def _stop(self, runs: list[RunningReplica], grace_s: float | None) -> list[int]:
         for r in runs:

@@ -12,6 +12,12 @@ does). What containers would isolate is mapped onto this machine:
   node advertises its container IP), so all traffic stays on loopback;
 * a named volume becomes a directory (``workdir/volumes/<name>`` unless given), and any value
   under its mount point (``TESSERA_HOME=/data/tessera``) is rewritten to lie under it.
+
+``plan_replica_on_host`` maps a replica onto a host of its own instead (a network namespace:
+tests/deploy/netns_hosts.py), where nothing about addresses is rewritten: it binds the
+container ports the file names, at the addresses it names (0.0.0.0), dials services by name,
+and advertises what its host name resolves to, as in a container. Only volumes are mapped, and
+the healthcheck's loopback address becomes the host's, since the harness checks from outside.
 """
 
 from __future__ import annotations
@@ -37,17 +43,19 @@ class ReplicaPlan:
     number: int  # 1-based, like compose's container numbers
     argv: tuple[str, ...]
     env: Mapping[str, str]  # the compose environment after mapping (the process also inherits PATH etc.)
-    ports: Mapping[int, int]  # container port -> loopback port
+    ports: Mapping[int, int]  # container port -> the port it is reached at from here
     healthcheck: tuple[str, ...] | None  # argv after mapping
+    host: str = LOOPBACK  # the address this replica is reached at from here
+    netns: str | None = None  # the network namespace it runs in (None: this one)
 
     def address(self, container_port: int) -> str:
-        return f"{LOOPBACK}:{self.ports[container_port]}"
+        return f"{self.host}:{self.ports[container_port]}"
 
     def grpc_address(self) -> str:
         """The node's gRPC server (the gateway: its Generate server); for valkey, its one port."""
         for key in ("TESSERA_SERVE_GRPC_ADDRESS", "TESSERA_SERVE_GENERATE_ADDRESS"):
             if key in self.env:
-                return self.env[key].removeprefix("tcp://")
+                return f"{self.host}:{self.env[key].rpartition(':')[2]}"
         return self.address(next(iter(self.ports))) if self.ports else ""  # e.g. valkey
 
 
@@ -134,3 +142,40 @@ def redis_plan(service: Service, number: int, allocate_port: Callable[[], int], 
     mapper = _Mapper(service, ports, {}, volume_dirs)
     env = {key: mapper.value(value) for key, value in service.environment.items()}
     return ReplicaPlan(service.name, number, ("valkey-server", "--port", str(port)), env, ports, None)
+
+
+def with_model(argv: Iterable[str], model: str | None) -> tuple[str, ...]:
+    """``argv`` serving (``--model X``) or building (``models build X``) ``model`` instead."""
+    argv = list(argv)
+    if model is None:
+        return tuple(argv)
+    for i in range(len(argv) - 1):
+        if argv[i] == "--model" or (i > 0 and argv[i - 1 : i + 1] == ["models", "build"]):
+            argv[i + 1] = model
+    return tuple(argv)
+
+
+def plan_replica_on_host(
+    service: Service, number: int, *, host: str, netns: str | None, volume_dirs: Mapping[str, Path], env: Mapping[str, str] | None = None
+) -> ReplicaPlan:
+    """Replica ``number`` of ``service`` on a host of its own at ``host`` (in ``netns``): its
+    command and environment as the file gives them, volumes mapped, plus ``env``."""
+    mounts = {target: Path(volume_dirs[source]) for target, source in service.volumes.items()}
+
+    def value(text: str) -> str:
+        for target, local in mounts.items():
+            if text == target or text.startswith(target + "/"):
+                return str(local) + text[len(target) :]
+        return text
+
+    def checked_from_here(text: str) -> str:
+        return re.sub(r"(?<![\d.])(127\.0\.0\.1|localhost)(?=:\d)", host, value(text))
+
+    planned_env = {key: value(v) for key, v in service.environment.items()}
+    if service.command[:1] == ("tessera",):
+        planned_env.setdefault("HF_HUB_OFFLINE", "1")
+    planned_env.update(env or {})
+    argv = local_argv(value(a) for a in service.command)
+    health = local_argv(checked_from_here(a) for a in service.healthcheck.test) if service.healthcheck else None
+    ports = {p: p for p in service.container_ports}
+    return ReplicaPlan(service.name, number, argv, planned_env, ports, health, host=host, netns=netns)

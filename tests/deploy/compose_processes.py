@@ -77,10 +77,16 @@ def process_env(plan: ReplicaPlan) -> dict[str, str]:
     return {**base, **plan.env}
 
 
+def _on_its_host(plan: ReplicaPlan, argv: tuple[str, ...]) -> tuple[str, ...]:
+    """``argv`` run in the plan's network namespace, if it has one (``ip netns exec`` execs the
+    command, so the process keeps the pid Popen gives)."""
+    return ("ip", "netns", "exec", plan.netns, *argv) if plan.netns else argv
+
+
 def spawn(plan: ReplicaPlan, log: IO[bytes], cwd: Path) -> subprocess.Popen:
-    """Start ``plan`` in its own session (dying with this process) in ``cwd``."""
+    """Start ``plan`` in its own session (dying with this process) in ``cwd``, on its host."""
     return subprocess.Popen(
-        plan.argv,
+        _on_its_host(plan, plan.argv),
         env=process_env(plan),
         cwd=cwd,
         stdout=log,
@@ -114,7 +120,15 @@ def start_valkey(plan: ReplicaPlan, log_path: Path) -> RunningReplica:
 
     port = next(iter(plan.ports.values()))
     password = valkey_password(plan)
-    process, _url = start_redis_server(embedded_valkey_binary(), port, password=password, preexec_fn=own_session_and_die_with_parent)
+    process, _url = start_redis_server(
+        embedded_valkey_binary(),
+        port,
+        password=password,
+        preexec_fn=own_session_and_die_with_parent,
+        bind="0.0.0.0" if plan.netns else LOOPBACK,  # on a host of its own, as the image binds
+        reach_host=plan.host,
+        argv_prefix=_on_its_host(plan, ()),
+    )
     return RunningReplica(plan, process, log_path)
 
 
@@ -133,7 +147,7 @@ def is_healthy(service: Service, run: RunningReplica, cwd: Path, run_command: bo
     if is_redis_image(service.image) and not service.build:
         from services.stack.redis_server import redis_answers
 
-        url = f"redis://{LOOPBACK}:{next(iter(run.plan.ports.values()))}/0"
+        url = f"redis://{run.plan.host}:{next(iter(run.plan.ports.values()))}/0"
         return redis_answers(url, password=valkey_password(run.plan), timeout_s=2)
     check = run.plan.healthcheck
     if check is None:

@@ -241,7 +241,10 @@ def test_dockerfile_builds_the_image_compose_expects():
     instructions = [line for line in text.splitlines() if line and not line.lstrip().startswith("#")]
     body = "\n".join(instructions)
     assert instructions[0].strip() == "ARG PYTHON_IMAGE=python:3.11-slim"
-    assert "pip install --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in body
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in body
+    assert 'pip install --no-deps torch==2.13.0 --index-url "${TORCH_INDEX_URL}"' in body
+    assert 'VOLUME ["/data/tessera"]' in body
+    assert "python -m compileall" in body
     assert "torchvision" not in body
     assert re.search(r"pip install (--\S+ )*-e \.(\s|$)", body)
     assert re.search(r"\bHF_HUB_OFFLINE=1\b", body) and re.search(rf"\bTESSERA_HOME={HOME}\b", body)

@@ -59,12 +59,14 @@ class FakeUpstream:
     lacks_pixels: frozenset[MmHash] = frozenset()  # images the encoder reports it has no pixels for
     num_export_calls: int = 0
     encode_calls: list[tuple[str, list[MmHash]]] = field(default_factory=list)  # (encoder, images asked of it)
+    targets: list[str] = field(default_factory=list)  # every target address the node named, in call order
     source_to_lacking: dict[str, frozenset[MmHash]] = field(default_factory=dict)  # holders that no longer hold these
     failing_sources: frozenset[str] = frozenset()  # holders whose call fails outright
     _sender: TensorSender | None = None
 
     async def encode(self, encoder: str, items: Sequence[PromptItem], target: str, deadline_s: float | None = None) -> list[MmHash]:
         self.encode_calls.append((encoder, [i.mm_hash for i in items]))
+        self.targets.append(target)
         if encoder in self.failing_sources:
             raise ConnectionError(f"{encoder} is gone")
         lacking = self.lacks_pixels | self.source_to_lacking.get(encoder, frozenset())
@@ -77,6 +79,7 @@ class FakeUpstream:
 
     async def export_kv(self, peer: str, hashes: Sequence[BlockHash], target: str, transfer_id: str, timeout_s: float) -> int | None:
         self.num_export_calls += 1
+        self.targets.append(target)
         if peer in self.silent_peers:
             return len(hashes)
         node = self.peers.get(peer)

@@ -29,8 +29,6 @@ from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV, InternalAuth
 from shared.index.backend import CacheIndex, IndexCredentials, create_index
 
-# Its asserts report like a test's (it is imported after this conftest).
-pytest.register_assert_rewrite("tests.services.stack.stack_probes")
 
 
 @dataclass
