@@ -14,10 +14,10 @@ if "TESSERA_HOME" not in os.environ:
 
 import pytest
 
+from services.models.registry import ModelRef, resolve_model
+
 # Its asserts report like a test's; tests outside its folder import it too (tests/deploy).
 pytest.register_assert_rewrite("tests.services.stack.stack_probes")
-
-from services.models.registry import ModelRef, resolve_model
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,6 @@ from services.transport.internal_auth import SECRET_ENV, InternalAuth
 from shared.index.backend import CacheIndex, IndexCredentials, create_index
 
 
-
 @dataclass
 class RunningStack:
     process: subprocess.Popen
