@@ -251,3 +251,14 @@ def test_dockerfile_builds_the_image_compose_expects():
     exposed = {int(p) for line in instructions if line.startswith("EXPOSE") for p in line.split()[1:]}
     assert {8000, 50051, 50061, 50071, 9090} <= exposed
     assert 'CMD ["tessera", "serve", "--host", "0.0.0.0"]' in instructions
+
+
+def test_no_healthcheck_needs_a_recent_engine():
+    """``start_interval`` needs Docker Engine 25; older engines and Podman 4.3 refuse the whole file."""
+    for name, service in services().items():
+        assert "start_interval" not in (service.get("healthcheck") or {}), name
+
+
+def test_valkey_does_not_run_as_root():
+    user = str(services()["valkey"]["user"])
+    assert user.split(":")[0] not in ("0", "root"), user

@@ -65,3 +65,21 @@ def test_the_lock_pins_the_tested_runtime_environment():
     assert all(re.fullmatch(r"[a-z0-9-]+==[^=\s]+", pin) for pin in pins), pins
     assert {"torch==2.13.0", "transformers==5.23.0", "llguidance==1.9.1"} <= set(pins)
     assert not any(pin.startswith("torchvision") for pin in pins)
+
+
+def test_the_cuda_target_installs_only_locked_packages():
+    stages = _stages()
+    cuda = " ".join(stages["cuda-deps"])
+    version = re.search(r"ARG FLASHINFER_VERSION=(\S+)", cuda)[1]
+    pins = [line for line in (ROOT / "deploy" / "requirements-cuda.lock").read_text().splitlines() if line and not line.startswith("#")]
+    assert all(re.fullmatch(r"[a-z0-9-]+==[^=\s]+", pin) for pin in pins), pins
+    assert f"flashinfer-python=={version}" in pins
+    assert "pip install --no-deps -r /tmp/rest.lock -r /tmp/requirements-cuda.lock" in cuda
+    main = {line.split("==")[0] for line in (ROOT / "deploy" / "requirements.lock").read_text().splitlines() if "==" in line}
+    assert not main & {pin.split("==")[0] for pin in pins}, "a package is locked once"
+    assert 'pip install --no-deps torch==2.13.0 --index-url "${TORCH_INDEX_URL}"' in " ".join(stages["cpu-deps"])
+
+
+def test_the_build_context_leaves_out_caches():
+    ignored = (ROOT / "deploy" / "Dockerfile.dockerignore").read_text().split()
+    assert {".git", ".venv", ".hypothesis", ".pytest_cache", "benchmarks/results"} <= set(ignored)
