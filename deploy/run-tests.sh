@@ -9,5 +9,10 @@ if ! command -v redis-server >/dev/null 2>&1 && command -v apt-get >/dev/null 2>
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null 2>&1 \
     || echo "note: could not install redis-server; its conformance tests will be skipped" >&2
 fi
+# The multi-host tests put each role in a network namespace of its own (ip netns, as root).
+if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2) >/dev/null 2>&1 \
+    || echo "note: could not install iproute2; the multi-host tests will be skipped" >&2
+fi
 cd "$root"
-exec python -m pytest "$@"
+exec python -m pytest --durations=25 "$@"
