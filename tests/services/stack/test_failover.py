@@ -6,6 +6,11 @@ every role) driven by the official openai client and checked against the referen
   elsewhere, and the streams cut on a dead decode node are migrated.
 * An encoder started by hand later, with nothing but the index URL, gets work; SIGTERM drains it
   while requests run, and none of them fails.
+* A gateway's SIGTERM lets its open streams finish and refuses new requests (on a 1/1/1/1 stack
+  of its own).
+
+The 2/2/2/2 tests run with -m slow; the default suite kills a decode node under streams across
+hosts (tests/deploy/test_netns_hosts.py).
 """
 
 from __future__ import annotations
@@ -92,11 +97,13 @@ def _num_live_nodes(stack: RunningStack) -> int:
 
 
 # Encoder and preprocess kills take the same failover path as prefill's (NodeFailure -> retry on
-# another node); they run with the slow tests to keep the default suite short.
+# another node); they run with the slow tests to keep the default suite short. The migration path
+# (a decode node killed under streams) runs in the default suite across hosts instead:
+# tests/deploy/test_netns_hosts.py.
 @pytest.mark.parametrize(
     "role",
     [
-        "decode",  # the migration path stays in the default suite; the other roles run with -m slow
+        pytest.param("decode", marks=pytest.mark.slow),
         pytest.param("prefill", marks=pytest.mark.slow),
         pytest.param("encoder", marks=pytest.mark.slow),
         pytest.param("preprocess", marks=pytest.mark.slow),
@@ -203,9 +210,17 @@ def _encoded_by(stack: RunningStack, grpc_address: str) -> float:
     return read_stats("encoder", grpc_address, stack.internal_auth()).counters["encoder_items_encoded_total"]
 
 
-def test_a_draining_gateway_finishes_its_open_streams_and_refuses_new_requests(cluster, oracle):
-    """Runs last in this module: it stops the stack's gateway."""
-    _wait_for_all_nodes(cluster, _num_live_nodes(cluster))
+@pytest.fixture
+def small_cluster(tmp_path, repo_root):
+    """One node of each role: a gateway's drain needs no more, and the suite starts it faster."""
+    running = launch_stack(tmp_path, repo_root, "--no-restart")
+    yield running
+    stop_stack(running)
+
+
+def test_a_draining_gateway_finishes_its_open_streams_and_refuses_new_requests(small_cluster, oracle):
+    """It stops its stack's gateway, so it has a stack of its own."""
+    cluster = small_cluster
     cases = _cases(seed=130)[:NUM_EARLY]
     expected = [_oracle_text(oracle, case) for case in cases]
     gateway = cluster.state()["roles"]["gateway"]
