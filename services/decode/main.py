@@ -56,7 +56,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         pacing=pacing,
     )
     config = node.cluster_config()
-    node.publisher = node_publisher("decode", settings, model.model_id, node.data_address, node.load, liveness, config=config)
+    node.publisher = node_publisher("decode", settings, model.model_id, addresses, node.data_address, node.load, liveness, config=config)
     lifecycle = node_lifecycle(
         "decode", settings, node.publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission
     )

@@ -51,7 +51,8 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         # the admitted calls are the node's queue, and its load.
         return float(admission.num_pending), 0.0
 
-    node.publisher = node_publisher("encoder", settings, model.model_id, node.data_address, load, liveness, config=node.cluster_config())
+    config = node.cluster_config()
+    node.publisher = node_publisher("encoder", settings, model.model_id, addresses, node.data_address, load, liveness, config=config)
     lifecycle = node_lifecycle(
         "encoder", settings, node.publisher, liveness, close=node.close, load_fn=load, metrics=node.metrics, admission=admission
     )

@@ -58,7 +58,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     )
     config = node.cluster_config()
     node.publisher = node_publisher(
-        "prefill", settings, model.model_id, node.data_address, node.load, liveness, config=config, can_encode=node.can_encode
+        "prefill", settings, model.model_id, addresses, node.data_address, node.load, liveness, config=config, can_encode=node.can_encode
     )
     lifecycle = node_lifecycle(
         "prefill", settings, node.publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission

@@ -9,7 +9,7 @@ from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.transport.index_access import open_index
 from services.transport.node_admission import NodeAdmission
-from services.transport.node_runtime import NodeSettings, node_auth, node_lifecycle, node_publisher
+from services.transport.node_runtime import NodeSettings, node_addresses, node_auth, node_lifecycle, node_publisher
 from shared.index.cluster_config import ClusterConfig
 from shared.liveness import Liveness
 
@@ -30,7 +30,8 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config: 
     auth, channel_auth = node_auth(settings)
     node = PreprocessNode(model, preprocess_config, index=index, liveness=liveness, channel_auth=channel_auth)
     # Pixels are the same whatever the cluster's block size and compute dtype: nothing to agree on.
-    publisher = node_publisher("preprocess", settings, model.model_id, None, node.load, liveness, config=ClusterConfig())
+    addresses = node_addresses(settings, with_inbox=False)
+    publisher = node_publisher("preprocess", settings, model.model_id, addresses, None, node.load, liveness, config=ClusterConfig())
     lifecycle = node_lifecycle(
         "preprocess", settings, publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission
     )

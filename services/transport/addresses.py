@@ -69,14 +69,6 @@ class AdvertisedAddress(str):
 
     __slots__ = ()
 
-    @property
-    def host(self) -> str:
-        return split_host_port(self)[0]
-
-    @property
-    def port(self) -> int:
-        return split_host_port(self)[1]
-
 
 def advertise(bound: BoundAddress, host: str) -> AdvertisedAddress:
     """``bound``'s socket as peers reach it at ``host`` (from ``advertised_host``)."""
@@ -101,7 +93,7 @@ def index_is_remote(index_url: str) -> bool:
     if not index_url:
         return False
     parts = urlsplit(index_url)
-    if parts.scheme not in ("redis", "rediss", "valkey", "valkeys") or not parts.hostname:
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         return False
     host = parts.hostname
     if is_loopback_host(host):
@@ -116,12 +108,12 @@ def index_is_remote(index_url: str) -> bool:
 def route_source_to(index_url: str) -> str | None:
     """The local address this host uses to reach the index's host (no packet is sent), as a hint
     for the operator; None where it cannot be told."""
-    host = urlsplit(index_url).hostname
-    if not host:
+    parts = urlsplit(index_url)
+    if not parts.hostname:
         return None
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, urlsplit(index_url).port or 6379))
+            probe.connect((parts.hostname, parts.port or 6379))
             return probe.getsockname()[0]
     except OSError:
         return None

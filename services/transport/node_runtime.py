@@ -98,6 +98,7 @@ def node_publisher(
     role: str,
     settings: NodeSettings,
     namespace: str,
+    addresses: NodeAddresses,
     data_address: AdvertisedAddress | None,
     load_fn: LoadFn,
     liveness: Liveness,
@@ -106,13 +107,13 @@ def node_publisher(
     can_encode: bool = False,
 ) -> IndexPublisher | None:
     """The node's membership in the index (None without one): registered under its advertised
-    addresses (its gRPC server's from ``settings``, and its inbox's ``data_address``; None:
+    addresses (its gRPC server's from ``addresses``, and its inbox's ``data_address``; None:
     it has no inbox) with the settings it must share with the cluster (``config``), heartbeating only
     while ``liveness`` holds. ``can_encode``: a prefill node with its own vision tower, which the
     router may ask to encode images."""
     if not settings.index_url:
         return None
-    grpc_address = node_addresses(settings, with_inbox=False).grpc
+    grpc_address = addresses.grpc
     data = data_address or ""
     node_id = settings.node_id or f"{role}@{grpc_address}"
     info = NodeInfo(node_id=node_id, role=role, grpc_address=grpc_address, data_address=data, can_encode=can_encode, config=config)

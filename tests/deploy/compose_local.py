@@ -275,7 +275,7 @@ class ComposeDeployment:
             if self.network is not None:
                 host = self.network.add_host()
                 plan = plan_replica_on_host(service, number, host=host.address, netns=host.name, volume_dirs=self.volume_dirs)
-                run = start_valkey(replace(plan, ports={(service.container_ports or (6379,))[0]: 6379}), log_path)
+                run = start_valkey(plan, log_path)
                 self.network.name_service(service.name, host.address)
             else:
                 run = start_valkey(redis_plan(service, number, self._allocate_port, self.volume_dirs), log_path)

@@ -120,9 +120,10 @@ class HostNetwork:
 def _free_subnet() -> ipaddress.IPv4Network:
     """A /24 of 198.18.0.0/15 that no interface here uses yet."""
     used = _ip("-o", "-4", "addr", "show").stdout
-    start = os.getpid() % 512
-    for offset in range(512):
-        subnet = list(_RANGE.subnets(new_prefix=24))[(start + offset) % 512]
+    subnets = list(_RANGE.subnets(new_prefix=24))
+    start = os.getpid() % len(subnets)
+    for offset in range(len(subnets)):
+        subnet = subnets[(start + offset) % len(subnets)]
         if f" {subnet.network_address}".rsplit(".", 1)[0] + "." not in used:
             return subnet
     raise RuntimeError("no free /24 in 198.18.0.0/15")

@@ -16,6 +16,7 @@ from services.transport.addresses import (
     advertised_host,
     index_is_remote,
     is_loopback_host,
+    split_host_port,
 )
 from services.transport.node_runtime import NodeSettings, node_addresses
 from services.transport.tensor_channel import TensorInbox, TensorSender
@@ -34,7 +35,7 @@ def test_a_bound_address_keeps_its_wildcard_and_an_advertised_one_is_what_goes_o
     assert not isinstance(bound, str)  # a bound address cannot be put on the wire by mistake
     advertised = advertise(bound, "10.4.0.7")
     assert advertised == "tcp://10.4.0.7:50071" and isinstance(advertised, AdvertisedAddress)
-    assert (advertised.host, advertised.port) == ("10.4.0.7", 50071)
+    assert split_host_port(advertised) == ("10.4.0.7", 50071)
     assert advertise(BoundAddress.parse("0.0.0.0:50061"), "encoder-1.tessera") == "encoder-1.tessera:50061"
 
 
