@@ -48,7 +48,7 @@ class OracleOutput:
         return (top[0] - top[1]).item()
 
 
-def _make_hf_processor(tokenizer, image_processor, model_type: str = "qwen2_vl"):
+def _make_hf_processor(tokenizer, image_processor, model_type: str = "qwen2_vl", chat_template: str | None = None):
     from transformers import Qwen2VLProcessor, Qwen3VLProcessor
 
     # Qwen3-VL's processor expands images as Qwen2-VL's does, over the same image processor class.
@@ -61,17 +61,18 @@ def _make_hf_processor(tokenizer, image_processor, model_type: str = "qwen2_vl")
                 return None
             return super().check_argument_for_proper_class(argument_name, argument)
 
-    return _ImagesOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
+    return _ImagesOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=chat_template)
 
 
-def _make_gemma3_processor(model_dir: Path, tokenizer, do_pan_and_scan: bool):
-    from transformers import Gemma3Processor
-    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+def _load_qwen_processor(model_dir: Path, tokenizer, model_type: str):
+    """The image processor as AutoImageProcessor loads it, in the processor transformers builds
+    (AutoProcessor itself needs torchvision for the Qwen families' video processor), with the
+    processor's chat template (chat_template.json or .jinja) where the checkpoint ships one."""
+    from transformers import AutoImageProcessor, ProcessorMixin
 
-    config = json.loads((model_dir / "config.json").read_text())
-    image_processor = Gemma3ImageProcessorPil.from_pretrained(str(model_dir))
-    processor = Gemma3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_length=config["mm_tokens_per_image"])
-    return image_processor, processor, {"do_pan_and_scan": do_pan_and_scan}
+    image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
+    template = ProcessorMixin.get_processor_dict(str(model_dir))[0].get("chat_template")
+    return image_processor, _make_hf_processor(tokenizer, image_processor, model_type, template)
 
 
 class ReferenceOracle:
@@ -83,21 +84,22 @@ class ReferenceOracle:
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.processor_kwargs: dict = {}
         if self.model_type == "gemma3":
-            self.image_processor, self.processor, self.processor_kwargs = _make_gemma3_processor(
-                self.model_dir, self.tokenizer, do_pan_and_scan
-            )
-        else:
-            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+            from transformers import AutoProcessor
 
-            self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
-            self.processor = _make_hf_processor(self.tokenizer, self.image_processor, self.model_type)
+            self.processor = AutoProcessor.from_pretrained(str(model_dir))  # as transformers loads it
+            self.image_processor = self.processor.image_processor
+            self.processor_kwargs = {"do_pan_and_scan": do_pan_and_scan}
+        else:
+            self.image_processor, self.processor = _load_qwen_processor(self.model_dir, self.tokenizer, self.model_type)
         self.model = None
         if load_model:
             # Qwen2-VL or Qwen2.5-VL, whichever the checkpoint declares.
             self.model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
     def chat_text(self, messages: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        """The processor's template where the checkpoint ships one, else the tokenizer's."""
+        template = self.processor.chat_template or self.tokenizer.chat_template
+        return self.tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
 
     def process(self, text: str, images: list[Image.Image]) -> OracleInputs:
         # The rendered chat template already holds any BOS: tokenize the text as it stands.

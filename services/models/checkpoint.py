@@ -1,5 +1,5 @@
-"""Reading a Hugging Face checkpoint directory, for every family: its weight files, its tensors
-split into text and vision groups by the family's name mapping, and its end-of-sequence ids."""
+"""Reading a Hugging Face checkpoint directory's weights, for every family: its weight files, and
+its tensors split into text and vision groups by the family's name mapping."""
 
 from __future__ import annotations
 
@@ -42,17 +42,3 @@ def load_weights(path: Path, dtype: torch.dtype, weight_group: WeightGroup) -> t
                     group, normalized = mapped
                     groups[group][normalized] = handle.get_tensor(name).to(dtype)
     return groups["text"], groups["vision"]
-
-
-def eos_token_ids(path: Path, raw: dict, text: dict) -> tuple[int, ...]:
-    """generation_config.json's eos ids where it names any (chat models stop on their turn end
-    there), else the config's."""
-    eos: list[int] = []
-    gen_path = path / "generation_config.json"
-    if gen_path.is_file():
-        gen_eos = json.loads(gen_path.read_text()).get("eos_token_id")
-        eos = gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []
-    if not eos:
-        text_eos = text.get("eos_token_id", raw.get("eos_token_id"))
-        eos = text_eos if isinstance(text_eos, list) else [text_eos] if text_eos is not None else []
-    return tuple(int(e) for e in eos)

@@ -84,11 +84,12 @@ class TextShape:
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """A checkpoint's config as read by its family. ``text`` is the family's own text config
-    (it has at least TextShape's fields); ``raw`` is config.json as loaded."""
+    (it has at least TextShape's fields); ``hf`` is transformers' config object for the same file
+    (services/models/hf_config.py), whose defaults fill whatever the file leaves out."""
 
     model_type: str
     text: Any
-    raw: dict
+    hf: Any  # transformers.PretrainedConfig (not imported here: the gateway loads no transformers)
     image_token_id: int
     eos_token_ids: tuple[int, ...]
 

@@ -34,7 +34,8 @@ class PreprocessConfig:
     local_media_dir: Path | None = None
     # Byte budget of the processor cache (pixel tensors); 0 disables it.
     processor_cache_bytes: int = 512 * 1024 * 1024
-    # Entries of the encoded-file -> mm_hash memo (80 bytes each); 0 disables it.
+    # Entries of the encoded-file -> mm_hash memo (80 bytes each), and of the Pan-and-Scan
+    # crop -> image memo; 0 disables them.
     file_hash_memo_entries: int = 65536
     # Overrides the model's image-processor pixel bounds; part of mm_hash's processor kwargs.
     min_pixels: int | None = None

@@ -107,8 +107,8 @@ class PreprocessNode:
             not_found, sent, skipped = [], 0, 0
             mirror = None if key_prefix else self._mirror(target_id)
             for mm_hash in mm_hashes:
-                image = self.preprocessor.processor_cache.get(mm_hash)
-                if image is None:
+                image = self.preprocessor.pixels_of(mm_hash)
+                if image is None or image.pixel_values is None:
                     not_found.append(mm_hash)
                 elif mirror is not None and not force and mirror.get(mm_hash):
                     skipped += image.num_bytes

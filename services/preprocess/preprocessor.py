@@ -30,6 +30,7 @@ from PIL import Image
 
 from protos.gen import pb
 from services.models.family import ImageOptions, PlaceholderCountError, ProcessedImage
+from services.models.hf_config import chat_template
 from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import InvalidRequestError, PlaceholderMismatchError, PromptTooLongError
@@ -102,6 +103,7 @@ class Preprocessor:
         self.model = model
         self.config = config or PreprocessConfig()
         self.tokenizer = AutoTokenizer.from_pretrained(str(model.path))
+        self.chat_template = chat_template(model.path, self.tokenizer)
         # apply_chat_template's own parameters, which chat_template_kwargs may not set.
         self._template_parameters = frozenset(inspect.signature(self.tokenizer.apply_chat_template).parameters) - {"kwargs"}
         self.family = model.family
@@ -115,6 +117,9 @@ class Preprocessor:
         self._hash_kwargs = self.image_processor.kwargs_for_hash
         # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
         self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)
+        # A part's mm_hash -> (its image's mm_hash, part index): the processor cache holds whole
+        # images, so a push of one Pan-and-Scan crop finds its pixels through its image.
+        self._part_to_image: BoundedMemo[MmHash, tuple[MmHash, int]] = BoundedMemo(self.config.file_hash_memo_entries)
         self.metrics = self._metrics()
 
     def _metrics(self) -> PreprocessorMetrics:
@@ -153,7 +158,7 @@ class Preprocessor:
                 f"prompt is {len(expanded)} tokens after image expansion; the limit is {self.config.max_prompt_tokens}"
             )
         parts = [
-            (mm_hash if len(image_parts) == 1 else mm_hash_of_part(mm_hash, k), part, hit)
+            (self._part_hash(mm_hash, k, len(image_parts)), part, hit)
             for (mm_hash, _, hit), image_parts in zip(hashed, parts_per_image)
             for k, part in enumerate(image_parts)
         ]
@@ -163,6 +168,28 @@ class Preprocessor:
         ]
         positions, delta = self.family.positions(self.model_config, len(expanded), ranges, [item.image.grid_thw for item in items])
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
+
+    def _part_hash(self, image_hash: MmHash, index: int, num_parts: int) -> MmHash:
+        if num_parts == 1:
+            return image_hash
+        part_hash = mm_hash_of_part(image_hash, index)
+        self._part_to_image.put(part_hash, (image_hash, index))
+        return part_hash
+
+    def pixels_of(self, mm_hash: MmHash) -> ProcessedImage | None:
+        """The processed pixels of an image or of one part of it (a Pan-and-Scan crop), while the
+        processor cache holds them; None once evicted or when this node never processed them."""
+        image = self.processor_cache.get(mm_hash)
+        if image is not None:
+            return image
+        owner = self._part_to_image.get(mm_hash)
+        if owner is None:
+            return None
+        image_hash, index = owner
+        image = self.processor_cache.get(image_hash)
+        if image is None or image.pixel_values is None:
+            return None
+        return self.image_processor.split(image)[index]
 
     def detokenize(self, token_ids: Sequence[int]) -> str:
         self._check_vocabulary(token_ids, "token id")
@@ -180,9 +207,16 @@ class Preprocessor:
         if self._template_parameters & set(template_kwargs):
             names = ", ".join(sorted(self._template_parameters & set(template_kwargs)))
             raise InvalidRequestError(f"chat_template_kwargs may only set template variables, not {names}")
+        if self.chat_template is None:
+            raise InvalidRequestError(f"{self.model.name} ships no chat template: send a prompt (/v1/completions) instead of messages")
         try:
             return self.tokenizer.apply_chat_template(
-                list(messages), tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
+                list(messages),
+                tools=tools,
+                chat_template=self.chat_template,
+                tokenize=False,
+                add_generation_prompt=True,
+                **template_kwargs,
             )
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None

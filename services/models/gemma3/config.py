@@ -1,9 +1,9 @@
 """Gemma3 config.json (transformers 5's form and the Hub's older one), and its weight names.
 
-Layer kinds: ``layer_types`` lists "sliding_attention" / "full_attention" per layer; older configs
-give ``sliding_window_pattern`` P instead (every P-th layer global, the rest sliding).
-RoPE per kind: transformers 5 nests ``rope_parameters`` by layer kind; older configs give the
-global layers' ``rope_theta`` (+ ``rope_scaling``) and the local ones' ``rope_local_base_freq``.
+The file is read through transformers' Gemma3Config (services/models/hf_config.py), which turns
+every vintage into one form: ``layer_types`` per layer (older files give ``sliding_window_pattern``)
+and ``rope_parameters`` per layer kind (older files give ``rope_theta`` + ``rope_scaling`` for the
+global layers and ``rope_local_base_freq`` for the local ones).
 
 Weight names, whatever the checkpoint's vintage:
   text:   "model.language_model.X" | "language_model.model.X"  -> "X"
@@ -15,12 +15,11 @@ Weight names, whatever the checkpoint's vintage:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.models.checkpoint import eos_token_ids
 from services.models.family import ModelConfig
+from services.models.hf_config import eos_token_ids, load_config
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -46,6 +45,7 @@ class TextConfig:
     layer_types: tuple[str, ...]
     kind_to_rope: dict[str, RopeConfig]
     attention_bias: bool
+    tie_word_embeddings: bool
 
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
@@ -59,59 +59,54 @@ def _rope(params: dict) -> RopeConfig:
     return RopeConfig(theta=float(params["rope_theta"]), linear_factor=float(params.get("factor", 1.0)) if kind == "linear" else 1.0)
 
 
-def _kind_to_rope(text: dict) -> dict[str, RopeConfig]:
-    params = text.get("rope_parameters")
-    if isinstance(params, dict) and SLIDING in params and FULL in params:
-        return {SLIDING: _rope(params[SLIDING]), FULL: _rope(params[FULL])}
-    scaling = text.get("rope_scaling") or {}
-    full = {**scaling, "rope_type": scaling.get("rope_type", scaling.get("type", "default")), "rope_theta": text.get("rope_theta", 1e6)}
-    return {SLIDING: _rope({"rope_type": "default", "rope_theta": text.get("rope_local_base_freq", 10000.0)}), FULL: _rope(full)}
+def _check_supported(text) -> None:
+    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if getattr(text, name, None) is not None:
+            raise ValueError(f"Gemma3 {name}={getattr(text, name)} is not supported (Gemma3 checkpoints set it to null)")
+    if getattr(text, "use_bidirectional_attention", False):
+        raise ValueError("Gemma3 text configs with use_bidirectional_attention (embedding models) are not served")
+    if text.hidden_activation != "gelu_pytorch_tanh":
+        raise ValueError(f"Gemma3 hidden_activation {text.hidden_activation!r} is not supported (gelu_pytorch_tanh is)")
 
 
-def _layer_types(text: dict, num_layers: int) -> tuple[str, ...]:
-    if text.get("layer_types"):
-        return tuple(text["layer_types"])
-    pattern = int(text.get("sliding_window_pattern", 6))
-    return tuple(FULL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers))
+def text_config_of(hf) -> TextConfig:
+    """Our text config from transformers' Gemma3TextConfig (its defaults fill what the file omits:
+    the Hub's gemma-3-4b-it names no heads, head size, KV heads or query scale)."""
+    text = hf.text_config
+    _check_supported(text)
+    rope = text.rope_parameters  # transformers normalizes every vintage to one entry per layer kind
+    return TextConfig(
+        vocab_size=text.vocab_size,
+        hidden_size=text.hidden_size,
+        intermediate_size=text.intermediate_size,
+        num_layers=text.num_hidden_layers,
+        num_heads=text.num_attention_heads,
+        num_kv_heads=text.num_key_value_heads,
+        head_dim=text.head_dim,
+        rms_norm_eps=text.rms_norm_eps,
+        query_pre_attn_scalar=float(text.query_pre_attn_scalar),
+        sliding_window=int(text.sliding_window),
+        layer_types=tuple(text.layer_types),
+        kind_to_rope={SLIDING: _rope(rope[SLIDING]), FULL: _rope(rope[FULL])},
+        attention_bias=bool(text.attention_bias),
+        tie_word_embeddings=bool(hf.tie_word_embeddings),
+    )
 
 
 def read_config(path: Path) -> ModelConfig:
-    raw = json.loads((path / "config.json").read_text())
-    text = raw.get("text_config") or {}
-    for name in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if text.get(name) is not None:
-            raise ValueError(f"Gemma3 {name}={text[name]} is not supported (Gemma3 checkpoints set it to null)")
-    if text.get("use_bidirectional_attention"):
-        raise ValueError("Gemma3 text configs with use_bidirectional_attention (embedding models) are not served")
-    num_layers = text["num_hidden_layers"]
-    num_heads = text["num_attention_heads"]
-    head_dim = text.get("head_dim") or text["hidden_size"] // num_heads
+    hf = load_config(path, ("gemma3",))
     return ModelConfig(
-        model_type=raw["model_type"],
-        text=TextConfig(
-            vocab_size=text["vocab_size"],
-            hidden_size=text["hidden_size"],
-            intermediate_size=text["intermediate_size"],
-            num_layers=num_layers,
-            num_heads=num_heads,
-            num_kv_heads=text.get("num_key_value_heads") or num_heads,
-            head_dim=head_dim,
-            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-            query_pre_attn_scalar=float(text.get("query_pre_attn_scalar", head_dim)),
-            sliding_window=int(text.get("sliding_window", 4096)),
-            layer_types=_layer_types(text, num_layers),
-            kind_to_rope=_kind_to_rope(text),
-            attention_bias=bool(text.get("attention_bias", False)),
-        ),
-        raw=raw,
-        image_token_id=int(raw.get("image_token_id", raw.get("image_token_index", 262144))),
-        eos_token_ids=eos_token_ids(path, raw, text),
+        model_type=hf.model_type,
+        text=text_config_of(hf),
+        hf=hf,
+        image_token_id=int(hf.image_token_id),
+        eos_token_ids=eos_token_ids(path, hf),
     )
 
 
 def tokens_per_side(config: ModelConfig) -> int:
     """Soft tokens per image side after the projector's average pool (16 for 256 per image)."""
-    tokens = int(config.raw.get("mm_tokens_per_image", 256))
+    tokens = int(config.hf.mm_tokens_per_image)
     side = int(round(tokens**0.5))
     if side * side != tokens:
         raise ValueError(f"mm_tokens_per_image {tokens} is not a square")

@@ -69,7 +69,7 @@ class DecoderLayer(nn.Module):
 class TextDecoder(PagedDecoder):
     def __init__(self, config: TextConfig) -> None:
         # Gemma3 always ties the LM head to the embedding table.
-        super().__init__(config.vocab_size, config.hidden_size, tie_word_embeddings=True)
+        super().__init__(config.vocab_size, config.hidden_size, tie_word_embeddings=config.tie_word_embeddings)
         self.config = config
         self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -46,7 +46,7 @@ class Gemma3Family:
         if isinstance(prompt, str):
             token_ids = tokenizer.encode(expand_text(prompt, views), add_special_tokens=False)
         else:
-            token_ids = expand_token_ids(tokenizer, prompt, int(config.raw.get("boi_token_index", 255999)), views)
+            token_ids = expand_token_ids(tokenizer, prompt, int(config.hf.boi_token_index), views)
         ranges = soft_token_runs(token_ids, config.image_token_id)
         expected = [part.num_tokens for parts in parts_per_image for part in parts]
         if [r.length for r in ranges] != expected:
@@ -60,7 +60,7 @@ class Gemma3Family:
 
     def pixels_match(self, config: ModelConfig, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int], num_tokens: int) -> bool:
         views, h, w = grid_thw
-        size = config.raw.get("vision_config", {}).get("image_size", 896)
+        size = config.hf.vision_config.image_size
         return tuple(pixel_values.shape) == (views, 3, size, size) and num_tokens == views * h * w
 
     def build_decoder(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> TextDecoder:

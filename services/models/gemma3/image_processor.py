@@ -14,37 +14,44 @@ from pathlib import Path
 from PIL import Image
 
 from services.models.family import ProcessedImage
+from services.models.hf_config import image_call_kwargs
 
-# Gemma3Processor's defaults for the Pan-and-Scan settings (its preprocessor_config leaves them null).
-PAN_AND_SCAN_DEFAULTS = {"pan_and_scan_min_crop_size": 256, "pan_and_scan_max_num_crops": 4, "pan_and_scan_min_ratio_to_activate": 1.2}
+PAN_AND_SCAN_SETTINGS = ("pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")
 
 
 class Gemma3ImageProcessor:
     def __init__(self, model_dir: Path, *, tokens_per_side: int, do_pan_and_scan: bool | None = None) -> None:
+        from transformers import Gemma3Processor
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
         self._hf = Gemma3ImageProcessorPil.from_pretrained(str(model_dir))
         self.tokens_per_side = tokens_per_side
-        enabled = bool(self._hf.do_pan_and_scan) if do_pan_and_scan is None else do_pan_and_scan
-        self._kwargs: dict[str, object] = {"do_pan_and_scan": enabled}
-        if enabled:
-            for name, default in PAN_AND_SCAN_DEFAULTS.items():
-                value = getattr(self._hf, name, None)
-                self._kwargs[name] = default if value is None else value
+        # As Gemma3Processor calls it: its defaults (RGB conversion on, Pan-and-Scan off, the crop
+        # settings) win over the file's; --pan-and-scan is the caller's do_pan_and_scan.
+        self._kwargs = image_call_kwargs(self._hf, Gemma3Processor)
+        if do_pan_and_scan is not None:
+            self._kwargs["do_pan_and_scan"] = do_pan_and_scan
         self.num_processed = 0
+
+    def _setting(self, name: str) -> object:
+        return self._kwargs[name] if name in self._kwargs else getattr(self._hf, name)
 
     @property
     def kwargs_for_hash(self) -> dict[str, object]:
-        size = self._hf.size
-        return {
+        size = self._setting("size")
+        settings: dict[str, object] = {
             "size": [int(size["height"]), int(size["width"])],
-            "resample": int(self._hf.resample),
-            "rescale_factor": float(self._hf.rescale_factor),
-            "image_mean": [float(x) for x in self._hf.image_mean],
-            "image_std": [float(x) for x in self._hf.image_std],
+            "resample": int(self._setting("resample")),
+            "rescale_factor": float(self._setting("rescale_factor")),
+            "image_mean": [float(x) for x in self._setting("image_mean")],
+            "image_std": [float(x) for x in self._setting("image_std")],
+            "do_convert_rgb": bool(self._setting("do_convert_rgb")),
             "tokens_per_side": self.tokens_per_side,
-            **{name: value if isinstance(value, bool) else float(value) for name, value in self._kwargs.items()},
+            "do_pan_and_scan": bool(self._setting("do_pan_and_scan")),
         }
+        if settings["do_pan_and_scan"]:  # the crop settings matter only when crops are made
+            settings.update({name: float(self._setting(name)) for name in PAN_AND_SCAN_SETTINGS})
+        return settings
 
     def process(self, image: Image.Image) -> ProcessedImage:
         out = self._hf(images=[image], return_tensors="pt", **self._kwargs)

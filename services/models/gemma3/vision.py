@@ -9,6 +9,8 @@ and returns one (crops * tokens_per_crop, text_hidden) tensor per part, in order
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -19,13 +21,12 @@ from services.models.family import ModelConfig
 class Gemma3Vision(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
-        from transformers import Gemma3Config
         from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
         from transformers.models.siglip.modeling_siglip import SiglipVisionModel
 
-        hf_config = Gemma3Config(**config.raw)
-        self.vision_tower = SiglipVisionModel._from_config(hf_config.vision_config, dtype=dtype)
-        self.multi_modal_projector = Gemma3MultiModalProjector(hf_config).to(dtype)
+        hf = copy.deepcopy(config.hf)  # building a model records its dtype and attention backend on its config
+        self.vision_tower = SiglipVisionModel._from_config(hf.vision_config, dtype=dtype)
+        self.multi_modal_projector = Gemma3MultiModalProjector(hf).to(dtype)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         hidden = self.vision_tower(pixel_values=pixel_values).last_hidden_state

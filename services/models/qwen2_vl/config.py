@@ -1,4 +1,5 @@
-"""Qwen2-VL / Qwen2.5-VL config.json, and the weight names of every checkpoint vintage.
+"""Qwen2-VL / Qwen2.5-VL config.json read through transformers' config classes, and the weight
+names of every checkpoint vintage.
 
 Weight names are normalized to two groups, whatever the checkpoint's vintage:
   text:   "model.language_model.X" | "model.X"   -> "X"   (plus "lm_head.weight")
@@ -7,12 +8,14 @@ Weight names are normalized to two groups, whatever the checkpoint's vintage:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.models.checkpoint import eos_token_ids
 from services.models.family import ModelConfig
+from services.models.hf_config import eos_token_ids, load_config
+
+# Transformers' sections when rope_parameters names none (Qwen2VLRotaryEmbedding).
+DEFAULT_MROPE_SECTION = (16, 24, 24)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,35 +33,43 @@ class TextConfig:
     tie_word_embeddings: bool
 
 
+def text_config_of(hf) -> TextConfig:
+    """Our text config from transformers' Qwen2VLTextConfig / Qwen2_5_VLTextConfig. Transformers
+    moves the older flat layout (the 7B's: text fields at the top, ``rope_scaling`` with "mrope")
+    into ``text_config`` and ``rope_parameters`` itself; the head size is not a config field there,
+    its attention takes hidden_size / heads, and the sections default as its rotary embedding's."""
+    text = hf.text_config
+    if text.hidden_act != "silu":
+        raise ValueError(f"{hf.model_type} text hidden_act {text.hidden_act!r} is not supported (silu is)")
+    rope = text.rope_parameters
+    return TextConfig(
+        vocab_size=text.vocab_size,
+        hidden_size=text.hidden_size,
+        intermediate_size=text.intermediate_size,
+        num_layers=text.num_hidden_layers,
+        num_heads=text.num_attention_heads,
+        num_kv_heads=text.num_key_value_heads,
+        head_dim=text.hidden_size // text.num_attention_heads,
+        rms_norm_eps=text.rms_norm_eps,
+        rope_theta=float(rope["rope_theta"]),
+        mrope_section=tuple(int(s) for s in rope.get("mrope_section", DEFAULT_MROPE_SECTION)),
+        tie_word_embeddings=bool(hf.tie_word_embeddings),
+    )
+
+
 def read_config(path: Path) -> ModelConfig:
-    raw = json.loads((path / "config.json").read_text())
-    text = raw.get("text_config") or raw
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or raw.get("rope_scaling") or {}
-    num_heads = text["num_attention_heads"]
-    tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    hf = load_config(path, ("qwen2_vl", "qwen2_5_vl"))
     return ModelConfig(
-        model_type=raw["model_type"],
-        text=TextConfig(
-            vocab_size=text["vocab_size"],
-            hidden_size=text["hidden_size"],
-            intermediate_size=text["intermediate_size"],
-            num_layers=text["num_hidden_layers"],
-            num_heads=num_heads,
-            num_kv_heads=text.get("num_key_value_heads") or num_heads,
-            head_dim=text.get("head_dim") or text["hidden_size"] // num_heads,
-            rms_norm_eps=text.get("rms_norm_eps", 1e-6),
-            rope_theta=rope.get("rope_theta", text.get("rope_theta", raw.get("rope_theta", 1000000.0))),
-            mrope_section=tuple(rope.get("mrope_section", (16, 24, 24))),
-            tie_word_embeddings=bool(tie),
-        ),
-        raw=raw,
-        image_token_id=raw.get("image_token_id", 151655),
-        eos_token_ids=eos_token_ids(path, raw, text),
+        model_type=hf.model_type,
+        text=text_config_of(hf),
+        hf=hf,
+        image_token_id=int(hf.image_token_id),
+        eos_token_ids=eos_token_ids(path, hf),
     )
 
 
 def spatial_merge_size(config: ModelConfig) -> int:
-    return int(config.raw.get("vision_config", {}).get("spatial_merge_size", 2))
+    return int(config.hf.vision_config.spatial_merge_size)
 
 
 def weight_group(name: str) -> tuple[str, str] | None:

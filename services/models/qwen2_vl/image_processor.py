@@ -8,13 +8,18 @@ from pathlib import Path
 from PIL import Image
 
 from services.models.family import ProcessedImage
+from services.models.hf_config import image_call_kwargs
 
 
 class Qwen2VLImageProcessor:
     def __init__(self, model_dir: Path, *, min_pixels: int | None = None, max_pixels: int | None = None) -> None:
+        from transformers import Qwen2VLProcessor
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         self._hf = Qwen2VLImageProcessorPil.from_pretrained(str(model_dir))
+        # As the family's processor calls it (Qwen2-VL's and Qwen3-VL's set no image defaults of
+        # their own; a null field takes the class default).
+        self._kwargs = image_call_kwargs(self._hf, Qwen2VLProcessor)
         size = dict(self._hf.size)
         if min_pixels is not None:
             size["shortest_edge"] = min_pixels
@@ -37,10 +42,11 @@ class Qwen2VLImageProcessor:
             "merge_size": self.merge_size,
             "image_mean": [float(x) for x in self._hf.image_mean],
             "image_std": [float(x) for x in self._hf.image_std],
+            "do_convert_rgb": bool(self._kwargs.get("do_convert_rgb", self._hf.do_convert_rgb)),
         }
 
     def process(self, image: Image.Image) -> ProcessedImage:
-        out = self._hf(images=[image], size=self._size, return_tensors="pt")
+        out = self._hf(images=[image], return_tensors="pt", **{**self._kwargs, "size": self._size})
         self.num_processed += 1
         grid = tuple(int(x) for x in out["image_grid_thw"][0].tolist())
         return ProcessedImage(pixel_values=out["pixel_values"].contiguous(), grid_thw=grid, num_tokens=self.num_tokens(grid))

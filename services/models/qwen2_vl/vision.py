@@ -9,6 +9,8 @@ encode(pixel_values, grid_thw) returns one (num_tokens, text_hidden) tensor per 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from kernels.cpu_linear import PackedPatchConv, pack_linears, packing_available
@@ -19,16 +21,11 @@ def build_vision_tower(
     config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, *, prepack: bool = False
 ):
     if config.model_type == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLConfig
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Tower
-
-        vision_config = Qwen2_5_VLConfig(**config.raw).vision_config
     else:
-        from transformers import Qwen2VLConfig
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as Tower
-
-        vision_config = Qwen2VLConfig(**config.raw).vision_config
-    tower = Tower._from_config(vision_config, dtype=dtype)
+    # A copy: building a model records its dtype and attention backend on the config it is given.
+    tower = Tower._from_config(copy.deepcopy(config.hf.vision_config), dtype=dtype)
     missing, unexpected = tower.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(f"vision weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")

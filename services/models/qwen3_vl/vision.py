@@ -13,6 +13,8 @@ the merger's output, then the L DeepStack levels, side by side (services/models/
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from kernels.cpu_linear import PackedPatchConv, pack_linears, packing_available
@@ -22,10 +24,10 @@ from services.models.family import ModelConfig
 def build_vision_tower(
     config: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device, *, prepack: bool = False
 ):
-    from transformers import Qwen3VLConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
-    tower = Qwen3VLVisionModel._from_config(Qwen3VLConfig(**config.raw).vision_config, dtype=dtype)
+    # A copy: building a model records its dtype and attention backend on the config it is given.
+    tower = Qwen3VLVisionModel._from_config(copy.deepcopy(config.hf.vision_config), dtype=dtype)
     missing, unexpected = tower.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(f"vision weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")

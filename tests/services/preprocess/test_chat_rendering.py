@@ -29,10 +29,10 @@ def preprocessor(tiny_model):
 
 @pytest.fixture
 def probe(preprocessor):
-    real = preprocessor.tokenizer.chat_template
-    preprocessor.tokenizer.chat_template = PROBE_TEMPLATE
+    real = preprocessor.chat_template
+    preprocessor.chat_template = PROBE_TEMPLATE
     yield preprocessor
-    preprocessor.tokenizer.chat_template = real
+    preprocessor.chat_template = real
 
 
 def render(preprocessor, **body) -> str:

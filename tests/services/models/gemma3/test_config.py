@@ -92,8 +92,8 @@ def test_pixels_received_over_the_wire_must_fit_their_view(gemma3_model):
     from services.models.gemma3.family import FAMILY
 
     config = FAMILY.read_config(gemma3_model.path)
-    size = config.raw["vision_config"]["image_size"]
-    side = int(config.raw["mm_tokens_per_image"] ** 0.5)
+    size = config.hf.vision_config.image_size
+    side = int(config.hf.mm_tokens_per_image**0.5)
     one_view = torch.zeros(1, 3, size, size)
     assert FAMILY.pixels_match(config, one_view, (1, side, side), side * side)
     assert not FAMILY.pixels_match(config, one_view, (1, side, side), side * side - 1)
