@@ -346,7 +346,13 @@ def write_gemma_3_4b_it(out: Path) -> None:
     _save_weights(out, _tensors(built), dtype=torch.bfloat16)  # already language_model.model.*, vision_tower.vision_model.*
     _write_json(
         out / "generation_config.json",
-        {"bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106], "pad_token_id": 0, "transformers_version": "4.50.0.dev0"},
+        {
+            "bos_token_id": 2,
+            "cache_implementation": "hybrid",
+            "eos_token_id": [1, 106],
+            "pad_token_id": 0,
+            "transformers_version": "4.50.0.dev0",
+        },
     )
     size = {"height": spec.vision_image_size, "width": spec.vision_image_size}
     _write_json(out / "preprocessor_config.json", {**GEMMA3_PREPROCESSOR, "image_seq_length": spec.mm_tokens_per_image, "size": size})

@@ -44,6 +44,7 @@ from services.gateway.state import GatewayState
 from services.gateway.tenants import ApiKeys, Tenant
 from services.gateway.tokenize_protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse, VersionResponse
 from services.gateway.validation_errors import validation_error
+from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from services.router.membership import ROUTED_ROLES
 from services.transport.api_key_auth import bearer_token
 from shared.version import tessera_version
@@ -65,9 +66,11 @@ def create_app(
     api_keys: ApiKeys | None = None,
     model_root: str | None = None,
     tool_parser: str | None = None,
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> tuple[FastAPI, GatewayState]:
     """``model_root``: what ``--model`` named (a built-in, a path), for /v1/models' ``root``;
-    ``tool_parser``: the model family's tool-call parser, if it has one (tool_calls.py)."""
+    ``tool_parser``: the model family's tool-call parser, if it has one (tool_calls.py);
+    ``sampling_defaults``: the checkpoint's generation-config defaults (sampling_defaults.py)."""
     if not served_names:
         raise ValueError("the gateway needs at least one served model name")
     state = GatewayState(pipeline, served_names, default_max_tokens, int(time.time()))
@@ -161,7 +164,12 @@ def create_app(
         _refuse_if_draining(state)
         ignored = report_ignored_fields(request, "/v1/chat/completions")
         api_request = openai_api.to_chat_request(
-            request, served_names=state.served_names, default_max_tokens=state.default_max_tokens, tenant=caller, tool_parser=tool_parser
+            request,
+            served_names=state.served_names,
+            default_max_tokens=state.default_max_tokens,
+            tenant=caller,
+            tool_parser=tool_parser,
+            sampling_defaults=sampling_defaults,
         )
         formatter = ChatFormatter(api_request.tool_mode)
         response = await respond(state, api_request, formatter, admission.admit(len(api_request.generations)))
@@ -172,7 +180,9 @@ def create_app(
     async def completions(request: CompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
         _refuse_if_draining(state)
         ignored = report_ignored_fields(request, "/v1/completions")
-        api_request = openai_api.to_completion_request(request, served_names=state.served_names, tenant=caller)
+        api_request = openai_api.to_completion_request(
+            request, served_names=state.served_names, tenant=caller, sampling_defaults=sampling_defaults
+        )
         response = await respond(state, api_request, CompletionFormatter(), admission.admit(len(api_request.generations)))
         response.headers.update(ignored)
         return response

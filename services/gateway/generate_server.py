@@ -22,6 +22,7 @@ from services.gateway.request_task import events_in_task
 from services.gateway.tenants import ApiKeys
 from services.gateway.token_events import TokenEvent, TokenLogprob
 from services.gateway.typed_generate import typed_generations
+from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from services.transport.api_key_auth import ApiKeyInterceptor, current_principal
 from services.transport.grpc_server import SERVER_OPTIONS
 
@@ -42,10 +43,17 @@ _STATUS_TO_CODE = {
 
 class GenerateServicer(rpc.GenerateServicer):
     def __init__(
-        self, pipeline: Pipeline, *, served_names: tuple[str, ...], default_max_tokens: int, tool_parser: str | None = None
+        self,
+        pipeline: Pipeline,
+        *,
+        served_names: tuple[str, ...],
+        default_max_tokens: int,
+        tool_parser: str | None = None,
+        sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     ) -> None:
         self.pipeline = pipeline
         self.tool_parser = tool_parser
+        self.sampling_defaults = sampling_defaults  # for the chat JSON form; the typed prompt's sampling is explicit
         self.served_names = served_names
         self.default_max_tokens = default_max_tokens
 
@@ -73,7 +81,12 @@ class GenerateServicer(rpc.GenerateServicer):
         except json.JSONDecodeError as exc:
             raise GatewayError(400, f"request_json is not valid JSON: {exc}") from None
         parsed = parse_chat_request(
-            body, served_names=self.served_names, default_max_tokens=self.default_max_tokens, tenant=tenant, tool_parser=self.tool_parser
+            body,
+            served_names=self.served_names,
+            default_max_tokens=self.default_max_tokens,
+            tenant=tenant,
+            tool_parser=self.tool_parser,
+            sampling_defaults=self.sampling_defaults,
         )
         return parsed.generations
 

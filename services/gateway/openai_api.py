@@ -21,6 +21,7 @@ from services.gateway.protocol import INT64_MIN, ChatCompletionRequest
 from services.gateway.tenants import Tenant, request_cache_salt
 from services.gateway.tool_calls import ToolMode, tool_mode_of
 from services.gateway.validation_errors import validation_error
+from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +55,10 @@ def to_chat_request(
     default_max_tokens: int,
     tenant: Tenant | None = None,
     tool_parser: str | None = None,
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> ApiRequest:
-    """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one."""
+    """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one;
+    ``sampling_defaults``: the checkpoint's, for the sampling fields the request leaves unset."""
     model = check_model(request.model, served_names)
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
@@ -65,10 +68,26 @@ def to_chat_request(
     forced = tools.constraint() if tools is not None else None
     if forced is not None and structured is not None:
         raise GatewayError(400, f"tool_choice {tools.kind} constrains the output already; drop the structured output it conflicts with")
-    return _fan_out(request, model, [prompt], max_tokens, tenant, fit_max_tokens=fit, structured=forced or structured, tool_mode=tools)
+    return _fan_out(
+        request,
+        model,
+        [prompt],
+        max_tokens,
+        tenant,
+        fit_max_tokens=fit,
+        structured=forced or structured,
+        tool_mode=tools,
+        sampling_defaults=sampling_defaults,
+    )
 
 
-def to_completion_request(request: CompletionRequest, *, served_names: tuple[str, ...], tenant: Tenant | None = None) -> ApiRequest:
+def to_completion_request(
+    request: CompletionRequest,
+    *,
+    served_names: tuple[str, ...],
+    tenant: Tenant | None = None,
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+) -> ApiRequest:
     model = check_model(request.model, served_names)
     images = request.multi_modal_data.images() if request.multi_modal_data is not None else []
     prompts = [raw_prompt(prompt, images, tenant) for prompt in request.prompts()]
@@ -80,11 +99,18 @@ def to_completion_request(request: CompletionRequest, *, served_names: tuple[str
         tenant,
         fit_max_tokens=request.max_tokens is None,
         structured=request.structured_output(),
+        sampling_defaults=sampling_defaults,
     )
 
 
 def parse_chat_request(
-    body: object, *, served_names: tuple[str, ...], default_max_tokens: int, tenant: Tenant | None = None, tool_parser: str | None = None
+    body: object,
+    *,
+    served_names: tuple[str, ...],
+    default_max_tokens: int,
+    tenant: Tenant | None = None,
+    tool_parser: str | None = None,
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> ApiRequest:
     """A raw JSON body (the Generate API's request_json) through the same model as HTTP."""
     try:
@@ -93,7 +119,12 @@ def parse_chat_request(
         raise validation_error(exc.errors()) from None
     report_ignored_fields(request, "Generate")
     return to_chat_request(
-        request, served_names=served_names, default_max_tokens=default_max_tokens, tenant=tenant, tool_parser=tool_parser
+        request,
+        served_names=served_names,
+        default_max_tokens=default_max_tokens,
+        tenant=tenant,
+        tool_parser=tool_parser,
+        sampling_defaults=sampling_defaults,
     )
 
 
@@ -107,6 +138,7 @@ def _fan_out(
     fit_max_tokens: bool,
     structured: StructuredOutput | None,
     tool_mode: ToolMode | None = None,
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> ApiRequest:
     cache_salt = request_cache_salt(tenant, request.cache_salt)
     generations = tuple(
@@ -114,7 +146,7 @@ def _fan_out(
             index=prompt_index * request.n + i,
             prompt_index=prompt_index,
             prompt=prompt,
-            sampling=_sampling(request, max_tokens, choice=i, structured=structured),
+            sampling=_sampling(request, max_tokens, choice=i, structured=structured, defaults=sampling_defaults),
             cache_salt=cache_salt,
             fit_max_tokens=fit_max_tokens,
         )
@@ -133,23 +165,31 @@ def _fan_out(
 
 
 def _sampling(
-    request: ChatCompletionRequest | CompletionRequest, max_tokens: int, *, choice: int, structured: StructuredOutput | None
+    request: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int,
+    *,
+    choice: int,
+    structured: StructuredOutput | None,
+    defaults: SamplingDefaults,
 ) -> SamplingParams:
     seed = None if request.seed is None else choice_seed(request.seed, choice)
+    # The checkpoint's defaults fill the fields the request did not send (vLLM's rule).
+    given = {name: value for name, value in defaults.as_dict().items() if name not in request.model_fields_set}
+    temperature = given.get("temperature", request.temperature)
     try:
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=0.0 if request.temperature < GREEDY_TEMPERATURE_EPS else request.temperature,
-            top_p=request.top_p,
-            top_k=max(request.top_k, 0),
+            temperature=0.0 if temperature < GREEDY_TEMPERATURE_EPS else temperature,
+            top_p=given.get("top_p", request.top_p),
+            top_k=max(int(given.get("top_k", request.top_k)), 0),
             seed=seed,
             stop=request.stop_strings(),
             ignore_eos=request.ignore_eos,
             logprobs=request.num_logprobs(),
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
-            repetition_penalty=request.repetition_penalty,
-            min_p=request.min_p,
+            repetition_penalty=given.get("repetition_penalty", request.repetition_penalty),
+            min_p=given.get("min_p", request.min_p),
             min_tokens=request.min_tokens,
             logit_bias=request.bias_pairs(),
             structured=structured,

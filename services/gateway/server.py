@@ -22,6 +22,7 @@ from services.gateway.app import create_app
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
+from services.models.sampling_defaults import GENERATION_CONFIG_MODES, NO_DEFAULTS, SamplingDefaults, read_sampling_defaults
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.router import Router
 from services.router.scoring import ENCODE_DISPATCHES, POLICIES
@@ -58,6 +59,9 @@ class Settings(InternalPlaneSettings):
     prefill_address: str = ""
     decode_address: str = ""
     default_max_tokens: int = 256
+    # Sampling defaults for the fields a request leaves unset: "auto", the checkpoint's
+    # generation_config.json (as vLLM's --generation-config auto), or "vllm", none.
+    generation_config: str = "auto"
     routing_policy: str = "cache_aware"
     # Where images the chosen encoder lacks are encoded: "adaptive" (on a prefill node with its
     # own vision tower when the encoder tier's queue would cost more; services/router/scoring.py),
@@ -80,6 +84,8 @@ class Settings(InternalPlaneSettings):
                 "the gateway needs --index-url (nodes are discovered there), or all of --preprocess-address, "
                 "--encoder-address, --prefill-address and --decode-address (comma-separated lists)"
             )
+        if self.generation_config not in GENERATION_CONFIG_MODES:
+            raise ValueError(f"generation_config must be one of {', '.join(GENERATION_CONFIG_MODES)}, got {self.generation_config!r}")
         if self.routing_policy not in POLICIES:
             raise ValueError(f"routing_policy must be one of {', '.join(POLICIES)}, got {self.routing_policy!r}")
         if self.encode_dispatch not in ENCODE_DISPATCHES:
@@ -96,6 +102,7 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) 
         block_size=engine_config.block_size,
         max_model_len=engine_config.max_model_len,
         tool_parser=model.tool_call_parser,
+        sampling_defaults=read_sampling_defaults(model.path, settings.generation_config),
     )
 
 
@@ -130,17 +137,30 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_mod
 
 
 def run_gateway(
-    config: Settings, *, served_names: tuple[str, ...], namespace: str, block_size: int, max_model_len: int, tool_parser: str | None = None
+    config: Settings,
+    *,
+    served_names: tuple[str, ...],
+    namespace: str,
+    block_size: int,
+    max_model_len: int,
+    tool_parser: str | None = None,
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> None:
     # uvicorn re-raises the signal that stopped it once it has shut down, with the handler it
     # found installed: ours, so a drained gateway exits 0 instead of dying of its SIGTERM.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    asyncio.run(_serve(config, served_names, namespace, block_size, max_model_len, tool_parser))
+    asyncio.run(_serve(config, served_names, namespace, block_size, max_model_len, tool_parser, sampling_defaults))
 
 
 async def _serve(
-    config: Settings, served_names: tuple[str, ...], namespace: str, block_size: int, max_model_len: int, tool_parser: str | None
+    config: Settings,
+    served_names: tuple[str, ...],
+    namespace: str,
+    block_size: int,
+    max_model_len: int,
+    tool_parser: str | None,
+    sampling_defaults: SamplingDefaults,
 ) -> None:
     api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size, max_model_len=max_model_len)
@@ -152,9 +172,17 @@ async def _serve(
         api_keys=api_keys,
         model_root=config.model,
         tool_parser=tool_parser,
+        sampling_defaults=sampling_defaults,
+    )
+    servicer = GenerateServicer(
+        pipeline,
+        served_names=served_names,
+        default_max_tokens=config.default_max_tokens,
+        tool_parser=tool_parser,
+        sampling_defaults=sampling_defaults,
     )
     generate = await start_generate_server(
-        GenerateServicer(pipeline, served_names=served_names, default_max_tokens=config.default_max_tokens, tool_parser=tool_parser),
+        servicer,
         config.generate_address,
         api_keys=api_keys,
     )

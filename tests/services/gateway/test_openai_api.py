@@ -12,6 +12,7 @@ from protos.gen import pb
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import parse_chat_request, to_completion_request
+from services.models.sampling_defaults import SamplingDefaults
 from tests.factories import tool_call_history
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -288,3 +289,26 @@ def test_forced_tool_choices_constrain_the_output():
     assert required["type"] == "array" and [item["properties"]["name"]["const"] for item in required["items"]["anyOf"]] == ["f", "g"]
     auto = parse_chat_request({"messages": MESSAGES, "tools": tools}, served_names=("tiny",), default_max_tokens=8, tool_parser="hermes")
     assert auto.tool_mode.kind == "auto" and auto.generations[0].sampling.structured is None
+
+
+QWEN2_VL_7B_DEFAULTS = SamplingDefaults(repetition_penalty=1.05, temperature=0.1, top_k=1, top_p=0.001)
+
+
+def test_the_checkpoints_sampling_defaults_fill_only_the_fields_a_request_leaves_unset():
+    def with_defaults(**body):
+        request = {"messages": MESSAGES, **body}
+        [generation] = parse_chat_request(
+            request, served_names=("tiny",), default_max_tokens=8, sampling_defaults=QWEN2_VL_7B_DEFAULTS
+        ).generations
+        return generation.sampling
+
+    unset = with_defaults()
+    assert (unset.repetition_penalty, unset.temperature, unset.top_k, unset.top_p, unset.min_p) == (1.05, 0.1, 1, 0.001, 0.0)
+    greedy = with_defaults(temperature=0, repetition_penalty=1.0)  # what the request sends wins, 0 included
+    assert (greedy.temperature, greedy.repetition_penalty, greedy.top_k) == (0.0, 1.0, 1)
+    completion = to_completion_request(
+        CompletionRequest.model_validate({"prompt": "hi", "top_p": 0.9}), served_names=("tiny",), sampling_defaults=QWEN2_VL_7B_DEFAULTS
+    )
+    [generation] = completion.generations
+    assert (generation.sampling.top_p, generation.sampling.repetition_penalty) == (0.9, 1.05)
+    assert sampling() == parse_chat_request({"messages": MESSAGES}, served_names=("tiny",), default_max_tokens=256).generations[0].sampling

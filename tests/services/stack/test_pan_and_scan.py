@@ -46,7 +46,9 @@ def _ask(stack, case, *, stream: bool = False) -> tuple[str, int]:
         reply = client.chat.completions.create(model=stack.served_model, messages=case.body["messages"], **GREEDY)
         return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
     options = {"stream_options": {"include_usage": True}}
-    chunks = list(client.chat.completions.create(model=stack.served_model, messages=case.body["messages"], stream=True, **options, **GREEDY))
+    chunks = list(
+        client.chat.completions.create(model=stack.served_model, messages=case.body["messages"], stream=True, **options, **GREEDY)
+    )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
     return text, chunks[-1].usage.prompt_tokens_details.cached_tokens
 
