@@ -11,7 +11,7 @@ import grpc
 from services.gateway.admission import rate_limited
 from services.gateway.error_kinds import KIND_RULES, Action
 from services.gateway.errors import GatewayError
-from services.router.router import NoLiveNodeError
+from services.router.route import NoLiveNodeError
 from services.transport.node_error import NodeRef, node_error_of
 
 # gRPC codes that mean "the node failed", not "the request is bad": retried on another node.

@@ -46,8 +46,9 @@ from services.gateway.failures import Attempts, NodeFailure, NodeOverloaded, cla
 from services.gateway.request_run import Attempt, RequestRun
 from services.gateway.stages import Stages
 from services.gateway.token_events import TokenEvent
+from services.router.route import NoLiveNodeError, Route
 from services.router.route_attributes import route_attributes
-from services.router.router import NoLiveNodeError, Route, Router
+from services.router.router import Router
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import ROLE_TO_STUB, internal_channel
 from shared.tracing import outgoing_metadata, tracer
@@ -243,8 +244,9 @@ class Pipeline:
             route = self.router.route(
                 list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes, exclude=frozenset(excluded), reserve=True
             )
+            num_prompt_tokens = len(prep.prompt_token_ids)
             span.set_attributes(
-                route_attributes(route, policy=self.router.policy, num_images=len(images), num_prompt_tokens=len(prep.prompt_token_ids))
+                route_attributes(route, policy=self.router.policy.name, num_images=len(images), num_prompt_tokens=num_prompt_tokens)
             )
         for observe in self.route_observers:
             observe(route)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from protos.gen import pb
 from services.engine.sampling_params import SamplingParams
 from services.gateway.failures import Attempts
-from services.router.router import Route
+from services.router.route import Route
 
 
 @dataclass(slots=True)

@@ -24,8 +24,9 @@ from services.gateway.pipeline import Pipeline
 from services.gateway.tenants import ApiKeys
 from services.models.sampling_defaults import GENERATION_CONFIG_MODES, NO_DEFAULTS, SamplingDefaults, read_sampling_defaults
 from services.router.membership import ROUTED_ROLES, Membership
+from services.router.policies import make_policy
 from services.router.router import Router
-from services.router.scoring import ENCODE_DISPATCHES, POLICIES
+from services.router.scoring import EncodeDispatch
 from services.transport.index_access import open_index
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
 from shared.startup_heap import freeze_startup_heap
@@ -86,10 +87,8 @@ class Settings(InternalPlaneSettings):
             )
         if self.generation_config not in GENERATION_CONFIG_MODES:
             raise ValueError(f"generation_config must be one of {', '.join(GENERATION_CONFIG_MODES)}, got {self.generation_config!r}")
-        if self.routing_policy not in POLICIES:
-            raise ValueError(f"routing_policy must be one of {', '.join(POLICIES)}, got {self.routing_policy!r}")
-        if self.encode_dispatch not in ENCODE_DISPATCHES:
-            raise ValueError(f"encode_dispatch must be one of {', '.join(ENCODE_DISPATCHES)}, got {self.encode_dispatch!r}")
+        make_policy(self.routing_policy)  # raises for an unknown name, naming the known ones
+        EncodeDispatch(self.encode_dispatch)  # likewise
         if self.index_ttl_s <= 0 or self.max_node_failures < 0 or self.drain_timeout_s < 0 or self.max_num_requests < 1:
             raise ValueError("index_ttl_s must be positive, max_node_failures and drain_timeout_s >= 0, max_num_requests >= 1")
 
@@ -122,7 +121,7 @@ def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_mod
     membership.start()
     router = Router(
         membership,
-        policy=config.routing_policy,
+        policy=make_policy(config.routing_policy),
         index=index if config.cache_lookups else None,
         block_size=block_size,
         encode_dispatch=config.encode_dispatch,

@@ -24,7 +24,8 @@ from services.gateway.errors import GatewayError
 from services.gateway.failures import NodeFailure, classify_rpc_error, remaining_s
 from services.gateway.request_run import Attempt, PixelTarget
 from services.gateway.token_events import TokenEvent, TokenLogprob
-from services.router.router import Route, Router
+from services.router.route import Route
+from services.router.router import Router
 from services.transport.node_error import ErrorKind, node_error_of
 from shared.tracing import outgoing_metadata
 from shared.types import MmHash

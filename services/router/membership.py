@@ -22,13 +22,29 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError, NodeInfo, NodeState
 
 log = logging.getLogger("tessera.membership")
 ROUTED_ROLES = ("preprocess", "encoder", "prefill", "decode")
+
+
+@dataclass(slots=True)
+class NodeWork:
+    """This gateway's work in flight on one node: exact and current, where a heartbeat's load is
+    up to a TTL/3 old (scoring.py weighs each)."""
+
+    num_calls: int = 0  # requests routed there whose call there has not ended
+    num_local_encodes: int = 0  # a prefill node's encodes of its own requests' images
+    num_pending_tokens: int = 0  # prompt tokens routed to a prefill node, not yet prefilled
+
+    def add(self, other: NodeWork, sign: int = 1) -> None:
+        self.num_calls += sign * other.num_calls
+        self.num_local_encodes += sign * other.num_local_encodes
+        self.num_pending_tokens += sign * other.num_pending_tokens
 
 
 class Membership:
@@ -61,7 +77,7 @@ class Membership:
                     self._nodes[node_id] = NodeState(NodeInfo(node_id, role, address), 0, 0.0, 0.0)
         self._index_roles()
         self._address_to_quarantine: dict[str, tuple[float, int]] = {}  # until, epoch at failure
-        self._address_to_num_in_flight: dict[str, int] = {}  # this gateway's own calls
+        self._address_to_work: dict[str, NodeWork] = {}  # this gateway's own work
         self.num_refresh_failures = 0
         self._membership_version: int | None = None
         self._stopped = threading.Event()
@@ -171,24 +187,34 @@ class Membership:
         return True
 
     def num_in_flight(self, address: str) -> int:
-        return self._address_to_num_in_flight.get(address, 0)
+        """This gateway's calls on ``address`` not yet ended."""
+        return self.work_on(address).num_calls
 
-    def in_flight(self, *addresses: str, amounts: Mapping[str, int] | None = None) -> InFlight:
-        """Count this gateway's work on ``addresses`` (one each), and ``amounts`` (key -> how
-        much, e.g. prompt tokens), until released (a load signal); use it as a context manager,
-        or release it by hand when the work ends elsewhere."""
-        counted: dict[str, int] = dict(amounts or {})
-        for address in addresses:
-            counted[address] = counted.get(address, 0) + 1
+    def work_on(self, address: str) -> NodeWork:
+        """A copy of this gateway's work in flight on ``address``."""
         with self._lock:
-            for key, amount in counted.items():
-                self._address_to_num_in_flight[key] = self._address_to_num_in_flight.get(key, 0) + amount
+            work = self._address_to_work.get(address)
+            return NodeWork() if work is None else NodeWork(work.num_calls, work.num_local_encodes, work.num_pending_tokens)
+
+    def in_flight(self, *addresses: str, local_encodes: Iterable[str] = (), pending_tokens: Mapping[str, int] | None = None) -> InFlight:
+        """Count this gateway's work until released (a load signal): a call on each of
+        ``addresses``, a local encode on each of ``local_encodes``, and ``pending_tokens`` (address
+        -> prompt tokens to prefill there). Use it as a context manager, or release it by hand when
+        the work ends elsewhere."""
+        counted: dict[str, NodeWork] = {}
+        for address in addresses:
+            counted.setdefault(address, NodeWork()).num_calls += 1
+        for address in local_encodes:
+            counted.setdefault(address, NodeWork()).num_local_encodes += 1
+        for address, num_tokens in (pending_tokens or {}).items():
+            counted.setdefault(address, NodeWork()).num_pending_tokens += num_tokens
+        self._count(counted, 1)
         return InFlight(self, counted)
 
-    def _release(self, counted: Mapping[str, int]) -> None:
+    def _count(self, counted: Mapping[str, NodeWork], sign: int) -> None:
         with self._lock:
-            for key, amount in counted.items():
-                self._address_to_num_in_flight[key] -= amount
+            for address, work in counted.items():
+                self._address_to_work.setdefault(address, NodeWork()).add(work, sign)
 
     def report_failure(self, address: str) -> None:
         state = self.find(address)
@@ -244,14 +270,14 @@ class InFlight:
 
     __slots__ = ("_counted", "_membership")
 
-    def __init__(self, membership: Membership, counted: Mapping[str, int]) -> None:
+    def __init__(self, membership: Membership, counted: Mapping[str, NodeWork]) -> None:
         self._membership: Membership | None = membership
         self._counted = counted
 
     def release(self) -> None:
         membership, self._membership = self._membership, None
         if membership is not None:
-            membership._release(self._counted)
+            membership._count(self._counted, -1)
 
     def __enter__(self) -> InFlight:
         return self

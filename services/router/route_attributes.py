@@ -3,7 +3,7 @@ request, and a one-line reason, so a trace shows why a request went where it did
 
 from __future__ import annotations
 
-from services.router.router import Route
+from services.router.route import Route
 
 AttributeValue = str | int | float
 

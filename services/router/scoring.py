@@ -59,26 +59,34 @@ image tokens e lacks:
   encode/prefill split; the shipping of embeddings, which only favours p, is left out, so the
   rule leans towards the encoder tier.
 
-Policies: cache_aware takes the highest score; least_loaded the lowest load, cycling through
-equally loaded nodes with ``turn``; round_robin cycles.
-Ties are broken by rendezvous hashing on ``tie_key`` (for example the request's first image), so
-new items spread evenly over equal nodes and the same item always lands on the same node.
+The policies that use these (cache_aware's score and pins) are in policies.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-from shared.hashing import digest_hex
 from shared.types import PlaceholderRange
 
 LOAD_WEIGHT = 256.0
 KV_WEIGHT = 128.0
-POLICIES = ("cache_aware", "round_robin", "least_loaded")
-# Where images are encoded: "adaptive" by the rule above; "encoder" always on the encoder tier;
-# "prefill" on the prefill node whenever it can encode (tests, or encoder-light deployments).
-ENCODE_DISPATCHES = ("adaptive", "encoder", "prefill")
+
+
+class EncodeDispatch(StrEnum):
+    """Where images are encoded. ``EncodeDispatch(name)`` is the one check of a name."""
+
+    ADAPTIVE = "adaptive"  # by the rule above
+    ENCODER = "encoder"  # always on the encoder tier
+    PREFILL = "prefill"  # on the prefill node whenever it can encode (tests, encoder-light deployments)
+
+    @classmethod
+    def _missing_(cls, value: object) -> EncodeDispatch:
+        raise ValueError(f"unknown encode dispatch {value!r}; choose one of {', '.join(d.value for d in cls)}")
+
+
+ENCODE_DISPATCHES = tuple(d.value for d in EncodeDispatch)
 PREFILL_TO_ENCODE_COST = 0.4
 # Bounded pinning to a prefill node (router.py's exactly-once pins): a prefill node holding the
 # request's images pins it only while it has at most PIN_LOAD_SLACK more requests than the least
@@ -107,29 +115,7 @@ def score(candidate: Candidate, cached_tokens: int) -> float:
     return cached_tokens - LOAD_WEIGHT * candidate.load - KV_WEIGHT * candidate.kv_usage
 
 
-def choose(
-    policy: str, candidates: Sequence[Candidate], node_to_cached_tokens: Mapping[str, int], *, turn: int = 0, tie_key: str = ""
-) -> str:
-    """The chosen node id. ``turn`` is the caller's request counter, used by round_robin."""
-    if not candidates:
-        raise ValueError("no candidate nodes")
-    ordered = sorted(candidates, key=lambda c: c.node_id)
-    if policy == "round_robin":
-        return ordered[turn % len(ordered)].node_id
-    if policy == "least_loaded":
-        lowest = min((c.load, c.kv_usage) for c in ordered)
-        tied = [c for c in ordered if (c.load, c.kv_usage) == lowest]
-        return tied[turn % len(tied)].node_id
-    if policy == "cache_aware":
-        best = max(score(c, node_to_cached_tokens.get(c.node_id, 0)) for c in ordered)
-        tied = [c for c in ordered if score(c, node_to_cached_tokens.get(c.node_id, 0)) == best]
-        if len(tied) == 1 or not tie_key:
-            return tied[0].node_id
-        return max(tied, key=lambda c: digest_hex((tie_key, c.node_id))).node_id
-    raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
-
-
-def default_encode_dispatch(cores_shared: bool) -> str:
+def default_encode_dispatch(cores_shared: bool) -> EncodeDispatch:
     """The dispatch a launcher gives a stack whose operator chose none. Where the encoder and
     prefill nodes run on the same cores (shared/cpu_budget.py's cores_shared), "encoder": a local
     encode there runs on the very cores the encoder's queue waits for, so it saves nothing, and
@@ -137,17 +123,17 @@ def default_encode_dispatch(cores_shared: bool) -> str:
     first served keeps the tail short at the same throughput (docs/benchmarks.md, "First come,
     first served where the roles share cores"). Elsewhere "adaptive": the prefill node's tower
     has cores of its own."""
-    return "encoder" if cores_shared else "adaptive"
+    return EncodeDispatch.ENCODER if cores_shared else EncodeDispatch.ADAPTIVE
 
 
-def encode_on_prefill(dispatch: str, num_new_tokens: int, encoder: Candidate, prefill: Candidate, mean_call_tokens: float) -> bool:
+def encode_on_prefill(
+    dispatch: EncodeDispatch, num_new_tokens: int, encoder: Candidate, prefill: Candidate, mean_call_tokens: float
+) -> bool:
     """Whether ``prefill`` encodes the request's ``num_new_tokens`` image tokens that ``encoder``
     lacks, by the adaptive dispatch rule in this module's header."""
-    if dispatch not in ENCODE_DISPATCHES:
-        raise ValueError(f"unknown encode dispatch {dispatch!r}; choose one of {', '.join(ENCODE_DISPATCHES)}")
-    if num_new_tokens <= 0 or not prefill.can_encode or dispatch == "encoder":
+    if num_new_tokens <= 0 or not prefill.can_encode or dispatch == EncodeDispatch.ENCODER:
         return False
-    if dispatch == "prefill":
+    if dispatch == EncodeDispatch.PREFILL:
         return True
     prefill_cost = num_new_tokens * prefill.busy + PREFILL_TO_ENCODE_COST * prefill.pending_tokens
     return prefill_cost < encoder.queue * mean_call_tokens
@@ -160,7 +146,7 @@ def prefix_tokens_per_node(node_to_num_prefix_blocks: Mapping[str, int], block_s
 
 
 def prefill_tokens_per_node(
-    prefix_tokens: Mapping[str, int], mm_holders: Mapping[str, Mapping[str, object]], images: Sequence[tuple[str, PlaceholderRange]]
+    prefix_tokens: Mapping[str, int], mm_holders: Mapping[str, Collection[str]], images: Sequence[tuple[str, PlaceholderRange]]
 ) -> dict[str, int]:
     """cached_tokens of each prefill node: its leading prompt tokens, plus the rows of the images
     whose embeddings it holds and whose placeholder its prefix does not cover."""
@@ -172,7 +158,7 @@ def prefill_tokens_per_node(
     return out
 
 
-def image_tokens_per_node(mm_holders: Mapping[str, Mapping[str, object]], image_tokens: Mapping[str, int]) -> dict[str, int]:
+def image_tokens_per_node(mm_holders: Mapping[str, Collection[str]], image_tokens: Mapping[str, int]) -> dict[str, int]:
     out: dict[str, int] = {}
     for mm_hash, holders in mm_holders.items():
         for node_id in holders:

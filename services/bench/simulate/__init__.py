@@ -4,7 +4,7 @@ index, with each role's compute modelled on a virtual clock.
   workload.py       multi-turn sessions about Zipf-popular images (deterministic)
   cluster.py        modelled nodes: compute queues, bounded LRU caches, their index records
   request_path.py   one request's way through the roles, with failover
-  llmd_scorer.py    the llm-d-style baseline: a per-pod LRU prefix scorer in the gateway
+  (the llm-d-style baseline is a routing policy: services/router/policies.py, LlmdPolicy)
   events.py         the virtual clock
   metrics.py        what a run counts
   index_stats.py    the index server's own counters

@@ -30,7 +30,7 @@ from services.bench.simulate.events import EventQueue
 from services.bench.simulate.metrics import Metrics
 from services.bench.simulate.workload import Session, Turn
 from services.router.membership import InFlight, Membership
-from services.router.router import NoLiveNodeError, Route
+from services.router.route import NoLiveNodeError, Route
 from shared.types import BlockHash, MmHash
 
 MAX_BATCH = 256  # EngineConfig.max_num_seqs
@@ -56,7 +56,7 @@ class RequestPath:
         self,
         events: EventQueue,
         cluster: Cluster,
-        policy,  # Router or LlmdScorer: route(token_ids, images, cache_salt, block_hashes=, exclude=, reserve=)
+        policy,  # the Router, with any policy (the llm-d baseline too)
         membership: Membership,
         costs: Costs,
         metrics: Metrics,

@@ -16,7 +16,7 @@ on the roles in turn, never taking a role's last live node.
 
 Policies: ``cache_aware`` (Router with cache lookups and the configured encode dispatch),
 ``round_robin`` (Router without cache lookups, the classic baseline: the index serves membership
-only, so no prefix pulls either), ``llmd`` (llmd_scorer.py). After the run, the router's last
+only, so no prefix pulls either), ``llmd`` (services/router/policies.py, LlmdPolicy). After the run, the router's last
 lookups are replayed alone (cache_aware only) to give a lookup's own server work.
 """
 
@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from services.bench.simulate.cluster import ROLES, Capacities, Cluster, Costs, SimNode
 from services.bench.simulate.events import EventQueue
 from services.bench.simulate.index_stats import ServerStats, delta, named_url, top_commands
-from services.bench.simulate.llmd_scorer import LlmdScorer
 from services.bench.simulate.metrics import Metrics
 from services.bench.simulate.request_path import Request, RequestPath
 from services.bench.simulate.workload import Session, WorkloadConfig, sessions
 from services.router.membership import Membership
 from services.router.pending_encodes import PendingEncodes
+from services.router.policies import make_policy
 from services.router.router import Router
 from shared.index.backend import create_index
 
@@ -117,13 +117,12 @@ class _Run:
 
     def _policy(self):
         config, block_size = self.config, self.config.workload.block_size
-        if config.policy == "llmd":
-            return LlmdScorer(self.membership, lru_capacity=config.llmd_lru_blocks)
+        policy = make_policy(config.policy, llmd_lru_blocks=config.llmd_lru_blocks)
         index = self.lookup_index if config.policy == "cache_aware" else None
+        # llm-d's scheduler has no adaptive dispatch: its images stay on the encoder tier.
+        dispatch = "encoder" if config.policy == "llmd" else config.encode_dispatch
         pending = PendingEncodes(clock=lambda: self.events.now)
-        return Router(
-            self.membership, config.policy, index, block_size=block_size, encode_dispatch=config.encode_dispatch, pending_encodes=pending
-        )
+        return Router(self.membership, policy, index, block_size=block_size, encode_dispatch=dispatch, pending_encodes=pending)
 
     # -- the run ----------------------------------------------------------------------------------
     def run(self) -> dict:

@@ -35,7 +35,7 @@ from services.bench.runner import Endpoint, RequestRecord, RunSettings, run_work
 from services.bench.suites.common import RESULTS, command, image_size, machine, ms, write_json
 from services.bench.suites.router import decision_times, embedded_valkey
 from services.bench.workloads import BenchRequest, WorkloadSpec, build_workload, shared_images
-from services.router.scoring import POLICIES as KNOWN_POLICIES
+from services.router.policies import SERVED_POLICIES as KNOWN_POLICIES
 
 POLICIES = ("cache_aware", "round_robin")
 WARMUP_SEED = 9  # cold_images of another seed: none of the workload's images

@@ -14,6 +14,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.failures import Attempts, NodeFailure, NodeOverloaded
 from services.gateway.pipeline import Pipeline
 from services.router.membership import Membership
+from services.router.policies import make_policy
 from services.router.router import Router
 from services.transport.node_error import ErrorKind, NodeError, NodeRef
 from shared.index.memory_backend import InProcessIndex
@@ -117,7 +118,7 @@ class FakeNode:
 
 class FakePipeline(Pipeline):
     def __init__(self, router: Router | None = None, **kwargs) -> None:
-        super().__init__(router or Router(Membership(None, NODES), policy="round_robin"), **kwargs)
+        super().__init__(router or Router(Membership(None, NODES), policy=make_policy("round_robin")), **kwargs)
         self.calls: list = []
         self.nodes = {a: FakeNode(a, self.calls) for addresses in NODES.values() for a in addresses}
 
@@ -183,7 +184,7 @@ def test_a_stream_cut_by_a_dead_decode_node_migrates_without_repeating_a_token()
 
 
 def test_when_no_node_of_a_role_is_left_the_request_gets_a_clear_503():
-    pipeline = FakePipeline(Router(Membership(None, {**NODES, "decode": ()}), policy="round_robin"))
+    pipeline = FakePipeline(Router(Membership(None, {**NODES, "decode": ()}), policy=make_policy("round_robin")))
     with pytest.raises(GatewayError) as caught:
         pipeline.generate()
     assert caught.value.status == 503 and "no live decode node" in caught.value.message
@@ -388,7 +389,7 @@ def test_a_prefill_call_the_watchdog_cancels_is_that_nodes_failure_and_retried()
             epochs[address] = index.register_node(NodeInfo(f"{role}@{address}", role, address, f"tcp://{address}"), ttl_s=60)
     membership = Membership(index)
     membership.refresh()
-    pipeline = FakePipeline(Router(membership, policy="round_robin"))
+    pipeline = FakePipeline(Router(membership, policy=make_policy("round_robin")))
     pipeline.watchdog.interval_s = 0.05
     hanging = _hang_prefill(pipeline, "p:1")
 
@@ -416,7 +417,7 @@ def pipeline_encoding_on_prefill() -> FakePipeline:
             index.register_node(info, ttl_s=60)
     membership = Membership(index)
     membership.refresh()
-    pipeline = FakePipeline(Router(membership, policy="round_robin", index=index, encode_dispatch="prefill"))
+    pipeline = FakePipeline(Router(membership, policy=make_policy("round_robin"), index=index, encode_dispatch="prefill"))
     for address in NODES["preprocess"]:
         pipeline.nodes[address].mm_items = [IMAGE_ITEM]
     return pipeline

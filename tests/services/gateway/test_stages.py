@@ -7,7 +7,7 @@ from services.engine.sampling_params import SamplingParams
 from services.gateway.failures import Attempts
 from services.gateway.request_run import Attempt, PixelTarget, RequestRun
 from services.gateway.stages import _by_target
-from services.router.router import Route
+from services.router.route import Route
 from shared.types import MmHash
 
 LOCAL, SHIPPED, NEW = MmHash("local"), MmHash("shipped"), MmHash("new")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from services.router.route import Route
 from services.router.route_attributes import route_attributes, route_reason
-from services.router.router import Route
 from shared.types import MmHash
 
 

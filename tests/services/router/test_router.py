@@ -8,8 +8,11 @@ import contextlib
 import pytest
 
 from services.router.membership import Membership
-from services.router.router import NoLiveNodeError, Router, local_encode_key, pending_tokens_key
-from services.router.scoring import PIN_LOAD_SLACK, POLICIES
+from services.router.policies import SERVED_POLICIES as POLICIES
+from services.router.policies import make_policy
+from services.router.route import NoLiveNodeError
+from services.router.router import Router
+from services.router.scoring import PIN_LOAD_SLACK
 from shared.hashing import MmSpan, block_hashes
 from shared.index.memory_backend import InProcessIndex
 from shared.index.record_seal import RecordSealer
@@ -25,10 +28,10 @@ IMAGE = (MmHash("img"), PlaceholderRange(8, 12))
 HASHES = block_hashes(TOKENS, BLOCK, [MmSpan(*IMAGE)])
 
 
-def router_over(index, **kwargs) -> Router:
+def router_over(index, *, policy: str = "cache_aware", **kwargs) -> Router:
     membership = Membership(index)
     membership.refresh()  # what start() does first; the lookups then name holders only
-    return Router(membership, index=index, block_size=BLOCK, **kwargs)
+    return Router(membership, make_policy(policy), index=index, block_size=BLOCK, **kwargs)
 
 
 def index_holding(node_to_blocks: dict[str, list[int]], *, everyone: bool = True) -> InProcessIndex:
@@ -256,7 +259,7 @@ def test_calls_waiting_on_the_encoder_do_not_make_a_prefill_node_busy_but_its_lo
     router = router_over(_cluster(can_encode=True))
     with _queued(router, 1), router.membership.in_flight("p:1", "p:2", "p:1", "p:2"):  # these wait on the encoder tier
         assert router.route(TOKENS, [IMAGE]).local_encode == {IMAGE[0]}
-        with router.membership.in_flight(local_encode_key("p:1"), local_encode_key("p:2")):
+        with router.membership.in_flight(local_encodes=("p:1", "p:2")):
             # One local encode running on each: T * 1 is not below 1 * mean_call_tokens (= T).
             assert router.route(TOKENS, [IMAGE]).local_encode == set()
 
@@ -275,7 +278,7 @@ def test_a_burst_routed_before_any_call_starts_spreads_its_images_over_encoders_
         route.reservation.release()
         route.reservation.release()  # a second release is a no-op
     assert all(router.membership.num_in_flight(a) == 0 for a in ("e:1", "e:2", "p:1", "p:2", "d:1", "d:2"))
-    assert router.membership.num_in_flight(local_encode_key("p:1")) == 0
+    assert router.membership.work_on("p:1").num_local_encodes == 0
 
 
 def test_a_prefill_node_owing_the_burst_s_prefills_takes_one_image_not_half_of_them():
@@ -290,11 +293,11 @@ def test_a_prefill_node_owing_the_burst_s_prefills_takes_one_image_not_half_of_t
     images = [(MmHash(f"cold-{i}"), PlaceholderRange(8, 28)) for i in range(4)]
     routes = [router.route(TOKENS, [image], reserve=True) for image in images]
     assert [bool(r.local_encode) for r in routes] == [False, True, False, False]
-    assert router.membership.num_in_flight(pending_tokens_key("p:1")) == 4 * len(TOKENS)
+    assert router.membership.work_on("p:1").num_pending_tokens == 4 * len(TOKENS)
     for route in routes:
         assert route.reservation is not None
         route.reservation.release()
-    assert router.membership.num_in_flight(pending_tokens_key("p:1")) == 0
+    assert router.membership.work_on("p:1").num_pending_tokens == 0
 
 
 def test_a_route_reserves_only_the_nodes_its_work_uses():
@@ -304,7 +307,7 @@ def test_a_route_reserves_only_the_nodes_its_work_uses():
         assert route.local_encode == {IMAGE[0]} and route.reservation is not None
         with route.reservation:  # the prefill node encodes the image: the encoder is not counted
             assert router.membership.num_in_flight(route.encoder) == 4
-            assert router.membership.num_in_flight(local_encode_key(route.prefill)) == 1
+            assert router.membership.work_on(route.prefill).num_local_encodes == 1
             assert router.membership.num_in_flight(route.prefill) == router.membership.num_in_flight(route.decode) == 1
         assert router.membership.num_in_flight(route.prefill) == 0
     assert router.route(TOKENS, [IMAGE]).reservation is None  # reserve=False: nothing counted

@@ -1,53 +1,19 @@
-"""The routing policy as a pure function."""
+"""The arithmetic the routing policies share (pure): cached work per node, and adaptive dispatch."""
 
 from __future__ import annotations
 
 import pytest
 
 from services.router.scoring import (
-    LOAD_WEIGHT,
     PREFILL_TO_ENCODE_COST,
     Candidate,
-    choose,
+    EncodeDispatch,
     encode_on_prefill,
     image_tokens_per_node,
     prefill_tokens_per_node,
     prefix_tokens_per_node,
 )
 from shared.types import PlaceholderRange
-
-
-def nodes(*specs):
-    return [Candidate(name, load, kv) for name, load, kv in specs]
-
-
-def test_cache_aware_prefers_the_node_holding_more_work():
-    candidates = nodes(("a", 0, 0.1), ("b", 0, 0.1))
-    assert choose("cache_aware", candidates, {"b": 512}) == "b"
-    assert choose("cache_aware", candidates, {}) == "a"  # tie: lowest id
-
-
-def test_load_outweighs_a_small_cache_advantage_but_not_a_large_one():
-    candidates = nodes(("hot", 3, 0.0), ("idle", 0, 0.0))
-    assert choose("cache_aware", candidates, {"hot": int(2 * LOAD_WEIGHT)}) == "idle"
-    assert choose("cache_aware", candidates, {"hot": int(4 * LOAD_WEIGHT)}) == "hot"
-
-
-def test_full_kv_pool_is_penalised():
-    assert choose("cache_aware", nodes(("full", 0, 1.0), ("roomy", 0, 0.0)), {"full": 64}) == "roomy"
-
-
-def test_round_robin_and_least_loaded():
-    candidates = nodes(("a", 2, 0), ("b", 0, 0), ("c", 1, 0))
-    assert [choose("round_robin", candidates, {}, turn=t) for t in range(4)] == ["a", "b", "c", "a"]
-    assert choose("least_loaded", candidates, {"a": 10_000}) == "b"
-
-
-def test_unknown_policy_and_no_candidates_are_errors():
-    with pytest.raises(ValueError, match="unknown routing policy"):
-        choose("random", nodes(("a", 0, 0)), {})
-    with pytest.raises(ValueError, match="no candidate"):
-        choose("cache_aware", [], {})
 
 
 def test_prefix_tokens_are_leading_blocks_times_block_size():
@@ -58,18 +24,6 @@ def test_prefix_tokens_are_leading_blocks_times_block_size():
 
 def test_image_tokens_sum_per_node():
     assert image_tokens_per_node({"x": {"e1": None}, "y": {"e1": None, "e2": None}}, {"x": 64, "y": 100}) == {"e1": 164, "e2": 100}
-
-
-def test_ties_spread_by_rendezvous_hashing_and_are_stable():
-    candidates = nodes(("a", 0, 0), ("b", 0, 0))
-    picks = [choose("cache_aware", candidates, {}, tie_key=f"img{i}") for i in range(40)]
-    assert set(picks) == {"a", "b"}
-    assert picks == [choose("cache_aware", candidates, {}, tie_key=f"img{i}") for i in range(40)]
-
-
-def test_least_loaded_cycles_through_equally_loaded_nodes():
-    candidates = [Candidate("a", 0.0, 0.0), Candidate("b", 0.0, 0.0), Candidate("c", 2.0, 0.0)]
-    assert [choose("least_loaded", candidates, {}, turn=t) for t in range(4)] == ["a", "b", "a", "b"]
 
 
 def encoder(queue: float) -> Candidate:
@@ -119,8 +73,8 @@ def test_fixed_dispatches_and_nothing_to_encode():
     assert not encode_on_prefill("encoder", 256, encoder(50), prefill(0), mean_call_tokens=256)
     assert encode_on_prefill("prefill", 256, encoder(0), prefill(9), mean_call_tokens=256)
     assert not encode_on_prefill("prefill", 0, encoder(0), prefill(0), mean_call_tokens=256)
-    with pytest.raises(ValueError, match="unknown encode dispatch"):
-        encode_on_prefill("anywhere", 256, encoder(0), prefill(0), mean_call_tokens=256)
+    with pytest.raises(ValueError, match="unknown encode dispatch 'anywhere'; choose one of adaptive, encoder, prefill"):
+        EncodeDispatch("anywhere")
 
 
 def test_a_prefill_node_holding_an_images_embeddings_beyond_its_prefix_holds_that_work_too():

@@ -1,42 +1,22 @@
-"""The llm-d-style baseline's scorer: per-pod LRU prefix matching, least-loaded tie-breaks, no
-index."""
+"""The router with the llm-d-style baseline policy (policies.LlmdPolicy), as the simulator runs it:
+per-pod LRU prefix matching, fewest-calls tie-breaks, no index."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.bench.simulate.llmd_scorer import LlmdScorer, PodLru
 from services.router.membership import Membership
-from services.router.router import NoLiveNodeError
+from services.router.policies import make_policy
+from services.router.route import NoLiveNodeError
+from services.router.router import Router
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
 NODES = {"encoder": ("e1", "e2"), "prefill": ("p1", "p2", "p3"), "decode": ("d1", "d2")}
 
 
-def test_longest_prefix_follows_each_pods_own_lru():
-    lru = PodLru(capacity=10)
-    lru.add("a", ["b0", "b1", "b2"])
-    lru.add("b", ["b0", "b1"])
-    lru.add("c", ["x0"])
-    assert lru.longest_prefix(["b0", "b1", "b2", "b3"], {"a", "b", "c"}) == (3, {"a"})
-    assert lru.longest_prefix(["b0", "b1", "zz"], {"a", "b", "c"}) == (2, {"a", "b"})
-    assert lru.longest_prefix(["b0", "b1"], {"b", "c"}) == (2, {"b"})  # only the candidates count
-    assert lru.longest_prefix(["zz", "b0"], {"a", "b"}) == (0, set())  # a prefix ends at its first miss
-
-
-def test_lru_evicts_the_least_recent_keys_per_pod():
-    lru = PodLru(capacity=2)
-    lru.add("a", ["k1", "k2"])
-    lru.add("a", ["k1"])  # k1 becomes the most recent
-    lru.add("a", ["k3"])
-    assert lru.holders("k2") == set() and lru.holders("k1") == {"a"} and lru.holders("k3") == {"a"}
-    assert lru.counts(["k1", "k3", "k9"], {"a"}) == {"a": 2}
-    with pytest.raises(ValueError):
-        PodLru(capacity=0)
-
-
-def _scorer(capacity: int = 100) -> LlmdScorer:
-    return LlmdScorer(Membership(None, static=NODES), lru_capacity=capacity)
+def _scorer(capacity: int = 100) -> Router:
+    """The router with the llm-d baseline, as the simulator runs it (images on the encoder tier)."""
+    return Router(Membership(None, static=NODES), make_policy("llmd", llmd_lru_blocks=capacity), encode_dispatch="encoder")
 
 
 def _image(name: str) -> tuple[MmHash, PlaceholderRange]:
