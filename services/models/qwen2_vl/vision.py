@@ -24,8 +24,14 @@ def build_vision_tower(
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel as Tower
     else:
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel as Tower
+    return load_tower(Tower, config, weights, dtype, device, prepack=prepack)
+
+
+def load_tower(tower_class, config: ModelConfig, weights: dict[str, torch.Tensor], dtype, device: torch.device, *, prepack: bool):
+    """Any Qwen-VL generation's tower: transformers' ``tower_class`` from the checkpoint's vision
+    config, its weights (none missing, none left over), prepacked where that runs."""
     # A copy: building a model records its dtype and attention backend on the config it is given.
-    tower = Tower._from_config(copy.deepcopy(config.hf.vision_config), dtype=dtype)
+    tower = tower_class._from_config(copy.deepcopy(config.hf.vision_config), dtype=dtype)
     missing, unexpected = tower.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(f"vision weight mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -37,6 +43,9 @@ def build_vision_tower(
 
 
 class VisionEncoder:
+    """A Qwen-VL tower over a batch of images: one embedding tensor per image, of t*h*w /
+    merge_area rows. Qwen3-VL's rows carry its DeepStack levels as further columns."""
+
     def __init__(self, tower, spatial_merge_size: int) -> None:
         self.tower = tower
         self.merge_area = spatial_merge_size**2
@@ -44,11 +53,12 @@ class VisionEncoder:
 
     @torch.inference_mode()
     def encode(self, pixel_values: list[torch.Tensor], grids_thw: list[tuple[int, int, int]]) -> list[torch.Tensor]:
-        device, dtype = next(self.tower.parameters()).device, next(self.tower.parameters()).dtype
-        pixels = torch.cat(pixel_values).to(device=device, dtype=dtype)
-        grid = torch.tensor(grids_thw, dtype=torch.long, device=device)
-        out = self.tower(pixels, grid_thw=grid)
+        param = next(self.tower.parameters())
+        pixels = torch.cat(pixel_values).to(device=param.device, dtype=param.dtype)
+        out = self.tower(pixels, grid_thw=torch.tensor(grids_thw, dtype=torch.long, device=param.device))
         embeds = out.pooler_output if hasattr(out, "pooler_output") else out
+        # Qwen3-VL: the main embedding, then each DeepStack level, side by side.
+        rows = torch.cat([embeds, *out.deepstack_features], dim=1) if getattr(out, "deepstack_features", None) else embeds
         sizes = [t * h * w // self.merge_area for t, h, w in grids_thw]
         self.num_items_encoded += len(grids_thw)
-        return list(torch.split(embeds, sizes))
+        return list(torch.split(rows, sizes))
