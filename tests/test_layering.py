@@ -1,7 +1,8 @@
 """Layers point one way. From the bottom: shared/ and services/transport/ (and kernels/) know
 nothing of what runs on them; the engine and the preprocessing library know no role; the roles
-(encoder, prefill, decode, preprocess servers) know no gateway, router or stack. An import that
-points upward fails here, with the file and line."""
+(encoder, prefill, decode, preprocess servers) know no gateway, router or stack; nothing installed
+(services/, bench and cli included) imports the lab (benchmarks/) or tests/, which may import
+anything. An import that points upward fails here, with the file and line."""
 
 from __future__ import annotations
 
@@ -15,16 +16,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ROLES = ("encoder", "prefill", "decode")
 ABOVE_TRANSPORT = ("models", "engine", "gateway", "router", "stack", "cli", "preprocess", *ROLES)
+LAB = ("benchmarks", "tests")
 # package (a path under the repository) -> module prefixes it must never import
 FORBIDDEN = {
-    "shared": tuple(f"services.{p}" for p in ABOVE_TRANSPORT) + ("services.transport", "kernels"),
-    "kernels": ("services",),
+    "shared": (*(f"services.{p}" for p in ABOVE_TRANSPORT), "services.transport", "kernels", *LAB),
+    "kernels": ("services", *LAB),
     "services/transport": tuple(f"services.{p}" for p in ABOVE_TRANSPORT),
     # Model families: config, processor, towers and decoders; they know no engine and no role.
     "services/models": tuple(f"services.{p}" for p in ("engine", "preprocess", "gateway", "router", "stack", "cli", *ROLES)),
     "services/engine": tuple(f"services.{p}" for p in ("gateway", "router", "stack", "cli", *ROLES)),
     "services/preprocess": tuple(f"services.{p}" for p in ("engine", "gateway", "router", "stack", "cli", *ROLES)),
     "services/router": tuple(f"services.{p}" for p in ("gateway", "stack", "cli", *ROLES)),
+    # What users install serves requests: the lab (benchmarks/: suites, the simulator) and the
+    # tests stay in a checkout. tessera bench --suite finds benchmarks/ there by name at run time.
+    "services": LAB,
 }
 # The attention interface is imported by its backends; only kernels/selector.py imports them.
 KERNEL_BACKENDS = ("kernels.torch_backend", "kernels.flashinfer_backend")
@@ -151,3 +156,11 @@ def test_no_service_dials_a_blocking_grpc_channel():
         if use.rpartition(" calls ")[2] in blocking_grpc
     ]
     assert found == []
+
+
+def test_the_lab_and_the_tests_are_not_installed():
+    import fnmatch
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert [p for p in include if fnmatch.fnmatch("benchmarks", p) or fnmatch.fnmatch("tests", p)] == []

@@ -1,6 +1,6 @@
 """A `tessera serve` stack as a subprocess of a benchmark: launch it, wait for the gateway's
 /health, read its /metrics, and stop it the way Ctrl-C would. ``tessera bench`` uses it when no
-endpoint is given, and so do its suites (services/bench/suites/)."""
+endpoint is given, and so do its suites (benchmarks/suites/)."""
 
 from __future__ import annotations
 

@@ -44,6 +44,12 @@ class WorkloadSpec:
     seed: int = 0
 
 
+def image_size(text: str) -> tuple[int, int]:
+    """``"448x448"`` -> (448, 448)."""
+    width, height = (int(v) for v in text.lower().split("x"))
+    return width, height
+
+
 def build_workload(name: str, spec: WorkloadSpec) -> list[BenchRequest]:
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")

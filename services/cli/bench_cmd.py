@@ -1,7 +1,7 @@
 """``tessera bench``: run a named workload against the local stack (started for the run) or any
 OpenAI-compatible endpoint(s), print a summary table, and write JSON plus a PNG figure; or put
 earlier runs side by side with ``--compare``; or run a suite, a measurement that is not an HTTP
-workload (services/bench/suites/), with ``--suite NAME`` followed by that suite's own arguments.
+workload (benchmarks/suites/), with ``--suite NAME`` followed by that suite's own arguments.
 
     tessera bench --workload shared_images --requests 32 --concurrency 4
     tessera bench --workload cold_images --base-url http://127.0.0.1:8100/v1 --label vllm
@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.bench import suites
 from services.bench.workloads import WORKLOADS
 
 
@@ -39,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--suite",
         nargs=argparse.REMAINDER,
         metavar="NAME [ARGS]",
-        help=f"run a suite ({', '.join(suites.SUITES)}) with the arguments that follow (`--suite NAME --help`: its own)",
+        help="run a suite of a checkout's benchmarks/ (compute, engine, router, routing, simulate, soak, ...) with the arguments "
+        "that follow (`--suite` alone lists them; `--suite NAME --help`: its own)",
     )
     cmd.add_argument("--workload", choices=[*WORKLOADS, "all"], default="shared_images")
     cmd.add_argument("--requests", type=int, default=32, help="requests per workload")

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import shlex
 import sys
 import time
+from pathlib import Path
+from types import ModuleType
 
-from services.bench import cache_rates, plots, report, serve_metrics, suites, targets
+from services.bench import cache_rates, plots, report, serve_metrics, targets
 from services.bench.arrivals import check_pacing
 from services.bench.runner import Endpoint, RunSettings, run_workload, served_model
-from services.bench.suites.common import image_size
 from services.bench.vllm_dataset import write_custom_image_dataset
-from services.bench.workloads import WORKLOADS, WorkloadSpec, build_workload
+from services.bench.workloads import WORKLOADS, WorkloadSpec, build_workload, image_size
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
 def run_suite(argv: list[str]) -> int:
     """``--suite NAME ARGS...``: NAME's parser reads ARGS (``--help`` included), then NAME runs."""
+    try:
+        suites = find_suites()
+    except SuitesUnavailableError as exc:
+        print(f"tessera bench --suite: error: {exc}", file=sys.stderr)
+        return 2
     if not argv or argv[0] not in suites.SUITES:
         named = f" (not {argv[0]!r})" if argv else ""
         print(f"tessera bench --suite: error: name one of {', '.join(suites.SUITES)}{named}", file=sys.stderr)
@@ -75,6 +82,24 @@ def run_suite(argv: list[str]) -> int:
     args = suites.parser(name).parse_args(suite_argv)
     args.suite_argv = suite_argv
     return int(suites.load(name).run(args) or 0)
+
+
+class SuitesUnavailableError(RuntimeError):
+    pass
+
+
+def find_suites(roots: tuple[Path, ...] | None = None) -> ModuleType:
+    """The suites, which live in a checkout's benchmarks/ and are not installed: from the working
+    directory's checkout, else from the checkout this package runs from (``roots``: where to look)."""
+    for root in roots or (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (root / "benchmarks" / "suites" / "__init__.py").is_file():
+            if str(root) not in sys.path:
+                sys.path.insert(0, str(root))
+            return importlib.import_module("benchmarks.suites")
+    raise SuitesUnavailableError(
+        "the benchmark suites live in a Tessera checkout's benchmarks/, which is not installed; "
+        "run tessera bench --suite from a checkout (or python benchmarks/NAME_bench.py there)"
+    )
 
 
 def _run_target(target: targets.Target, names: list[str], args: argparse.Namespace) -> list[report.Run]:

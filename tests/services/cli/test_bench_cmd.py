@@ -1,6 +1,6 @@
 """``tessera bench``: its help, --compare over two saved runs, and ``--suite``'s dispatch to every
 suite's own parser (the smoke run of every workload against a real stack is in
-tests/services/stack/test_stack_api.py; the router suite's run in tests/services/bench/suites/)."""
+tests/services/stack/test_stack_api.py; the router suite's run in tests/benchmarks/suites/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from services.bench import report, suites
+from benchmarks import suites
+from services.bench import report
 from services.bench.runner import RequestRecord
 from services.cli.main import main
 
@@ -17,7 +18,7 @@ from services.cli.main import main
 def test_help_names_every_workload(repo_root):
     out = subprocess.run([sys.executable, "-m", "services.cli.main", "bench", "--help"], cwd=repo_root, capture_output=True, text=True)
     assert out.returncode == 0
-    for name in ("shared_images", "multi_turn", "long_prompts", "cold_images", "--compare", "--base-url", "--suite", *suites.SUITES):
+    for name in ("shared_images", "multi_turn", "long_prompts", "cold_images", "--compare", "--base-url", "--suite"):
         assert name in out.stdout
 
 
@@ -52,3 +53,11 @@ def test_a_suite_refuses_arguments_it_does_not_have(capsys):
         main(["bench", "--suite", "router", "--workload", "cold_images"])
     assert exited.value.code == 2
     assert "unrecognized arguments: --workload cold_images" in capsys.readouterr().err
+
+
+def test_outside_a_checkout_a_suite_is_a_clear_error(tmp_path, capsys):
+    from services.cli.bench_run import SuitesUnavailableError, find_suites
+
+    with pytest.raises(SuitesUnavailableError, match="the benchmark suites live in a Tessera checkout's benchmarks/"):
+        find_suites((tmp_path,))
+    assert find_suites().SUITES == suites.SUITES  # from this checkout

@@ -1,4 +1,4 @@
-"""The concurrency suite's clients split over processes (services/bench/suites/concurrency.py), on
+"""The concurrency suite's clients split over processes (benchmarks/suites/concurrency.py), on
 the session's real stack: every client streams its answer, each from its own process share, and
 the wall time and peak count cover all of them. Shares the session's stack with test_stack_e2e."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.bench.suites.concurrency import run_client_processes, summarize
+from benchmarks.suites.concurrency import run_client_processes, summarize
 
 
 def test_clients_split_over_processes_all_stream_their_answer(stack):

@@ -17,9 +17,9 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.suites.common import RESULTS, command, image_size, machine, write_json
 from services.bench import targets
 from services.bench.runner import Endpoint, RunSettings, run_workload
-from services.bench.suites.common import RESULTS, command, image_size, machine, write_json
 from services.bench.workloads import BenchRequest, WorkloadSpec, build_workload
 
 MEASURED_SEED, WARMUP_SEED = 0, 7  # the warm-up's image is never one of the measured ones

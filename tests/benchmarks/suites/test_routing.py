@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from services.bench import suites
+from benchmarks import suites
+from benchmarks.suites import routing
 from services.bench.runner import RequestRecord
-from services.bench.suites import routing
 from services.cli.main import main
 
 

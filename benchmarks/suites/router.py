@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from benchmarks.suites.common import RESULTS, command, ms, write_json
 from services.bench.report import percentile
-from services.bench.suites.common import RESULTS, command, ms, write_json
 from services.router.membership import Membership
 from services.router.router import Router
 from services.stack.node_process import free_port

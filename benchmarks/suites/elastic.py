@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
+from benchmarks.suites.common import RESULTS, command, machine, write_json
 from services.bench.local_stack import launch, stop_stack
-from services.bench.suites.common import RESULTS, command, machine, write_json
 from services.bench.workloads import image_url, synthetic_image, user_turn
 from services.stack.node_process import free_port, start_node, wait_serving
 from services.transport.index_access import PASSWORD_ENV

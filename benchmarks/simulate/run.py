@@ -26,12 +26,12 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from services.bench.simulate.cluster import ROLES, Capacities, Cluster, Costs, SimNode
-from services.bench.simulate.events import EventQueue
-from services.bench.simulate.index_stats import ServerStats, delta, named_url, top_commands
-from services.bench.simulate.metrics import Metrics
-from services.bench.simulate.request_path import Request, RequestPath
-from services.bench.simulate.workload import Session, WorkloadConfig, sessions
+from benchmarks.simulate.cluster import ROLES, Capacities, Cluster, Costs, SimNode
+from benchmarks.simulate.events import EventQueue
+from benchmarks.simulate.index_stats import ServerStats, delta, named_url, top_commands
+from benchmarks.simulate.metrics import Metrics
+from benchmarks.simulate.request_path import Request, RequestPath
+from benchmarks.simulate.workload import Session, WorkloadConfig, sessions
 from services.router.membership import Membership
 from services.router.pending_encodes import PendingEncodes
 from services.router.policies import make_policy

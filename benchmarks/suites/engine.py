@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from benchmarks.suites.common import RESULTS, command, image_size, machine, write_json
 from protos.gen import pb
-from services.bench.suites.common import RESULTS, command, image_size, machine, write_json
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
 from services.engine.sampling_params import SamplingParams

@@ -15,8 +15,8 @@ import statistics
 import time
 from pathlib import Path
 
+from benchmarks.suites.common import RESULTS, command, image_size, machine, write_json
 from protos.gen import pb
-from services.bench.suites.common import RESULTS, command, image_size, machine, write_json
 from services.bench.workloads import user_turn
 from services.gateway.prompt_wire import prompt_from_body
 from services.models.registry import resolve_model

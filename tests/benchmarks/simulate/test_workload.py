@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from services.bench.simulate.workload import IMAGE_PAD, WorkloadConfig, ZipfCatalogue, sessions
+from benchmarks.simulate.workload import IMAGE_PAD, WorkloadConfig, ZipfCatalogue, sessions
 from shared.hashing import MmSpan, block_hashes
 
 

@@ -20,9 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from services.bench.suites.common import RESULTS, command, machine, write_json
+from benchmarks.suites.common import RESULTS, command, machine, write_json
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _probe_in_a_fresh_process(model: Path) -> dict:
-    probe = [sys.executable, "-m", "services.bench.suites.gateway_footprint", str(model)]
+    probe = [sys.executable, "-m", "benchmarks.suites.gateway_footprint", str(model)]
     result = subprocess.run(probe, cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 

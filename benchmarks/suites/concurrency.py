@@ -31,10 +31,10 @@ from pathlib import Path
 import httpx
 import openai
 
+from benchmarks.suites.common import RESULTS, ms
 from services.bench.local_stack import scrape_metrics, start_stack, stop_stack
 from services.bench.peer_vllm import start_vllm, stop_vllm
 from services.bench.report import percentile
-from services.bench.suites.common import RESULTS, ms
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

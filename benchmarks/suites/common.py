@@ -10,7 +10,11 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from services.bench.workloads import image_size
+
+__all__ = ["RESULTS", "command", "image_size", "machine", "ms", "usage_error", "write_json"]
+
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
@@ -27,12 +31,6 @@ def write_json(path: Path, result: dict, indent: int = 2) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=indent) + "\n")
     print(f"wrote {path}")
-
-
-def image_size(text: str) -> tuple[int, int]:
-    """``"448x448"`` -> (448, 448)."""
-    width, height = (int(v) for v in text.lower().split("x"))
-    return width, height
 
 
 def ms(seconds: float | None) -> float | None:

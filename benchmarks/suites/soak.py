@@ -35,12 +35,12 @@ from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
+from benchmarks.suites import soak_report as report
+from benchmarks.suites.common import RESULTS, command, machine, usage_error
+from benchmarks.suites.soak_monitor import Monitor, Sample
+from benchmarks.suites.soak_traffic import Outcome, TrafficConfig, run_traffic
 from services.bench.local_stack import scrape_metrics, start_stack, stop_stack
 from services.bench.runner import served_model
-from services.bench.suites import soak_report as report
-from services.bench.suites.common import RESULTS, command, machine, usage_error
-from services.bench.suites.soak_monitor import Monitor, Sample
-from services.bench.suites.soak_traffic import Outcome, TrafficConfig, run_traffic
 from services.transport.internal_auth import SECRET_ENV
 
 NODES_PER_ROLE = ["--preprocess", "2", "--encoders", "2", "--prefill", "2", "--decode", "2"]

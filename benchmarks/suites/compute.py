@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from services.bench.suites.common import RESULTS, command, image_size, machine, write_json
+from benchmarks.suites.common import RESULTS, command, image_size, machine, write_json
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
 from services.engine.sampling_params import SamplingParams

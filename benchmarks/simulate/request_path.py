@@ -25,10 +25,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.bench.simulate.cluster import Cluster, Costs, SimNode
-from services.bench.simulate.events import EventQueue
-from services.bench.simulate.metrics import Metrics
-from services.bench.simulate.workload import Session, Turn
+from benchmarks.simulate.cluster import Cluster, Costs, SimNode
+from benchmarks.simulate.events import EventQueue
+from benchmarks.simulate.metrics import Metrics
+from benchmarks.simulate.workload import Session, Turn
 from services.router.membership import InFlight, Membership
 from services.router.route import NoLiveNodeError, Route
 from shared.types import BlockHash, MmHash

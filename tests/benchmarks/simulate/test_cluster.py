@@ -3,7 +3,7 @@ kills and drains as real nodes do them."""
 
 from __future__ import annotations
 
-from services.bench.simulate.cluster import Capacities, Cluster, Lru
+from benchmarks.simulate.cluster import Capacities, Cluster, Lru
 from shared.index.backend import create_index
 
 

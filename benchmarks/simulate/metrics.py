@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from benchmarks.simulate.cluster import ROLES, Costs, SimNode
 from services.bench.report import percentile
-from services.bench.simulate.cluster import ROLES, Costs, SimNode
 from shared.types import BlockHash
 
 

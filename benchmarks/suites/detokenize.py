@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from services.bench.suites.common import RESULTS, command, machine, write_json
+from benchmarks.suites.common import RESULTS, command, machine, write_json
 
 TEXT = "The quick brown fox jumps over the lazy dog. Grüße, 世界 🙂 naïve café. "
 

@@ -17,7 +17,7 @@ import argparse
 import importlib
 from types import ModuleType
 
-# suite name -> its module under services/bench/suites/
+# suite name -> its module under benchmarks/suites/
 SUITES = (
     "compute",
     "concurrency",

@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import openai
 
+from benchmarks.suites.common import RESULTS, write_json
 from services.bench.runner import served_model
-from services.bench.suites.common import RESULTS, write_json
 from services.bench.targets import build_targets
 
 PROMPT = "Write a long story about a lantern, a river and a stone."

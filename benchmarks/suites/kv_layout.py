@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.bench.suites.common import RESULTS, command, machine, write_json
+from benchmarks.suites.common import RESULTS, command, machine, write_json
 
 WORDS = "lantern river stone meadow orchard harbour quarry lighthouse".split()
 

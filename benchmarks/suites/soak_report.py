@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.bench.suites.soak_monitor import Sample
-from services.bench.suites.soak_traffic import Outcome
+from benchmarks.suites.soak_monitor import Sample
+from benchmarks.suites.soak_traffic import Outcome
 
 MAX_GROWTH_PCT = 5.0
 WARMUP_FRACTION = 0.2

@@ -16,7 +16,7 @@ import statistics
 import threading
 from pathlib import Path
 
-from services.bench.suites.common import RESULTS, command, machine, write_json
+from benchmarks.suites.common import RESULTS, command, machine, write_json
 from shared.loop_handoff import LoopHandoff
 
 MODES = ("call_soon_threadsafe", "loop_handoff")

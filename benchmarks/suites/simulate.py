@@ -1,5 +1,5 @@
 """A cluster simulator: the real router and the real index (embedded Valkey), with each role's
-compute modelled on a virtual clock (services/bench/simulate/: what is modelled and why).
+compute modelled on a virtual clock (benchmarks/simulate/: what is modelled and why).
 
     tessera bench --suite simulate                      # 64,128,256,512 nodes, three policies
     tessera bench --suite simulate --quick              # 6 and 12 nodes, a few requests (seconds)
@@ -24,12 +24,12 @@ import os
 import time
 from pathlib import Path
 
-from services.bench.simulate import report
-from services.bench.simulate.cluster import Capacities, Costs
-from services.bench.simulate.run import POLICIES, RunConfig, simulate
-from services.bench.simulate.workload import WorkloadConfig
-from services.bench.suites.common import RESULTS, command, machine, usage_error, write_json
-from services.bench.suites.router import embedded_valkey
+from benchmarks.simulate import report
+from benchmarks.simulate.cluster import Capacities, Costs
+from benchmarks.simulate.run import POLICIES, RunConfig, simulate
+from benchmarks.simulate.workload import WorkloadConfig
+from benchmarks.suites.common import RESULTS, command, machine, usage_error, write_json
+from benchmarks.suites.router import embedded_valkey
 from services.router.scoring import ENCODE_DISPATCHES
 
 QUICK = {"nodes": "6,12", "requests_per_node": 3.0}

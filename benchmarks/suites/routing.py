@@ -29,11 +29,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.suites.common import RESULTS, command, image_size, machine, ms, write_json
+from benchmarks.suites.router import decision_times, embedded_valkey
 from services.bench.local_stack import scrape_metrics, start_stack, stop_stack
 from services.bench.report import percentile
 from services.bench.runner import Endpoint, RequestRecord, RunSettings, run_workload
-from services.bench.suites.common import RESULTS, command, image_size, machine, ms, write_json
-from services.bench.suites.router import decision_times, embedded_valkey
 from services.bench.workloads import BenchRequest, WorkloadSpec, build_workload, shared_images
 from services.router.policies import SERVED_POLICIES as KNOWN_POLICIES
 
