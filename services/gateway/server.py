@@ -180,11 +180,17 @@ async def _serve(
         tool_parser=tool_parser,
         sampling_defaults=sampling_defaults,
     )
-    generate = await start_generate_server(
-        servicer,
-        config.generate_address,
-        api_keys=api_keys,
-    )
+    generate = await start_generate_server(servicer, config.generate_address, api_keys=api_keys)
+    try:
+        await _serve_until_drained(config, app, state, generate)
+    finally:
+        pipeline.membership.stop()
+    log.info("drained; exiting with %d requests unfinished", state.num_in_flight)
+
+
+async def _serve_until_drained(config: Settings, app, state, generate) -> None:
+    """Serve HTTP until SIGTERM/SIGINT; then drain: new requests get 503 and Generate refuses new
+    calls while open streams get up to ``drain_timeout_s`` to finish."""
     loop = asyncio.get_running_loop()
     generate_stopped: list[asyncio.Task] = []
 
@@ -194,33 +200,25 @@ async def _serve(
             state.draining = True
             generate_stopped.append(loop.create_task(generate.stop(grace=config.drain_timeout_s)))
 
-    server = _DrainingServer(
-        uvicorn.Config(
-            app,
-            host=config.http_host,
-            port=config.http_port,
-            log_level="warning",
-            access_log=False,
-            backlog=config.http_backlog,
-            timeout_graceful_shutdown=config.drain_timeout_s,
-            timeout_keep_alive=config.http_keep_alive_s,
-        ),
-        on_exit=lambda: loop.call_soon(drain),  # signal handlers run on the loop's own thread, between its steps
+    uvicorn_config = uvicorn.Config(
+        app,
+        host=config.http_host,
+        port=config.http_port,
+        log_level="warning",
+        access_log=False,
+        backlog=config.http_backlog,
+        timeout_graceful_shutdown=config.drain_timeout_s,
+        timeout_keep_alive=config.http_keep_alive_s,
     )
-    log.info(
-        "gateway on http://%s:%d, Generate on %s (%d start-up objects frozen)",
-        config.http_host,
-        config.http_port,
-        config.generate_address,
-        freeze_startup_heap(),
-    )
+    # Signal handlers run on the loop's own thread, between its steps.
+    server = _DrainingServer(uvicorn_config, on_exit=lambda: loop.call_soon(drain))
+    address, frozen = f"http://{config.http_host}:{config.http_port}", freeze_startup_heap()
+    log.info("gateway on %s, Generate on %s (%d start-up objects frozen)", address, config.generate_address, frozen)
     try:
         await server.serve()  # returns once SIGTERM/SIGINT has stopped it and its open streams ended
     finally:
         drain()
         await asyncio.wait(generate_stopped, timeout=config.drain_timeout_s)
-        pipeline.membership.stop()
-    log.info("drained; exiting with %d requests unfinished", state.num_in_flight)
 
 
 class _DrainingServer(uvicorn.Server):

@@ -1,0 +1,112 @@
+"""The gateway's OpenAI-compatible routes: /v1/chat/completions and /v1/completions (JSON, or
+server-sent events when ``stream``), /v1/models, /tokenize and /detokenize. Every one depends on
+the caller's tenant (``tenant_of``: API keys, when they are on)."""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime, and
+# the dependency they name (``tenant``) is a local, invisible to string lookups.
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header
+
+from services.gateway import openai_api
+from services.gateway.admission import Admission
+from services.gateway.completion_protocol import CompletionRequest, CompletionResponse
+from services.gateway.errors import GatewayError
+from services.gateway.formatters import ChatFormatter, CompletionFormatter
+from services.gateway.ignored_fields import report_ignored_fields
+from services.gateway.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelCard, ModelList
+from services.gateway.responses import respond
+from services.gateway.state import GatewayState
+from services.gateway.tenants import ApiKeys, Tenant
+from services.gateway.tokenize_protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
+from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
+from services.transport.api_key_auth import bearer_token
+
+_STREAM = {"content": {"text/event-stream": {}}, "description": "the response, or a stream of chunks when stream=true"}
+RESPONSES = {200: _STREAM, **{status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}}
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What the API says of the model it serves and how it fills a request."""
+
+    model_root: str | None = None  # what --model named (a built-in, a path): /v1/models' root
+    tool_parser: str | None = None  # the family's tool-call parser (tool_calls.py), if it has one
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # the checkpoint's generation-config defaults
+
+
+def tenant_of(api_keys: ApiKeys | None):
+    """The dependency naming a request's tenant; None when keys are off. Async only so that
+    FastAPI calls it on the event loop: a plain function would cost every request a trip through
+    a worker thread."""
+
+    async def tenant(authorization: Annotated[str | None, Header(include_in_schema=False)] = None) -> Tenant | None:
+        if api_keys is None:
+            return None
+        key = bearer_token(authorization)
+        found = api_keys.tenant_for(key) if key is not None else None
+        if found is None:
+            message = "a valid API key is required: send 'Authorization: Bearer <key>'" if key is None else "the API key is not valid"
+            raise GatewayError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        return found
+
+    return tenant
+
+
+def api_routes(state: GatewayState, admission: Admission, model: ServedModel, tenant) -> APIRouter:
+    router = APIRouter()
+    max_model_len = state.pipeline.max_model_len
+
+    @router.get("/v1/models", response_model=ModelList, dependencies=[Depends(tenant)])
+    async def models() -> ModelList:
+        root = model.model_root or state.served_names[0]
+        cards = [ModelCard(id=name, created=state.started, root=root, max_model_len=max_model_len) for name in state.served_names]
+        return ModelList(data=cards)
+
+    @router.post("/tokenize", response_model=TokenizeResponse, responses=RESPONSES, dependencies=[Depends(tenant)])
+    async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
+        report_ignored_fields(request, "/tokenize")
+        openai_api.check_model(request.model, state.served_names)
+        tokens = list((await state.pipeline.tokenize(request.prompt_input())).prompt_token_ids)
+        return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=tokens)
+
+    @router.post("/detokenize", response_model=DetokenizeResponse, responses=RESPONSES, dependencies=[Depends(tenant)])
+    async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+        report_ignored_fields(request, "/detokenize")
+        openai_api.check_model(request.model, state.served_names)
+        return DetokenizeResponse(prompt=await state.pipeline.detokenize(request.tokens))
+
+    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)
+    async def chat_completions(request: ChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
+        refuse_if_draining(state)
+        ignored = report_ignored_fields(request, "/v1/chat/completions")
+        api_request = openai_api.to_chat_request(
+            request,
+            served_names=state.served_names,
+            default_max_tokens=state.default_max_tokens,
+            tenant=caller,
+            tool_parser=model.tool_parser,
+            sampling_defaults=model.sampling_defaults,
+        )
+        response = await respond(state, api_request, ChatFormatter(api_request.tool_mode), admission.admit(len(api_request.generations)))
+        response.headers.update(ignored)
+        return response
+
+    @router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
+    async def completions(request: CompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
+        refuse_if_draining(state)
+        ignored = report_ignored_fields(request, "/v1/completions")
+        api_request = openai_api.to_completion_request(
+            request, served_names=state.served_names, tenant=caller, sampling_defaults=model.sampling_defaults
+        )
+        response = await respond(state, api_request, CompletionFormatter(), admission.admit(len(api_request.generations)))
+        response.headers.update(ignored)
+        return response
+
+    return router
+
+
+def refuse_if_draining(state: GatewayState) -> None:
+    if state.draining:
+        raise GatewayError(503, "the gateway is draining; retry on another gateway")
