@@ -4,12 +4,18 @@ cancelled while its pages are still on the way is never adopted."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from opentelemetry import trace
+
+from services.decode.coalesce import OutputCoalescer
+from services.decode.job import DecodeFailedError, DecodeJob
 from services.engine import connector
 from services.engine.config import EngineConfig
+from services.engine.connector import KVPagesExhaustedError
 from services.engine.engine import Engine, RequestRejectedError
 from services.engine.engine_node import EngineMetrics, EngineNode
 from services.engine.kv_pages import KVPages
@@ -21,6 +27,7 @@ from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
+from shared.loop_handoff import LoopHandoff
 from shared.node_metrics import Counter, Gauge, counter, gauge
 
 
@@ -65,11 +72,52 @@ class DecodeNode(EngineNode):
             pacing=pacing,
         )
         self.kv_wait_s = kv_wait_s
+        self._handoff: LoopHandoff | None = None
         self.metrics = DecodeMetrics(self.engine_metrics)
         pool = self.engine.kv.pool
         self.metrics.kv_blocks_free.read_from(lambda: pool.num_free_blocks)
         if pacing is not None:
             self.metrics.num_yielding_steps.read_from(lambda: pacing.num_yielding_steps)
+
+    async def stream(self, job: DecodeJob) -> AsyncIterator[RequestOutput]:
+        """The request's outputs, its first token first: wait for its KV pages, send the first
+        token at once, adopt it on the engine thread, then each step's output (or only the last).
+        Raises KVTransferTimeoutError, RequestRejectedError (it can never run here),
+        KVPagesExhaustedError (no room: busy) or DecodeFailedError. Closed or cancelled before
+        its last output, the request is aborted, which frees its KV pages."""
+        request, span, finished = job.engine_request(self.positions), trace.get_current_span(), False
+        try:
+            pages = await asyncio.to_thread(self.wait_for_pages, job.request_id)
+            span.add_event("kv_pages_received")
+            first = self.first_output(request, job.first_token_id, job.first_token_logprobs)
+            if not first.finished and not self.can_adopt(request):
+                raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
+            finished = first.finished
+            yield first  # before adoption waits for the engine's step in progress
+            if finished:
+                return
+            handoff, queue = self._to_loop(), asyncio.Queue()
+            to_client = OutputCoalescer(lambda out: handoff.call(queue.put_nowait, out), every_output=job.every_output)
+            await asyncio.wrap_future(self.adopt(request, pages, to_client))
+            span.add_event("adopted")
+            while not finished:
+                output = await queue.get()
+                if isinstance(output, BaseException):
+                    raise DecodeFailedError(f"decode failed: {output}")
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:
+                self.abort(job.request_id)
+
+    def _to_loop(self) -> LoopHandoff:
+        """One hand-off from the engine thread to the serving loop for every stream: a step's
+        outputs wake the loop once (shared/loop_handoff.py). Made on the serving loop, at its first
+        stream (again for a new loop: a node outlives the loops of in-process tests)."""
+        loop = asyncio.get_running_loop()
+        if self._handoff is None or self._handoff.loop is not loop:
+            self._handoff = LoopHandoff(loop)
+        return self._handoff
 
     def wait_for_pages(self, request_id: str) -> KVPages:
         """The prompt's KV pages, pushed by the prefill node (blocks until they arrive)."""
