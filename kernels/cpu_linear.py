@@ -2,10 +2,10 @@
 
 Why, for few rows: MKL's sgemm packs the weight matrix into its blocked layout on every call.
 With many input rows (a prefill) the packing is amortized; with a few (a decode step of 4 or 16
-streams) it is most of the call (docs/benchmarks.md, "Decode step").
+streams) it is most of the call (docs/benchmarks.md, "Prepacked weights at few rows").
 vLLM's CPU backend prepacks its weights for oneDNN for the same reason.
 Why, for many rows: on some CPUs (AMD's) MKL runs AVX2 code where oneDNN runs AVX-512, much
-slower on prefills and vision-tower passes (docs/benchmarks.md, "Session 2026-11-24 (2)"); which
+slower on prefills and vision-tower passes (docs/benchmarks.md, "oneDNN against MKL"); which
 path wins is timed per weight shape.
 
 Numerics: oneDNN sums in another order than MKL, so logits differ in the last bits (about 1e-4
@@ -42,13 +42,14 @@ def packing_available() -> bool:
 
 # oneDNN builds and caches a primitive (with its own buffers) per input shape: prefills of every
 # length would each add one, and a prefill node's RSS grew without end (docs/benchmarks.md,
-# "Decode step"). So the row counts oneDNN sees are padded up to a few buckets: fine ones for the few
-# rows of decode steps, steps of 64 for longer inputs (prefill chunks, vision-tower passes), which
-# run in pieces of at most MAX_PIECE_ROWS rows. That is at most len(PACKED_ROW_BUCKETS) shapes per
-# weight, all seen within the first busy minute. (Without buckets, each of the 63 few-row counts
-# was a shape, and a prefill node that meets short suffixes only now and then kept adding them
-# for minutes.) Padding rows cost little: at most 63 per piece, and reading the weight dominates
-# at few rows; pieces of 512 rows run about as fast as one product.
+# "Prepacked weights at few rows"). So the row counts oneDNN sees are padded up to a few buckets:
+# fine ones for the few rows of decode steps, steps of 64 for longer inputs (prefill chunks,
+# vision-tower passes), which run in pieces of at most MAX_PIECE_ROWS rows. That is at most
+# len(PACKED_ROW_BUCKETS) shapes per weight, all seen within the first busy minute. (Without
+# buckets, each of the 63 few-row counts was a shape, and a prefill node that meets short suffixes
+# only now and then kept adding them for minutes.) Padding rows cost little: at most 63 per piece,
+# and reading the weight dominates at few rows; pieces of 512 rows run about as fast as one
+# product.
 FEW_ROW_BUCKETS = (2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
 MAX_FEW_ROWS = FEW_ROW_BUCKETS[-1]
 MAX_PIECE_ROWS = 512
@@ -57,12 +58,12 @@ PACKED_ROW_BUCKETS = FEW_ROW_BUCKETS + tuple(range(2 * MAX_FEW_ROWS, MAX_PIECE_R
 # Which path wins depends on the CPU, so it is timed, once per weight shape and row class, when a
 # weight is packed:
 #   * one row (a decode step of one stream): MKL's matrix-vector product beat oneDNN on one
-#     machine and oneDNN beat MKL on another (docs/benchmarks.md, "Decode step" and "2026-11-24:
-#     re-measured on another machine, and what changed"). Only weights this large are
-#     timed (a step's time is reading them); smaller ones stay on MKL, within microseconds. (The
-#     LM head itself is now kernels/lm_head.py; this covers large layer weights.)
+#     machine and oneDNN beat MKL on another (docs/benchmarks.md, "oneDNN against MKL"). Only
+#     weights this large are timed (a step's time is reading them); smaller ones stay on MKL,
+#     within microseconds. (The LM head itself is now kernels/lm_head.py; this covers large layer
+#     weights.)
 #   * many rows (prefill, vision tower): on an AMD EPYC, MKL runs its AVX2 code where oneDNN runs
-#     AVX-512, more than twice as fast (docs/benchmarks.md, "Session 2026-11-24 (2)"). Timed at
+#     AVX-512, more than twice as fast (docs/benchmarks.md, "oneDNN against MKL"). Timed at
 #     TIMED_MANY_ROWS rows for every weight shape.
 #   * 2..64 rows: oneDNN, whose prepacked weight saves MKL's per-call packing.
 CALIBRATE_MIN_BYTES = 32 << 20
@@ -164,8 +165,8 @@ class PackedPatchConv(nn.Module):
     """A convolution whose kernel equals its stride, applied to inputs of exactly one kernel each
     (a vision tower's patch embedding: [N, C, T, P, P] -> [N, E, 1, 1, 1]) is a linear product
     over the flattened patch, run here as a PackedLinear. Why: oneDNN's direct 3-D convolution is
-    several times slower than the same product as a linear (docs/benchmarks.md, "Session
-    2026-11-24 (2)")."""
+    several times slower than the same product as a linear (docs/benchmarks.md, "oneDNN
+    against MKL")."""
 
     def __init__(self, conv: nn.Conv3d | nn.Conv2d) -> None:
         super().__init__()

@@ -4,11 +4,10 @@ Why chunks: with many rows (a decode step of hundreds of streams) the logits the
 cost. 256 rows of the tiny model's 151,936-token vocabulary are 155 MB of float32 written out and
 read back for the argmax, far past the L2 cache. Taking each chunk's maximum while its logits are
 still in cache does the same float32 products without that traffic. Few rows cost the same either
-way: reading the weight dominates (docs/benchmarks.md, "Session 2026-11-24 (2)").
+way: reading the weight dominates (docs/benchmarks.md, "The LM head in vocabulary chunks").
 Why pieces of rows for the argmax: a chunk's products for ARGMAX_PIECE_ROWS rows (16 MB) stay
 under the size the process's allocator keeps for reuse (shared/allocator.py); larger ones are
-mapped and faulted in again for every chunk (docs/benchmarks.md, "The LM head at a thousand
-streams").
+mapped and faulted in again for every chunk (the same section).
 
 Argmax order (per chunk, then across chunks): each block of ARGMAX_BLOCK tokens gets its maximum
 (a plain reduction; torch's max with indices over whole rows costs several times more), the row's

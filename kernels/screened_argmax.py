@@ -4,8 +4,7 @@ half the memory traffic and, where the CPU multiplies bfloat16 natively, half th
 
 Why: reading the float32 LM head is most of a decode step of a few streams (the small built-in
 model's is 768 x 151,936, 467 MB), and its products are most of a step of many streams; the
-bfloat16 copy halves both (docs/benchmarks.md, "Session 2026-11-24 (2)" and "A chunked screen, and
-freed memory kept").
+bfloat16 copy halves both (docs/benchmarks.md, "The bfloat16 screen").
 
 The screen (per row h, weight rows W_j, j over the vocabulary; b(x) is x rounded to bfloat16):
   1. a_j = b(s_j), where s_j is the float32 sum of the products of b(h) and b(W_j) (each product
@@ -41,14 +40,14 @@ SUB_BLOCK tokens while the chunk's products are still in cache (at hundreds of r
 themselves are larger than the cache); step 3 then reads only the blocks whose maximum reaches the
 row's threshold, usually one per row. At a thousand rows (a decode step of a small model) the
 screen writes hundreds of megabytes of products, so every further pass over them costs as much as
-the products (docs/benchmarks.md, "The screen at a thousand rows").
+the products (docs/benchmarks.md, "The bfloat16 screen").
 
 Whether it pays is timed once, after the head is built (``calibrate``, at TIMED_ROWS against the
 caller's float32 path): ``max_rows`` is the most rows at which it won, None when it won at every
 count timed (then it is used at every width), 0 when it never did (a CPU without bfloat16
 arithmetic). The widths go up to 256 rows, the decode batch's default bound: the float32 head's
 own argmax costs less per row in wide batches (kernels/lm_head.py), so a win at 64 rows does not
-imply one at 256 (docs/benchmarks.md, "The LM head at a thousand streams"). A wide width is timed
+imply one at 256 (docs/benchmarks.md, "The bfloat16 screen"). A wide width is timed
 in fewer runs (about TIMED_ROWS_PER_ROUND rows per round), so start-up stays short. Raced rows
 use the same ``max_rows``, timed on greedy rows: the products are the cost either way, and both
 paths add the same noise.

@@ -3,7 +3,7 @@
 Why: glibc hands a large freed block back to the kernel (unmapping it, or trimming the heap's
 top), so the next step's tensors of the same size fault every page in again; a decode step of
 hundreds of streams allocates tens of megabytes of activations and LM-head products each time
-(docs/benchmarks.md, "A chunked screen, and freed memory kept"). PyTorch's CPU tensors come from
+(docs/benchmarks.md, "Freed memory kept"). PyTorch's CPU tensors come from
 malloc, so raising glibc's two thresholds keeps those blocks for reuse. vLLM's CPU backend gets
 the same effect by preloading tcmalloc.
 

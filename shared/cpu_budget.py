@@ -4,7 +4,7 @@ optionally, the cores it may run on.
 Why: every role is its own process with its own OpenMP team. libgomp's default (ACTIVE) wait
 policy keeps a team spinning on its cores after every parallel region; on a box where the
 roles share cores, each team's spinning takes the cores the other roles are waiting to compute
-on: changing the wait policy alone nearly tripled the one-command stack's throughput on 2 cores
+on: changing the wait policy alone multiplied the one-command stack's throughput on 2 cores
 (docs/benchmarks.md, "CPU shares").
 
 The rule (the launcher applies it with ``plan_shares``; a lone node with ``share_for_this_node``):
@@ -18,7 +18,7 @@ The rule (the launcher applies it with ``plan_shares``; a lone node with ``share
     computing alone has every core, and under load the OS shares them: a lone request's encode
     and prefill are faster, and loaded runs were no worse. Decode got its threads first: with one,
     every stream stuttered while an image was encoded beside it (docs/benchmarks.md,
-    "`vllm bench serve` random-mm" and "A thread per core for every compute process").
+    "A thread per core for every compute process").
   * CPUs: what this process may use, the fewest of its affinity mask and its cgroup CPU quota
     (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), so a pod limited to 2 CPUs on a 64-core
     node runs 2 threads, not 64.

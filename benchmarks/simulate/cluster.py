@@ -6,9 +6,9 @@ thread: an encoder runs a tower pass per image, a prefill node computes its prom
 images the router chose it to encode), and a continuously batched decoder per decode node (a
 step costs ``decode_step_s + decode_step_s_per_seq * batch``, each sequence gaining one token).
 Times are virtual; the default costs are measured (docs/benchmarks.md: "Measurements behind code
-comments", adaptive dispatch's constants, for the tower and prefill; "Decode step", the shipped
-row, fitted linearly, for decode; the small model on one core; ``services/prefill/kv_pull.py`` for
-the KV bytes per token).
+comments", adaptive dispatch's constants, for the tower and prefill; "Prepacked weights at few
+rows", the shipped row, fitted linearly, for decode; the small model on one core;
+``services/prefill/kv_pull.py`` for the KV bytes per token).
 
 Caches are bounded LRUs, as the real ones evict: KV blocks (prefill and decode nodes, the engine's
 default 512 MiB pool at the small model's 6 KiB per token) and image embeddings (encoders and

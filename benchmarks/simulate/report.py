@@ -1,4 +1,4 @@
-"""The simulation's table, its growth with the node count, and issue 25's goals for it.
+"""The simulation's table, its growth with the node count, and the simulation's goals.
 
 Goals, checked at the largest node count of the run (512 in the default run) for cache_aware:
   decision p99 <= 2 ms; index work per request (server commands and bytes, all index traffic)

@@ -11,8 +11,9 @@ open together, wall time, TTFT and end-to-end latency percentiles.
     tessera bench --suite concurrency --base-url http://127.0.0.1:8001/v1 --model <name>   # any endpoint
     tessera bench --suite concurrency --clients 1000 --client-processes 2 --peer vllm  # clients in 2 processes
 
-One client process can itself be the bottleneck at this width (docs/benchmarks.md, "Where the
-1.81x goes"): ``--client-processes`` splits the clients over several, started together.
+One client process can itself be the bottleneck at this width (docs/benchmarks.md, "The
+benchmark's client at a thousand streams"): ``--client-processes`` splits the clients over
+several, started together.
 
 Writes benchmarks/results/concurrency.json.
 """
@@ -123,7 +124,7 @@ async def run_clients(
     # No idle connection is kept: each client sends one request, and a pool of idle connections
     # costs httpcore a scan of all of them (a poll each) at every response's close, O(clients²)
     # in all; how long a server keeps them open (its keep-alive) would then decide the client's
-    # CPU (docs/benchmarks.md, "Where the 1.81x goes").
+    # CPU (docs/benchmarks.md, "The benchmark's client at a thousand streams").
     limits = httpx.Limits(max_connections=num_clients + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=timeout_s)) as http:
         client = openai.AsyncOpenAI(base_url=base_url, api_key="none", http_client=http, max_retries=0)
@@ -135,12 +136,13 @@ async def run_clients(
 
 
 def run_client_processes(base_url: str, model: str, args: argparse.Namespace) -> tuple[list[Outcome], float, int]:
-    """The clients split over ``args.client_processes`` forked processes, released together by a
-    barrier; wall time from the release to the last process's end, peak open summed over them."""
+    """The clients split over ``args.client_processes`` processes, released together by a barrier;
+    wall time from the release to the last process's end, peak open summed over them. Spawned, not
+    forked: a fork of a process whose gRPC threads are running (a test session's) can crash."""
     num_processes = max(1, min(args.client_processes, args.clients))
     if num_processes == 1:
         return asyncio.run(run_clients(base_url, model, args.clients, args.max_tokens, args.timeout_s))
-    context = multiprocessing.get_context("fork")
+    context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(num_processes + 1), context.Queue()
     shares = [args.clients // num_processes + (i < args.clients % num_processes) for i in range(num_processes)]
     firsts = [sum(shares[:i]) for i in range(num_processes)]

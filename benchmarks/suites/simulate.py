@@ -13,7 +13,7 @@ load per node. Reports tower runs per distinct image, prefill tokens per novel t
 modelled TTFT p50/p99, router decision p50/p99 (wall clock), index commands and bytes per
 request (server counters, all index traffic), a lookup's own server work (replayed alone),
 index memory per million cached entries, how each grows from the smallest to the largest node
-count, and issue 25's goals. Prints tables and writes JSON (default benchmarks/results/simulate.json).
+count, and the simulation's goals. Prints tables and writes JSON (default benchmarks/results/simulate.json).
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ DEFAULT_MAX_BATCH_ROWS = 16384
 # On CPU, one call per pass: the tower is compute-bound at any image worth encoding (a 448x448
 # image is 1024 patches, rows enough for full-speed matrix products), so a batch of two only holds
 # the first image's embeddings back until the second's are done: a worse TTFT tail for the same
-# throughput (docs/benchmarks.md, "Session 2026-11-24 (2)"). An accelerator amortizes its
-# launches over a batch.
+# throughput (docs/benchmarks.md, "One Encode call per tower pass on CPU"). An accelerator
+# amortizes its launches over a batch.
 CPU_MAX_BATCH_ROWS = 1
 
 

@@ -17,10 +17,11 @@ serves every stream that joined during the wait, so the weights read per token f
 Why it grows with the queue: with a deep queue, every first token waits behind the whole queue's
 encodes and prefills, and the cores decode gives up go to them; in a closed loop (a client that
 sends a request when one ends) the queue's wait is most of the time to first token, while a
-stream's tokens are a small share of it (docs/benchmarks.md, "Sampling through the screen").
+stream's tokens are a small share of it (docs/benchmarks.md, "Decode yields more to a deeper
+queue").
 Why only small batches: a step's fixed cost (reading every weight) is what yielding saves, and it
-dominates only while the batch is small (the step costs by width are in docs/benchmarks.md, "A
-chunked screen"); a wide batch is mostly per-row work, which waiting does not save.
+dominates only while the batch is small (the step costs by width are in docs/benchmarks.md, "Decode
+step"); a wide batch is mostly per-row work, which waiting does not save.
 Why a backlog of 4: a client holding up to 4 requests at once never has 4 waiting while one of its
 streams decodes, so it sees decode at full pace; deeper queues are where the first tokens wait
 seconds (docs/benchmarks.md, "Decode yields to a first-token backlog").

@@ -2,7 +2,7 @@
 every frame of a message, keyed by a key derived from the cluster's shared secret
 (``InternalAuth.tensor_key`` in services/transport/internal_auth.py).
 
-Why HMAC over frames and not ZMQ CURVE: the issue asks for CURVE "or equivalent authentication".
+Why HMAC over frames and not ZMQ CURVE: what is required is CURVE "or equivalent authentication".
 A tag over the whole message is that: a receiver files nothing a holder of the secret did not
 send, byte for byte, header included, so a forged, truncated or altered message (a KV page under
 another request's key, a tensor frame swapped for another) is dropped. It needs nothing but the

@@ -2,7 +2,7 @@
 numerics are the oracle's). With ``prepack`` on CPU, its linear layers and its patch embedding (a
 convolution that is a linear product over each patch) run on weights prepacked for oneDNN
 (kernels/cpu_linear.py), the same products summed in another order, faster where MKL runs AVX2
-code (docs/benchmarks.md, "Session 2026-11-24 (2)").
+code (docs/benchmarks.md, "oneDNN against MKL").
 
 encode(pixel_values, grid_thw) returns one (num_tokens, text_hidden) tensor per image, in order.
 """
