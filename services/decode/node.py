@@ -87,7 +87,9 @@ class DecodeNode(EngineNode):
         its last output, the request is aborted, which frees its KV pages."""
         request, span, finished = job.engine_request(self.positions), trace.get_current_span(), False
         try:
-            pages = await asyncio.to_thread(self.wait_for_pages, job.request_id)
+            pages = await self.arrival_of_pages(job.request_id, self.kv_wait_s, "its prefill node")
+            if pages is None:
+                raise KVTransferTimeoutError(f"KV pages for {job.request_id} did not arrive within {self.kv_wait_s}s")
             span.add_event("kv_pages_received")
             first = self.first_output(request, job.first_token_id, job.first_token_logprobs)
             if not first.finished and not self.can_adopt(request):
@@ -118,13 +120,6 @@ class DecodeNode(EngineNode):
         if self._handoff is None or self._handoff.loop is not loop:
             self._handoff = LoopHandoff(loop)
         return self._handoff
-
-    def wait_for_pages(self, request_id: str) -> KVPages:
-        """The prompt's KV pages, pushed by the prefill node (blocks until they arrive)."""
-        pages = self.receive_pages(request_id, self.kv_wait_s, "its prefill node")
-        if pages is None:
-            raise KVTransferTimeoutError(f"KV pages for {request_id} did not arrive within {self.kv_wait_s}s")
-        return pages
 
     def first_output(self, request: Request, first_token: int, first_token_logprobs: TokenLogprobs | None = None) -> RequestOutput:
         """The request's first output: its first token (sampled by the prefill node), detokenized

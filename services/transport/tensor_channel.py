@@ -23,6 +23,7 @@ forever, and blocks only sends to that destination meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -183,6 +184,8 @@ class TensorInbox:
         self._messages: OrderedDict[str, TensorMessage] = OrderedDict()
         self._num_bytes = 0
         self._cond = threading.Condition()
+        # Coroutines awaiting a key (``arrival``): woken through their own loop by the receive thread.
+        self._key_to_waiters: dict[str, list[asyncio.Future]] = {}
         self._closed = False
         self.metrics = InboxMetrics()
         self.metrics.held.read_from(lambda: self._num_bytes, lambda: self.capacity_bytes)
@@ -190,29 +193,72 @@ class TensorInbox:
         self._thread.start()
 
     def wait(self, key: str, timeout_s: float, *, sender: str = "", what: str = "") -> TensorMessage | None:
-        """The message pushed under ``key``, or None after ``timeout_s``. A wait in vain for a
-        named ``sender`` is logged with the address this node gave it: the operator's one clue
-        when tensors go to the wrong place (a peer told a bound wildcard pushes to itself)."""
+        """The message pushed under ``key``, or None after ``timeout_s``, blocking this thread. A
+        wait in vain for a named ``sender`` is logged with the address this node gave it: the
+        operator's one clue when tensors go to the wrong place (a peer told a bound wildcard
+        pushes to itself)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while key not in self._messages:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
-                    if sender and timeout_s > 0 and not self._closed:
-                        log.warning(
-                            "waited %.3gs in vain for %s %s from %s, which was told to send it to %s (this inbox is bound at %s)",
-                            timeout_s,
-                            what or "tensors",
-                            key,
-                            sender,
-                            self.address,
-                            self.bound_address,
-                        )
+                    self._log_in_vain(key, timeout_s, sender, what)
                     return None
                 self._cond.wait(remaining)
-            message = self._messages.pop(key)
-            self._num_bytes -= message.num_bytes
-            return message
+            return self._claim(key)
+
+    async def arrival(self, key: str, timeout_s: float, *, sender: str = "", what: str = "") -> TensorMessage | None:
+        """``wait`` for an event loop: the message pushed under ``key``, or None after
+        ``timeout_s``, awaited without holding a thread."""
+        deadline = time.monotonic() + timeout_s
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._cond:
+                if key in self._messages:
+                    return self._claim(key)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    self._log_in_vain(key, timeout_s, sender, what)
+                    return None
+                woken = loop.create_future()
+                self._key_to_waiters.setdefault(key, []).append(woken)
+            try:
+                await asyncio.wait_for(woken, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                with self._cond:
+                    waiters = self._key_to_waiters.get(key, [])
+                    if woken in waiters:
+                        waiters.remove(woken)
+                    if not waiters:
+                        self._key_to_waiters.pop(key, None)
+
+    def _claim(self, key: str) -> TensorMessage:
+        """Under ``_cond``: take the message off the inbox."""
+        message = self._messages.pop(key)
+        self._num_bytes -= message.num_bytes
+        return message
+
+    def _wake(self, futures: list[asyncio.Future]) -> None:
+        """Under ``_cond``, on any thread: wake coroutines awaiting a key, each on its own loop."""
+        for future in futures:
+            try:
+                future.get_loop().call_soon_threadsafe(_resolve, future)
+            except RuntimeError:  # its loop has closed: nobody is waiting any more
+                pass
+
+    def _log_in_vain(self, key: str, timeout_s: float, sender: str, what: str) -> None:
+        if sender and timeout_s > 0 and not self._closed:
+            log.warning(
+                "waited %.3gs in vain for %s %s from %s, which was told to send it to %s (this inbox is bound at %s)",
+                timeout_s,
+                what or "tensors",
+                key,
+                sender,
+                self.address,
+                self.bound_address,
+            )
 
     def discard(self, key: str) -> None:
         with self._cond:
@@ -224,6 +270,7 @@ class TensorInbox:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._wake([future for futures in self._key_to_waiters.values() for future in futures])
         self._thread.join(timeout=2)
         self._socket.disable_monitor()
         self._monitor.close()
@@ -280,6 +327,7 @@ class TensorInbox:
                 self._num_bytes -= dropped.num_bytes
                 self.metrics.num_dropped.inc()
             self._cond.notify_all()
+            self._wake(self._key_to_waiters.get(message.key, []))
 
     def _count(self, events: Counter, what: str) -> None:
         """Counts a drop or closure (on the receive thread, their one writer) and logs the 1st, 2nd,
@@ -288,6 +336,11 @@ class TensorInbox:
         count = int(events.value)
         if count & (count - 1) == 0:
             log.warning("tensor inbox %s: %s (%d so far)", self.bound_address, what, count)
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _decode(frames: list) -> TensorMessage:

@@ -140,3 +140,30 @@ def test_a_node_out_of_kv_pages_refuses_a_stream_as_busy_and_a_cancelled_stream_
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_a_stream_awaits_its_pages_on_the_loop_holding_no_thread(nodes, monkeypatch):
+    """The pages come through the inbox's awaitable ``arrival``: a thread blocked on the inbox
+    (``wait``) or a worker thread (``asyncio.to_thread``) on the decode path fails this test."""
+
+    def no_thread(*args, **kwargs):
+        raise AssertionError("a thread waited on the decode node's inbox")
+
+    to_thread = asyncio.to_thread
+
+    def no_decode_thread(fn, /, *args, **kwargs):  # the prefill node in this process may use one
+        if getattr(fn, "__self__", None) is not None and type(fn.__self__).__module__.startswith("services.decode"):
+            no_thread()
+        return to_thread(fn, *args, **kwargs)
+
+    async def scenario(stub, prefill: PrefillNode, decode: DecodeNode, admission: NodeAdmission) -> None:
+        monkeypatch.setattr(decode.inbox, "wait", no_thread)
+        monkeypatch.setattr(asyncio, "to_thread", no_decode_thread)
+        stream = stub.Decode(_decode_request("awaited", 5, first_token=0))  # called before its pages exist
+        await _until(lambda: _true(admission.num_pending == 1))
+        await _prefill(prefill, decode, "awaited", 5)
+        chunks = [chunk async for chunk in stream]
+        assert sum(len(c.token_ids) for c in chunks) == MAX_TOKENS and chunks[-1].finished
+        await _until(lambda: _idle_with_free_pages(decode))
+
+    _run(nodes, scenario)

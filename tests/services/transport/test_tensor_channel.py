@@ -131,3 +131,53 @@ def test_unclaimed_messages_expire_and_the_inbox_reports_what_it_holds():
     finally:
         sender.close()
         inbox.close()
+
+
+def test_a_coroutine_awaits_a_message_without_holding_a_thread():
+    """``arrival``: the message pushed while a coroutine awaits it, one already there, a key that
+    never comes (None after the timeout, promptly), and waiters on two keys at once, all on one
+    loop whose only thread is its own."""
+    import asyncio
+
+    inbox = TensorInbox("tcp://127.0.0.1:*")
+    sender = TensorSender()
+
+    async def scenario() -> None:
+        threads = threading.active_count()
+        later = asyncio.ensure_future(inbox.arrival("later", 10))
+        other = asyncio.ensure_future(inbox.arrival("other", 10))
+        await asyncio.sleep(0.2)
+        assert threading.active_count() == threads  # awaiting holds no thread
+        sender.send(inbox.address, "later", {"x": torch.ones(3)})
+        message = await later
+        assert message is not None and torch.equal(message.tensors["x"], torch.ones(3))
+        assert not other.done()
+        sender.send(inbox.address, "early", {"x": torch.zeros(2)})
+        await asyncio.sleep(0.3)
+        assert (await inbox.arrival("early", 0.0)) is not None  # already there
+        started = time.monotonic()
+        assert await inbox.arrival("never", 0.3) is None
+        assert time.monotonic() - started < 2.0
+        sender.send(inbox.address, "other", {"x": torch.ones(1)})
+        assert (await other) is not None
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        sender.close()
+        inbox.close()
+
+
+def test_closing_the_inbox_wakes_its_awaiting_coroutines():
+    import asyncio
+
+    inbox = TensorInbox("tcp://127.0.0.1:*")
+
+    async def scenario() -> None:
+        waiter = asyncio.ensure_future(inbox.arrival("k", 30))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await asyncio.to_thread(inbox.close)
+        assert await waiter is None and time.monotonic() - started < 5.0
+
+    asyncio.run(scenario())
