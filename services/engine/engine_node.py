@@ -125,16 +125,11 @@ class EngineNode:
         tensors, meta = kv_pages.pack(pages)
         self.sender.send(target, key, tensors, meta)
 
-    def receive_pages(self, key: str, timeout_s: float, sender: str) -> kv_pages.KVPages | None:
-        """The pages ``sender`` sent under ``key``, or None if they do not arrive in time (or
-        arrive in a format this node cannot read, which is logged and treated the same way)."""
-        return self._pages_of(key, self.inbox.wait(key, timeout_s, sender=sender, what="KV pages"))
-
     async def arrival_of_pages(self, key: str, timeout_s: float, sender: str) -> kv_pages.KVPages | None:
-        """``receive_pages`` for the serving loop: awaited, holding no thread."""
-        return self._pages_of(key, await self.inbox.arrival(key, timeout_s, sender=sender, what="KV pages"))
-
-    def _pages_of(self, key: str, message) -> kv_pages.KVPages | None:
+        """The pages ``sender`` sent under ``key``, awaited on the serving loop holding no thread;
+        None if they do not arrive in time (or arrive in a format this node cannot read, which is
+        logged and treated the same way)."""
+        message = await self.inbox.arrival(key, timeout_s, sender=sender, what="KV pages")
         if message is None:
             return None
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from services.engine import connector, kv_pages
@@ -19,8 +19,9 @@ from services.transport.addresses import AdvertisedAddress
 from shared.node_metrics import Counter, counter
 from shared.types import BlockHash
 
-# (key, timeout_s, sender) -> the pages pushed under key, None if they did not come: EngineNode.receive_pages.
-ReceivePagesFn = Callable[[str, float, str], kv_pages.KVPages | None]
+# (key, timeout_s, sender) -> the pages pushed under key, None if they did not come, awaited on
+# the serving loop: EngineNode.arrival_of_pages.
+ArrivalOfPagesFn = Callable[[str, float, str], Awaitable[kv_pages.KVPages | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class KVPuller:
     def __init__(
         self,
         loop: EngineLoop,
-        receive_pages: ReceivePagesFn,
+        arrival_of_pages: ArrivalOfPagesFn,
         cost: PullCostModel,
         *,
         block_size: int,
@@ -54,7 +55,7 @@ class KVPuller:
         prefill_s_per_token: float,
     ) -> None:
         self.loop = loop
-        self.receive_pages = receive_pages
+        self.arrival_of_pages = arrival_of_pages
         self.cost = cost
         self.block_size = block_size
         self.timeout_s = timeout_s
@@ -66,41 +67,41 @@ class KVPuller:
         the number of prompt tokens pulled. Never raises for the peer's failure."""
         if not sources:
             return 0
-        plan = await asyncio.to_thread(self.plan, request, sources)
+        plan = await self.plan(request, sources)
         if plan is None:
             return 0
         num_blocks = await upstream.export_kv(plan.source.grpc_address, plan.hashes, target, plan.transfer_id, self.timeout_s)
         if num_blocks is None:
             self._record_failure(plan)
             return 0
-        imported = await asyncio.to_thread(self.receive, plan, num_blocks)
+        imported = await self.receive(plan, num_blocks)
         return imported * self.block_size
 
-    def plan(self, request: Request, sources: Sequence[KVSource]) -> PullPlan | None:
+    async def plan(self, request: Request, sources: Sequence[KVSource]) -> PullPlan | None:
         """The pull worth making for ``request``, if any: from the source holding the longest
         prefix beyond ours, when the cost model says pulling beats recomputing."""
         hashes = request.update_block_hashes(self.block_size)
         if not sources:
             return None
         source = max(sources, key=lambda s: s.num_tokens)  # a shorter prefix could only save less
-        num_local = self.loop.call(lambda engine: connector.num_cached_blocks(engine, hashes)).result()
+        num_local = await asyncio.wrap_future(self.loop.call(lambda engine: connector.num_cached_blocks(engine, hashes)))
         wanted = blocks_to_pull(num_local, source, request.num_prompt_tokens, self.block_size)
         if not self.cost.should_pull(len(wanted) * self.block_size, self.prefill_s_per_token, self.block_size):
             return None
         return PullPlan(source, hashes[wanted.start : wanted.stop], f"kv-{uuid.uuid4().hex}")
 
-    def receive(self, plan: PullPlan, num_blocks: int) -> int:
+    async def receive(self, plan: PullPlan, num_blocks: int) -> int:
         """Wait for the pages the source announced and file them as cached blocks; returns the
         number imported (0 on timeout: the prompt is then recomputed)."""
         if num_blocks == 0:
             self.metrics.num_blocks_missed.inc(len(plan.hashes))
             return 0  # the source no longer held them: nothing was sent
-        pages = self.receive_pages(plan.transfer_id, self.timeout_s, plan.source.grpc_address)
+        pages = await self.arrival_of_pages(plan.transfer_id, self.timeout_s, plan.source.grpc_address)
         if pages is None:
             self._record_failure(plan)
             return 0
         hashes = plan.hashes[:num_blocks]
-        imported = self.loop.call(lambda engine: connector.import_blocks(engine, hashes, pages)).result()
+        imported = await asyncio.wrap_future(self.loop.call(lambda engine: connector.import_blocks(engine, hashes, pages)))
         self.metrics.num_blocks_pulled.inc(imported)
         self.metrics.num_blocks_missed.inc(len(plan.hashes) - imported)
         return imported

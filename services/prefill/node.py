@@ -99,7 +99,7 @@ class PrefillNode(EngineNode):
         bytes_per_token = kv_bytes_per_token(text.num_layers, text.num_kv_heads, text.head_dim, runner.kv_caches[0][0].element_size())
         self.kv_puller = KVPuller(
             self.loop,
-            self.receive_pages,
+            self.arrival_of_pages,
             PullCostModel(bytes_per_token, kv_pull_bandwidth_bytes_per_s, kv_pull_overhead_s),
             block_size=self.engine.config.block_size,
             timeout_s=kv_pull_timeout_s,
