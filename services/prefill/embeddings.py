@@ -21,6 +21,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -88,11 +89,11 @@ class ResidentEmbeddings:
         """Reference every image of ``job`` for its request, encoding or fetching those lacking.
         Raises on failure, leaving the references taken so far for ``release``."""
         rid = job.request_id
-        lacking = await asyncio.to_thread(self.claim, rid, job.items)
+        lacking = await asyncio.wrap_future(self._claim(rid, job.items))
         here = [i for i in job.items if i.mm_hash in job.local_encode]
         if here:
             lacking_here = [i for i in lacking if i.mm_hash in job.local_encode]
-            pixels = await asyncio.to_thread(self._receive_pixels, job.local_pixels_key_prefix, here, lacking_here)
+            pixels = await self._receive_pixels(job.local_pixels_key_prefix, here, lacking_here)
             if pixels:
                 await asyncio.to_thread(self._encode_here, rid, lacking_here, pixels)
         source_to_items: dict[str, list[PromptItem]] = {}
@@ -117,6 +118,10 @@ class ResidentEmbeddings:
 
     def claim(self, request_id: str, items: Sequence[PromptItem]) -> list[PromptItem]:
         """Reference the items this node already holds; returns those it lacks."""
+        return self._claim(request_id, items).result()
+
+    def _claim(self, request_id: str, items: Sequence[PromptItem]) -> Future[list[PromptItem]]:
+        """``claim`` on the engine thread, as a future (awaited on the loop, or waited for)."""
 
         def claim(engine: Engine) -> list[PromptItem]:
             for item in items:  # every image reaching this node passes here, on the engine thread
@@ -126,7 +131,7 @@ class ResidentEmbeddings:
             self.metrics.num_misses.inc(len(lacking))
             return lacking
 
-        return self.loop.call(claim).result()
+        return self.loop.call(claim)
 
     def release(self, request_id: str, items: Sequence[PromptItem]) -> None:
         self.loop.call(lambda engine: engine.encoder_cache.free_request(request_id, [i.mm_hash for i in items]))
@@ -144,7 +149,7 @@ class ResidentEmbeddings:
                 if mine:
                     missing = set(await upstream.encode(source, mine, self.inbox.address, deadline_s))
                     unavailable += [i for i in mine if i.mm_hash in missing]
-                    await asyncio.to_thread(self._receive, request_id, [i for i in mine if i.mm_hash not in missing], source)
+                    await self._receive(request_id, [i for i in mine if i.mm_hash not in missing], source)
             finally:
                 self._end(mine)
             lacking = await asyncio.to_thread(self._await_others, request_id, others) if others else []
@@ -199,24 +204,24 @@ class ResidentEmbeddings:
                 event.wait(self.wait_s)
         return self.claim(request_id, items)
 
-    def _receive(self, request_id: str, items: list[PromptItem], encoder: str) -> None:
-        """Wait for pushed embeddings of ``items`` and import them; raises if any never arrive."""
+    async def _receive(self, request_id: str, items: list[PromptItem], encoder: str) -> None:
+        """Await pushed embeddings of ``items`` and import them; raises if any never arrive."""
         missing = []
         for item in items:
-            message = self.inbox.wait(item.mm_hash, self.wait_s, sender=encoder, what="embeddings of image")
+            message = await self.inbox.arrival(item.mm_hash, self.wait_s, sender=encoder, what="embeddings of image")
             if message is None:
                 missing.append(item.mm_hash)
                 continue
-            self._import(request_id, item, message.tensors["embeds"])
+            await asyncio.wrap_future(self._imported(request_id, item, message.tensors["embeds"]))
             self.metrics.num_pulled.inc()
         if missing:
             raise EmbeddingsUnavailableError(missing, encoder)
 
-    def _receive_pixels(self, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem]) -> dict[MmHash, torch.Tensor]:
+    async def _receive_pixels(self, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem]) -> dict[MmHash, torch.Tensor]:
         """Pixels pushed here for ``items``, for those among ``lacking``: local_pixels.take_pixels."""
         if self.vision is None:
             raise LocalEncodeUnavailableError(NO_TOWER)
-        pixels = take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.wait_s, pixels_match=self.pixels_match)
+        pixels = await take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.wait_s, pixels_match=self.pixels_match)
         self.metrics.num_local_encodes.inc(len(pixels))
         return pixels
 
@@ -243,7 +248,16 @@ class ResidentEmbeddings:
             self._import(request_id, item, rows)
 
     def _import(self, request_id: str, item: PromptItem, embeds: torch.Tensor) -> None:
+        self._imported(request_id, item, embeds).result()
+
+    def _imported(self, request_id: str, item: PromptItem, embeds: torch.Tensor) -> Future[None]:
+        """The import of ``embeds`` into the engine's cache for the request, on the engine thread;
+        the future raises if they do not fit the item or the cache is full."""
         if embeds.shape[0] != item.placeholder.length:
             raise ValueError(f"embeddings for {item.mm_hash} have {embeds.shape[0]} rows, expected {item.placeholder.length}")
-        if not self.loop.call(lambda engine: connector.import_embeddings(engine, request_id, item.mm_hash, embeds)).result():
-            raise RuntimeError("prefill node's embedding cache is full; retry later")
+
+        def import_into(engine: Engine) -> None:
+            if not connector.import_embeddings(engine, request_id, item.mm_hash, embeds):
+                raise RuntimeError("prefill node's embedding cache is full; retry later")
+
+        return self.loop.call(import_into)

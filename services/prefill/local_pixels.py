@@ -38,7 +38,7 @@ class PixelsMismatchError(ValueError):
     """A pixel tensor that does not fit its image's grid and placeholder."""
 
 
-def take_pixels(
+async def take_pixels(
     inbox: TensorInbox, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem], *, wait_s: float, pixels_match: PixelsMatchFn
 ) -> dict[MmHash, torch.Tensor]:
     """The pixels of ``items`` that are among ``lacking``, by mm_hash. Raises MissingPixelsError
@@ -48,7 +48,7 @@ def take_pixels(
     pixels: dict[MmHash, torch.Tensor] = {}
     missing: list[str] = []
     for item in items:
-        message = inbox.wait(
+        message = await inbox.arrival(
             key_prefix + item.mm_hash, wait_s if item.mm_hash in wanted else 0.0, sender="a preprocess node", what="pixels of image"
         )
         if item.mm_hash not in wanted:
