@@ -26,6 +26,19 @@ def load_config(path: Path, model_types: tuple[str, ...]) -> PretrainedConfig:
     return config
 
 
+def common_text_fields(text) -> dict[str, int | float]:
+    """The fields every family's text dataclass takes alike from transformers' text config."""
+    return {
+        "vocab_size": text.vocab_size,
+        "hidden_size": text.hidden_size,
+        "intermediate_size": text.intermediate_size,
+        "num_layers": text.num_hidden_layers,
+        "num_heads": text.num_attention_heads,
+        "num_kv_heads": text.num_key_value_heads,
+        "rms_norm_eps": text.rms_norm_eps,
+    }
+
+
 def eos_token_ids(path: Path, config: PretrainedConfig) -> tuple[int, ...]:
     """The ids generation stops on: generation_config.json's where it names any (chat models stop
     on their turn end there), else those transformers derives from the model config."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.models.family import ModelConfig
-from services.models.hf_config import eos_token_ids, load_config
+from services.models.hf_config import common_text_fields, eos_token_ids, load_config
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -76,14 +76,8 @@ def text_config_of(hf) -> TextConfig:
     _check_supported(text)
     rope = text.rope_parameters  # transformers normalizes every vintage to one entry per layer kind
     return TextConfig(
-        vocab_size=text.vocab_size,
-        hidden_size=text.hidden_size,
-        intermediate_size=text.intermediate_size,
-        num_layers=text.num_hidden_layers,
-        num_heads=text.num_attention_heads,
-        num_kv_heads=text.num_key_value_heads,
+        **common_text_fields(text),
         head_dim=text.head_dim,
-        rms_norm_eps=text.rms_norm_eps,
         query_pre_attn_scalar=float(text.query_pre_attn_scalar),
         sliding_window=int(text.sliding_window),
         layer_types=tuple(text.layer_types),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.models.family import ModelConfig
-from services.models.hf_config import eos_token_ids, load_config
+from services.models.hf_config import common_text_fields, eos_token_ids, load_config
 
 # Transformers' sections when rope_parameters names none (Qwen2VLRotaryEmbedding).
 DEFAULT_MROPE_SECTION = (16, 24, 24)
@@ -43,14 +43,8 @@ def text_config_of(hf) -> TextConfig:
         raise ValueError(f"{hf.model_type} text hidden_act {text.hidden_act!r} is not supported (silu is)")
     rope = text.rope_parameters
     return TextConfig(
-        vocab_size=text.vocab_size,
-        hidden_size=text.hidden_size,
-        intermediate_size=text.intermediate_size,
-        num_layers=text.num_hidden_layers,
-        num_heads=text.num_attention_heads,
-        num_kv_heads=text.num_key_value_heads,
+        **common_text_fields(text),
         head_dim=text.hidden_size // text.num_attention_heads,
-        rms_norm_eps=text.rms_norm_eps,
         rope_theta=float(rope["rope_theta"]),
         mrope_section=tuple(int(s) for s in rope.get("mrope_section", DEFAULT_MROPE_SECTION)),
         tie_word_embeddings=bool(hf.tie_word_embeddings),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.models.family import ModelConfig
-from services.models.hf_config import eos_token_ids, load_config
+from services.models.hf_config import common_text_fields, eos_token_ids, load_config
 from services.models.qwen2_vl.config import spatial_merge_size, weight_group
 
 __all__ = ["TextConfig", "read_config", "spatial_merge_size", "weight_group"]
@@ -65,14 +65,8 @@ def text_config_of(hf) -> TextConfig:
     if len(deepstack) > text.num_hidden_layers:
         raise ValueError(f"{len(deepstack)} DeepStack levels for {text.num_hidden_layers} decoder layers")
     return TextConfig(
-        vocab_size=text.vocab_size,
-        hidden_size=text.hidden_size,
-        intermediate_size=text.intermediate_size,
-        num_layers=text.num_hidden_layers,
-        num_heads=text.num_attention_heads,
-        num_kv_heads=text.num_key_value_heads,
+        **common_text_fields(text),
         head_dim=text.head_dim,
-        rms_norm_eps=text.rms_norm_eps,
         rope_theta=theta,
         mrope_section=section,
         attention_bias=bool(text.attention_bias),
