@@ -179,12 +179,9 @@ class Preprocessor:
     def pixels_of(self, mm_hash: MmHash) -> ProcessedImage | None:
         """The processed pixels of an image or of one part of it (a Pan-and-Scan crop), while the
         processor cache holds them; None once evicted or when this node never processed them."""
-        image = self.processor_cache.get(mm_hash)
-        if image is not None:
-            return image
         owner = self._part_to_image.get(mm_hash)
-        if owner is None:
-            return None
+        if owner is None:  # a whole image (one lookup each way, so the cache's hit counts stay true)
+            return self.processor_cache.get(mm_hash)
         image_hash, index = owner
         image = self.processor_cache.get(image_hash)
         if image is None or image.pixel_values is None:
