@@ -11,6 +11,7 @@ ComputeThread is the same idea for request/response work such as the encoder's.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -28,6 +29,11 @@ class ComputeThread:
     def run(self, fn: Callable[..., T], *args) -> T:
         """Run ``fn(*args)`` on the compute thread and wait for it (calls run one at a time)."""
         return self._executor.submit(self._watched, fn, *args).result()
+
+    async def call(self, fn: Callable[..., T], *args) -> T:
+        """``run`` for an event loop: awaits ``fn(*args)`` on the compute thread without holding
+        a thread of the loop's own."""
+        return await asyncio.wrap_future(self._executor.submit(self._watched, fn, *args))
 
     def _watched(self, fn: Callable[..., T], *args) -> T:
         if self._watch is None:

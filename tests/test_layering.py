@@ -135,7 +135,9 @@ def blocking_uses(path: Path) -> list[str]:
 
 
 def test_the_gateway_starts_no_thread_and_dials_no_blocking_channel():
-    assert [v for p in sorted((ROOT / "services/gateway").glob("*.py")) for v in blocking_uses(p)] == []
+    """The gateway and its router: the router's index reads are awaited (shared/index/reader.py)."""
+    paths = [*sorted((ROOT / "services/gateway").glob("*.py")), *sorted((ROOT / "services/router").glob("*.py"))]
+    assert [v for p in paths for v in blocking_uses(p)] == []
 
 
 def test_the_blocking_check_catches_a_thread_and_a_blocking_channel(tmp_path):
@@ -164,3 +166,23 @@ def test_the_lab_and_the_tests_are_not_installed():
 
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     assert [p for p in include if fnmatch.fnmatch("benchmarks", p) or fnmatch.fnmatch("tests", p)] == []
+
+
+# Small modules, small functions: past these a module holds more than one concept, or a function
+# more than one step (the project's style).
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 350, 60
+
+
+def test_no_module_or_function_outgrows_its_limit():
+    too_long = []
+    for package in ("services", "shared", "kernels", "benchmarks"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "gen" in path.relative_to(ROOT).parts:  # generated protobuf code
+                continue
+            source = path.read_text()
+            if (num_lines := source.count("\n")) > MAX_MODULE_LINES:
+                too_long.append(f"{path.relative_to(ROOT)}: {num_lines} lines")
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= MAX_FUNCTION_LINES:
+                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert too_long == []

@@ -1,6 +1,7 @@
 """One request's way through the modelled cluster, as services/gateway/pipeline.py takes it.
 
-route (real: Router.route or the llm-d scorer, reserve=True, timed on the wall clock) -> images
+route (real: Router.route or the llm-d scorer, reserve=True, run to completion on the run's
+event loop and timed on the wall clock) -> images
 the prefill node lacks: those the route sends to the prefill node's own tower are encoded there,
 the others are shipped by the holder the route names for each (``Route.image_to_source``: an
 encoder or a prefill node, once any tower pass of it there ends) or come from the route's
@@ -20,6 +21,7 @@ later (a client's retry). After ``max_attempts`` routings it counts as lost.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
@@ -61,12 +63,14 @@ class RequestPath:
         costs: Costs,
         metrics: Metrics,
         on_done: Callable[[Request, bool], None],
+        loop: asyncio.AbstractEventLoop,  # the run's: Router.route is a coroutine, awaited nowhere else here
         *,
         max_attempts: int = 20,
         lookups_kept: int = 200,
     ) -> None:
         self.events, self.cluster, self.policy, self.membership = events, cluster, policy, membership
         self.costs, self.metrics, self.on_done, self.max_attempts = costs, metrics, on_done, max_attempts
+        self.loop = loop
         self.block_size = metrics.block_size
         self._encoded_once: set[MmHash] = set()
         self.recent: deque[tuple[list[MmHash], list[BlockHash]]] = deque(maxlen=lookups_kept)  # for a replay of lookups
@@ -90,8 +94,10 @@ class RequestPath:
         turn = request.turn
         started, cpu_started = time.perf_counter(), time.thread_time()
         try:
-            route = self.policy.route(
-                turn.token_ids, turn.images, None, block_hashes=turn.block_hashes, exclude=frozenset(request.excluded), reserve=True
+            route = self.loop.run_until_complete(
+                self.policy.route(
+                    turn.token_ids, turn.images, None, block_hashes=turn.block_hashes, exclude=frozenset(request.excluded), reserve=True
+                )
             )
         except NoLiveNodeError:
             self.metrics.no_node_waits += 1

@@ -18,10 +18,15 @@ Policies: ``cache_aware`` (Router with cache lookups and the configured encode d
 ``round_robin`` (Router without cache lookups, the classic baseline: the index serves membership
 only, so no prefix pulls either), ``llmd`` (services/router/policies.py, LlmdPolicy). After the run, the router's last
 lookups are replayed alone (cache_aware only) to give a lookup's own server work.
+
+The router and the membership are asyncio-native (they await an IndexReader); here they read the
+run's synchronous indexes through LocalReader, and a run drives each awaited call to completion on
+one event loop of its own (see ``simulate``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from dataclasses import dataclass, field
@@ -37,6 +42,7 @@ from services.router.pending_encodes import PendingEncodes
 from services.router.policies import make_policy
 from services.router.router import Router
 from shared.index.backend import create_index
+from shared.index.reader import LocalReader
 
 POLICIES = ("cache_aware", "round_robin", "llmd")
 
@@ -76,17 +82,25 @@ def simulate(config: RunConfig, index_url: str) -> dict:
     namespace = f"simulate-{config.policy}-{config.nodes}-{config.workload.seed}"
     stats = ServerStats(index_url)
     indexes = {client: create_index(named_url(index_url, client), namespace=namespace) for client in ("router", "nodes", "membership")}
+    # The simulator is a discrete-event loop of its own, not the gateway's event loop: each of the
+    # router's and the membership's coroutines is run to completion where the sync code called it,
+    # on one loop the run owns (not asyncio.run per call, which would build and tear down a loop
+    # each decision and add that to the decision's wall-clock time). Their reads go through
+    # LocalReader to the run's sync indexes (a Redis one blocks the loop while it waits: harmless
+    # here, where nothing else runs on the loop and the decision is timed on the wall clock).
+    loop = asyncio.new_event_loop()
     try:
-        return _Run(config, indexes, stats).run()
+        return _Run(config, indexes, stats, loop).run()
     finally:
+        loop.close()
         for index in indexes.values():
             index.close()
         stats.close()
 
 
 class _Run:
-    def __init__(self, config: RunConfig, indexes: dict, stats: ServerStats) -> None:
-        self.config, self.stats = config, stats
+    def __init__(self, config: RunConfig, indexes: dict, stats: ServerStats, loop: asyncio.AbstractEventLoop) -> None:
+        self.config, self.stats, self.loop = config, stats, loop
         self.events = EventQueue()
         self.roles = split_roles(config.nodes)
         self.memory_before = stats.snapshot()["used_memory"]
@@ -94,9 +108,9 @@ class _Run:
         for role in ROLES:
             for _ in range(self.roles[role]):
                 self.cluster.add(role)
-        self.membership = Membership(indexes["membership"], clock=lambda: self.events.now)
-        self.membership.refresh()
-        self.lookup_index = indexes["router"]
+        self.membership = Membership(LocalReader(indexes["membership"]), clock=lambda: self.events.now)
+        self.loop.run_until_complete(self.membership.refresh())
+        self.lookup_index = indexes["router"]  # the router reads it through a LocalReader; the replay directly
         self.policy = self._policy()
         self.lookup_index.lookup([], [])  # a warm gateway: connection open, lookup script loaded
         self.metrics = Metrics(config.workload.block_size)
@@ -108,6 +122,7 @@ class _Run:
             config.costs,
             self.metrics,
             self._done,
+            self.loop,
             lookups_kept=config.lookups_replayed,
         )
         self.churn = _Churn()
@@ -118,7 +133,7 @@ class _Run:
     def _policy(self):
         config, block_size = self.config, self.config.workload.block_size
         policy = make_policy(config.policy, llmd_lru_blocks=config.llmd_lru_blocks)
-        index = self.lookup_index if config.policy == "cache_aware" else None
+        index = LocalReader(self.lookup_index) if config.policy == "cache_aware" else None
         # llm-d's scheduler has no adaptive dispatch: its images stay on the encoder tier.
         dispatch = "encoder" if config.policy == "llmd" else config.encode_dispatch
         pending = PendingEncodes(clock=lambda: self.events.now)
@@ -225,7 +240,7 @@ class _Run:
             self.events.after(self.config.heartbeat_s, self._heartbeat, node)
 
     def _refresh(self) -> None:
-        self.membership.refresh()
+        self.loop.run_until_complete(self.membership.refresh())
         self.events.after(self.config.refresh_s, self._refresh)
 
     def _schedule_churn(self) -> None:

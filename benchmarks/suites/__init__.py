@@ -27,6 +27,7 @@ SUITES = (
     "elastic",
     "engine",
     "gateway_footprint",
+    "index_stall",
     "kv_layout",
     "loop_handoff",
     "preprocess",

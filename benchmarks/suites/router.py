@@ -8,16 +8,21 @@ in turn: the decision's cost must not grow with it. Prints percentiles and write
 benchmarks/results/router.json). The headline columns are Router.route as the gateway calls it
 (the router hashes the prompt); "given" passes the block hashes precomputed
 (Router.route(..., block_hashes=...)), as a caller that already has them can.
+
+Router.route is a coroutine reading the index through an IndexReader (redis.asyncio over Redis or
+Valkey), as on the gateway's event loop; each measurement owns one event loop and runs every
+decision to completion on it, timed on the wall clock around that.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 
 from benchmarks.suites.common import RESULTS, command, ms, write_json
@@ -27,7 +32,8 @@ from services.router.router import Router
 from services.stack.node_process import free_port
 from services.stack.redis_server import embedded_valkey_binary, start_redis_server
 from shared.hashing import MmSpan, block_hashes
-from shared.index.backend import create_index
+from shared.index.backend import CacheIndex, create_index
+from shared.index.reader import IndexReader, LocalReader, create_reader
 from shared.index.types import IndexEvents, MmEntry, NodeInfo
 from shared.types import MmHash, PlaceholderRange
 
@@ -76,7 +82,30 @@ def decision_times(index_url: str, prompt_tokens: int, decisions: int, block_siz
     """Two prefill nodes holding all and half of the prompt's prefix, an encoder holding its
     image, and ``num_idle_nodes`` more holding nothing; the route is checked once, then timed
     ``decisions`` times both ways."""
-    index = create_index(index_url, namespace=f"router-bench-{num_idle_nodes}")
+    namespace = f"router-bench-{num_idle_nodes}"
+    index = create_index(index_url, namespace=namespace)  # the nodes' side: registrations and publishes
+    # The router's side, as the gateway reads it. A memory:// reader would see an index of its own,
+    # empty: there the router reads the index the nodes wrote.
+    reader = LocalReader(index) if index_url.startswith("memory://") else create_reader(index_url, namespace=namespace)
+    # One loop for the measurement (asyncio.run per decision would time a loop's setup and teardown).
+    loop = asyncio.new_event_loop()
+    try:
+        return _decision_times(index, reader, loop, prompt_tokens, decisions, block_size, num_idle_nodes)
+    finally:
+        loop.run_until_complete(reader.close())  # a LocalReader closes the in-process index, which is harmless twice
+        loop.close()
+        index.close()
+
+
+def _decision_times(
+    index: CacheIndex,
+    reader: IndexReader,
+    loop: asyncio.AbstractEventLoop,
+    prompt_tokens: int,
+    decisions: int,
+    block_size: int,
+    num_idle_nodes: int,
+) -> dict:
     nodes = {role: [f"127.0.0.1:{5000 + 10 * k + i}" for i in range(2)] for k, role in enumerate(("encoder", "prefill", "decode"))}
     epochs = {}
     for role, addresses in nodes.items():
@@ -104,23 +133,23 @@ def decision_times(index_url: str, prompt_tokens: int, decisions: int, block_siz
         epochs[f"encoder@{nodes['encoder'][1]}"],
         IndexEvents(mm_stored={image[0]: MmEntry(1024, (1, 64, 64), 1024 * 768 * 4)}),
     )
-    router = Router(Membership(index), index=index, block_size=block_size)
-    route = router.route(tokens, [image])
+    router = Router(Membership(reader), index=reader, block_size=block_size)
+    route = loop.run_until_complete(router.route(tokens, [image]))
     assert route.prefill == nodes["prefill"][0] and route.encoder == nodes["encoder"][1], route
     expected = {nodes["prefill"][0]: len(hashes) * block_size, nodes["prefill"][1]: len(hashes) // 2 * block_size}
     assert route.prefix_tokens_by_node == {a: n for a, n in expected.items() if n}, route
     result = {"nodes": 6 + num_idle_nodes, "prompt_tokens": prompt_tokens, "blocks": len(hashes), "decisions": decisions}
-    result.update(_timed(lambda: router.route(tokens, [image]), decisions))
-    result["hashes_given"] = _timed(lambda: router.route(tokens, [image], block_hashes=hashes), decisions)
+    result.update(_timed(loop, lambda: router.route(tokens, [image]), decisions))
+    result["hashes_given"] = _timed(loop, lambda: router.route(tokens, [image], block_hashes=hashes), decisions)
     return result
 
 
-def _timed(decide, decisions: int) -> dict:
+def _timed(loop: asyncio.AbstractEventLoop, decide: Callable[[], Coroutine], decisions: int) -> dict:
     for _ in range(min(50, decisions)):  # warm up: script cache, connection, allocator
-        decide()
+        loop.run_until_complete(decide())
     times = []
     for _ in range(decisions):
         started = time.perf_counter()
-        decide()
+        loop.run_until_complete(decide())
         times.append(time.perf_counter() - started)
     return {"p50_ms": ms(percentile(times, 0.50)), "p99_ms": ms(percentile(times, 0.99)), "mean_ms": statistics.mean(times) * 1e3}

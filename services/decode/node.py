@@ -13,6 +13,7 @@ from opentelemetry import trace
 
 from services.decode.coalesce import OutputCoalescer
 from services.decode.job import DecodeFailedError, DecodeJob
+from services.decode.step_pacing import StepPacing
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.connector import KVPagesExhaustedError
@@ -22,7 +23,6 @@ from services.engine.kv_pages import KVPages
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from services.engine.sampling_params import TokenLogprobs
-from services.engine.step_pacing import StepPacing
 from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth
 from shared.index.publisher import IndexPublisher
@@ -69,7 +69,7 @@ class DecodeNode(EngineNode):
             publisher=publisher,
             liveness=liveness,
             channel_auth=channel_auth,
-            pacing=pacing,
+            min_step_interval=pacing.min_interval_s if pacing is not None else None,
         )
         self.kv_wait_s = kv_wait_s
         self._handoff: LoopHandoff | None = None

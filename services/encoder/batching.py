@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,7 @@ def default_max_batch_rows(device: str) -> int:
     return CPU_MAX_BATCH_ROWS if device == "cpu" else DEFAULT_MAX_BATCH_ROWS
 
 
-RunBatch = Callable[[list[tuple[list["EncodeItem"], str]]], list["EncodeResult | Exception"]]
+RunBatch = Callable[[list[tuple[list["EncodeItem"], str]]], Awaitable[list["EncodeResult | Exception"]]]
 
 
 class DeadlinePassedError(Exception):
@@ -110,7 +110,7 @@ class EncodeBatcher:
             self.metrics.num_batches.inc()
             self.metrics.num_calls_batched.inc(len(batch))
             try:
-                results = await asyncio.to_thread(self.run_batch, [(call.items, call.target) for call in batch])
+                results = await self.run_batch([(call.items, call.target) for call in batch])
             except Exception as exc:  # the node itself failed: every call of the batch gets it
                 results = [exc] * len(batch)
             for call, result in zip(batch, results):

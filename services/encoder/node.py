@@ -1,17 +1,19 @@
 """Encoder node: turns pixels into embeddings once per mm_hash and ships them to prefill nodes.
 
-Per batch of Encode calls (the servicer batches concurrent calls, services/encoder/batching.py),
-for each call's items: cache hit -> ship; else take its pixels from the data-plane inbox (the
-preprocess node pushed them, unless its sender-cache mirror said we already had them) -> one
-vision-tower pass over every new image of the batch -> cache -> ship each call's embeddings to
-its own target. Items with neither embeddings nor pixels are reported missing; the caller resends
-pixels and retries. The cache is an EncoderCacheManager whose entries are
-never referenced between calls, so eviction is LRU over whole items within a row budget.
+Per batch of Encode calls (the servicer batches concurrent calls, services/encoder/batching.py):
+on the event loop, await the pixels of every image the cache lacks from the data-plane inbox (the
+preprocess node pushed them, unless its sender-cache mirror said we already had them); then, on
+the compute thread, for each call's items: cache hit -> ship; else its pixels -> one vision-tower
+pass over every new image of the batch -> cache -> ship each call's embeddings to its own target.
+Batches run one at a time, so the cache the loop reads is the one the compute thread leaves.
+Items with neither embeddings nor pixels are reported missing; the caller resends pixels and
+retries. The cache is an EncoderCacheManager whose entries are never referenced between calls, so
+eviction is LRU over whole items within a row budget.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 from dataclasses import dataclass, field
 
 import torch
@@ -99,7 +101,6 @@ class EncoderNode:
         self.sender = TensorSender(auth=channel_auth)
         self.pixel_wait_s = pixel_wait_s
         self.publisher = publisher
-        self._pending_lock = threading.Lock()
         self.num_pending = 0  # Encode calls queued or running: this node's load
         self.num_batches = 0  # vision-tower passes
         self.metrics = self._metrics()
@@ -118,22 +119,30 @@ class EncoderNode:
         """Where peers push this node pixels: what it hands out, never its bound endpoint."""
         return self.inbox.address
 
-    def encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
+    async def encode(self, items: list[EncodeItem], target_address: str) -> EncodeResult:
         """One call's items, encoded and shipped to ``target_address`` (raises its failure)."""
-        [result] = self.encode_batch([(items, target_address)])
+        [result] = await self.encode_batch([(items, target_address)])
         if isinstance(result, Exception):
             raise result
         return result
 
-    def encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
-        """Several calls' items in one vision-tower pass; each call's result, or its own failure."""
-        with self._pending_lock:
-            self.num_pending += len(calls)
+    async def encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
+        """Several calls' items in one vision-tower pass; each call's result, or its own failure.
+        One batch at a time (the servicer's batcher sees to it)."""
+        self.num_pending += len(calls)
         try:
-            return self.compute.run(self._encode_batch, calls)
+            pixels = await self._pixels_for(calls)
+            return await self.compute.call(self._encode_batch, calls, pixels)
         finally:
-            with self._pending_lock:
-                self.num_pending -= len(calls)
+            self.num_pending -= len(calls)
+
+    async def _pixels_for(self, calls: list[tuple[list[EncodeItem], str]]) -> dict[MmHash, torch.Tensor]:
+        """The pixels of the batch's images the cache lacks, awaited together; an image whose
+        pixels do not come within ``pixel_wait_s`` is left out (its call reports it missing)."""
+        lacking = list(dict.fromkeys(item.mm_hash for items, _ in calls for item in items if item.mm_hash not in self.store))
+        waits = (self.inbox.arrival(h, self.pixel_wait_s, sender="a preprocess node", what="pixels of image") for h in lacking)
+        messages = await asyncio.gather(*waits)
+        return {h: m.tensors["pixel_values"] for h, m in zip(lacking, messages, strict=True) if m is not None}
 
     def cluster_config(self) -> ClusterConfig:
         """What this node must share with its cluster: the dtype of the embeddings it sends (it
@@ -144,13 +153,15 @@ class EncoderNode:
         """(calls queued or running, 0: no KV pool), for heartbeats."""
         return float(self.num_pending), 0.0
 
-    def _encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
+    def _encode_batch(
+        self, calls: list[tuple[list[EncodeItem], str]], pixels: dict[MmHash, torch.Tensor]
+    ) -> list[EncodeResult | Exception]:
         # Runs only on the compute thread, one batch at a time: no lock needed.
         # 1. Per call, in order: cache hits, pixels to encode, or missing. An image another call
         #    of the batch already brings pixels for is encoded once (its pixels come once: the
         #    preprocess node's mirror skips the second push).
         to_encode: dict[MmHash, tuple[EncodeItem, torch.Tensor]] = {}
-        plans = [_plan_call(items, self, to_encode) for items, _ in calls]
+        plans = [_plan_call(items, self, to_encode, pixels) for items, _ in calls]
         # 2. One pass over every image to encode; if it fails, each call's images alone, so an
         #    input that breaks the tower fails only the calls that brought it.
         encoded, failed = self._encode_all(to_encode, plans)
@@ -220,7 +231,12 @@ class EncoderNode:
         self.sender.close()
 
 
-def _plan_call(items: list[EncodeItem], node: EncoderNode, to_encode: dict[MmHash, tuple[EncodeItem, torch.Tensor]]) -> CallPlan:
+def _plan_call(
+    items: list[EncodeItem],
+    node: EncoderNode,
+    to_encode: dict[MmHash, tuple[EncodeItem, torch.Tensor]],
+    pixels: dict[MmHash, torch.Tensor],
+) -> CallPlan:
     plan = CallPlan([], [], [], {})
     for item in items:
         if item.mm_hash in plan.ready or item.mm_hash in plan.encoding:
@@ -234,11 +250,10 @@ def _plan_call(items: list[EncodeItem], node: EncoderNode, to_encode: dict[MmHas
             plan.hits.append(item.mm_hash)
             node.metrics.num_cache_hits.inc()
             continue
-        message = node.inbox.wait(item.mm_hash, node.pixel_wait_s, sender="a preprocess node", what="pixels of image")
-        if message is None:
+        if item.mm_hash not in pixels:
             plan.missing.append(item.mm_hash)
         else:
-            to_encode[item.mm_hash] = (item, message.tensors["pixel_values"])
+            to_encode[item.mm_hash] = (item, pixels[item.mm_hash])
             plan.encoding.append(item.mm_hash)
     return plan
 

@@ -45,17 +45,6 @@ class EngineConfig:
     # the LM head, checked exact against the float32 one (kernels/screened_argmax.py): half the
     # reading per step, half a vocabulary matrix more memory.
     screen_greedy: bool = True
-    # Decode nodes sharing cores with encoder and prefill nodes (a launcher's colocated stack)
-    # start a step at most every yield_step_ms x (queued calls / yield_backlog), up to
-    # yield_max_step_ms, while one of those holds yield_backlog or more calls and they hold at
-    # most yield_max_streams streams, or a colocated prefill node holds yield_ready or more
-    # prompts it could compute now, so queued first tokens get the cores
-    # (services/engine/step_pacing.py). 0 ms: never yield.
-    yield_step_ms: float = 100.0
-    yield_max_step_ms: float = 250.0
-    yield_backlog: int = 4
-    yield_max_streams: int = 16
-    yield_ready: int = 2
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -70,13 +59,6 @@ class EngineConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.yield_step_ms < 0 or min(self.yield_backlog, self.yield_max_streams, self.yield_ready) < 1:
-            raise ValueError(
-                "yield_step_ms must be at least 0, yield_backlog, yield_max_streams and yield_ready at least 1: "
-                f"{self.yield_step_ms}, {self.yield_backlog}, {self.yield_max_streams}, {self.yield_ready}"
-            )
-        if self.yield_max_step_ms < self.yield_step_ms:
-            raise ValueError(f"yield_max_step_ms ({self.yield_max_step_ms}) must be at least yield_step_ms ({self.yield_step_ms})")
         if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
             raise ValueError("num_kv_blocks must be positive")
         if self.max_encoder_tokens_per_step > self.encoder_cache_tokens:

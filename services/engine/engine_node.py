@@ -5,15 +5,16 @@ exporting cached prefix pages to a peer that pulls them, and the metrics of all 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
-from services.engine.step_pacing import StepPacing
 from services.models.checkpoint import dtype_name
 from services.models.registry import ModelRef
 from services.transport.addresses import AdvertisedAddress
@@ -63,14 +64,14 @@ class EngineNode:
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
         load_vision: bool = False,
-        pacing: StepPacing | None = None,
+        min_step_interval: Callable[[int], float] | None = None,
     ) -> None:
         self.publisher = publisher
         self.loop = EngineLoop(
             lambda: Engine(model, config, load_vision=load_vision),
             after_step=self._publish_kv,
             liveness=liveness,
-            min_step_interval=pacing.min_interval_s if pacing is not None else None,
+            min_step_interval=min_step_interval,
         )
         self.engine = self.loop.engine  # touch it only through self.loop.call once serving
         family, checkpoint = model.family, self.engine.runner.checkpoint
@@ -109,15 +110,16 @@ class EngineNode:
         metrics.num_embedding_evictions.read_from(lambda: embeddings.num_evictions)
         return metrics
 
-    def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:
+    async def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:
         """Push the pages of the leading blocks of ``hashes`` held here to ``target``'s inbox
         under ``transfer_id``; returns how many blocks were sent (0: nothing is sent). The
         pages are copied on the engine thread, so a later eviction cannot tear them."""
-        pages = self.loop.call(lambda engine: connector.export_prefix(engine, hashes)).result()
+        pages = await asyncio.wrap_future(self.loop.call(lambda engine: connector.export_prefix(engine, hashes)))
         num_blocks = kv_pages.num_blocks(pages)
         if num_blocks == 0:
             return 0
-        self.send_pages(target, transfer_id, pages)
+        # A send waits for room in the peer's queue: a thread's wait, not the loop's.
+        await asyncio.to_thread(self.send_pages, target, transfer_id, pages)
         self.engine_metrics.num_kv_blocks_exported.inc(num_blocks)
         return num_blocks
 

@@ -27,7 +27,7 @@ from services.router.membership import ROUTED_ROLES, Membership
 from services.router.policies import make_policy
 from services.router.router import Router
 from services.router.scoring import EncodeDispatch
-from services.transport.index_access import open_index
+from services.transport.index_access import open_reader
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
 from shared.startup_heap import freeze_startup_heap
 
@@ -113,12 +113,11 @@ def served_names(settings: Settings, model: ModelRef) -> tuple[str, ...]:
 
 
 def build_pipeline(config: Settings, *, namespace: str, block_size: int, max_model_len: int) -> Pipeline:
-    index = open_index(config.index_url, namespace=namespace, settings=config) if config.index_url else None
+    index = open_reader(config.index_url, namespace=namespace, settings=config) if config.index_url else None
     static = {role: tuple(a.strip() for a in getattr(config, f"{role}_address").split(",") if a.strip()) for role in ROUTED_ROLES}
     membership = Membership(
         index, static if index is None else None, refresh_s=min(1.0, config.index_ttl_s / 3), quarantine_s=config.index_ttl_s
     )
-    membership.start()
     router = Router(
         membership,
         policy=make_policy(config.routing_policy),
@@ -163,6 +162,7 @@ async def _serve(
 ) -> None:
     api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size, max_model_len=max_model_len)
+    await pipeline.membership.start()
     app, state = create_app(
         pipeline,
         served_names=served_names,
@@ -184,7 +184,9 @@ async def _serve(
     try:
         await _serve_until_drained(config, app, state, generate)
     finally:
-        pipeline.membership.stop()
+        await pipeline.membership.stop()
+        if pipeline.membership.index is not None:
+            await pipeline.membership.index.close()
     log.info("drained; exiting with %d requests unfinished", state.num_in_flight)
 
 

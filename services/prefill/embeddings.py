@@ -11,15 +11,16 @@ the request fails.
 
 An image is fetched or encoded by one request at a time: the inbox hands a pushed message to one
 waiter only, so a second request for an image in flight waits for that work and claims the
-result (doing it itself if that failed). The tower runs beside the engine, not inside an engine
+result (doing it itself if that failed); that bookkeeping lives on the serving loop, which
+awaits it. The tower runs on a compute thread of its own beside the engine, not inside an engine
 step, where a pass would hold back every prompt whose embeddings were ready; one pass at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.job import PrefillJob, Upstream
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMatchFn, take_pixels
 from services.transport.tensor_channel import TensorInbox, TensorSender
+from shared.compute_thread import ComputeThread
 from shared.node_metrics import Counter, counter
 from shared.types import MmHash
 
@@ -80,9 +82,8 @@ class ResidentEmbeddings:
         self.vision = vision
         self.pixels_match = pixels_match
         self.wait_s = wait_s
-        self._fetches_lock = threading.Lock()
-        self._mm_hash_to_fetch: dict[MmHash, threading.Event] = {}
-        self._tower_lock = threading.Lock()
+        self._mm_hash_to_fetch: dict[MmHash, asyncio.Event] = {}  # images in flight here; on the loop only
+        self.tower = ComputeThread("prefill-tower") if vision is not None else None
         self.metrics = EmbeddingMetrics()
 
     async def make_resident(self, job: PrefillJob, upstream: Upstream) -> None:
@@ -95,7 +96,7 @@ class ResidentEmbeddings:
             lacking_here = [i for i in lacking if i.mm_hash in job.local_encode]
             pixels = await self._receive_pixels(job.local_pixels_key_prefix, here, lacking_here)
             if pixels:
-                await asyncio.to_thread(self._encode_here, rid, lacking_here, pixels)
+                await self._encode_here(rid, lacking_here, pixels)
         source_to_items: dict[str, list[PromptItem]] = {}
         for item in lacking:
             if item.mm_hash not in job.local_encode:
@@ -152,57 +153,56 @@ class ResidentEmbeddings:
                     await self._receive(request_id, [i for i in mine if i.mm_hash not in missing], source)
             finally:
                 self._end(mine)
-            lacking = await asyncio.to_thread(self._await_others, request_id, others) if others else []
+            lacking = await self._await_others(request_id, others) if others else []
             if not lacking:
                 return unavailable
         raise EmbeddingsUnavailableError([i.mm_hash for i in lacking], source)
 
-    def ship(self, mm_hashes: Sequence[MmHash], target: str, sender: TensorSender) -> list[MmHash]:
+    async def ship(self, mm_hashes: Sequence[MmHash], target: str, sender: TensorSender) -> list[MmHash]:
         """Push the embeddings held here of ``mm_hashes`` to ``target``'s inbox, as an encoder
         would (the router named this node as their holder for a request on another prefill
         node); returns those not held. An image being fetched or encoded here is waited for."""
-        for mm_hash in mm_hashes:
-            with self._fetches_lock:
-                event = self._mm_hash_to_fetch.get(mm_hash)
-            if event is not None:
-                event.wait(self.wait_s)
-        outputs = self.loop.call(lambda engine: {h: engine.runner.encoder_outputs.get(h) for h in mm_hashes}).result()
+        await self._settled(mm_hashes)
+        outputs = await asyncio.wrap_future(self.loop.call(lambda engine: {h: engine.runner.encoder_outputs.get(h) for h in mm_hashes}))
         for mm_hash, embeds in outputs.items():
             if embeds is not None:
-                sender.send(target, mm_hash, {"embeds": embeds.to("cpu")}, {"rows": embeds.shape[0]})
+                # A send waits for room in the peer's queue: a thread's wait, not the loop's.
+                await asyncio.to_thread(sender.send, target, mm_hash, {"embeds": embeds.to("cpu")}, {"rows": embeds.shape[0]})
                 self.metrics.num_shipped.inc()
         return [h for h, embeds in outputs.items() if embeds is None]
+
+    async def _settled(self, mm_hashes: Sequence[MmHash]) -> None:
+        """Once no work of this node on ``mm_hashes`` is in flight (each waited for up to ``wait_s``)."""
+        for mm_hash in mm_hashes:
+            event = self._mm_hash_to_fetch.get(mm_hash)
+            if event is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), self.wait_s)
 
     def _begin(self, items: list[PromptItem]) -> tuple[list[PromptItem], list[PromptItem]]:
         """Split ``items`` into those the caller fetches or encodes, and those another request
         already does."""
         mine, others = [], []
-        with self._fetches_lock:
-            for item in items:
-                if item.mm_hash in self._mm_hash_to_fetch:
-                    others.append(item)
-                else:
-                    self._mm_hash_to_fetch[item.mm_hash] = threading.Event()
-                    mine.append(item)
+        for item in items:
+            if item.mm_hash in self._mm_hash_to_fetch:
+                others.append(item)
+            else:
+                self._mm_hash_to_fetch[item.mm_hash] = asyncio.Event()
+                mine.append(item)
         return mine, others
 
     def _end(self, items: list[PromptItem]) -> None:
         """The caller's work on ``items`` is over (imported or failed): wake their waiters."""
-        with self._fetches_lock:
-            events = [self._mm_hash_to_fetch.pop(item.mm_hash, None) for item in items]
-        for event in events:
+        for item in items:
+            event = self._mm_hash_to_fetch.pop(item.mm_hash, None)
             if event is not None:
                 event.set()
 
-    def _await_others(self, request_id: str, items: list[PromptItem]) -> list[PromptItem]:
-        """Wait for other requests' work on ``items``, then claim them; returns those still
+    async def _await_others(self, request_id: str, items: list[PromptItem]) -> list[PromptItem]:
+        """Await other requests' work on ``items``, then claim them; returns those still
         lacking (that work failed, or the image was evicted since)."""
-        for item in items:
-            with self._fetches_lock:
-                event = self._mm_hash_to_fetch.get(item.mm_hash)
-            if event is not None:
-                event.wait(self.wait_s)
-        return self.claim(request_id, items)
+        await self._settled([item.mm_hash for item in items])
+        return await asyncio.wrap_future(self._claim(request_id, items))
 
     async def _receive(self, request_id: str, items: list[PromptItem], encoder: str) -> None:
         """Await pushed embeddings of ``items`` and import them; raises if any never arrive."""
@@ -225,30 +225,27 @@ class ResidentEmbeddings:
         self.metrics.num_local_encodes.inc(len(pixels))
         return pixels
 
-    def _encode_here(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:
+    async def _encode_here(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:
         """Encode ``items`` with this node's tower and import them as if an encoder had sent them;
         an image another request is already encoding or fetching is awaited, and encoded here
         after all if that fails."""
         mine, others = self._begin(items)
         try:
-            self._encode_and_import(request_id, mine, pixels)
+            await self._encode_and_import(request_id, mine, pixels)
         finally:
             self._end(mine)
         if others:
-            self._encode_and_import(request_id, self._await_others(request_id, others), pixels)
+            await self._encode_and_import(request_id, await self._await_others(request_id, others), pixels)
 
-    def _encode_and_import(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:
+    async def _encode_and_import(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:
         if not items:
             return
-        if self.vision is None:
+        if self.vision is None or self.tower is None:
             raise LocalEncodeUnavailableError(NO_TOWER)
-        with self._tower_lock:
-            embeds = self.vision.encode([pixels[i.mm_hash] for i in items], [i.grid_thw for i in items])
+        vision = self.vision
+        embeds = await self.tower.call(vision.encode, [pixels[i.mm_hash] for i in items], [i.grid_thw for i in items])
         for item, rows in zip(items, embeds):
-            self._import(request_id, item, rows)
-
-    def _import(self, request_id: str, item: PromptItem, embeds: torch.Tensor) -> None:
-        self._imported(request_id, item, embeds).result()
+            await asyncio.wrap_future(self._imported(request_id, item, rows))
 
     def _imported(self, request_id: str, item: PromptItem, embeds: torch.Tensor) -> Future[None]:
         """The import of ``embeds`` into the engine's cache for the request, on the engine thread;

@@ -111,9 +111,9 @@ class PrefillNode(EngineNode):
         self.metrics = PrefillMetrics(self.engine_metrics, self.embeddings.metrics, self.kv_puller.metrics)
         self.metrics.num_kv_bytes_sent.read_from(lambda: self.sender.num_bytes_sent)
 
-    def ship_embeddings(self, mm_hashes: list[MmHash], target: str) -> list[MmHash]:
+    async def ship_embeddings(self, mm_hashes: list[MmHash], target: str) -> list[MmHash]:
         """Push the embeddings held here of ``mm_hashes`` to ``target``; returns those not held."""
-        return self.embeddings.ship(mm_hashes, target, self.sender)
+        return await self.embeddings.ship(mm_hashes, target, self.sender)
 
     @property
     def can_encode(self) -> bool:

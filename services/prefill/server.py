@@ -11,7 +11,6 @@ request; a node at its limit of calls refuses new ones as busy (services/transpo
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Sequence
 
@@ -181,7 +180,7 @@ class EmbeddingShipper(rpc.EncodeServicer):
 
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
         mm_hashes = [MmHash(item.mm_hash) for item in request.items]
-        lacking = await asyncio.to_thread(self.node.ship_embeddings, mm_hashes, request.target_data_address)
+        lacking = await self.node.ship_embeddings(mm_hashes, request.target_data_address)
         return pb.EncodeResponse(missing_pixels=lacking)
 
 

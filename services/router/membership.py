@@ -1,7 +1,7 @@
 """Which nodes of each role the gateway may use.
 
-With an index, the live node records *are* the cluster: a background refresh (``refresh_s``)
-lists them (``update``), and at once when a lookup reports a new membership version
+With an index, the live node records *are* the cluster: a refresh task on the event loop
+(``refresh_s``) lists them (``update``), and at once when a lookup reports a new membership version
 (``note_version``: a node joined or left, so the next request sees it; only the changed nodes'
 records are read). Lookups thus never list the cluster, and cost the same at 4 nodes or 500;
 each role's nodes are kept sorted between listings, so reading them costs that role's size, not
@@ -14,18 +14,21 @@ A node that failed a call is quarantined for ``quarantine_s`` (about the heartbe
 which its record lapses anyway if it is dead), so other requests stop choosing it at once, not
 when its TTL runs out; a node that registers again (a new epoch, a restart) is out of quarantine
 at once.
+
+It lives on the gateway's event loop: its reads of the index are awaited (shared/index/reader.py),
+and everything else is plain code that no other thread touches, so it takes no lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from shared.index.backend import CacheIndex
+from shared.index.reader import IndexReader
 from shared.index.types import IndexUnavailableError, NodeInfo, NodeState
 
 log = logging.getLogger("tessera.membership")
@@ -50,7 +53,7 @@ class NodeWork:
 class Membership:
     def __init__(
         self,
-        index: CacheIndex | None,
+        index: IndexReader | None,
         static: Mapping[str, tuple[str, ...]] | None = None,
         *,
         refresh_s: float = 1.0,
@@ -66,7 +69,6 @@ class Membership:
         self.keep_s = keep_s
         self._role_to_last_seen: dict[str, float] = {}
         self._clock = clock
-        self._lock = threading.Lock()
         self._nodes: dict[str, NodeState] = {}
         self._role_to_nodes: dict[str, tuple[NodeState, ...]] = {}  # sorted by address; rebuilt on change
         self._role_to_address_to_node: dict[str, dict[str, NodeState]] = {}  # the same nodes, by address
@@ -80,17 +82,15 @@ class Membership:
         self._address_to_work: dict[str, NodeWork] = {}  # this gateway's own work
         self.num_refresh_failures = 0
         self._membership_version: int | None = None
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task | None = None
 
     # -- reading ------------------------------------------------------------------------------
     def nodes(self, role: str, *, exclude: frozenset[str] = frozenset()) -> list[NodeState]:
         """Live nodes of ``role`` not in ``exclude`` (gRPC addresses); quarantined ones only when
         nothing else is left."""
         now = self._clock()
-        with self._lock:
-            candidates = [s for s in self._role_to_nodes.get(role, ()) if s.info.grpc_address not in exclude]
-            healthy = [s for s in candidates if not self._quarantined(s, now)] if self._address_to_quarantine else candidates
+        candidates = [s for s in self._role_to_nodes.get(role, ()) if s.info.grpc_address not in exclude]
+        healthy = [s for s in candidates if not self._quarantined(s, now)] if self._address_to_quarantine else candidates
         return healthy or candidates
 
     def sample(self, role: str, *, exclude: frozenset[str], holders: Collection[str], k: int, rng: random.Random) -> list[NodeState] | None:
@@ -101,20 +101,19 @@ class Membership:
         the role has ``k`` nodes or fewer, or nothing usable was found (then ``nodes``, which
         falls back on quarantined nodes)."""
         now = self._clock()
-        with self._lock:
-            nodes = self._role_to_nodes.get(role, ())
-            if len(nodes) <= k:
-                return None
-            by_address = self._role_to_address_to_node[role]
+        nodes = self._role_to_nodes.get(role, ())
+        if len(nodes) <= k:
+            return None
+        by_address = self._role_to_address_to_node[role]
 
-            def usable(state: NodeState) -> bool:
-                return state.info.grpc_address not in exclude and not self._quarantined(state, now)
+        def usable(state: NodeState) -> bool:
+            return state.info.grpc_address not in exclude and not self._quarantined(state, now)
 
-            held = sorted((by_address[a] for a in holders if a in by_address and usable(by_address[a])), key=lambda s: s.info.grpc_address)
-            held_addresses = {s.info.grpc_address for s in held}
-            num_draws = min(len(nodes), k + len(exclude) + len(self._address_to_quarantine) + len(held_addresses))
-            drawn = (nodes[i] for i in rng.sample(range(len(nodes)), num_draws))
-            others = [s for s in drawn if s.info.grpc_address not in held_addresses and usable(s)][:k]
+        held = sorted((by_address[a] for a in holders if a in by_address and usable(by_address[a])), key=lambda s: s.info.grpc_address)
+        held_addresses = {s.info.grpc_address for s in held}
+        num_draws = min(len(nodes), k + len(exclude) + len(self._address_to_quarantine) + len(held_addresses))
+        drawn = (nodes[i] for i in rng.sample(range(len(nodes)), num_draws))
+        others = [s for s in drawn if s.info.grpc_address not in held_addresses and usable(s)][:k]
         return held + others if held or others else None
 
     def resolve(self, node_to_epoch: Mapping[str, int]) -> dict[str, NodeState]:
@@ -122,32 +121,28 @@ class Membership:
         carry), those whose member record has that epoch: a name the membership does not hold
         (a record that failed its seal or disagrees with the cluster's settings, a node pruned
         or restarted since) is credited with nothing."""
-        with self._lock:
-            return {n: s for n, epoch in node_to_epoch.items() if (s := self._nodes.get(n)) is not None and s.epoch == epoch}
+        return {n: s for n, epoch in node_to_epoch.items() if (s := self._nodes.get(n)) is not None and s.epoch == epoch}
 
     def find(self, address: str) -> NodeState | None:
-        with self._lock:
-            return next((s for s in self._nodes.values() if s.info.grpc_address == address), None)
+        return next((s for s in self._nodes.values() if s.info.grpc_address == address), None)
 
     def snapshot(self) -> dict[str, NodeState]:
-        with self._lock:
-            return dict(self._nodes)
+        return dict(self._nodes)
 
     # -- updating -----------------------------------------------------------------------------
     def update(self, live: Mapping[str, NodeState]) -> None:
         """The index's current live nodes (from a lookup or a refresh)."""
         now = self._clock()
         listed_roles = {s.info.role for s in live.values()}
-        with self._lock:
-            kept = {
-                node_id: state
-                for node_id, state in self._nodes.items()
-                if state.info.role not in listed_roles and now - self._role_to_last_seen.get(state.info.role, now) < self.keep_s
-            }
-            for role in listed_roles:
-                self._role_to_last_seen[role] = now
-            self._nodes = {**kept, **live}
-            self._index_roles()
+        kept = {
+            node_id: state
+            for node_id, state in self._nodes.items()
+            if state.info.role not in listed_roles and now - self._role_to_last_seen.get(state.info.role, now) < self.keep_s
+        }
+        for role in listed_roles:
+            self._role_to_last_seen[role] = now
+        self._nodes = {**kept, **live}
+        self._index_roles()
 
     def _index_roles(self) -> None:
         role_to_nodes: dict[str, list[NodeState]] = {}
@@ -156,34 +151,32 @@ class Membership:
         self._role_to_nodes = {role: tuple(sorted(nodes, key=lambda s: s.info.grpc_address)) for role, nodes in role_to_nodes.items()}
         self._role_to_address_to_node = {role: {s.info.grpc_address: s for s in nodes} for role, nodes in role_to_nodes.items()}
 
-    def note_version(self, version: int) -> None:
+    async def note_version(self, version: int) -> None:
         """The membership version a lookup saw. A new one (a node joined or left) updates the
-        nodes now, in the caller's thread, so a joiner is a candidate for the very next request:
+        nodes now, before the caller's decision, so a joiner is a candidate for the very next request:
         from the index's log of changes, reading only the changed nodes' records (churn in a
         cluster of N nodes would otherwise cost N records per join, kill or drain), or by
         listing them all when the log no longer reaches back to the version known."""
-        with self._lock:
-            known = self._membership_version
-            if version == known:
-                return
-            self._membership_version = version
-        if known is None or not self._apply_changes(known):
-            self.refresh()
+        known = self._membership_version
+        if version == known:
+            return
+        self._membership_version = version
+        if known is None or not await self._apply_changes(known):
+            await self.refresh()
 
-    def _apply_changes(self, since: int) -> bool:
+    async def _apply_changes(self, since: int) -> bool:
         assert self.index is not None
         try:
-            changes = self.index.membership_changes(since)
+            changes = await self.index.membership_changes(since)
         except IndexUnavailableError:
             return False
         if changes is None:
             return False
-        with self._lock:
-            for node_id in changes.gone:
-                self._nodes.pop(node_id, None)
-            self._nodes.update(changes.nodes)
-            self._index_roles()
-            self._membership_version = max(self._membership_version or 0, changes.version)
+        for node_id in changes.gone:
+            self._nodes.pop(node_id, None)
+        self._nodes.update(changes.nodes)
+        self._index_roles()
+        self._membership_version = max(self._membership_version or 0, changes.version)
         return True
 
     def num_in_flight(self, address: str) -> int:
@@ -192,9 +185,8 @@ class Membership:
 
     def work_on(self, address: str) -> NodeWork:
         """A copy of this gateway's work in flight on ``address``."""
-        with self._lock:
-            work = self._address_to_work.get(address)
-            return NodeWork() if work is None else NodeWork(work.num_calls, work.num_local_encodes, work.num_pending_tokens)
+        work = self._address_to_work.get(address)
+        return NodeWork() if work is None else NodeWork(work.num_calls, work.num_local_encodes, work.num_pending_tokens)
 
     def in_flight(self, *addresses: str, local_encodes: Iterable[str] = (), pending_tokens: Mapping[str, int] | None = None) -> InFlight:
         """Count this gateway's work until released (a load signal): a call on each of
@@ -212,24 +204,22 @@ class Membership:
         return InFlight(self, counted)
 
     def _count(self, counted: Mapping[str, NodeWork], sign: int) -> None:
-        with self._lock:
-            for address, work in counted.items():
-                self._address_to_work.setdefault(address, NodeWork()).add(work, sign)
+        for address, work in counted.items():
+            self._address_to_work.setdefault(address, NodeWork()).add(work, sign)
 
     def report_failure(self, address: str) -> None:
         state = self.find(address)
         now = self._clock()
-        with self._lock:
-            # Quarantines already served end here, so the map holds only current ones (``sample``
-            # draws one extra node per entry).
-            self._address_to_quarantine = {a: entry for a, entry in self._address_to_quarantine.items() if entry[0] > now}
-            self._address_to_quarantine[address] = (now + self.quarantine_s, state.epoch if state else 0)
+        # Quarantines already served end here, so the map holds only current ones (``sample``
+        # draws one extra node per entry).
+        self._address_to_quarantine = {a: entry for a, entry in self._address_to_quarantine.items() if entry[0] > now}
+        self._address_to_quarantine[address] = (now + self.quarantine_s, state.epoch if state else 0)
 
-    def refresh(self) -> bool:
+    async def refresh(self) -> bool:
         if self.index is None:
             return True
         try:
-            live = self.index.live_nodes()
+            live = await self.index.live_nodes()
         except IndexUnavailableError as exc:
             self.num_refresh_failures += 1
             log.warning("index unreachable (%s); keeping the last-known %d nodes", exc, len(self._nodes))
@@ -237,21 +227,23 @@ class Membership:
         self.update(live)
         return True
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """List the nodes, then keep refreshing them every ``refresh_s`` on this event loop."""
         if self.index is None:
             return
-        self.refresh()
-        self._thread = threading.Thread(target=self._run, name="membership", daemon=True)
-        self._thread.start()
+        await self.refresh()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="membership-refresh")
 
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self.refresh_s):
-            self.refresh()
+    async def _run(self) -> None:
+        while True:  # until stop() cancels it
+            await asyncio.sleep(self.refresh_s)
+            await self.refresh()
 
     def _quarantined(self, state: NodeState, now: float) -> bool:
         entry = self._address_to_quarantine.get(state.info.grpc_address)

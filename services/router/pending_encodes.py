@@ -15,12 +15,11 @@ reached it says so, and the gateway pushes them (services/gateway/stages.py). Th
 gateway's: two gateways that get one new image at the same moment may still both encode it.
 
 Bounded: at most ``max_entries`` images; past that, images no request is waiting on are dropped
-first (they are hints only).
+first (they are hints only). Like the router, it lives on the gateway's event loop: no lock.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,42 +40,38 @@ class PendingEncodes:
     max_entries: int = 65_536
     clock: Callable[[], float] = time.monotonic
     _hash_to_pending: dict[MmHash, _Pending] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def where(self, mm_hashes: Iterable[MmHash]) -> dict[MmHash, str]:
         """The node each of these images is pending on, for those that are."""
         now = self.clock()
         out: dict[MmHash, str] = {}
-        with self._lock:
-            for mm_hash in mm_hashes:
-                pending = self._hash_to_pending.get(mm_hash)
-                if pending is None:
-                    continue
-                if pending.num_requests == 0 and now >= pending.expires_at:
-                    del self._hash_to_pending[mm_hash]
-                    continue
-                out[mm_hash] = pending.address
+        for mm_hash in mm_hashes:
+            pending = self._hash_to_pending.get(mm_hash)
+            if pending is None:
+                continue
+            if pending.num_requests == 0 and now >= pending.expires_at:
+                del self._hash_to_pending[mm_hash]
+                continue
+            out[mm_hash] = pending.address
         return out
 
     def begin(self, hash_to_address: Mapping[MmHash, str]) -> Callable[[], None]:
         """Note that these images are being encoded at these nodes; the returned function ends
         that (once, however often it is called), starting each image's linger."""
         counted: list[_Pending] = []
-        with self._lock:
-            for mm_hash, address in hash_to_address.items():
-                pending = self._hash_to_pending.get(mm_hash)
-                if pending is None or pending.address != address:
-                    pending = self._hash_to_pending[mm_hash] = _Pending(address)
-                pending.num_requests += 1
-                counted.append(pending)
-            self._trim()
+        for mm_hash, address in hash_to_address.items():
+            pending = self._hash_to_pending.get(mm_hash)
+            if pending is None or pending.address != address:
+                pending = self._hash_to_pending[mm_hash] = _Pending(address)
+            pending.num_requests += 1
+            counted.append(pending)
+        self._trim()
 
         def end() -> None:
             expires_at = self.clock() + self.linger_s
-            with self._lock:
-                for pending in counted:
-                    pending.num_requests -= 1
-                    pending.expires_at = expires_at
+            for pending in counted:
+                pending.num_requests -= 1
+                pending.expires_at = expires_at
             counted.clear()
 
         return end

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
@@ -42,7 +41,7 @@ from services.router.scoring import (
 )
 from shared.hashing import MmSpan
 from shared.hashing import block_hashes as compute_block_hashes
-from shared.index.backend import CacheIndex
+from shared.index.reader import IndexReader
 from shared.index.types import IndexUnavailableError, NodeState
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
@@ -53,7 +52,7 @@ MAX_SCORED_NODES = 16
 class Router:
     membership: Membership
     policy: RoutingPolicy = field(default_factory=CacheAwarePolicy)
-    index: CacheIndex | None = None  # None: no cache lookups (the membership may still use one)
+    index: IndexReader | None = None  # None: no cache lookups (the membership may still use one)
     block_size: int = 16
     encode_dispatch: EncodeDispatch = EncodeDispatch.ADAPTIVE
     _turns: itertools.count = field(default_factory=itertools.count)
@@ -61,12 +60,11 @@ class Router:
     num_local_encodes: int = 0  # requests whose images the prefill node was chosen to encode
     mean_call_tokens: float = 0.0  # moving average of the image tokens per request sent to encoders
     pending_encodes: PendingEncodes = field(default_factory=PendingEncodes)
-    _decide_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.encode_dispatch = EncodeDispatch(self.encode_dispatch)  # a name from a flag, checked here
 
-    def route(
+    async def route(
         self,
         token_ids: list[int],
         images: list[tuple[MmHash, PlaceholderRange]],
@@ -85,17 +83,17 @@ class Router:
         hashes = block_hashes or []
         if self.index is not None and block_hashes is None:
             hashes = compute_block_hashes(token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt)
-        mm_holders, prefix_tokens = self._holdings([h for h, _ in images], hashes)
+        mm_holders, prefix_tokens = await self._holdings([h for h, _ in images], hashes)
         # Decide and count the work in one step, so the requests of a burst each see the load and
         # the pending encodes of those routed before them (counted later, all saw one idle encoder).
-        with self._decide_lock:
-            for mm_hash, address in self.pending_encodes.where(h for h, _ in images if not mm_holders.get(h)).items():
-                mm_holders.setdefault(mm_hash, set()).add(address)
-            snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens)
-            decision = self.policy.select(snapshot)
-            self.policy.observe(snapshot, decision)
-            route = self._route(snapshot, decision, time.perf_counter() - started)
-            return self._reserve(route, token_ids, snapshot) if reserve else route
+        # From here on nothing is awaited: on the one event loop the step runs whole, with no lock.
+        for mm_hash, address in self.pending_encodes.where(h for h, _ in images if not mm_holders.get(h)).items():
+            mm_holders.setdefault(mm_hash, set()).add(address)
+        snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens)
+        decision = self.policy.select(snapshot)
+        self.policy.observe(snapshot, decision)
+        route = self._route(snapshot, decision, time.perf_counter() - started)
+        return self._reserve(route, token_ids, snapshot) if reserve else route
 
     def _snapshot(
         self,
@@ -156,16 +154,16 @@ class Router:
         self.mean_call_tokens = 0.9 * mean + 0.1 * num_new_tokens
         return frozenset()
 
-    def _holdings(self, mm_hashes: list[MmHash], hashes: list[BlockHash]) -> tuple[dict[MmHash, set[str]], dict[str, int]]:
+    async def _holdings(self, mm_hashes: list[MmHash], hashes: list[BlockHash]) -> tuple[dict[MmHash, set[str]], dict[str, int]]:
         """What the index says the live nodes hold (holdings.py); nothing without one."""
         if self.index is None:  # cache lookups off: the membership refreshes itself
             return {}, {}
         try:
-            lookup = self.index.lookup(mm_hashes, hashes)
+            lookup = await self.index.lookup(mm_hashes, hashes)
         except IndexUnavailableError:
             self.num_index_failures += 1
             return {}, {}
-        self.membership.note_version(lookup.membership_version)
+        await self.membership.note_version(lookup.membership_version)
         return holdings(lookup, self.membership.resolve(lookup.node_to_epoch), self.block_size)
 
     def _candidates(self, role: str, exclude: frozenset[str], turn: int, holders: Collection[str] = ()) -> tuple[Candidate, ...]:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
 from shared.index.backend import CacheIndex, IndexCredentials, create_index
+from shared.index.reader import IndexReader, create_reader
 
 PASSWORD_ENV = "TESSERA_INDEX_PASSWORD"
 
@@ -26,16 +27,26 @@ def index_credentials(settings: InternalPlaneSettings, env: Mapping[str, str] = 
 
 
 def open_index(url: str, *, namespace: str, settings: InternalPlaneSettings, env: Mapping[str, str] = os.environ) -> CacheIndex:
+    """A node's index: it registers, heartbeats, publishes and looks up, from its own threads."""
+    return create_index(url, namespace=namespace, **_access(url, settings, env))
+
+
+def open_reader(url: str, *, namespace: str, settings: InternalPlaneSettings, env: Mapping[str, str] = os.environ) -> IndexReader:
+    """The gateway's index: read on its event loop (shared/index/reader.py)."""
+    return create_reader(url, namespace=namespace, **_access(url, settings, env))
+
+
+def _access(url: str, settings: InternalPlaneSettings, env: Mapping[str, str]) -> dict:
+    """The credentials and the record key every opening takes, once the URL is known to carry no
+    password."""
     if urlsplit(url).password:
         raise ValueError(
             f"the index URL carries a password: give it in a file (--index-password-file) or {PASSWORD_ENV}, "
             "never on a command line or in a URL"
         )
     auth = InternalAuth.from_settings(settings, env)
-    return create_index(
-        url,
-        namespace=namespace,
-        credentials=index_credentials(settings, env),
-        record_key=auth.record_key,
-        record_max_skew_s=settings.index_record_max_skew_s,
-    )
+    return {
+        "credentials": index_credentials(settings, env),
+        "record_key": auth.record_key,
+        "record_max_skew_s": settings.index_record_max_skew_s,
+    }

@@ -3,7 +3,6 @@ puller's data address. Thin: converts at the edge and calls the node's export_kv
 
 from __future__ import annotations
 
-import asyncio
 from typing import Protocol
 
 from protos.gen import pb, rpc
@@ -11,7 +10,7 @@ from shared.types import BlockHash
 
 
 class KVExporter(Protocol):
-    def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:
+    async def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:
         """Push the leading held blocks of ``hashes`` to ``target``; returns how many."""
 
 
@@ -21,7 +20,7 @@ class KVPeerServicer(rpc.KVPeerServicer):
 
     async def ExportKV(self, request: pb.ExportKVRequest, context) -> pb.ExportKVResponse:
         hashes = [BlockHash(h) for h in request.block_hashes]
-        num_blocks = await asyncio.to_thread(self.node.export_kv, hashes, request.target_data_address, request.transfer_id)
+        num_blocks = await self.node.export_kv(hashes, request.target_data_address, request.transfer_id)
         return pb.ExportKVResponse(num_blocks=num_blocks)
 
 

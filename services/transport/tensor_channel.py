@@ -1,8 +1,6 @@
 """Bulk tensors over ZMQ: multipart messages to a receiver's data address.
 
-Wire format (one message): frame 0 is a JSON header
-  {"key": str, "meta": {...}, "tensors": [{"name", "dtype", "shape"}, ...]}
-followed by one raw frame per tensor (C-contiguous bytes, sent zero-copy).
+One message is a JSON header and a frame per tensor (services/transport/tensor_wire.py).
 Receivers bind a PULL socket; senders keep one PUSH socket per destination. A receiver's inbox
 is bounded in bytes: when full, the oldest unclaimed message is dropped (its consumer times out
 and falls back), so a slow consumer can never exhaust memory.
@@ -24,14 +22,12 @@ forever, and blocks only sends to that destination meanwhile.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -39,23 +35,11 @@ from zmq.utils.monitor import recv_monitor_message
 from services.transport.addresses import AdvertisedAddress, BoundAddress, advertise, advertised_host
 from services.transport.channel_auth import OPEN_CHANNEL, ChannelAuth
 from services.transport.frame_mac import frames_tag, verify_frames
+from services.transport.tensor_wire import MalformedMessageError, TensorMessage, decode_message, encode_message
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.node_metrics import Counter, counter
 
 log = logging.getLogger("tessera")
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32}
-
-
-@dataclass(slots=True)
-class TensorMessage:
-    key: str
-    meta: dict
-    tensors: dict[str, torch.Tensor]
-    received_at: float = 0.0  # time.monotonic() when it reached the inbox
-
-    @property
-    def num_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 @dataclass(slots=True)
@@ -75,10 +59,6 @@ class InboxMetrics:
 
 
 class TensorSendTimeoutError(Exception):
-    pass
-
-
-class MalformedMessageError(ValueError):
     pass
 
 
@@ -102,15 +82,8 @@ class TensorSender:
 
     def send(self, address: str, key: str, tensors: dict[str, torch.Tensor], meta: dict | None = None) -> int:
         """Push ``tensors`` under ``key`` to the inbox peers reach at ``address`` (advertised)."""
-        header = {"key": key, "meta": meta or {}, "tensors": []}
-        frames: list[memoryview] = []
-        for name, tensor in tensors.items():
-            tensor = tensor.detach().to("cpu").contiguous()
-            dtype = str(tensor.dtype).removeprefix("torch.")
-            header["tensors"].append({"name": name, "dtype": dtype, "shape": list(tensor.shape)})
-            raw = tensor.view(torch.uint8) if tensor.dtype == torch.bfloat16 else tensor
-            frames.append(memoryview(raw.numpy()).cast("B"))
-        message = [json.dumps(header).encode(), *frames]
+        header, frames = encode_message(key, tensors, meta)
+        message = [header, *frames]
         if self._key is not None:
             message.insert(0, frames_tag(self._key, message))
         socket, lock = self._socket_for(address)
@@ -312,7 +285,7 @@ class TensorInbox:
                 return
             frames = frames[1:]
         try:
-            message = _decode(frames)
+            message = decode_message(frames)
         except MalformedMessageError as exc:
             self._count(self.metrics.num_malformed, f"dropped a malformed message: {exc}")
             return
@@ -341,39 +314,3 @@ class TensorInbox:
 def _resolve(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _decode(frames: list) -> TensorMessage:
-    """The message in ``frames``, or MalformedMessageError saying what is wrong with it."""
-    try:
-        header = json.loads(bytes(frames[0].buffer))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedMessageError(f"the header is not JSON: {exc}") from None
-    if not (
-        isinstance(header, dict)
-        and isinstance(header.get("key"), str)
-        and isinstance(header.get("meta"), dict)
-        and isinstance(header.get("tensors"), list)
-    ):
-        raise MalformedMessageError("the header needs a string key, a meta object and a tensors list")
-    if len(frames) != 1 + len(header["tensors"]):
-        raise MalformedMessageError(f"{len(header['tensors'])} tensors declared, {len(frames) - 1} frames sent")
-    tensors = {}
-    for spec, frame in zip(header["tensors"], frames[1:]):
-        try:
-            tensors[spec["name"]] = _tensor(spec, frame)
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise MalformedMessageError(f"tensor {spec!r:.120}: {exc}") from None
-    return TensorMessage(header["key"], header["meta"], tensors)
-
-
-def _tensor(spec: dict, frame) -> torch.Tensor:
-    dtype = _DTYPES[spec["dtype"]]
-    if dtype == torch.bfloat16:
-        array = np.frombuffer(frame.buffer, dtype=np.uint8)
-        tensor = torch.from_numpy(array.copy()).view(torch.bfloat16)
-    else:
-        array = np.frombuffer(frame.buffer, dtype=str(dtype).removeprefix("torch."))
-        # The frame's buffer is owned by ZMQ; copy once into torch-owned memory.
-        tensor = torch.from_numpy(array.copy())
-    return tensor.reshape([int(d) for d in spec["shape"]])

@@ -54,6 +54,11 @@ class CircuitBreaker:
             self._trial_in_flight = True
             return True
 
+    def check(self) -> None:
+        """Raise IndexUnavailableError unless a call may go through now (``can_call``)."""
+        if not self.can_call():
+            raise IndexUnavailableError(f"the index is failing; calls are skipped for up to {self.cooldown_s:g}s")
+
     def record_success(self) -> None:
         with self._lock:
             self._num_consecutive_failures, self._open_until, self._trial_in_flight = 0, None, False
@@ -98,8 +103,7 @@ class BreakerIndex:
         self.inner.close()
 
     def _call(self, fn: Callable[[], T]) -> T:
-        if not self.breaker.can_call():
-            raise IndexUnavailableError(f"the index is failing; calls are skipped for up to {self.breaker.cooldown_s:g}s")
+        self.breaker.check()
         try:
             result = fn()
         except IndexUnavailableError:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.index.types import NodeState
+from shared.index.types import MembershipChanges, NodeState
 from shared.node_metrics import Counter, counter
 
 log = logging.getLogger("tessera.index")
@@ -118,6 +118,13 @@ class RecordSealer:
             if len(self._node_to_max_epoch) > MAX_REMEMBERED_NODES:
                 del self._node_to_max_epoch[next(iter(self._node_to_max_epoch))]
         return None
+
+    def admitted_changes(self, changes: MembershipChanges | None) -> MembershipChanges | None:
+        """``changes`` with the untrusted records among its nodes counted as gone."""
+        if changes is None:
+            return None
+        nodes = self.admitted(changes.nodes)
+        return MembershipChanges(changes.version, nodes, changes.gone | (changes.nodes.keys() - nodes.keys()))
 
     def admitted(self, nodes: dict[str, NodeState]) -> dict[str, NodeState]:
         """The trusted records of ``nodes``; the others are counted and logged."""

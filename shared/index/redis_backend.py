@@ -30,11 +30,9 @@ returns each live node's leading-block count, reading only the epochs of the nod
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 
 import redis
-from redis.connection import Encoder, PythonRespSerializer
 
 from shared.index.backend import IndexCredentials
 from shared.index.cluster_config import ClusterConfig, ConfigMismatchError, disagreements
@@ -61,75 +59,12 @@ from shared.types import BlockHash, MmHash
 ENTRY_TTL_S = 3600
 
 
-class _OneWritePacker(PythonRespSerializer):
-    """redis-py's packer gives every argument over 6000 bytes its own socket write, so a lookup
-    (16 KB of block hashes for a 4096-token prompt) took three writes, each able to wake the
-    server on a partial command: on a busy host, extra context switches in the decision's tail.
-    One buffer per command costs one copy."""
-
-    def pack(self, *args) -> list[bytes]:
-        return [b"".join(super().pack(*args))]
-
-
-class _HeldConnection:
-    """One connection kept out of the pool for one script, the lookup: redis-py's per-command path
-    (checking a connection out of the pool and back in, its command hooks) costs more than the
-    round trip itself (docs/benchmarks.md, "A lookup that carries no records"). A call that finds
-    it in use (another thread's lookup) takes the pool's way, and so do one whose script the
-    server lost, which loads it again, and one whose connection dropped."""
-
-    def __init__(self, client: redis.Redis, script) -> None:
-        self._client, self._script = client, script
-        self._lock = threading.Lock()
-        self._connection = None
-
-    def __call__(self, *, args: list) -> str:
-        if not self._lock.acquire(blocking=False):
-            return self._script(args=args)
-        try:
-            if self._connection is None:
-                self._connection = self._client.connection_pool.get_connection()
-            connection = self._connection
-            try:
-                connection.send_packed_command(connection.pack_command("EVALSHA", self._script.sha, 0, *args), check_health=False)
-                return connection.read_response()
-            except redis.exceptions.NoScriptError:
-                return self._script(args=args)
-            except redis.TimeoutError:
-                connection.disconnect()  # a reply left unread must not answer the next call
-                raise
-            except redis.ConnectionError:
-                # A dropped connection (a server restart, an idle timeout): the pool's way connects
-                # afresh and retries as redis-py's policy says; a lookup only reads, so it is safe.
-                connection.disconnect()
-                return self._script(args=args)
-        finally:
-            self._lock.release()
-
-    def close(self) -> None:
-        with self._lock:
-            if self._connection is not None:
-                self._client.connection_pool.release(self._connection)
-                self._connection = None
-
-
 class RedisIndex:
     def __init__(self, url: str, *, namespace: str, credentials: IndexCredentials, timeout_s: float = 1.0) -> None:
         self.namespace = namespace
         self.prefix = f"tessera:{namespace}:"
-        packer = _OneWritePacker(6000, Encoder("utf-8", "strict", decode_responses=True).encode)
-        tls = {"ssl_ca_certs": str(credentials.tls_ca)} if url.startswith("rediss://") and credentials.tls_ca is not None else {}
-        self._client = redis.Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            decode_responses=True,
-            command_packer=packer,
-            **({"username": credentials.username} if credentials.username else {}),
-            **({"password": credentials.password} if credentials.password else {}),
-            **tls,
-        )
-        self._lookup = _HeldConnection(self._client, self._client.register_script(LOOKUP_SCRIPT))
+        self._client = redis.Redis.from_url(url, **client_options(url, credentials, timeout_s))
+        self._lookup = self._client.register_script(LOOKUP_SCRIPT)
         self._heartbeat = self._client.register_script(HEARTBEAT_SCRIPT)
         self._register = self._client.register_script(REGISTER_SCRIPT)
         self._deregister = self._client.register_script(DEREGISTER_SCRIPT)
@@ -168,18 +103,14 @@ class RedisIndex:
             reply = json.loads(self._live_nodes(args=[self.prefix]))
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
-        return {node_id: _node_state(node_id, fields) for node_id, fields in reply.items()}
+        return live_nodes_of(reply)
 
     def membership_changes(self, since: int) -> MembershipChanges | None:
         try:
             raw = self._changes(args=[self.prefix, since])
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
-        if raw is None:
-            return None
-        reply = json.loads(raw)
-        nodes = {node_id: _node_state(node_id, fields) for node_id, fields in (reply["nodes"] or {}).items()}
-        return MembershipChanges(int(reply["version"]), nodes, frozenset(reply["gone"] or ()))
+        return None if raw is None else membership_changes_of(json.loads(raw))
 
     def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
         keys = [self.prefix + f"epoch:{node_id}", self.prefix + f"node:{node_id}", self.prefix + "config"]
@@ -213,26 +144,58 @@ class RedisIndex:
 
     def lookup(self, mm_hashes: list[MmHash], block_hashes: list[BlockHash]) -> LookupResult:
         try:
-            reply = json.loads(self._lookup(args=[self.prefix, json.dumps([mm_hashes, block_hashes]), MAX_HOLDERS_PER_KEY]))
+            reply = self._lookup(args=lookup_args(self.prefix, mm_hashes, block_hashes))
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
-        mm_holders = {}
-        for mm_hash in mm_hashes:
-            holders = {}
-            for node_id, value in reply["mm"].get(mm_hash, {}).items():
-                _, num_tokens, grid, num_bytes = value.split("|")
-                holders[node_id] = MmEntry(int(num_tokens), tuple(int(x) for x in grid.split(",")), int(num_bytes))
-            mm_holders[mm_hash] = holders
-        return LookupResult(
-            node_to_epoch={node_id: int(epoch) for node_id, epoch in reply["nodes"].items()},
-            mm_holders=mm_holders,
-            node_to_num_prefix_blocks=reply["prefix"],
-            membership_version=int(reply["version"]),
-        )
+        return lookup_result(json.loads(reply), mm_hashes)
 
     def close(self) -> None:
-        self._lookup.close()
         self._client.close()
+
+
+def client_options(url: str, credentials: IndexCredentials, timeout_s: float) -> dict:
+    """redis-py's client options (the same for its asyncio client): timeouts, credentials, TLS."""
+    tls = {"ssl_ca_certs": str(credentials.tls_ca)} if url.startswith("rediss://") and credentials.tls_ca is not None else {}
+    return {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "decode_responses": True,
+        **({"username": credentials.username} if credentials.username else {}),
+        **({"password": credentials.password} if credentials.password else {}),
+        **tls,
+    }
+
+
+def lookup_args(prefix: str, mm_hashes: list[MmHash], block_hashes: list[BlockHash]) -> list:
+    return [prefix, json.dumps([mm_hashes, block_hashes]), MAX_HOLDERS_PER_KEY]
+
+
+def lookup_result(reply: dict, mm_hashes: list[MmHash]) -> LookupResult:
+    """LOOKUP_SCRIPT's decoded reply."""
+    mm_holders = {}
+    for mm_hash in mm_hashes:
+        holders = {}
+        for node_id, value in reply["mm"].get(mm_hash, {}).items():
+            _, num_tokens, grid, num_bytes = value.split("|")
+            holders[node_id] = MmEntry(int(num_tokens), tuple(int(x) for x in grid.split(",")), int(num_bytes))
+        mm_holders[mm_hash] = holders
+    return LookupResult(
+        node_to_epoch={node_id: int(epoch) for node_id, epoch in reply["nodes"].items()},
+        mm_holders=mm_holders,
+        node_to_num_prefix_blocks=reply["prefix"],
+        membership_version=int(reply["version"]),
+    )
+
+
+def live_nodes_of(reply: dict) -> dict[str, NodeState]:
+    """LIVE_NODES_SCRIPT's decoded reply."""
+    return {node_id: _node_state(node_id, fields) for node_id, fields in reply.items()}
+
+
+def membership_changes_of(reply: dict) -> MembershipChanges:
+    """CHANGES_SCRIPT's decoded reply, when it is not nil."""
+    nodes = {node_id: _node_state(node_id, fields) for node_id, fields in (reply["nodes"] or {}).items()}
+    return MembershipChanges(int(reply["version"]), nodes, frozenset(reply["gone"] or ()))
 
 
 def _node_state(node_id: str, fields: dict[str, str]) -> NodeState:

@@ -44,11 +44,7 @@ class SealedIndex:
         return self.sealer.admitted(self.inner.live_nodes())
 
     def membership_changes(self, since: int) -> MembershipChanges | None:
-        changes = self.inner.membership_changes(since)
-        if changes is None:
-            return None
-        nodes = self.sealer.admitted(changes.nodes)
-        return MembershipChanges(changes.version, nodes, changes.gone | (changes.nodes.keys() - nodes.keys()))
+        return self.sealer.admitted_changes(self.inner.membership_changes(since))
 
     def publish(self, node_id: str, epoch: int, events: IndexEvents) -> None:
         self.inner.publish(node_id, epoch, events)

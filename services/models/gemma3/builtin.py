@@ -107,22 +107,25 @@ class Gemma3Spec:
                 "tie_word_embeddings": True,
                 "dtype": "float32",
             },
-            "vision_config": {
-                "model_type": "siglip_vision_model",
-                "hidden_size": self.vision_hidden,
-                "intermediate_size": self.vision_intermediate,
-                "num_hidden_layers": self.vision_layers,
-                "num_attention_heads": self.vision_heads,
-                "num_channels": 3,
-                "image_size": self.vision_image_size,
-                "patch_size": self.vision_patch_size,
-                "hidden_act": "gelu_pytorch_tanh",
-                "layer_norm_eps": 1e-6,
-                "attention_dropout": 0.0,
-                # Gemma3 uses SigLIP's patch embeddings, not its pooled head.
-                "vision_use_head": False,
-                "dtype": "float32",
-            },
+            "vision_config": self._vision_config_dict(),
+        }
+
+    def _vision_config_dict(self) -> dict:
+        return {
+            "model_type": "siglip_vision_model",
+            "hidden_size": self.vision_hidden,
+            "intermediate_size": self.vision_intermediate,
+            "num_hidden_layers": self.vision_layers,
+            "num_attention_heads": self.vision_heads,
+            "num_channels": 3,
+            "image_size": self.vision_image_size,
+            "patch_size": self.vision_patch_size,
+            "hidden_act": "gelu_pytorch_tanh",
+            "layer_norm_eps": 1e-6,
+            "attention_dropout": 0.0,
+            # Gemma3 uses SigLIP's patch embeddings, not its pooled head.
+            "vision_use_head": False,
+            "dtype": "float32",
         }
 
 

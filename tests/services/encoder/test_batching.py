@@ -33,9 +33,13 @@ def names(batch) -> list[str]:
     return [call.items[0].mm_hash for call in batch]
 
 
+async def no_batch(calls):
+    return []
+
+
 def test_batches_fill_up_to_the_row_budget_in_arrival_order():
     async def scenario() -> None:
-        batcher = EncodeBatcher(lambda calls: [], max_batch_rows=100)
+        batcher = EncodeBatcher(no_batch, max_batch_rows=100)
         queue(batcher, ("a", 60), ("b", 40), ("c", 10), ("huge", 500), ("d", 5))
         assert names(batcher.take_batch(now=1.0)) == ["a", "b"]
         assert names(batcher.take_batch(now=1.0)) == ["c"]  # "huge" does not fit beside it
@@ -48,7 +52,7 @@ def test_batches_fill_up_to_the_row_budget_in_arrival_order():
 
 def test_calls_that_went_away_or_ran_out_of_time_leave_the_line():
     async def scenario() -> None:
-        batcher = EncodeBatcher(lambda calls: [])
+        batcher = EncodeBatcher(no_batch)
         [gone, kept] = queue(batcher, ("gone", 4), ("kept", 4))
         [late] = queue(batcher, ("late", 4), deadline=5.0)
         gone.cancel()
@@ -63,7 +67,7 @@ def test_calls_that_went_away_or_ran_out_of_time_leave_the_line():
 def test_each_call_gets_its_own_result_or_failure_and_queue_time_is_recorded():
     seen: list[list[str]] = []
 
-    def run_batch(calls):
+    async def run_batch(calls):
         seen.append([call_items[0].mm_hash for call_items, _ in calls])
         return [RuntimeError("bad pixels") if call_items[0].mm_hash == "bad" else EncodeResult([], 1, 0) for call_items, _ in calls]
 
@@ -82,7 +86,7 @@ def test_each_call_gets_its_own_result_or_failure_and_queue_time_is_recorded():
 
 def test_a_budget_below_one_row_is_refused():
     with pytest.raises(ValueError):
-        EncodeBatcher(lambda calls: [], max_batch_rows=0)
+        EncodeBatcher(no_batch, max_batch_rows=0)
 
 
 def test_the_default_budget_is_one_call_per_pass_on_cpu_and_rows_on_an_accelerator():

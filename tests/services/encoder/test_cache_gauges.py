@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from services.encoder.node import EncodeItem, EncoderNode
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.node import PreprocessNode
@@ -24,7 +26,7 @@ def test_rows_held_follow_the_cache_and_stay_within_budget(tiny_model):
             prompt = chat_case(encode_image(make_image(56, 56, seed=seed)), "What is it?").prompt
             item = preprocess.preprocess(prompt).mm_items[0]
             preprocess.push_pixels([item.mm_hash], target_id="e", target_address=encoder.data_address, force=False)
-            encoder.encode([EncodeItem(item.mm_hash, item.placeholder.length, item.image.grid_thw)], sink.address)
+            asyncio.run(encoder.encode([EncodeItem(item.mm_hash, item.placeholder.length, item.image.grid_thw)], sink.address))
             (usage,) = [u for u in cache_usage(snapshot(encoder.metrics).gauges) if u.cache == "encoder"]
             assert usage.used <= usage.capacity
         assert usage.used == 8 == sum(e.shape[0] for e in encoder.store.values())

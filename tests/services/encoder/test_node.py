@@ -4,6 +4,8 @@ that breaks the tower fails only the call that brought it."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import torch
 
@@ -35,7 +37,7 @@ def push(preprocess: PreprocessNode, encoder: EncoderNode, seed: int, size: tupl
 def test_a_batch_is_one_pass_and_each_call_gets_its_own_embeddings(setup):
     encoder, preprocess, sinks = setup
     (a, pixels_a), (b, pixels_b) = push(preprocess, encoder, 1, (56, 84)), push(preprocess, encoder, 2, (84, 56))
-    results = encoder.encode_batch([([a], sinks[0].address), ([b, a], sinks[1].address)])
+    results = asyncio.run(encoder.encode_batch([([a], sinks[0].address), ([b, a], sinks[1].address)]))
     assert [(r.num_encoded, r.num_cache_hits, r.missing_pixels) for r in results] == [(1, 0, []), (2, 0, [])]
     assert encoder.num_batches == 1 and encoder.vision.num_items_encoded == 2  # "a" once, for both calls
     first_a = sinks[0].wait(a.mm_hash, 5).tensors["embeds"]
@@ -57,7 +59,7 @@ def test_pixels_that_break_the_tower_fail_only_their_own_call(setup):
     sender = TensorSender()
     try:
         sender.send(encoder.data_address, "bad-image", {"pixel_values": torch.zeros(5, 3)}, {"grid_thw": [1, 4, 4]})
-        results = encoder.encode_batch([([good], sinks[0].address), ([bad], sinks[1].address)])
+        results = asyncio.run(encoder.encode_batch([([good], sinks[0].address), ([bad], sinks[1].address)]))
     finally:
         sender.close()
     assert results[0].num_encoded == 1 and isinstance(results[1], Exception)

@@ -38,7 +38,10 @@ class StandInNode:
         self.encoded: list[str] = []
         self.batches: list[list[str]] = []
 
-    def encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
+    async def encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
+        return await asyncio.to_thread(self._encode_batch, calls)  # "slow" blocks, as a tower pass does
+
+    def _encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
         self.batches.append([items[0].mm_hash for items, _ in calls])
         results: list[EncodeResult | Exception] = []
         for items, target in calls:

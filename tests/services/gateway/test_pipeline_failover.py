@@ -18,6 +18,7 @@ from services.router.policies import make_policy
 from services.router.router import Router
 from services.transport.node_error import ErrorKind, NodeError, NodeRef
 from shared.index.memory_backend import InProcessIndex
+from shared.index.reader import LocalReader
 from shared.index.types import NodeInfo
 from shared.types import MmHash
 from tests.fake_clock import FakeClock
@@ -229,8 +230,8 @@ def test_the_watchdog_cancels_calls_to_nodes_that_left_the_cluster():
     index = InProcessIndex()
     index.register_node(NodeInfo("decode@d:1", "decode", "d:1"), ttl_s=60)
     epoch = index.register_node(NodeInfo("decode@d:2", "decode", "d:2"), ttl_s=60)
-    membership = Membership(index)
-    membership.refresh()
+    membership = Membership(LocalReader(index))
+    asyncio.run(membership.refresh())
     watchdog = CallWatchdog(membership, interval_s=3600)
     alive, hung = Pending(None), Pending(None)
 
@@ -239,7 +240,7 @@ def test_the_watchdog_cancels_calls_to_nodes_that_left_the_cluster():
             watchdog.check()
             assert not alive.cancelled and not hung.cancelled
             index.deregister_node("decode@d:2", epoch)  # its heartbeat lapsed, as a hung node's does
-            membership.refresh()
+            await membership.refresh()
             watchdog.check()
             assert hung.cancelled and not alive.cancelled
             assert hung_watch.fired_alone() and not alive_watch.fired
@@ -387,8 +388,8 @@ def test_a_prefill_call_the_watchdog_cancels_is_that_nodes_failure_and_retried()
     for role, addresses in NODES.items():
         for address in addresses:
             epochs[address] = index.register_node(NodeInfo(f"{role}@{address}", role, address, f"tcp://{address}"), ttl_s=60)
-    membership = Membership(index)
-    membership.refresh()
+    membership = Membership(LocalReader(index))
+    asyncio.run(membership.refresh())
     pipeline = FakePipeline(Router(membership, policy=make_policy("round_robin")))
     pipeline.watchdog.interval_s = 0.05
     hanging = _hang_prefill(pipeline, "p:1")
@@ -397,7 +398,7 @@ def test_a_prefill_call_the_watchdog_cancels_is_that_nodes_failure_and_retried()
         task = asyncio.create_task(pipeline.collect(SamplingParams(max_tokens=8)))
         await asyncio.wait_for(hanging.started.wait(), 5)
         index.deregister_node("prefill@p:1", epochs["p:1"])  # its heartbeat lapsed, as a hung node's does
-        membership.refresh()
+        await membership.refresh()
         return await asyncio.wait_for(task, 5)
 
     assert [e.token_ids for e in asyncio.run(lose_the_prefill_node())] == [[100], [101]]
@@ -415,9 +416,9 @@ def pipeline_encoding_on_prefill() -> FakePipeline:
         for address in addresses:
             info = NodeInfo(f"{role}@{address}", role, address, f"tcp://{address}", can_encode=role == "prefill")
             index.register_node(info, ttl_s=60)
-    membership = Membership(index)
-    membership.refresh()
-    pipeline = FakePipeline(Router(membership, policy=make_policy("round_robin"), index=index, encode_dispatch="prefill"))
+    membership = Membership(LocalReader(index))
+    asyncio.run(membership.refresh())
+    pipeline = FakePipeline(Router(membership, policy=make_policy("round_robin"), index=LocalReader(index), encode_dispatch="prefill"))
     for address in NODES["preprocess"]:
         pipeline.nodes[address].mm_items = [IMAGE_ITEM]
     return pipeline

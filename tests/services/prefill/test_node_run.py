@@ -90,7 +90,7 @@ def test_a_prefill_node_ships_the_embeddings_it_holds_and_names_the_rest(held_an
     inbox = TensorInbox("tcp://127.0.0.1:0")
     try:
         held, new = items[0].mm_hash, items[1].mm_hash
-        assert node.ship_embeddings([held, new], inbox.address) == [new]
+        assert asyncio.run(node.ship_embeddings([held, new], inbox.address)) == [new]
         message = inbox.wait(held, 10)
         assert message is not None
         assert torch.equal(message.tensors["embeds"], seeded_embeddings(items[0], node.engine.runner.checkpoint.text.hidden_size))

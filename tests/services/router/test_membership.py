@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 from services.router.membership import Membership
 from shared.index.memory_backend import InProcessIndex
+from shared.index.reader import LocalReader
 from shared.index.types import IndexUnavailableError, NodeInfo
 from tests.fake_clock import FakeClock
 
@@ -22,13 +24,13 @@ def test_nodes_come_from_the_index_and_the_last_known_set_survives_an_outage():
     index = InProcessIndex()
     register(index, "encoder", "e:1")
     register(index, "decode", "d:1")
-    membership = Membership(index)
-    assert membership.refresh() and addresses(membership, "encoder") == ["e:1"]
+    membership = Membership(LocalReader(index))
+    assert asyncio.run(membership.refresh()) and addresses(membership, "encoder") == ["e:1"]
     register(index, "encoder", "e:2")
-    membership.refresh()
+    asyncio.run(membership.refresh())
     assert addresses(membership, "encoder") == ["e:1", "e:2"]
     index.live_nodes = lambda: (_ for _ in ()).throw(IndexUnavailableError("down"))
-    assert not membership.refresh()
+    assert not asyncio.run(membership.refresh())
     assert addresses(membership, "encoder") == ["e:1", "e:2"] and membership.num_refresh_failures == 1
 
 
@@ -37,8 +39,8 @@ def test_a_failed_node_is_quarantined_until_its_time_is_up_or_it_restarts():
     index = InProcessIndex(clock=clock)
     register(index, "decode", "d:1")
     register(index, "decode", "d:2")
-    membership = Membership(index, quarantine_s=5, clock=clock)
-    membership.refresh()
+    membership = Membership(LocalReader(index), quarantine_s=5, clock=clock)
+    asyncio.run(membership.refresh())
     membership.report_failure("d:1")
     assert addresses(membership, "decode") == ["d:2"]
     clock.now += 5.1
@@ -46,15 +48,15 @@ def test_a_failed_node_is_quarantined_until_its_time_is_up_or_it_restarts():
     membership.report_failure("d:2")
     assert addresses(membership, "decode") == ["d:1"]
     register(index, "decode", "d:2")  # restarted in place: a new epoch
-    membership.refresh()
+    asyncio.run(membership.refresh())
     assert addresses(membership, "decode") == ["d:1", "d:2"]
 
 
 def test_quarantined_nodes_are_used_when_nothing_else_is_left():
     index = InProcessIndex()
     register(index, "prefill", "p:1")
-    membership = Membership(index)
-    membership.refresh()
+    membership = Membership(LocalReader(index))
+    asyncio.run(membership.refresh())
     membership.report_failure("p:1")
     assert addresses(membership, "prefill") == ["p:1"]
     assert membership.nodes("prefill", exclude=frozenset({"p:1"})) == []
@@ -71,8 +73,8 @@ def test_a_role_an_empty_index_no_longer_lists_is_kept_for_a_while():
     index = InProcessIndex(clock=clock)
     register(index, "encoder", "e:1")
     register(index, "decode", "d:1")
-    membership = Membership(index, keep_s=15, clock=clock)
-    membership.refresh()
+    membership = Membership(LocalReader(index), keep_s=15, clock=clock)
+    asyncio.run(membership.refresh())
     membership.update({})  # the index came back empty
     assert addresses(membership, "encoder") == ["e:1"] and addresses(membership, "decode") == ["d:1"]
     clock.now += 16
@@ -94,19 +96,19 @@ def test_a_new_version_applies_only_the_changed_nodes_and_lists_when_the_log_can
     index = CountingIndex()
     for i in range(5):
         register(index, "decode", f"d:{i}")
-    membership = Membership(index)
-    membership.refresh()
-    membership.note_version(index.lookup([], []).membership_version)
+    membership = Membership(LocalReader(index))
+    asyncio.run(membership.refresh())
+    asyncio.run(membership.note_version(index.lookup([], []).membership_version))
     listings = index.num_listings
     register(index, "encoder", "e:1")
     index.deregister_node("decode@d:0", index.live_nodes()["decode@d:0"].epoch)
     listings += 1  # the line above listed them itself
-    membership.note_version(index.lookup([], []).membership_version)
+    asyncio.run(membership.note_version(index.lookup([], []).membership_version))
     assert addresses(membership, "encoder") == ["e:1"] and addresses(membership, "decode") == ["d:1", "d:2", "d:3", "d:4"]
     assert index.num_listings == listings, "a join and a drain listed the whole cluster"
     index.membership_changes = lambda since: None  # the log no longer reaches back: list them
     register(index, "encoder", "e:2")
-    membership.note_version(index.lookup([], []).membership_version)
+    asyncio.run(membership.note_version(index.lookup([], []).membership_version))
     assert addresses(membership, "encoder") == ["e:1", "e:2"] and index.num_listings == listings + 1
 
 
@@ -141,11 +143,11 @@ def test_a_lookups_names_resolve_to_member_records_of_the_same_epoch_only():
     index = InProcessIndex()
     old = register(index, "prefill", "p:1")
     register(index, "prefill", "p:2")
-    membership = Membership(index)
-    membership.refresh()
+    membership = Membership(LocalReader(index))
+    asyncio.run(membership.refresh())
     resolved = membership.resolve({"prefill@p:1": old, "prefill@p:9": 1})  # p:9: no member record
     assert list(resolved) == ["prefill@p:1"] and resolved["prefill@p:1"].info.grpc_address == "p:1"
     new = register(index, "prefill", "p:1")  # restarted: until the membership sees it, its new entries count for nothing
     assert membership.resolve({"prefill@p:1": new}) == {}
-    membership.refresh()
+    asyncio.run(membership.refresh())
     assert list(membership.resolve({"prefill@p:1": new})) == ["prefill@p:1"] and membership.resolve({"prefill@p:1": old}) == {}

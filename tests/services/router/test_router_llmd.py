@@ -3,6 +3,8 @@ per-pod LRU prefix matching, fewest-calls tie-breaks, no index."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from services.router.membership import Membership
@@ -26,8 +28,8 @@ def _image(name: str) -> tuple[MmHash, PlaceholderRange]:
 def test_a_repeated_prompt_goes_back_to_the_pod_it_went_to():
     scorer = _scorer()
     hashes = [BlockHash(f"h{i}") for i in range(4)]
-    first = scorer.route([1] * 64, [_image("img")], block_hashes=hashes)
-    again = scorer.route([1] * 80, [_image("img")], block_hashes=[*hashes, BlockHash("h4")])
+    first = asyncio.run(scorer.route([1] * 64, [_image("img")], block_hashes=hashes))
+    again = asyncio.run(scorer.route([1] * 80, [_image("img")], block_hashes=[*hashes, BlockHash("h4")]))
     assert (again.encoder, again.prefill) == (first.encoder, first.prefill)
     assert again.prefix_tokens_by_node == {} and again.local_encode == frozenset()  # nothing from the index
 
@@ -35,17 +37,17 @@ def test_a_repeated_prompt_goes_back_to_the_pod_it_went_to():
 def test_ties_go_to_the_least_loaded_pod_then_in_turn():
     scorer = _scorer()
     busy = scorer.membership.in_flight("prefill@p1", "p1", "p2")
-    routes = [scorer.route([1] * 16, [], block_hashes=[BlockHash(f"new{i}")]) for i in range(2)]
+    routes = [asyncio.run(scorer.route([1] * 16, [], block_hashes=[BlockHash(f"new{i}")])) for i in range(2)]
     assert routes[0].prefill == "p3"  # p1 and p2 carry this gateway's work
     busy.release()
     assert routes[1].prefill in ("p1", "p2", "p3")
-    decodes = {scorer.route([1] * 16, [], block_hashes=[BlockHash(f"more{i}")]).decode for i in range(4)}
+    decodes = {asyncio.run(scorer.route([1] * 16, [], block_hashes=[BlockHash(f"more{i}")])).decode for i in range(4)}
     assert decodes == {"d1", "d2"}  # equal loads: in turn
 
 
 def test_reservation_counts_the_route_on_its_nodes_until_released():
     scorer = _scorer()
-    route = scorer.route([1] * 16, [_image("img")], block_hashes=[BlockHash("h0")], reserve=True)
+    route = asyncio.run(scorer.route([1] * 16, [_image("img")], block_hashes=[BlockHash("h0")], reserve=True))
     assert scorer.membership.num_in_flight(route.prefill) == 1 and scorer.membership.num_in_flight(route.encoder) == 1
     route.reservation.release()
     route.reservation.release()  # once, however often
@@ -55,8 +57,8 @@ def test_reservation_counts_the_route_on_its_nodes_until_released():
 def test_excluded_pods_are_never_chosen_and_an_empty_role_raises():
     scorer = _scorer()
     hashes = [BlockHash("h0")]
-    first = scorer.route([1] * 16, [], block_hashes=hashes)
-    again = scorer.route([1] * 16, [], block_hashes=hashes, exclude=frozenset({first.prefill}))
+    first = asyncio.run(scorer.route([1] * 16, [], block_hashes=hashes))
+    again = asyncio.run(scorer.route([1] * 16, [], block_hashes=hashes, exclude=frozenset({first.prefill})))
     assert again.prefill != first.prefill
     with pytest.raises(NoLiveNodeError):
-        scorer.route([1] * 16, [], block_hashes=hashes, exclude=frozenset(NODES["decode"]))
+        asyncio.run(scorer.route([1] * 16, [], block_hashes=hashes, exclude=frozenset(NODES["decode"])))

@@ -29,7 +29,7 @@ class FakeExporter:
     def __init__(self) -> None:
         self.num_calls = 0
 
-    def export_kv(self, hashes, target, transfer_id) -> int:
+    async def export_kv(self, hashes, target, transfer_id) -> int:
         self.num_calls += 1
         return len(hashes)
 

@@ -4,12 +4,15 @@ and never served, and the record lives only as long as the cluster does."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import redis
 
 from services.router.membership import Membership
 from shared.index.backend import create_index
 from shared.index.cluster_config import ClusterConfig, ConfigMismatchError, Disagreement
+from shared.index.reader import LocalReader
 from shared.index.types import IndexEvents, NodeInfo
 from shared.types import BlockHash
 
@@ -108,7 +111,7 @@ def test_a_node_record_disagreeing_with_the_cluster_is_never_served(index, index
     client = redis.Redis.from_url(index_url, decode_responses=True)
     client.hset(index.inner.prefix + "node:sneaky", "cfg:block_size", "32")  # inner: the RedisIndex behind the breaker
     assert set(index.live_nodes()) == {"good"}
-    membership = Membership(index)
-    membership.refresh()
+    membership = Membership(LocalReader(index))
+    asyncio.run(membership.refresh())
     named = index.lookup([], [BlockHash("b0")]).node_to_epoch  # a lookup names holders; the membership says whom to credit
     assert membership.resolve(named) == {}

@@ -3,11 +3,13 @@ record would bring (tests of pure logic, on the in-process index and a fake cloc
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 from services.router.membership import Membership
 from shared.index.cluster_config import ClusterConfig
 from shared.index.memory_backend import InProcessIndex
+from shared.index.reader import LocalReader
 from shared.index.record_seal import RecordSealer
 from shared.index.sealed_index import SealedIndex
 from shared.index.types import IndexEvents, MmEntry, NodeInfo, NodeState
@@ -79,8 +81,8 @@ def test_a_forged_node_is_never_a_member_nor_credited_with_its_entries_and_is_co
     entry = MmEntry(4, (1, 2, 2), 64)
     for node_id, e in (("real", epoch), ("forged", forged)):
         inner.publish(node_id, e, IndexEvents(mm_stored={MmHash("img"): entry}, kv_stored={BlockHash("b0"): "device"}))
-    membership = Membership(index)
-    membership.refresh()
+    membership = Membership(LocalReader(index))
+    asyncio.run(membership.refresh())
     assert set(membership.snapshot()) == {"real"} and membership.snapshot()["real"].load == 2.0
     result = index.lookup([MmHash("img")], [BlockHash("b0")])
     credited = membership.resolve(result.node_to_epoch)  # a lookup's names count only through the membership

@@ -6,30 +6,32 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
+from services.decode.step_pacing import PacingRule, step_interval_s, step_pacing
 from services.engine.engine_loop import EngineLoop
-from services.engine.step_pacing import step_interval_s, step_pacing
 from shared.host_backlog import BacklogBoard, create_board
 
-RULE = {"yield_step_ms": 100, "yield_max_step_ms": 250, "yield_backlog": 4, "yield_max_streams": 16, "yield_ready": 2}
+RULE = PacingRule(step_ms=100, max_step_ms=250, backlog=4, max_streams=16, ready=2)
 
 
 def test_the_floor_applies_from_the_backlog_on_and_to_small_batches_only():
-    assert step_interval_s(3, 1, **RULE) == 0.0
-    assert step_interval_s(4, 1, **RULE) == 0.1
-    assert step_interval_s(40, 17, **RULE) == 0.0  # a wide batch is mostly per-row work
+    assert step_interval_s(3, 1, RULE) == 0.0
+    assert step_interval_s(4, 1, RULE) == 0.1
+    assert step_interval_s(40, 17, RULE) == 0.0  # a wide batch is mostly per-row work
 
 
 def test_the_floor_grows_with_the_queue_up_to_its_bound():
-    assert step_interval_s(6, 1, **RULE) == 0.15
-    assert step_interval_s(8, 16, **RULE) == 0.2
-    assert step_interval_s(10, 1, **RULE) == 0.25 and step_interval_s(40, 16, **RULE) == 0.25
+    assert step_interval_s(6, 1, RULE) == 0.15
+    assert step_interval_s(8, 16, RULE) == 0.2
+    assert step_interval_s(10, 1, RULE) == 0.25 and step_interval_s(40, 16, RULE) == 0.25
 
 
 def test_no_board_or_a_zero_step_means_no_pacing(tmp_path):
     board = BacklogBoard(create_board(tmp_path / "board", 1))
-    assert step_pacing(None, **RULE) is None
-    assert step_pacing(board, **{**RULE, "yield_step_ms": 0}) is None
-    pacing = step_pacing(board, **RULE)
+    assert step_pacing(None, RULE) is None
+    assert step_pacing(board, PacingRule(step_ms=0)) is None
+    pacing = step_pacing(board, RULE)
     assert pacing is not None and pacing.min_interval_s(1) == 0.0
     board.post(0, 4)
     assert pacing.min_interval_s(1) == 0.1 and pacing.min_interval_s(17) == 0.0
@@ -91,17 +93,28 @@ def test_a_call_arriving_while_a_step_waits_runs_at_once():
 
 
 def test_ready_prompts_pace_from_their_own_threshold():
-    assert step_interval_s(0, 1, num_ready=1, **RULE) == 0.0
-    assert step_interval_s(0, 1, num_ready=2, **RULE) == 0.1  # a burst's prompts, ready at once
-    assert step_interval_s(0, 1, num_ready=3, **RULE) == 0.15
-    assert step_interval_s(8, 1, num_ready=2, **RULE) == 0.2  # the larger of the two shares
-    assert step_interval_s(3, 1, num_ready=1, **RULE) == 0.0  # 3 calls, but mostly waiting on encodes
-    assert step_interval_s(0, 17, num_ready=5, **RULE) == 0.0  # a wide batch steps freely
+    assert step_interval_s(0, 1, RULE, num_ready=1) == 0.0
+    assert step_interval_s(0, 1, RULE, num_ready=2) == 0.1  # a burst's prompts, ready at once
+    assert step_interval_s(0, 1, RULE, num_ready=3) == 0.15
+    assert step_interval_s(8, 1, RULE, num_ready=2) == 0.2  # the larger of the two shares
+    assert step_interval_s(3, 1, RULE, num_ready=1) == 0.0  # 3 calls, but mostly waiting on encodes
+    assert step_interval_s(0, 17, RULE, num_ready=5) == 0.0  # a wide batch steps freely
 
 
 def test_the_board_s_ready_prompts_reach_the_pacing(tmp_path):
     board = BacklogBoard(create_board(tmp_path / "board", 1))
-    pacing = step_pacing(board, **RULE)
+    pacing = step_pacing(board, RULE)
     assert pacing is not None and pacing.min_interval_s(1) == 0.0
     board.post_ready(0, 2)
     assert pacing.min_interval_s(1) == 0.1
+
+
+@pytest.mark.parametrize(
+    "setting", [{"yield_step_ms": -1}, {"yield_backlog": 0}, {"yield_ready": 0}, {"yield_step_ms": 300, "yield_max_step_ms": 250}]
+)
+def test_the_decode_role_refuses_a_rule_that_cannot_pace(setting):
+    from services.decode.main import Settings
+
+    with pytest.raises(ValueError, match="yield_"):
+        Settings(**setting)
+    assert Settings().pacing_rule() == PacingRule()  # the role's defaults are the rule's

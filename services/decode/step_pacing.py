@@ -3,13 +3,14 @@
 Rule: a decode node given the host's backlog board (shared/host_backlog.py says why) waits, from
 one step's start to the next's, at least
 
-    min(yield_step_ms * max(num_waiting / yield_backlog, num_ready / yield_ready), yield_max_step_ms)
+    min(step_ms * max(num_waiting / backlog, num_ready / ready), max_step_ms)
 
-while a colocated encoder or prefill node holds num_waiting >= ``yield_backlog`` calls (the longest
-queue), or a colocated prefill node holds num_ready >= ``yield_ready`` prompts it could compute now,
-and the node holds at most ``yield_max_streams`` streams; otherwise it steps as soon as the last
+while a colocated encoder or prefill node holds num_waiting >= ``backlog`` calls (the longest
+queue), or a colocated prefill node holds num_ready >= ``ready`` prompts it could compute now,
+and the node holds at most ``max_streams`` streams; otherwise it steps as soon as the last
 step ends. Calls that arrive meanwhile (new streams, aborts) are still taken at once; only the
-next step waits.
+next step waits. The rule's numbers are the decode role's settings (``yield_*``,
+services/decode/main.py); every other role runs without them.
 
 Why a floor on the step interval rather than a pause: streams keep a bounded pace (250 ms per
 token at most is 4 tokens a second, under vLLM's TPOT when its prefills queue), and each step
@@ -42,60 +43,47 @@ from dataclasses import dataclass, field
 from shared.host_backlog import BacklogBoard
 
 
-def step_interval_s(
-    num_waiting: int,
-    num_streams: int,
-    *,
-    yield_step_ms: float,
-    yield_max_step_ms: float,
-    yield_backlog: int,
-    yield_max_streams: int,
-    yield_ready: int,
-    num_ready: int = 0,
-) -> float:
+@dataclass(frozen=True, slots=True)
+class PacingRule:
+    step_ms: float = 100.0  # 0: never yield
+    max_step_ms: float = 250.0
+    backlog: int = 4
+    max_streams: int = 16
+    ready: int = 2
+
+    def __post_init__(self) -> None:
+        if self.step_ms < 0 or min(self.backlog, self.max_streams, self.ready) < 1:
+            raise ValueError(
+                "yield_step_ms must be at least 0, yield_backlog, yield_max_streams and yield_ready at least 1: "
+                f"{self.step_ms}, {self.backlog}, {self.max_streams}, {self.ready}"
+            )
+        if self.max_step_ms < self.step_ms:
+            raise ValueError(f"yield_max_step_ms ({self.max_step_ms}) must be at least yield_step_ms ({self.step_ms})")
+
+
+def step_interval_s(num_waiting: int, num_streams: int, rule: PacingRule, *, num_ready: int = 0) -> float:
     """The least time from one step's start to the next's, for the longest colocated queue, the
     most prompts ready on one colocated prefill node, and the streams this node holds."""
-    if (num_waiting < yield_backlog and num_ready < yield_ready) or num_streams > yield_max_streams:
+    if (num_waiting < rule.backlog and num_ready < rule.ready) or num_streams > rule.max_streams:
         return 0.0
-    share = max(num_waiting / yield_backlog if num_waiting >= yield_backlog else 0.0, num_ready / yield_ready)
-    return min(yield_step_ms * share, yield_max_step_ms) / 1000.0
+    share = max(num_waiting / rule.backlog if num_waiting >= rule.backlog else 0.0, num_ready / rule.ready)
+    return min(rule.step_ms * share, rule.max_step_ms) / 1000.0
 
 
 @dataclass(slots=True)
 class StepPacing:
     board: BacklogBoard
-    yield_step_ms: float
-    yield_max_step_ms: float
-    yield_backlog: int
-    yield_max_streams: int
-    yield_ready: int
+    rule: PacingRule
     num_yielding_steps: int = field(default=0, init=False)  # steps given the floor (engine thread)
 
     def min_interval_s(self, num_streams: int) -> float:
-        interval_s = step_interval_s(
-            self.board.max_waiting(),
-            num_streams,
-            yield_step_ms=self.yield_step_ms,
-            yield_max_step_ms=self.yield_max_step_ms,
-            yield_backlog=self.yield_backlog,
-            yield_max_streams=self.yield_max_streams,
-            num_ready=self.board.max_ready(),
-            yield_ready=self.yield_ready,
-        )
+        interval_s = step_interval_s(self.board.max_waiting(), num_streams, self.rule, num_ready=self.board.max_ready())
         self.num_yielding_steps += interval_s > 0
         return interval_s
 
 
-def step_pacing(
-    board: BacklogBoard | None,
-    *,
-    yield_step_ms: float,
-    yield_max_step_ms: float,
-    yield_backlog: int,
-    yield_max_streams: int,
-    yield_ready: int,
-) -> StepPacing | None:
+def step_pacing(board: BacklogBoard | None, rule: PacingRule) -> StepPacing | None:
     """The pacing of a node on ``board``; None (step freely) without a board or with a zero step."""
-    if board is None or yield_step_ms == 0:
+    if board is None or rule.step_ms == 0:
         return None
-    return StepPacing(board, yield_step_ms, yield_max_step_ms, yield_backlog, yield_max_streams, yield_ready)
+    return StepPacing(board, rule)
