@@ -10,6 +10,8 @@ import json
 
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from shared.index.backend import IndexCredentials
 from shared.index.redis_backend import client_options, live_nodes_of, lookup_args, lookup_result, membership_changes_of
@@ -22,7 +24,11 @@ class RedisReader:
     def __init__(self, url: str, *, namespace: str, credentials: IndexCredentials, timeout_s: float = 1.0) -> None:
         self.namespace = namespace
         self.prefix = f"tessera:{namespace}:"
-        self._client = redis.asyncio.Redis.from_url(url, **client_options(url, credentials, timeout_s))
+        # A connection the server closed (a restart, an idle timeout) is found only when a read
+        # fails: one retry on a new connection, as the blocking client's pool does by checking
+        # first. Never on a timeout: a stalled server would cost the route twice the wait.
+        retry = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
+        self._client = redis.asyncio.Redis.from_url(url, retry=retry, **client_options(url, credentials, timeout_s))
         self._lookup = self._client.register_script(LOOKUP_SCRIPT)
         self._live_nodes = self._client.register_script(LIVE_NODES_SCRIPT)
         self._changes = self._client.register_script(CHANGES_SCRIPT)

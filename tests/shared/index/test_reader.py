@@ -150,7 +150,7 @@ def test_a_stopped_server_delays_the_read_but_never_the_event_loop():
             return waited, max(gaps), failed
 
         waited, longest_gap, failed = asyncio.run(stalled_lookup())
-        assert failed and waited >= 0.9  # the socket timeout (1 s) ran out
+        assert failed and 0.9 <= waited < 1.8  # the socket timeout (1 s) ran out, once: a stall is not retried
         assert longest_gap < 0.25, f"the event loop stalled for {longest_gap:.3f}s while the index was stopped"
     finally:
         os.kill(process.pid, signal.SIGCONT)

@@ -1,9 +1,10 @@
-"""The Redis backend's own connection for lookups (redis_backend.py, _HeldConnection): it answers
-as the pool would when the server forgets the script, drops the connection, or two threads look
-up at once."""
+"""Lookups through redis-py's clients, blocking (RedisIndex, the nodes') and awaited (RedisReader,
+the gateway's): each answers the same when the server forgets the script or drops the
+connection, and concurrent lookups each get their own answer."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 
@@ -12,6 +13,7 @@ import redis
 
 from shared.index.backend import IndexCredentials
 from shared.index.redis_backend import RedisIndex
+from shared.index.redis_reader import RedisReader
 from shared.index.types import IndexEvents, MmEntry, NodeInfo
 from shared.types import BlockHash, MmHash
 from tests.redis_servers import running_server, valkey_binary
@@ -68,3 +70,25 @@ def test_lookups_from_several_threads_at_once_each_get_their_own_answer(index):
     for thread in threads:
         thread.join(timeout=30)
     assert len(answers) == 200 and all(a == expected for a in answers)
+
+
+def test_an_awaited_lookup_survives_a_forgotten_script_and_a_dropped_connection(index, url):
+    expected = answer(index)
+    reader = RedisReader(url, namespace=index.namespace, credentials=IndexCredentials())
+
+    async def answers() -> list[tuple]:
+        async def one() -> tuple:
+            result = await reader.lookup([MmHash("m")], HASHES)
+            return result.node_to_epoch, result.mm_holders, result.node_to_num_prefix_blocks
+
+        try:
+            first = await one()
+            redis.Redis.from_url(url).script_flush()
+            second = await one()
+            assert redis.Redis.from_url(url).client_kill_filter(_type="normal", skipme=True) >= 1
+            third = await one()
+            return [first, second, third, *await asyncio.gather(*(one() for _ in range(20)))]
+        finally:
+            await reader.close()
+
+    assert all(a == expected for a in asyncio.run(answers()))
