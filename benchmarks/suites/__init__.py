@@ -35,6 +35,7 @@ SUITES = (
     "routing",
     "simulate",
     "soak",
+    "stack_memory",
 )
 
 

@@ -13,15 +13,13 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 
-import torch
-
 from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.model_runner import ModelRunner
 from services.engine.output_processor import OutputProcessor, RequestOutput
 from services.engine.request import MmFeature, Request, RequestStatus
-from services.engine.sampling import Sampler, SamplingError, TokenHistory
+from services.engine.sampling import Sampler, SamplingError
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
 from services.engine.structured_output import GrammarError, Grammars
@@ -52,7 +50,7 @@ class Engine:
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
         self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)
         eos_token_ids = self.runner.checkpoint.eos_token_ids
-        self.sampler = Sampler(frozenset(eos_token_ids))
+        self.sampler = Sampler(frozenset(eos_token_ids), vocab_size=self.runner.checkpoint.shape.vocab_size)
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -119,10 +117,9 @@ class Engine:
         self.num_steps += 1
         masks = self.grammars.start_masks([item.request.request_id for item in plan.scheduled])  # beside the forward pass
         allowed_for = functools.cache(masks.result) if masks is not None else None
-        result = self.runner.execute(plan, self.kv, allowed_for, self._gumbel_for)
-        if allowed_for is not None:
-            _apply_masks(result, allowed_for())
-        token_for, logprobs_for = self._sample(result)
+        sampling = self.runner.execute(plan, self.kv)
+        chosen = self.sampler.choose(sampling.hidden, sampling.requests, self.runner.decoder, allowed_for)
+        token_for, logprobs_for = chosen.token_for, chosen.logprobs_for
         outputs = []
         for item in plan.scheduled:
             request = item.request
@@ -136,22 +133,6 @@ class Engine:
                 outputs.append(self._append(request, token, logprobs_for.get(request.request_id)))
         self.sync_encoder_outputs()
         return outputs
-
-    def _sample(self, result) -> tuple[dict[str, int | SamplingError], dict[str, TokenLogprobs | None]]:
-        token_for: dict[str, int | SamplingError] = dict(result.token_for)
-        if not result.requests:
-            return token_for, {}
-        ids, params = [r.request_id for r in result.requests], [r.sampling for r in result.requests]
-        histories = [TokenHistory(r.prompt_token_ids, r.output_token_ids) for r in result.requests]
-        sampled = self.sampler.sample(result.logits, ids, params, histories)
-        token_for.update(zip(ids, sampled))
-        token_ids = [t if isinstance(t, int) else 0 for t in sampled]  # a failed row's logprobs are never read
-        return token_for, dict(zip(ids, Sampler.logprobs(result.logits, token_ids, params)))
-
-    def _gumbel_for(self, requests: list[Request]) -> torch.Tensor:
-        vocab_size = self.runner.checkpoint.shape.vocab_size
-        positions = [len(r.output_token_ids) for r in requests]
-        return self.sampler.gumbel([r.request_id for r in requests], [r.sampling for r in requests], positions, vocab_size)
 
     def _append(self, request: Request, token: int, logprobs: TokenLogprobs | None) -> RequestOutput:
         grammar_complete = self.grammars.accept(request.request_id, token)
@@ -219,12 +200,3 @@ class Engine:
                     f"an image spans {feature.num_embeds} tokens, more than max_num_batched_tokens "
                     f"({self.config.max_num_batched_tokens}), and disable_chunked_mm_input forbids splitting it"
                 )
-
-
-def _apply_masks(result, allowed_for: dict[str, torch.Tensor]) -> None:
-    """Disallowed tokens' logits to -inf, in place, for the rows of requests with a grammar."""
-    with torch.inference_mode():  # the logits are inference tensors
-        for row, request in enumerate(result.requests):
-            allowed = allowed_for.get(request.request_id)
-            if allowed is not None:
-                result.logits[row].masked_fill_(~allowed, float("-inf"))

@@ -1,17 +1,16 @@
 """Executes one scheduled step: run the vision tower for newly scheduled images, merge image
-embeddings into the token embeddings, run the decoder over the packed batch, and return the
-logits of every request whose scheduled range reaches its last token (it samples this step).
+embeddings into the token embeddings, run the decoder over the packed batch, and return the final
+hidden state of every request whose scheduled range reaches its last token (it samples this step:
+the Sampler chooses its token, services/engine/sampling.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from kernels.cpu_linear import packing_available
-from kernels.race import Race
 from kernels.selector import create_backend
 from services.engine.attention_inputs import layer_attention_inputs, new_kv_storage
 from services.engine.config import EngineConfig
@@ -24,17 +23,11 @@ from services.models.family import VisionEncoder
 from services.models.registry import ModelRef
 from shared.types import MmHash
 
-# Request id -> the allowed tokens of its structured output ([vocab] bool), made on demand.
-AllowedTokens = Callable[[], dict[str, torch.Tensor]]
-# Sampled requests -> this step's race noise, [len(requests), vocab] float32 (Sampler.gumbel).
-GumbelNoise = Callable[[list[Request]], torch.Tensor]
-
 
 @dataclass(slots=True)
-class StepLogits:
-    requests: list[Request]  # those whose sampling reads logits (sampled, or asking for logprobs)
-    logits: torch.Tensor  # [len(requests), vocab] float32
-    token_for: dict[str, int] = field(default_factory=dict)  # request id -> token: the others (greedy or raced)
+class StepHidden:
+    requests: list[Request]  # those that sample this step
+    hidden: torch.Tensor  # [len(requests), hidden_size]: each one's last row
 
 
 class ModelRunner:
@@ -69,10 +62,7 @@ class ModelRunner:
             self.encoder_outputs.pop(mm_hash, None)
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput, kv: KVCacheManager, allowed_for: AllowedTokens | None, gumbel_for: GumbelNoise) -> StepLogits:
-        """``allowed_for()``: request id -> its grammar's allowed tokens ([vocab] bool), for the
-        requests with a structured output; called only once the forward pass is done.
-        ``gumbel_for``: the race noise of the sampled requests the runner samples itself."""
+    def execute(self, step: SchedulerOutput, kv: KVCacheManager) -> StepHidden:
         self._run_encoder(step)
         token_ids: list[int] = []
         positions: list[torch.Tensor | range] = []
@@ -100,51 +90,12 @@ class ModelRunner:
         layer_kv = layer_attention_inputs(step, kv, self.kv_caches, self.backend, self.checkpoint.shape, spans)
         hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
         if not sample_rows:
-            return StepLogits([], torch.empty(0))
-        return self._sample_inputs(hidden[torch.tensor(sample_rows, device=self.device)], sample_requests, allowed_for, gumbel_for)
+            return StepHidden([], torch.empty(0))
+        return StepHidden(sample_requests, hidden[torch.tensor(sample_rows, device=self.device)])
 
     @staticmethod
     def _image_spans(step: SchedulerOutput) -> list[list[tuple[int, int]]]:
         return [[(f.placeholder.offset, f.placeholder.end) for f in item.request.mm_features] for item in step.scheduled]
-
-    def _sample_inputs(
-        self, hidden: torch.Tensor, requests: list[Request], allowed_for: AllowedTokens | None, gumbel_for: GumbelNoise
-    ) -> StepLogits:
-        """Logits for the rows whose sampling reads them. A greedy row, or a row sampled at a
-        temperature with nothing cut, that asks for no logprobs only needs the argmax of its
-        logits or of its race scores (among its grammar's allowed tokens), which the decoder
-        finds without the float32 logits where it can. Greedy and raced rows go in separate
-        calls: a greedy row in a race would need a row of zero noise as wide as the vocabulary.
-        A row whose hidden state is not finite goes to the sampler too, which fails a sampled
-        request on it alone (a greedy one gets the argmax, as it always did)."""
-        finite = torch.isfinite(hidden).all(dim=1).tolist()
-        wants_logits = [r.sampling.reads_logits or not ok for r, ok in zip(requests, finite)]
-        full = [row for row, wants in enumerate(wants_logits) if wants]
-        greedy = [row for row, wants in enumerate(wants_logits) if not wants and requests[row].sampling.is_greedy]
-        raced = [row for row, wants in enumerate(wants_logits) if not wants and not requests[row].sampling.is_greedy]
-        token_for: dict[str, int] = {}
-        if greedy:
-            token_for |= self._head_tokens(hidden, [requests[row] for row in greedy], greedy, allowed_for, None)
-        if raced:
-            raced_requests = [requests[row] for row in raced]
-            race = Race.build([r.sampling.temperature for r in raced_requests], gumbel_for(raced_requests), self.device)
-            token_for |= self._head_tokens(hidden, raced_requests, raced, allowed_for, race)
-        logits = self.decoder.compute_logits(hidden[full]) if full else torch.empty(0)
-        return StepLogits([requests[row] for row in full], logits.cpu(), token_for)
-
-    def _head_tokens(
-        self, hidden: torch.Tensor, requests: list[Request], rows: list[int], allowed_for: AllowedTokens | None, race: Race | None
-    ) -> dict[str, int]:
-        tokens = self.decoder.argmax_tokens(hidden[rows], self._allowed(requests, allowed_for), race)
-        return {request.request_id: token for request, token in zip(requests, tokens)}
-
-    def _allowed(self, requests: list[Request], allowed_for: AllowedTokens | None) -> torch.Tensor | None:
-        """[N, vocab] bool where any request has a grammar, else None."""
-        if allowed_for is None or not any(r.sampling.has_grammar for r in requests):
-            return None
-        masks = allowed_for()
-        everything = torch.ones(self.checkpoint.shape.vocab_size, dtype=torch.bool)
-        return torch.stack([masks.get(r.request_id, everything) for r in requests]).to(self.device)
 
     def _run_encoder(self, step: SchedulerOutput) -> None:
         pending: dict[MmHash, tuple[torch.Tensor, tuple[int, int, int]]] = {}

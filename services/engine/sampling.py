@@ -13,6 +13,12 @@ generator, seeded at random. A request with no processors, filters or logprobs n
 ``sample``: the model runner races it without materialising logits (with ``gumbel``'s noise), as
 it takes a greedy request's argmax.
 
+``choose`` is where each row of a step takes its path: from the final hidden states, a greedy
+row, or a row sampled at a temperature with nothing cut, that asks for no logprobs only needs the
+argmax of its logits or of its race scores (among its grammar's allowed tokens), which the LM head
+finds without the float32 logits where it can (kernels/screened_argmax.py); every other row gets
+its logits, masked by its grammar, and goes through ``sample``.
+
 Logprobs (when a request asks for them) are the model's own: log-softmax of the raw float32
 logits, before temperature, top-k or top-p, as vLLM reports them by default; ties among the top
 alternatives are ordered by token id.
@@ -21,14 +27,33 @@ alternatives are ordered by token id.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from kernels.race import gumbel_from_uniform, race_scores
+from kernels.race import Race, gumbel_from_uniform, race_scores
 from services.engine.logits_processors import apply_min_p, process_logits
+from services.engine.request import Request
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
+
+# Request id -> the allowed tokens of its structured output ([vocab] bool), made on demand.
+AllowedTokens = Callable[[], dict[str, torch.Tensor]]
+
+
+class LMHead(Protocol):
+    """The decoder's last layer, as the sampler reads it (services/models/paged_decoder.py)."""
+
+    def argmax_tokens(self, hidden: torch.Tensor, allowed: torch.Tensor | None = None, race: Race | None = None) -> list[int]: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(slots=True)
+class StepTokens:
+    token_for: dict[str, int | SamplingError] = field(default_factory=dict)  # request id -> token, or its failure
+    logprobs_for: dict[str, TokenLogprobs | None] = field(default_factory=dict)
 
 
 def draw_seed(seed: int, position: int) -> int:
@@ -52,8 +77,72 @@ class TokenHistory:
 @dataclass(slots=True)
 class Sampler:
     eos_token_ids: frozenset[int] = frozenset()
+    vocab_size: int = 0  # the race noise's width (``choose``)
     _generators: dict[str, torch.Generator] = field(default_factory=dict)  # unseeded requests' own
     _seeded: torch.Generator = field(default_factory=torch.Generator)  # reseeded for every seeded draw
+
+    @torch.inference_mode()
+    def choose(self, hidden: torch.Tensor, requests: list[Request], head: LMHead, allowed_for: AllowedTokens | None) -> StepTokens:
+        """One token per request from its final hidden state (``hidden``: [N, hidden_size]), and
+        its logprobs where it asked. Greedy and raced rows go to the head in separate calls: a
+        greedy row in a race would need a row of zero noise as wide as the vocabulary. A row whose
+        hidden state is not finite takes the logits path, which fails a sampled request on it
+        alone (a greedy one gets the argmax, as it always did)."""
+        if not requests:
+            return StepTokens()
+        finite = torch.isfinite(hidden).all(dim=1).tolist()
+        wants_logits = [r.sampling.reads_logits or not ok for r, ok in zip(requests, finite)]
+        full = [row for row, wants in enumerate(wants_logits) if wants]
+        greedy = [row for row, wants in enumerate(wants_logits) if not wants and requests[row].sampling.is_greedy]
+        raced = [row for row, wants in enumerate(wants_logits) if not wants and not requests[row].sampling.is_greedy]
+        chosen = StepTokens()
+        if greedy:
+            greedy_requests = [requests[row] for row in greedy]
+            chosen.token_for |= self._head_tokens(head, hidden, greedy_requests, greedy, allowed_for, None)
+        if raced:
+            raced_requests = [requests[row] for row in raced]
+            race = Race.build([r.sampling.temperature for r in raced_requests], self._noise(raced_requests), hidden.device)
+            chosen.token_for |= self._head_tokens(head, hidden, raced_requests, raced, allowed_for, race)
+        if full:
+            self._sample_logits(head.compute_logits(hidden[full]).cpu(), [requests[row] for row in full], allowed_for, chosen)
+        return chosen
+
+    def _sample_logits(self, logits: torch.Tensor, requests: list[Request], allowed_for: AllowedTokens | None, chosen: StepTokens) -> None:
+        """The logits path: grammar masks, then ``sample`` and the logprobs asked for."""
+        if allowed_for is not None:
+            allowed = allowed_for()
+            for row, request in enumerate(requests):
+                if (mask := allowed.get(request.request_id)) is not None:
+                    logits[row].masked_fill_(~mask, float("-inf"))
+        ids, params = [r.request_id for r in requests], [r.sampling for r in requests]
+        sampled = self.sample(logits, ids, params, [TokenHistory(r.prompt_token_ids, r.output_token_ids) for r in requests])
+        chosen.token_for.update(zip(ids, sampled))
+        token_ids = [t if isinstance(t, int) else 0 for t in sampled]  # a failed row's logprobs are never read
+        chosen.logprobs_for.update(zip(ids, Sampler.logprobs(logits, token_ids, params)))
+
+    def _head_tokens(
+        self,
+        head: LMHead,
+        hidden: torch.Tensor,
+        requests: list[Request],
+        rows: list[int],
+        allowed_for: AllowedTokens | None,
+        race: Race | None,
+    ) -> dict[str, int]:
+        tokens = head.argmax_tokens(hidden[rows], self._allowed(requests, allowed_for, hidden.device), race)
+        return {request.request_id: token for request, token in zip(requests, tokens)}
+
+    def _allowed(self, requests: list[Request], allowed_for: AllowedTokens | None, device: torch.device) -> torch.Tensor | None:
+        """[N, vocab] bool where any request has a grammar, else None."""
+        if allowed_for is None or not any(r.sampling.has_grammar for r in requests):
+            return None
+        masks = allowed_for()
+        everything = torch.ones(self.vocab_size, dtype=torch.bool)
+        return torch.stack([masks.get(r.request_id, everything) for r in requests]).to(device)
+
+    def _noise(self, requests: list[Request]) -> torch.Tensor:
+        positions = [len(r.output_token_ids) for r in requests]
+        return self.gumbel([r.request_id for r in requests], [r.sampling for r in requests], positions, self.vocab_size)
 
     def sample(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams], histories: list[TokenHistory]
