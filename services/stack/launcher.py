@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.router.scoring import default_encode_dispatch
+from services.router.scoring import EncodeDispatch, default_encode_dispatch
 from services.stack.node_process import ServerExitedError, detach_but_die_with_parent, free_port, wait_serving
 from services.stack.roles import ENV_PREFIX
 from services.transport.index_access import PASSWORD_ENV
@@ -74,6 +74,7 @@ class StackConfig:
 
 
 DISPATCH_ENV = f"{ENV_PREFIX}ENCODE_DISPATCH"
+LOCAL_ENCODE_ENV = f"{ENV_PREFIX}LOCAL_ENCODE"
 
 
 class Stack:
@@ -114,6 +115,8 @@ class Stack:
         host = self.config.host
         base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--index-url", self.valkey_url]
         self.roles.extend(self.node_processes(base))
+        self._plan_cpus()
+        self._leave_idle_towers_unloaded()
         for role in self.roles:  # independent roles load their models in parallel
             self._spawn(role)
         for role in self.roles:
@@ -246,14 +249,34 @@ class Stack:
         role.process = subprocess.Popen(role.argv, env=env, preexec_fn=detach_but_die_with_parent)
 
     def _encode_dispatch_flags(self) -> list[str]:
-        """The gateway's --encode-dispatch for this host's CPU plan, unless the operator chose one
-        (a flag, or its variable)."""
-        if DISPATCH_ENV in os.environ or any(arg.split("=", 1)[0] == "--encode-dispatch" for arg in self.config.passthrough):
-            return []
-        return ["--encode-dispatch", default_encode_dispatch(self.cores_shared)]
+        """The gateway's --encode-dispatch for this host's CPU plan, unless the operator chose one."""
+        dispatch = self._default_dispatch()
+        return [] if dispatch is None else ["--encode-dispatch", dispatch]
+
+    def _default_dispatch(self) -> EncodeDispatch | None:
+        """The encode dispatch this host's CPU plan gives the gateway; None where the operator chose
+        one (a flag, or its variable)."""
+        return None if self._operator_set("--encode-dispatch", DISPATCH_ENV) else default_encode_dispatch(self.cores_shared)
+
+    def _leave_idle_towers_unloaded(self) -> None:
+        """Where the gateway keeps images on the encoder tier, prefill nodes load no vision tower:
+        it would serve no request (unless the operator asked for it)."""
+        if self._default_dispatch() != EncodeDispatch.ENCODER or self._operator_set("--local-encode", LOCAL_ENCODE_ENV):
+            return
+        for role in self.roles:
+            if role.role.split("-")[0] == "prefill":
+                role.argv += ["--local-encode", "0"]
+
+    def _operator_set(self, flag: str, variable: str) -> bool:
+        return variable in os.environ or any(arg.split("=", 1)[0] in (flag, f"--no-{flag[2:]}") for arg in self.config.passthrough)
 
     def _cpu_share(self, role: RoleProcess) -> CpuShare:
         """``role``'s share of this machine's CPUs (shared/cpu_budget.py has the rule)."""
+        self._plan_cpus()
+        return self.cpu_shares.get(role.role, CpuShare(num_threads=1))
+
+    def _plan_cpus(self) -> None:
+        """Each node's share of the CPUs, once the nodes are known."""
         if not self.cpu_shares:
             cpus = sorted(os.sched_getaffinity(0))[: available_cpus(limit=cgroup_cpu_limit())]
             role_of_process = {r.role: r.role.split("-")[0] for r in self.roles if r.role != "gateway"}
@@ -264,7 +287,6 @@ class Stack:
             self.board_slots = host_backlog.board_roles(role_of_process, shares_cores)
             if self.board_slots:
                 self.backlog_board = host_backlog.new_board(sum(slot is not None for slot in self.board_slots.values()))
-        return self.cpu_shares.get(role.role, CpuShare(num_threads=1))
 
     def _start_valkey(self) -> None:
         from services.stack.redis_server import embedded_valkey_binary, start_redis_server

@@ -108,3 +108,26 @@ def test_the_gateway_keeps_images_on_the_encoder_tier_where_the_roles_share_core
     assert chosen._encode_dispatch_flags() == []
     monkeypatch.setenv(DISPATCH_ENV, "prefill")
     assert stack._encode_dispatch_flags() == []
+
+
+@pytest.mark.parametrize(("num_cpus", "towers"), [(2, False), (16, True)])
+def test_prefill_nodes_load_no_tower_where_images_stay_on_the_encoder_tier(monkeypatch, num_cpus, towers):
+    from services.stack.launcher import DISPATCH_ENV, LOCAL_ENCODE_ENV
+
+    for variable in (DISPATCH_ENV, LOCAL_ENCODE_ENV):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr("services.stack.launcher.os.sched_getaffinity", lambda _pid: set(range(num_cpus)))
+    monkeypatch.setattr("services.stack.launcher.available_cpus", lambda limit=None: num_cpus)
+
+    def prefill_loads_a_tower(config: StackConfig) -> bool:
+        stack = Stack(config)
+        stack.roles.extend(stack.node_processes(["tessera", "serve"]))
+        stack._plan_cpus()
+        stack._leave_idle_towers_unloaded()
+        [prefill] = [r for r in stack.roles if r.role == "prefill"]
+        return prefill.argv[-2:] != ["--local-encode", "0"]  # the last word on a flag is the one parsed
+
+    assert prefill_loads_a_tower(StackConfig()) is towers
+    # The operator's choice of dispatch, or of the tower itself, stands.
+    assert prefill_loads_a_tower(StackConfig(passthrough=["--encode-dispatch", "adaptive"]))
+    assert prefill_loads_a_tower(StackConfig(passthrough=["--local-encode", "1"]))
