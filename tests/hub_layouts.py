@@ -185,7 +185,7 @@ def write_qwen2_5_vl(out: Path) -> None:
     """A Qwen2.5-VL model of the tiny built-in's text size, saved in the 3B repository's layout."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from shared.models.weights import fill_deterministic
+    from services.models.builtins.weights import fill_deterministic
 
     src = resolve_model("tiny", progress=lambda _m: None).path
     builtin = json.loads((src / "config.json").read_text())
@@ -289,7 +289,7 @@ GEMMA3_PREPROCESSOR = {
 def gemma3_default_geometry_spec():
     """A tiny Gemma3 whose attention has Gemma3TextConfig's default geometry (8 heads of 256, 4 KV
     heads, query scale 256, the 5:1 sliding pattern), so a config that names none of it is right."""
-    from services.models.gemma3.builtin import BUILTIN_SPECS, FULL, SLIDING, Gemma3Spec
+    from services.models.builtins.gemma3 import BUILTIN_SPECS, FULL, SLIDING, Gemma3Spec
 
     tiny = BUILTIN_SPECS["gemma3-tiny"]
     fields = {name: getattr(tiny, name) for name in Gemma3Spec.__slots__}
@@ -306,7 +306,7 @@ def gemma3_default_geometry_spec():
 
 
 def write_gemma_3_4b_it(out: Path) -> None:
-    from services.models.gemma3.builtin import write_checkpoint
+    from services.models.builtins.gemma3 import write_checkpoint
 
     spec = gemma3_default_geometry_spec()
     built = out / "_built"

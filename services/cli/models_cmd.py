@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from services.models.builtin import build_builtin, is_complete_build
+from services.models.builtins.build import build_builtin, is_complete_build
 from services.models.registry import BUILTIN_TO_FAMILY, builtin_path
 
 

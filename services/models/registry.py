@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.models.builtin import build_builtin, is_complete_build
+from services.models.builtins.build import build_builtin, is_complete_build
 from services.models.family import FamilyInfo, ModelFamily, ProgressFn
 from services.models.fingerprint import fingerprint
 from services.models.gemma3 import INFO as GEMMA3

@@ -4,8 +4,8 @@ bidirectional attention among the tokens of one image."""
 
 from __future__ import annotations
 
+from services.models.builtins.gemma3 import BUILTIN_SPECS
 from services.models.family import FamilyInfo
-from services.models.gemma3.builtin import BUILTIN_SPECS
 
 INFO = FamilyInfo(
     name="gemma3",

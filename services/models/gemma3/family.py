@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
+from services.models.builtins import gemma3 as builtin
 from services.models.family import ImageOptions, ModelConfig, PlaceholderCountError, ProcessedImage, ProgressFn
-from services.models.gemma3 import INFO, builtin
+from services.models.gemma3 import INFO
 from services.models.gemma3.config import read_config, tokens_per_side, weight_group
 from services.models.gemma3.decoder import TextDecoder
 from services.models.gemma3.image_processor import Gemma3ImageProcessor

@@ -3,8 +3,8 @@ one ``<|image_pad|>`` marker per image expanded at the token level."""
 
 from __future__ import annotations
 
+from services.models.builtins.qwen2_vl import BUILTIN_SPECS
 from services.models.family import FamilyInfo
-from services.models.qwen2_vl.builtin import BUILTIN_SPECS
 
 INFO = FamilyInfo(
     name="qwen2_vl",

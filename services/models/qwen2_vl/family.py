@@ -8,9 +8,10 @@ from pathlib import Path
 
 import torch
 
+from services.models.builtins import qwen2_vl as builtin
 from services.models.family import ImageOptions, ModelConfig, ProcessedImage, ProgressFn
 from services.models.placeholders import expand_placeholders
-from services.models.qwen2_vl import INFO, builtin
+from services.models.qwen2_vl import INFO
 from services.models.qwen2_vl.config import read_config, spatial_merge_size, weight_group
 from services.models.qwen2_vl.decoder import TextDecoder
 from services.models.qwen2_vl.image_processor import Qwen2VLImageProcessor

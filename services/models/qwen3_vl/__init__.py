@@ -11,8 +11,8 @@ and the tower.
 
 from __future__ import annotations
 
+from services.models.builtins.qwen3_vl import BUILTIN_SPECS
 from services.models.family import FamilyInfo
-from services.models.qwen3_vl.builtin import BUILTIN_SPECS
 
 INFO = FamilyInfo(
     name="qwen3_vl",

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import torch
 
+from services.models.builtins import qwen3_vl as builtin
 from services.models.family import ModelConfig, ProgressFn
 from services.models.qwen2_vl.config import spatial_merge_size
 from services.models.qwen2_vl.family import Qwen2VLFamily
-from services.models.qwen3_vl import INFO, builtin
+from services.models.qwen3_vl import INFO
 from services.models.qwen3_vl.config import read_config
 from services.models.qwen3_vl.decoder import TextDecoder
 from services.models.qwen3_vl.vision import VisionEncoder, build_vision_tower

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from services.gateway.prompt_wire import prompt_from_body
+from services.models.builtins.qwen2_tokens import IMAGE_PAD_ID
 from services.preprocess.preprocessor import Preprocessor
-from shared.models.tokens import IMAGE_PAD_ID
 from shared.types import PlaceholderRange
 from tests.factories import chat_case, encode_image, make_image
 

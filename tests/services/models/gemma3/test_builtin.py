@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.models.gemma3.builtin import BUILTIN_SPECS, FULL, SLIDING, Gemma3Spec, write_checkpoint
-from services.models.gemma3.tokenizer import BPE_OFFSET, CHAT_TEMPLATE, SPECIAL_TOKENS, VOCAB_SIZE
+from services.models.builtins.gemma3 import BUILTIN_SPECS, FULL, SLIDING, Gemma3Spec, write_checkpoint
+from services.models.builtins.gemma3_tokenizer import BPE_OFFSET, CHAT_TEMPLATE, SPECIAL_TOKENS, VOCAB_SIZE
 from tests.factories import make_image
 
 TINY = BUILTIN_SPECS["gemma3-tiny"]
@@ -214,7 +214,7 @@ def test_auto_processor_matches_the_model(checkpoint, processor):
 def test_build_is_byte_identical_across_processes(checkpoint, tmp_path, repo_root):
     out = tmp_path / "again"
     out.mkdir()
-    code = "import sys; from pathlib import Path; from services.models.gemma3.builtin import BUILTIN_SPECS, write_checkpoint; "
+    code = "import sys; from pathlib import Path; from services.models.builtins.gemma3 import BUILTIN_SPECS, write_checkpoint; "
     code += "write_checkpoint(BUILTIN_SPECS['gemma3-tiny'], Path(sys.argv[1]), lambda _m: None)"
     # A different hash seed: set or dict iteration order must not leak into the files.
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -55,7 +55,7 @@ def test_tiny_model_size_and_real_qwen2_vl_settings(tiny_model):
 def test_small_spec_is_about_200m_parameters():
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-    from services.models.qwen2_vl.builtin import BUILTIN_SPECS
+    from services.models.builtins.qwen2_vl import BUILTIN_SPECS
 
     with torch.device("meta"):
         model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(**BUILTIN_SPECS["small"].config_dict()))

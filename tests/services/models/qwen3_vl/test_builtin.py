@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.models.qwen3_vl.builtin import BUILTIN_SPECS
-from services.models.qwen3_vl.chat_template import CHAT_TEMPLATE
+from services.models.builtins.qwen2_tokens import SPECIAL_TOKEN_TO_ID
+from services.models.builtins.qwen3_vl import BUILTIN_SPECS
+from services.models.builtins.qwen3_vl_template import CHAT_TEMPLATE
 from services.models.qwen3_vl.config import read_config, weight_group
-from shared.models.tokens import SPECIAL_TOKEN_TO_ID
 from tests.factories import chat_case, encode_image, make_image
 
 EXPECTED_FILES = {
@@ -90,7 +90,7 @@ def test_transformers_loads_every_weight(qwen3vl_model):
 def test_build_is_byte_identical_across_processes(qwen3vl_model, tmp_path, repo_root):
     out = tmp_path / "again"
     out.mkdir()
-    code = "import sys; from pathlib import Path; from services.models.qwen3_vl.builtin import BUILTIN_SPECS, write_checkpoint; "
+    code = "import sys; from pathlib import Path; from services.models.builtins.qwen3_vl import BUILTIN_SPECS, write_checkpoint; "
     code += "write_checkpoint(BUILTIN_SPECS['qwen3vl-tiny'], Path(sys.argv[1]), lambda _m: None)"
     # A different hash seed: set or dict iteration order must not leak into the files.
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

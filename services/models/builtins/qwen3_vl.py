@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.models.builtins.qwen2_tokens import IMAGE_PAD_ID, SPECIAL_TOKEN_TO_ID, VISION_END_ID, VISION_START_ID, VOCAB_SIZE
+from services.models.builtins.qwen2_vl import write_qwen_checkpoint
 from services.models.family import ProgressFn
-from services.models.qwen2_vl.builtin import write_qwen_checkpoint
-from shared.models.tokens import IMAGE_PAD_ID, SPECIAL_TOKEN_TO_ID, VISION_END_ID, VISION_START_ID, VOCAB_SIZE
 
 # Qwen3-VL's image processor: 256x256 to 4096x4096 pixels, normalised to [-1, 1].
 MIN_PIXELS = 256 * 256
@@ -150,8 +150,8 @@ def build_processor_parts():
     separate parts: transformers' combined processor insists on a torchvision video processor."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from services.models.qwen3_vl.chat_template import CHAT_TEMPLATE
-    from shared.models.tokenizer_build import build_qwen2_tokenizer
+    from services.models.builtins.qwen2_tokenizer import build_qwen2_tokenizer
+    from services.models.builtins.qwen3_vl_template import CHAT_TEMPLATE
 
     tokenizer = build_qwen2_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -6,8 +6,8 @@ from importlib import resources
 
 import pytest
 
-from shared.models.tokenizer_build import build_qwen2_tokenizer
-from shared.models.tokens import SPECIAL_TOKEN_TO_ID
+from services.models.builtins.qwen2_tokenizer import build_qwen2_tokenizer
+from services.models.builtins.qwen2_tokens import SPECIAL_TOKEN_TO_ID
 
 SAMPLES = [
     "Hello world!",

@@ -1,7 +1,7 @@
 """Gemma3's tokenizer built offline: Gemma3's special tokens at their real ids around a real byte-level BPE.
 
 Gemma's SentencePiece vocabulary is not available offline, so the regular vocabulary is Qwen's
-byte-level BPE (``shared.models.tokenizer_build``) moved to ids ``BPE_OFFSET + rank``, clear of every
+byte-level BPE (``services.models.builtins.qwen2_tokenizer``) moved to ids ``BPE_OFFSET + rank``, clear of every
 Gemma special id. Every other id below ``VOCAB_SIZE`` holds a placeholder, so any id the model can
 emit decodes: Gemma's ``<unused{n}>`` names where the real vocabulary has them, ``<reserved_{id}>``
 elsewhere. Placeholders are plain vocabulary entries, not added tokens: the pre-tokenizer splits
@@ -129,7 +129,7 @@ def _placeholder(token_id: int) -> str:
 @lru_cache(maxsize=1)
 def gemma3_vocab() -> dict[str, int]:
     """Every id in [0, VOCAB_SIZE): specials, then BPE tokens at BPE_OFFSET + rank, placeholders elsewhere."""
-    from shared.models.tokenizer_build import vocab_and_merges
+    from services.models.builtins.qwen2_tokenizer import vocab_and_merges
 
     bpe_vocab, _ = vocab_and_merges()
     # Qwen's BPE happens to hold the literal text "<unk>"; the special takes the name (its pre-tokenizer
@@ -157,7 +157,7 @@ def _backend_json() -> str:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
-    from shared.models.tokenizer_build import vocab_and_merges
+    from services.models.builtins.qwen2_tokenizer import vocab_and_merges
 
     _, merges = vocab_and_merges()
     # ignore_merges: like tiktoken, a pre-token that is itself in the vocabulary is emitted whole.

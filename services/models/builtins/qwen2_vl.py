@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.models.builtins.qwen2_tokens import ENDOFTEXT_ID, IM_END_ID, MAX_PIXELS, MIN_PIXELS, VOCAB_SIZE
 from services.models.family import ProgressFn
-from shared.models.tokens import ENDOFTEXT_ID, IM_END_ID, MAX_PIXELS, MIN_PIXELS, VOCAB_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ def write_qwen_checkpoint(spec, out: Path, progress: ProgressFn, config_cls, mod
     import torch
     from transformers import GenerationConfig
 
-    from shared.models.weights import fill_deterministic
+    from services.models.builtins.weights import fill_deterministic
 
     progress(f"[{spec.name}] 1/4 config")
     config = config_cls(**spec.config_dict())
@@ -155,7 +155,7 @@ def build_processor_parts():
     """
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from shared.models.tokenizer_build import build_qwen2_tokenizer
+    from services.models.builtins.qwen2_tokenizer import build_qwen2_tokenizer
 
     image_processor = Qwen2VLImageProcessorPil(
         size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},

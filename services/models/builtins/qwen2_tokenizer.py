@@ -15,7 +15,7 @@ from importlib import resources
 
 from tokenizers import AddedToken
 
-from shared.models.tokens import CHAT_TEMPLATE, NUM_BPE_TOKENS, SPECIAL_TOKENS
+from services.models.builtins.qwen2_tokens import CHAT_TEMPLATE, NUM_BPE_TOKENS, SPECIAL_TOKENS
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.models.gemma3.tokenizer import BOI_ID, BOS_ID, END_OF_TURN_ID, EOI_ID, EOS_ID, IMAGE_TOKEN_ID, PAD_ID, VOCAB_SIZE
+from services.models.builtins.gemma3_tokenizer import BOI_ID, BOS_ID, END_OF_TURN_ID, EOI_ID, EOS_ID, IMAGE_TOKEN_ID, PAD_ID, VOCAB_SIZE
 
 if TYPE_CHECKING:
     import torch
@@ -238,8 +238,8 @@ def write_checkpoint(spec: Gemma3Spec, out: Path, progress: ProgressFn) -> int:
     import torch
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, GenerationConfig
 
-    from services.models.gemma3.tokenizer import build_gemma3_tokenizer
-    from shared.models.weights import fill_deterministic
+    from services.models.builtins.gemma3_tokenizer import build_gemma3_tokenizer
+    from services.models.builtins.weights import fill_deterministic
 
     out = Path(out)
     progress(f"[{spec.name}] 1/4 config")
