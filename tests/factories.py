@@ -10,7 +10,8 @@ import numpy as np
 from PIL import Image
 
 from protos.gen import pb
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library, prompt_from_body
+from services.preprocess.prompt import Prompt
 
 
 def make_image(width: int, height: int, *, seed: int = 0, mode: str = "RGB") -> Image.Image:
@@ -62,7 +63,12 @@ class ChatCase:
     images: list[Image.Image] = field(default_factory=list)
 
     @property
-    def prompt(self) -> pb.PromptInput:
+    def prompt(self) -> Prompt:
+        """The body as the preprocess role takes it from the gateway."""
+        return prompt_for_library(self.body)
+
+    @property
+    def wire_prompt(self) -> pb.PromptInput:
         """The body as the gateway sends it to the preprocess role."""
         return prompt_from_body(self.body)
 

@@ -79,10 +79,10 @@ def measure_http(args) -> dict:
 
 def _time_engine(llm, request: BenchRequest, max_tokens: int) -> float:
     from services.engine.sampling_params import SamplingParams
-    from services.gateway.prompt_wire import prompt_from_body
+    from services.gateway.prompt_wire import prompt_for_library
 
     started = time.perf_counter()
-    llm.generate([prompt_from_body({"messages": request.messages})], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    llm.generate([prompt_for_library({"messages": request.messages})], SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     return time.perf_counter() - started
 
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from benchmarks.suites.common import RESULTS, command, image_size, machine, write_json
-from protos.gen import pb
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
 from services.engine.sampling_params import SamplingParams
+from services.preprocess.prompt import Prompt
 
 if TYPE_CHECKING:
     from tests.oracle import ReferenceOracle
@@ -65,7 +65,7 @@ def _cases(seed: int, n: int, size: tuple[int, int]):
     return [chat_case(encode_image(make_image(*size, seed=seed + i)), questions[i % 4]) for i in range(n)]
 
 
-def _engine_ttft(llm: LLM, prompt: pb.PromptInput) -> float:
+def _engine_ttft(llm: LLM, prompt: Prompt) -> float:
     started = time.perf_counter()
     request_id = f"ttft-{time.perf_counter_ns()}"
     llm.engine.add_request(request_id, llm.preprocessor.preprocess(prompt), SamplingParams(max_tokens=1, ignore_eos=True))
@@ -74,7 +74,7 @@ def _engine_ttft(llm: LLM, prompt: pb.PromptInput) -> float:
     return time.perf_counter() - started
 
 
-def _engine_decode(llm: LLM, prompts: list[pb.PromptInput], num_tokens: int) -> tuple[float, float]:
+def _engine_decode(llm: LLM, prompts: list[Prompt], num_tokens: int) -> tuple[float, float]:
     """(TTFT of the batch, decode tokens/s after every request has its first token)."""
     params = SamplingParams(max_tokens=num_tokens, ignore_eos=True)
     started = time.perf_counter()

@@ -29,7 +29,7 @@ def _held_bytes(windowed: bool, model: str, num_words: int) -> tuple[int, int, l
     from services.engine.config import EngineConfig
     from services.engine.llm import LLM
     from services.engine.sampling_params import SamplingParams
-    from services.gateway.prompt_wire import prompt_from_body
+    from services.gateway.prompt_wire import prompt_for_library
 
     llm = LLM(model, EngineConfig(sliding_window_kv=windowed, max_model_len=65536, kv_cache_bytes=2 << 30))
     engine = llm.engine
@@ -40,7 +40,7 @@ def _held_bytes(windowed: bool, model: str, num_words: int) -> tuple[int, int, l
         held.append(engine.kv.pool.num_blocks - engine.kv.pool.num_free_blocks)
 
     engine.finish_listeners.append(count_pages)
-    [result] = llm.generate([prompt_from_body(body)], SamplingParams(max_tokens=1))
+    [result] = llm.generate([prompt_for_library(body)], SamplingParams(max_tokens=1))
     k_cache = engine.runner.kv_caches[0][0]
     bytes_per_page = 2 * len(engine.runner.kv_caches) * k_cache[0].numel() * k_cache.element_size()
     return held[0] * bytes_per_page, result.usage.prompt_tokens, result.token_ids

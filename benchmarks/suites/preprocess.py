@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 from benchmarks.suites.common import RESULTS, command, image_size, machine, write_json
-from protos.gen import pb
 from services.bench.workloads import user_turn
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.models.registry import resolve_model
 from services.preprocess.preprocessor import Preprocessor
+from services.preprocess.prompt import Prompt
 from shared.hashing import mm_hash_of_pixels
 
 
@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _request(url: str) -> pb.PromptInput:
-    return prompt_from_body({"messages": user_turn(url, "Describe.")})
+def _request(url: str) -> Prompt:
+    return prompt_for_library({"messages": user_turn(url, "Describe.")})
 
 
 def _time(fn) -> float:

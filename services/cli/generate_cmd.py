@@ -39,7 +39,7 @@ def _image_part(path: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from services.engine.engine import RequestRejectedError  # these load torch: only when this command runs
     from services.engine.llm import LLM
-    from services.gateway.prompt_wire import prompt_from_body
+    from services.gateway.prompt_wire import prompt_for_library
 
     try:
         content = [_image_part(path) for path in args.image] + [{"type": "text", "text": args.prompt}]
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             ignore_eos=args.ignore_eos,
         )
         llm = LLM(args.model, EngineConfig.from_sources(args))
-        [result] = llm.generate([prompt_from_body({"messages": [{"role": "user", "content": content}]})], sampling)
+        [result] = llm.generate([prompt_for_library({"messages": [{"role": "user", "content": content}]})], sampling)
     except OSError as exc:
         print(f"error: cannot read image: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.gateway.validation_errors import validation_error
 from services.models.registry import ModelNotFoundError, resolve_model
 from services.preprocess.config import PreprocessConfig
@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         raw = sys.stdin.read() if args.request == "-" else Path(args.request).read_text()
-        prompt = prompt_from_body(json.loads(raw))
+        prompt = prompt_for_library(json.loads(raw))
     except (OSError, json.JSONDecodeError) as exc:
         print(f"error: cannot read request JSON: {exc}", file=sys.stderr)
         return 2

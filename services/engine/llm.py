@@ -1,8 +1,9 @@
 """A small Python API over preprocessing and the engine.
 
 llm = LLM("tiny")
-[result] = llm.generate([prompt], SamplingParams(max_tokens=32))   # prompt: a pb.PromptInput
-(services/gateway/prompt_wire.py's prompt_from_body makes one from an OpenAI-shaped body)
+[result] = llm.generate([prompt], SamplingParams(max_tokens=32))   # prompt: a Prompt
+(services/preprocess/prompt.py; from an OpenAI-shaped body: prompt_from_wire(prompt_from_body(body)),
+services/gateway/prompt_wire.py and services/preprocess/prompt_wire.py)
 result.text, result.token_ids, result.usage
 """
 
@@ -11,13 +12,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from protos.gen import pb
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.sampling_params import SamplingParams
 from services.models.registry import resolve_model
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.preprocessor import Preprocessor
+from services.preprocess.prompt import Prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +52,7 @@ class LLM:
 
     def generate(
         self,
-        prompts: list[pb.PromptInput],
+        prompts: list[Prompt],
         sampling: SamplingParams | list[SamplingParams] | None = None,
         *,
         cache_salt: str | None = None,

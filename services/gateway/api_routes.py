@@ -14,7 +14,7 @@ from services.gateway.admission import Admission
 from services.gateway.completion_protocol import CompletionRequest, CompletionResponse
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChatFormatter, CompletionFormatter
-from services.gateway.ignored_fields import report_ignored_fields
+from services.gateway.openai_api import report_ignored_fields
 from services.gateway.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelCard, ModelList
 from services.gateway.responses import respond
 from services.gateway.state import GatewayState

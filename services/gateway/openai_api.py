@@ -7,21 +7,23 @@ choice i samples with ``seed + i`` so seeded choices differ yet stay reproducibl
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from protos.gen import pb
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS, SamplingParams, StructuredOutput
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
-from services.gateway.ignored_fields import report_ignored_fields
 from services.gateway.prompt_wire import chat_prompt, raw_prompt
 from services.gateway.protocol import INT64_MIN, ChatCompletionRequest
 from services.gateway.tenants import Tenant, request_cache_salt
 from services.gateway.tool_calls import ToolMode, tool_mode_of
 from services.gateway.validation_errors import validation_error
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
+
+log = logging.getLogger("tessera.gateway")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,3 +217,40 @@ def check_model(requested: str | None, served_names: tuple[str, ...]) -> str:
             param="model",
         )
     return requested
+
+
+# Fields a request carried that the server does not know: accepted and ignored, as vLLM does.
+#
+# The wire models keep unknown fields aside (pydantic's ``extra="allow"``); this takes them out of
+# the validated request, so nothing downstream ever sees them, and names them by their path
+# (``metadata``, ``messages[1].reasoning_content``) for the log and the response header.
+HEADER = "tessera-ignored-fields"
+
+
+def pop_ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """The unknown fields' paths, in request order; ``model`` no longer holds them."""
+    extra = model.__pydantic_extra__
+    names = [prefix + name for name in extra or ()]
+    if extra:
+        extra.clear()
+    for name in type(model).model_fields:
+        names += _walk(getattr(model, name), prefix + name)
+    return names
+
+
+def _walk(value: object, path: str) -> list[str]:
+    if isinstance(value, BaseModel):
+        return pop_ignored_fields(value, path + ".")
+    if isinstance(value, list):
+        return [name for i, item in enumerate(value) for name in _walk(item, f"{path}[{i}]")]
+    return []
+
+
+def report_ignored_fields(model: BaseModel, route: str) -> dict[str, str]:
+    """Takes the unknown fields out of ``model``, logs them once, and returns the header naming
+    them (empty when there were none)."""
+    names = pop_ignored_fields(model)
+    if not names:
+        return {}
+    log.warning("%s: ignored fields the server does not know: %s", route, ", ".join(names))
+    return {HEADER: ", ".join(names)}

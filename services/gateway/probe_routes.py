@@ -2,15 +2,18 @@
 person's view of whether it can route), /version and /metrics."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime.
+import logging
+from collections.abc import Iterable
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from services.gateway.config_agreement import DisagreementLog, block_size_disagreement
 from services.gateway.protocol import HealthResponse, LiveResponse, NodeRecord, ReadyResponse
 from services.gateway.state import GatewayState
 from services.gateway.tokenize_protocol import VersionResponse
 from services.router.membership import ROUTED_ROLES
+from shared.index.types import NodeState
 
 
 def probe_routes(state: GatewayState, version: str) -> APIRouter:
@@ -59,3 +62,32 @@ def probe_routes(state: GatewayState, version: str) -> APIRouter:
         return PlainTextResponse(await state.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
     return router
+
+
+# The gateway's side of config agreement (shared/index/cluster_config.py): it registers no
+# record, so no registration can refuse it, yet its ``block_size`` is what preprocess cuts every
+# prompt's block hashes with and what the router looks up. A gateway that disagrees with the
+# cluster's nodes would silently miss every prefix, so it reports itself not ready, naming both
+# values, and a load balancer sends it nothing until it is restarted with the cluster's value.
+log = logging.getLogger("tessera")
+
+
+def block_size_disagreement(nodes: Iterable[NodeState], block_size: int) -> str | None:
+    """Why this gateway must not serve these nodes, or None when they agree."""
+    cluster = sorted({s.info.config.block_size for s in nodes if s.info.config.block_size is not None})
+    if not cluster or cluster == [block_size]:
+        return None
+    values = ", ".join(str(v) for v in cluster)
+    return f"this gateway's block_size {block_size} is not the cluster's ({values}): restart it with --block-size {cluster[0]}"
+
+
+class DisagreementLog:
+    """Logs a disagreement when it starts or changes, not at every probe."""
+
+    def __init__(self) -> None:
+        self._last: str | None = None
+
+    def note(self, message: str | None) -> None:
+        if message is not None and message != self._last:
+            log.error("%s", message)
+        self._last = message

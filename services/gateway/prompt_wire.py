@@ -13,6 +13,8 @@ from protos.gen import pb
 from services.gateway.completion_protocol import ImageRef, MultiModalData
 from services.gateway.protocol import ChatCompletionRequest, ChatMessage, ImagePart, ImageUrlPart, TextPart, Tool
 from services.gateway.tenants import Tenant
+from services.preprocess.prompt import Prompt
+from services.preprocess.prompt_wire import prompt_from_wire
 
 ROLES = {
     "system": pb.ChatMessage.SYSTEM,
@@ -40,6 +42,12 @@ def raw_prompt(prompt: str | list[int], images: list[str | ImageRef], tenant: Te
     if isinstance(prompt, str):
         return pb.PromptInput(text=prompt, images=wire_images)
     return pb.PromptInput(token_ids=pb.TokenIds(ids=prompt), images=wire_images)
+
+
+def prompt_for_library(body: dict) -> Prompt:
+    """``prompt_from_body`` as the preprocessing library and ``LLM.generate`` take it: through the
+    preprocess servicer's conversion, as a request over the API goes."""
+    return prompt_from_wire(prompt_from_body(body))
 
 
 def prompt_from_body(body: dict) -> pb.PromptInput:

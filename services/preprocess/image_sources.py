@@ -1,4 +1,4 @@
-"""Turn a request's image (an ImageInput: its bytes, or a reference) into encoded bytes, enforcing
+"""Turn a request's image (an ImageInput, prompt.py: its bytes, or a reference) into encoded bytes, enforcing
 the source policy.
 
 Accepted references (ImageInput.url):
@@ -18,7 +18,6 @@ import re
 import urllib.parse
 from pathlib import Path
 
-from protos.gen import pb
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import (
     ImageFetchError,
@@ -26,15 +25,16 @@ from services.preprocess.errors import (
     ImageTooLargeError,
     InvalidImageDataError,
 )
+from services.preprocess.prompt import ImageInput
 from services.preprocess.remote_fetch import FetchPolicy, fetch
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[\w.+-]+=[\w.+-]+)*)(?P<b64>;base64)?,", re.I)
 _BASE64_CHARS = re.compile(r"^[A-Za-z0-9+/=\s_-]+$")
 
 
-def load_image(image: pb.ImageInput, config: PreprocessConfig) -> bytes:
+def load_image(image: ImageInput, config: PreprocessConfig) -> bytes:
     """Encoded image bytes of ``image``; raises a typed PreprocessError on any violation."""
-    if image.WhichOneof("source") == "data":
+    if image.data is not None:
         if not image.data:
             raise InvalidImageDataError("image data is empty")
         _check_size(len(image.data), config)
@@ -42,9 +42,9 @@ def load_image(image: pb.ImageInput, config: PreprocessConfig) -> bytes:
     return load_image_bytes(image.url, config)
 
 
-def remote_url(image: pb.ImageInput) -> str | None:
+def remote_url(image: ImageInput) -> str | None:
     """The http(s) URL ``image`` is fetched from, if it is a remote one."""
-    if image.WhichOneof("source") != "url" or not image.url[:8].lower().startswith(("http://", "https://")):
+    if image.url is None or not image.url[:8].lower().startswith(("http://", "https://")):
         return None
     return image.url
 

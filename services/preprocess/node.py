@@ -21,13 +21,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from protos.gen import pb
 from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import PreprocessError
 from services.preprocess.image_sources import load_image_bytes, remote_url
 from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor, PreprocessorMetrics
 from services.preprocess.processor_cache import BoundedMemo
+from services.preprocess.prompt import Prompt
 from services.preprocess.prompt_input import check_prompt
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSender
 from shared.cache_gauges import CacheGauges, cache_gauges
@@ -83,7 +83,7 @@ class PreprocessNode:
         mirrors = self._encoder_to_mirror  # list(): one atomic copy under the GIL while a request may add a mirror
         self.metrics.pixel_mirror.read_from(lambda: sum(len(m) for m in list(mirrors.values())), lambda: mirror_entries * len(mirrors))
 
-    def preprocess(self, prompt: pb.PromptInput, *, skip_indexed: bool = False) -> PreprocessedRequest:
+    def preprocess(self, prompt: Prompt, *, skip_indexed: bool = False) -> PreprocessedRequest:
         fetched = self._fetch_remote_images(prompt)  # before the lock: a slow image host delays this request only
         with self._working():
             result = self.preprocessor.preprocess(prompt, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched)
@@ -120,7 +120,7 @@ class PreprocessNode:
             self.metrics.num_pixel_bytes_skipped.inc(skipped)
             return not_found, PixelTransfer(sent, skipped)
 
-    def _fetch_remote_images(self, prompt: pb.PromptInput) -> dict[str, bytes]:
+    def _fetch_remote_images(self, prompt: Prompt) -> dict[str, bytes]:
         """Encoded bytes of the request's http(s) images, by URL, fetched on the caller's thread.
         A prompt that fails its checks fetches nothing: preprocessing reports the error."""
         config = self.preprocessor.config

@@ -1,4 +1,4 @@
-"""The preprocessing pipeline. One call turns a PromptInput (protos/tessera.proto) into model-ready
+"""The preprocessing pipeline. One call turns a Prompt (prompt.py) into model-ready
 inputs:
 
   check (prompt_input.py) -> render prompt (chat template) -> per image: load bytes, decode, mm_hash, processor
@@ -28,7 +28,6 @@ import jinja2
 import torch
 from PIL import Image
 
-from protos.gen import pb
 from services.models.family import ImageOptions, PlaceholderCountError, ProcessedImage
 from services.models.hf_config import chat_template
 from services.models.registry import ModelRef
@@ -37,7 +36,8 @@ from services.preprocess.errors import InvalidRequestError, PlaceholderMismatchE
 from services.preprocess.image_decode import decode_image
 from services.preprocess.image_sources import load_image
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
-from services.preprocess.prompt_input import CheckedPrompt, check_prompt, image_uuid
+from services.preprocess.prompt import ImageInput, Prompt
+from services.preprocess.prompt_input import CheckedPrompt, check_prompt
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.hashing import mm_hash_of_part, mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.node_metrics import Counter, Gauge, counter, gauge
@@ -133,7 +133,7 @@ class Preprocessor:
         return metrics
 
     def preprocess(
-        self, prompt: pb.PromptInput, *, indexed_grids: IndexedGrids | None = None, fetched: Mapping[str, bytes] | None = None
+        self, prompt: Prompt, *, indexed_grids: IndexedGrids | None = None, fetched: Mapping[str, bytes] | None = None
     ) -> PreprocessedRequest:
         """``fetched``: encoded bytes of remote images already fetched (by URL), so the caller can
         fetch them outside any lock this call runs under."""
@@ -228,17 +228,17 @@ class Preprocessor:
             return parsed.text
         return self.render_prompt(parsed.template_messages or [], tools=parsed.tools, template_kwargs=parsed.template_kwargs)
 
-    def _image_bytes(self, image: pb.ImageInput, fetched: Mapping[str, bytes]) -> bytes:
-        data = fetched.get(image.url) if image.WhichOneof("source") == "url" else None
+    def _image_bytes(self, image: ImageInput, fetched: Mapping[str, bytes]) -> bytes:
+        data = fetched.get(image.url) if image.url is not None else None
         return data if data is not None else load_image(image, self.config)
 
-    def _identify(self, image_input: pb.ImageInput, fetched: Mapping[str, bytes]) -> tuple[MmHash, Image.Image | None]:
+    def _identify(self, image_input: ImageInput, fetched: Mapping[str, bytes]) -> tuple[MmHash, Image.Image | None]:
         """(mm_hash, the decoded image if decoding was needed to hash it).
 
         Lookup order: client stable id, else the encoded-bytes memo (a repeat of the exact same
         file skips decoding), else decode and hash the pixels.
         """
-        uuid = image_uuid(image_input)
+        uuid = image_input.uuid
         if uuid is not None:
             # A stable id names the content: neither the bytes nor the pixels are touched.
             return mm_hash_of_stable_id(
@@ -256,7 +256,7 @@ class Preprocessor:
 
     def _materialize(
         self,
-        image_input: pb.ImageInput,
+        image_input: ImageInput,
         mm_hash: MmHash,
         pil: Image.Image | None,
         cached: ProcessedImage | None,

@@ -1,5 +1,5 @@
-"""A PromptInput (protos/tessera.proto) checked and turned into what the preprocessor consumes: the
-chat template's messages (OpenAI-shaped dicts, as templates expect), or the raw text or token ids,
+"""A Prompt (prompt.py) checked and turned into what the preprocessor consumes: the chat template's
+messages (OpenAI-shaped dicts, as templates expect), or the raw text or token ids,
 and the images in prompt order.
 
 The sender (the gateway, from its validated OpenAI models) has done the HTTP edge's validation;
@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from protos.gen import pb
 from services.preprocess.errors import InvalidRequestError, TooManyImagesError
+from services.preprocess.prompt import ChatMessage, ImageInput, Prompt, Role, Tool
 
-Role = pb.ChatMessage.Role
 # Templates know the roles by these names; OpenAI's "developer" is the old "system" to them.
 TEMPLATE_ROLE = {Role.SYSTEM: "system", Role.DEVELOPER: "system", Role.USER: "user", Role.ASSISTANT: "assistant", Role.TOOL: "tool"}
 # Template variables the request may not override: the preprocessor sets them itself (and
@@ -30,7 +29,7 @@ MAX_UUID_CHARS = 256
 class CheckedPrompt:
     """Exactly one of template_messages, text and token_ids is set."""
 
-    images: tuple[pb.ImageInput, ...]
+    images: tuple[ImageInput, ...]
     template_messages: list[dict] | None = None
     tools: list[dict] | None = None
     template_kwargs: dict | None = None
@@ -38,11 +37,12 @@ class CheckedPrompt:
     token_ids: tuple[int, ...] | None = None
 
 
-def check_prompt(prompt: pb.PromptInput, *, max_images: int) -> CheckedPrompt:
-    kind = prompt.WhichOneof("prompt")
-    if kind is None:
-        raise InvalidRequestError("the prompt is empty: give chat messages, text or token ids")
-    if kind == "chat":
+def check_prompt(prompt: Prompt, *, max_images: int) -> CheckedPrompt:
+    num_kinds = sum(kind is not None for kind in (prompt.chat, prompt.text, prompt.token_ids))
+    if num_kinds != 1:
+        what = "empty" if num_kinds == 0 else "more than one kind"
+        raise InvalidRequestError(f"the prompt is {what}: give chat messages, text or token ids")
+    if prompt.chat is not None:
         if prompt.images:
             raise InvalidRequestError("a chat's images go in its messages, not beside them")
         messages, images = _template_messages(prompt.chat.messages)
@@ -52,10 +52,10 @@ def check_prompt(prompt: pb.PromptInput, *, max_images: int) -> CheckedPrompt:
             tools=[_tool(tool) for tool in prompt.chat.tools] or None,
             template_kwargs=_template_kwargs(prompt.chat.chat_template_kwargs_json),
         )
-    elif kind == "text":
-        checked = CheckedPrompt(images=tuple(prompt.images), text=prompt.text)
+    elif prompt.text is not None:
+        checked = CheckedPrompt(images=prompt.images, text=prompt.text)
     else:
-        checked = CheckedPrompt(images=tuple(prompt.images), token_ids=tuple(prompt.token_ids.ids))
+        checked = CheckedPrompt(images=prompt.images, token_ids=prompt.token_ids)
     for i, image in enumerate(checked.images):
         _check_image(image, f"image {i}")
     if len(checked.images) > max_images:
@@ -63,15 +63,11 @@ def check_prompt(prompt: pb.PromptInput, *, max_images: int) -> CheckedPrompt:
     return checked
 
 
-def image_uuid(image: pb.ImageInput) -> str | None:
-    return image.uuid if image.HasField("uuid") else None
-
-
-def _template_messages(messages) -> tuple[list[dict], list[pb.ImageInput]]:
+def _template_messages(messages: tuple[ChatMessage, ...]) -> tuple[list[dict], list[ImageInput]]:
     if not messages:
         raise InvalidRequestError("'messages' must not be empty")
     rendered: list[dict] = []
-    images: list[pb.ImageInput] = []
+    images: list[ImageInput] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         role = TEMPLATE_ROLE.get(message.role)
@@ -79,7 +75,7 @@ def _template_messages(messages) -> tuple[list[dict], list[pb.ImageInput]]:
             raise InvalidRequestError(f"{where}.role must be one of system, developer, user, assistant, tool")
         # Keys in the order the OpenAI body had them, so a template sees what it saw before.
         out: dict = {"role": role}
-        if message.HasField("name"):
+        if message.name is not None:
             out["name"] = message.name
         if message.tool_calls:
             if role != "assistant":
@@ -88,21 +84,20 @@ def _template_messages(messages) -> tuple[list[dict], list[pb.ImageInput]]:
                 {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
                 for call in message.tool_calls
             ]
-        if message.HasField("tool_call_id"):
+        if message.tool_call_id is not None:
             out["tool_call_id"] = message.tool_call_id
-        content = message.WhichOneof("content")
-        if content == "text":
+        if message.text is not None:
             out["content"] = message.text
-        elif content is None:
+        elif message.parts is None:
             if role != "assistant":
                 raise InvalidRequestError(f"{where}: a {role} message needs content")
             out["content"] = ""
         else:
             parts: list[dict] = []
-            for j, part in enumerate(message.parts.parts):
-                if part.WhichOneof("part") == "text":
+            for j, part in enumerate(message.parts):
+                if part.text is not None:
                     parts.append({"type": "text", "text": part.text})
-                elif part.WhichOneof("part") == "image":
+                elif part.image is not None:
                     if role != "user":
                         raise InvalidRequestError(f"{where}.content[{j}]: images are only allowed in user messages")
                     parts.append({"type": "image"})
@@ -114,13 +109,13 @@ def _template_messages(messages) -> tuple[list[dict], list[pb.ImageInput]]:
     return rendered, images
 
 
-def _tool(tool: pb.Tool) -> dict:
+def _tool(tool: Tool) -> dict:
     function: dict = {"name": tool.name}
-    if tool.HasField("description"):
+    if tool.description is not None:
         function["description"] = tool.description
     if tool.parameters_json:
         function["parameters"] = _json_object(tool.parameters_json, f"tool {tool.name!r} parameters")
-    if tool.HasField("strict"):
+    if tool.strict is not None:
         function["strict"] = tool.strict
     return {"type": "function", "function": function}
 
@@ -145,9 +140,11 @@ def _json_object(text: str, what: str) -> dict:
     return value
 
 
-def _check_image(image: pb.ImageInput, where: str) -> None:
-    if image.WhichOneof("source") is None:
+def _check_image(image: ImageInput, where: str) -> None:
+    if image.data is None and image.url is None:
         raise InvalidRequestError(f"{where} has no source: give its bytes or a URL")
-    uuid = image_uuid(image)
+    if image.data is not None and image.url is not None:
+        raise InvalidRequestError(f"{where} has two sources: give its bytes or a URL, not both")
+    uuid = image.uuid
     if uuid is not None and not 0 < len(uuid) <= MAX_UUID_CHARS:
         raise InvalidRequestError(f"{where}: uuid must be a non-empty string of at most {MAX_UUID_CHARS} characters")

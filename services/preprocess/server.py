@@ -9,6 +9,7 @@ import asyncio
 from protos.gen import pb, rpc
 from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
+from services.preprocess.prompt_wire import prompt_from_wire
 from services.transport.convert import item_to_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
@@ -32,7 +33,8 @@ class PreprocessServicer(rpc.PreprocessServicer):
 
     async def _preprocess(self, request: pb.PreprocessRequest, context) -> pb.PreprocessResponse:
         try:
-            result = await asyncio.to_thread(self.node.preprocess, request.prompt, skip_indexed=request.skip_indexed_pixels)
+            prompt = prompt_from_wire(request.prompt)
+            result = await asyncio.to_thread(self.node.preprocess, prompt, skip_indexed=request.skip_indexed_pixels)
         except PreprocessError as exc:
             await abort_with(context, NodeError(exc.kind, f"{exc.code}: {exc.message}"))
         hashes: list[str] = []

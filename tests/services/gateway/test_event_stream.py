@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from services.gateway.event_stream import EventStreamResponse
+from services.gateway.responses import EventStreamResponse
 
 
 class _Client:

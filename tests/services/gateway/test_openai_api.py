@@ -201,7 +201,7 @@ def test_logprobs_flags_map_to_the_number_of_alternatives():
 
 
 def test_unknown_fields_are_ignored_and_named():
-    from services.gateway.ignored_fields import pop_ignored_fields
+    from services.gateway.openai_api import pop_ignored_fields
     from services.gateway.protocol import ChatCompletionRequest
 
     request = ChatCompletionRequest.model_validate(

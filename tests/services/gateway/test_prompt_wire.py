@@ -5,10 +5,11 @@ as templates serialize them), so prompts render token for token as before."""
 from __future__ import annotations
 
 from protos.gen import pb
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library, prompt_from_body
 from services.gateway.protocol import ChatCompletionRequest
 from services.gateway.tenants import Tenant
 from services.preprocess.prompt_input import check_prompt
+from services.preprocess.prompt_wire import prompt_from_wire
 from tests.factories import tool_call_history
 
 
@@ -39,7 +40,7 @@ def test_a_chat_reaches_the_template_exactly_as_the_openai_body_gave_it():
         {"role": "user", "content": [{"type": "text", "text": "and?"}, image, {"type": "image", "image": "QUJD"}]},
     ]
     body = {"messages": messages, "tools": tools, "chat_template_kwargs": {"enable_thinking": False, "depth": 2}}
-    checked = check_prompt(prompt_from_body(body), max_images=8)
+    checked = check_prompt(prompt_for_library(body), max_images=8)
     expected = _template_view(body)
     assert checked.template_messages == expected["messages"]
     assert [list(m) for m in checked.template_messages] == [list(m) for m in expected["messages"]]  # key order
@@ -49,16 +50,18 @@ def test_a_chat_reaches_the_template_exactly_as_the_openai_body_gave_it():
     ]
     assert checked.tools[0]["function"]["parameters"] == tools[0]["function"]["parameters"]
     assert checked.template_kwargs == {"enable_thinking": False, "depth": 2} and isinstance(checked.template_kwargs["depth"], int)
-    assert [(i.url, i.uuid if i.HasField("uuid") else None) for i in checked.images] == [
+    assert [(i.url, i.uuid) for i in checked.images] == [
         ("data:image/png;base64,AAAA", "cat"),
         ("QUJD", None),
     ]
 
 
 def test_string_content_and_a_list_of_one_text_part_stay_distinct():
-    as_text = check_prompt(prompt_from_body({"messages": [{"role": "user", "content": "hi"}]}), max_images=1)
-    as_parts = check_prompt(prompt_from_body({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}), max_images=1)
-    empty = check_prompt(prompt_from_body({"messages": [{"role": "user", "content": []}]}), max_images=1)
+    as_text = check_prompt(prompt_for_library({"messages": [{"role": "user", "content": "hi"}]}), max_images=1)
+    as_parts = check_prompt(
+        prompt_from_wire(prompt_from_body({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]})), max_images=1
+    )
+    empty = check_prompt(prompt_for_library({"messages": [{"role": "user", "content": []}]}), max_images=1)
     assert as_text.template_messages == [{"role": "user", "content": "hi"}]
     assert as_parts.template_messages == [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     assert empty.template_messages == [{"role": "user", "content": []}]
@@ -67,7 +70,7 @@ def test_string_content_and_a_list_of_one_text_part_stay_distinct():
 def test_raw_prompts_carry_their_images_in_order():
     text = prompt_from_body({"prompt": "<image>", "images": ["data:a", {"url": "data:b", "uuid": "b"}]})
     assert text == pb.PromptInput(text="<image>", images=[pb.ImageInput(url="data:a"), pb.ImageInput(url="data:b", uuid="b")])
-    ids = check_prompt(prompt_from_body({"prompt_token_ids": [1, 2]}), max_images=1)
+    ids = check_prompt(prompt_for_library({"prompt_token_ids": [1, 2]}), max_images=1)
     assert ids.token_ids == (1, 2) and ids.images == () and ids.template_messages is None
 
 

@@ -11,10 +11,11 @@ import pytest
 
 from protos.gen import pb
 from services.gateway.error_kinds import KIND_RULES
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.preprocess import errors as E
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.preprocessor import Preprocessor
+from services.preprocess.prompt_wire import prompt_from_wire
 from tests.factories import data_url, encode_image, image_data_url, make_image
 
 
@@ -128,36 +129,35 @@ def strict_preprocessor(tiny_model):
 @pytest.mark.parametrize("name,body,error_type,message", BAD_CASES, ids=[c[0] for c in BAD_CASES])
 def test_bad_input_raises_typed_error(name, body, error_type, message, strict_preprocessor):
     with pytest.raises(error_type) as info:
-        strict_preprocessor.preprocess(prompt_from_body(body))
+        strict_preprocessor.preprocess(prompt_for_library(body))
     assert message in info.value.message
     assert 400 <= KIND_RULES[info.value.kind].status < 500  # the client's error, as the gateway answers it
     # The preprocessor is unharmed: a good request still succeeds.
-    result = strict_preprocessor.preprocess(prompt_from_body(_user(_img(data_url(GOOD_PNG)), {"type": "text", "text": "ok"})))
+    result = strict_preprocessor.preprocess(prompt_for_library(_user(_img(data_url(GOOD_PNG)), {"type": "text", "text": "ok"})))
     assert len(result.mm_items) == 1
 
 
 @pytest.mark.parametrize("name,prompt,message", TYPED_CASES, ids=[c[0] for c in TYPED_CASES])
 def test_a_malformed_prompt_input_is_an_invalid_request(name, prompt, message, strict_preprocessor):
     with pytest.raises(E.InvalidRequestError) as info:
-        strict_preprocessor.preprocess(prompt)
+        strict_preprocessor.preprocess(prompt_from_wire(prompt))  # as the servicer takes it off the wire
     assert message in info.value.message
 
 
 def test_image_bytes_are_taken_as_they_are_and_their_size_is_checked(strict_preprocessor):
-    as_url = strict_preprocessor.preprocess(pb.PromptInput(text="<|vision_start|><|image_pad|><|vision_end|>", images=[_IMAGE]))
-    as_bytes = strict_preprocessor.preprocess(
-        pb.PromptInput(text="<|vision_start|><|image_pad|><|vision_end|>", images=[pb.ImageInput(data=GOOD_PNG)])
-    )
+    marker = "<|vision_start|><|image_pad|><|vision_end|>"
+    as_url = strict_preprocessor.preprocess(prompt_from_wire(pb.PromptInput(text=marker, images=[_IMAGE])))
+    as_bytes = strict_preprocessor.preprocess(prompt_from_wire(pb.PromptInput(text=marker, images=[pb.ImageInput(data=GOOD_PNG)])))
     assert as_bytes.mm_items[0].mm_hash == as_url.mm_items[0].mm_hash
     with pytest.raises(E.ImageTooLargeError, match="over the limit"):
-        strict_preprocessor.preprocess(pb.PromptInput(text="x", images=[pb.ImageInput(data=b"\0" * (3 * 1024 * 1024))]))
+        strict_preprocessor.preprocess(prompt_from_wire(pb.PromptInput(text="x", images=[pb.ImageInput(data=b"\0" * (3 * 1024 * 1024))])))
 
 
 def test_remote_url_off_allow_list_is_refused(tiny_model):
     config = PreprocessConfig(allow_remote_images=True, allowed_image_domains=("images.example.org",))
     preprocessor = Preprocessor(tiny_model, config)
     with pytest.raises(E.ImageSourceNotAllowedError, match="not on the allowed domain list"):
-        preprocessor.preprocess(prompt_from_body(_user(_img("https://evil.example.com/x.png"))))
+        preprocessor.preprocess(prompt_for_library(_user(_img("https://evil.example.com/x.png"))))
 
 
 def test_local_path_outside_media_dir_is_refused(tiny_model, tmp_path):
@@ -166,10 +166,10 @@ def test_local_path_outside_media_dir_is_refused(tiny_model, tmp_path):
     (media / "ok.png").write_bytes(GOOD_PNG)
     (tmp_path / "secret.png").write_bytes(GOOD_PNG)
     preprocessor = Preprocessor(tiny_model, PreprocessConfig(local_media_dir=media))
-    assert len(preprocessor.preprocess(prompt_from_body(_user(_img(str(media / "ok.png"))))).mm_items) == 1
-    assert len(preprocessor.preprocess(prompt_from_body(_user(_img(f"file://{media / 'ok.png'}")))).mm_items) == 1
+    assert len(preprocessor.preprocess(prompt_for_library(_user(_img(str(media / "ok.png"))))).mm_items) == 1
+    assert len(preprocessor.preprocess(prompt_for_library(_user(_img(f"file://{media / 'ok.png'}")))).mm_items) == 1
     for escape in (str(tmp_path / "secret.png"), str(media / ".." / "secret.png"), f"file://{tmp_path}/secret.png"):
         with pytest.raises(E.ImageSourceNotAllowedError, match="outside the allowed media directory"):
-            preprocessor.preprocess(prompt_from_body(_user(_img(escape))))
+            preprocessor.preprocess(prompt_for_library(_user(_img(escape))))
     with pytest.raises(E.ImageFetchError, match="could not read"):
-        preprocessor.preprocess(prompt_from_body(_user(_img(str(media / "missing.png")))))
+        preprocessor.preprocess(prompt_for_library(_user(_img(str(media / "missing.png")))))

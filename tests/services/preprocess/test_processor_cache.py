@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.models.family import ProcessedImage
 from services.preprocess.preprocessor import Preprocessor
 from services.preprocess.processor_cache import ProcessorCache
@@ -57,7 +57,7 @@ def test_oversized_item_is_not_cached_and_flushes_nothing():
 def test_second_identical_image_skips_the_image_processor(tiny_model):
     preprocessor = Preprocessor(tiny_model)
     url = image_data_url(make_image(300, 200, seed=11))
-    prompt = prompt_from_body({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
+    prompt = prompt_for_library({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
     first = preprocessor.preprocess(prompt)
     processed_after_first = preprocessor.image_processor.num_processed
     second = preprocessor.preprocess(prompt)
@@ -79,9 +79,8 @@ def test_preprocessor_cache_respects_budget_under_random_images(tiny_model):
         seed = int(torch.randint(0, 6, (1,), generator=rng))
         width = int(torch.randint(28, 200, (1,), generator=rng))
         url = image_data_url(make_image(width, 100, seed=seed))
-        preprocessor.preprocess(
-            prompt_from_body({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
-        )
+        image = {"type": "image_url", "image_url": {"url": url}}
+        preprocessor.preprocess(prompt_for_library({"messages": [{"role": "user", "content": [image]}]}))
         assert preprocessor.processor_cache.stats.num_bytes <= budget
     assert preprocessor.processor_cache.stats.num_evictions > 0
 
@@ -106,7 +105,7 @@ def test_exact_repeat_skips_decoding_but_same_pixels_new_file_still_hit(tiny_mod
     preprocessor = Preprocessor(tiny_model)
     image = make_image(100, 80, seed=12)
     png_url = image_data_url(image, "PNG")
-    body = lambda url: prompt_from_body({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})  # noqa: E731
+    body = lambda url: prompt_for_library({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})  # noqa: E731
     first = preprocessor.preprocess(body(png_url))
     calls = []
     real_decode = module.decode_image

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from protos.gen import pb
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.preprocess import errors as E
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.remote_fetch import FetchPolicy, fetch
@@ -104,7 +104,7 @@ def test_a_slow_image_host_does_not_hold_up_other_requests(tiny_model, host):
     node = PreprocessNode(tiny_model, config)
 
     def request(url: str) -> pb.PromptInput:
-        return prompt_from_body(
+        return prompt_for_library(
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]}]}
         )
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from openai import APIStatusError, OpenAI
 
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.preprocess.preprocessor import Preprocessor
 from shared.hashing import MmSpan, block_hashes
 from tests.factories import chat_case, encode_image, make_image
@@ -77,7 +77,7 @@ def test_turns_on_different_prefill_nodes_recompute_no_block_computed_before(reu
         if turn:
             messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
             oracle_messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
-        prep = preprocessor.preprocess(prompt_from_body({"messages": messages}))
+        prep = preprocessor.preprocess(prompt_for_library({"messages": messages}))
         hashes = block_hashes(prep.prompt_token_ids, BLOCK, [MmSpan(i.mm_hash, i.placeholder) for i in prep.mm_items])
         num_computable = (len(prep.prompt_token_ids) - 1) // BLOCK  # the last token is always computed
         held_before = min(_held_prefix_blocks(index, hashes), num_computable) if turn else 0
@@ -96,7 +96,7 @@ def test_turns_on_different_prefill_nodes_recompute_no_block_computed_before(reu
         if turn:
             # Turns alternate between the two prefill nodes, so reuse needed a pull, and at
             # least the previous turn's whole prompt was held somewhere.
-            previous = len(preprocessor.preprocess(prompt_from_body({"messages": messages[:-2]})).prompt_token_ids)
+            previous = len(preprocessor.preprocess(prompt_for_library({"messages": messages[:-2]})).prompt_token_ids)
             assert held_before >= min(previous // BLOCK, num_computable) > 0
         messages.append({"role": "assistant", "content": answer})
         oracle_messages.append({"role": "assistant", "content": answer})

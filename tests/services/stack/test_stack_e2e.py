@@ -194,7 +194,7 @@ def test_public_grpc_generate_streams_tokens(stack, oracle):
     case = chat_case(png(70, 70, 6), "Name it.")
     text, prompt_len = oracle_text(oracle, case)
     typed = pb.GenerateRequest(
-        prompt=case.prompt, model="tiny", n=2, request_id="r1", sampling=pb.SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2)
+        prompt=case.wire_prompt, model="tiny", n=2, request_id="r1", sampling=pb.SamplingParams(max_tokens=12, ignore_eos=True, logprobs=2)
     )
     body = {"model": "tiny", "messages": case.body["messages"], "temperature": 0, "max_tokens": 12, "ignore_eos": True}
     deprecated = pb.GenerateRequest(request_json=json.dumps(body))

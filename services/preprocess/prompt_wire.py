@@ -1,0 +1,61 @@
+"""A PromptInput (protos/tessera.proto) as the preprocessing library takes it (prompt.py): the
+one conversion, made by the servicer at the edge. Nothing is checked here (prompt_input.py does,
+on the converted prompt), so an unset field stays unset and is refused there with its reason."""
+
+from __future__ import annotations
+
+from protos.gen import pb
+from services.preprocess.prompt import ChatMessage, ChatPrompt, ContentPart, ImageInput, Prompt, Role, Tool, ToolCall
+
+_WIRE_ROLES = {
+    pb.ChatMessage.SYSTEM: Role.SYSTEM,
+    pb.ChatMessage.DEVELOPER: Role.DEVELOPER,
+    pb.ChatMessage.USER: Role.USER,
+    pb.ChatMessage.ASSISTANT: Role.ASSISTANT,
+    pb.ChatMessage.TOOL: Role.TOOL,
+}
+
+
+def prompt_from_wire(prompt: pb.PromptInput) -> Prompt:
+    """A PromptInput as the library takes it; nothing is checked here (prompt_input.py does)."""
+    images = tuple(image_from_wire(image) for image in prompt.images)
+    kind = prompt.WhichOneof("prompt")
+    if kind == "chat":
+        chat = prompt.chat
+        messages = tuple(_message(message) for message in chat.messages)
+        return Prompt(chat=ChatPrompt(messages, tuple(_tool(tool) for tool in chat.tools), chat.chat_template_kwargs_json), images=images)
+    if kind == "text":
+        return Prompt(text=prompt.text, images=images)
+    if kind == "token_ids":
+        return Prompt(token_ids=tuple(prompt.token_ids.ids), images=images)
+    return Prompt(images=images)
+
+
+def image_from_wire(image: pb.ImageInput) -> ImageInput:
+    source = image.WhichOneof("source")
+    uuid = image.uuid if image.HasField("uuid") else None
+    return ImageInput(data=image.data if source == "data" else None, url=image.url if source == "url" else None, uuid=uuid)
+
+
+def _message(message: pb.ChatMessage) -> ChatMessage:
+    content = message.WhichOneof("content")
+    return ChatMessage(
+        role=_WIRE_ROLES.get(message.role),
+        text=message.text if content == "text" else None,
+        parts=tuple(_part(part) for part in message.parts.parts) if content == "parts" else None,
+        name=message.name if message.HasField("name") else None,
+        tool_calls=tuple(ToolCall(call.id, call.name, call.arguments) for call in message.tool_calls),
+        tool_call_id=message.tool_call_id if message.HasField("tool_call_id") else None,
+    )
+
+
+def _part(part: pb.ContentPart) -> ContentPart:
+    kind = part.WhichOneof("part")
+    if kind == "text":
+        return ContentPart(text=part.text)
+    return ContentPart(image=image_from_wire(part.image)) if kind == "image" else ContentPart()
+
+
+def _tool(tool: pb.Tool) -> Tool:
+    description = tool.description if tool.HasField("description") else None
+    return Tool(tool.name, description, tool.parameters_json, tool.strict if tool.HasField("strict") else None)
