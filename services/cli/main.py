@@ -7,7 +7,7 @@ import os
 import sys
 
 from services.cli import ops_cmd
-from shared import cpu_budget
+from shared.colocation import cpu_budget
 
 
 def build_parser(*, probes_only: bool = False) -> argparse.ArgumentParser:

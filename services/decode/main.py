@@ -6,12 +6,12 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from services.decode.step_pacing import PacingRule, step_pacing
 from services.engine.config import EngineConfig
 from services.models.registry import ModelRef
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_addresses, node_auth, node_lifecycle, node_publisher
-from shared import host_backlog
+from shared.colocation import host_backlog
+from shared.colocation.step_pacing import PacingRule, step_pacing
 from shared.liveness import Liveness
 
 log = logging.getLogger("tessera.decode")
@@ -23,7 +23,7 @@ class Settings(NodeSettings):
     # starts a step at most every yield_step_ms x (queued calls / yield_backlog), up to
     # yield_max_step_ms, while one of those holds yield_backlog or more calls and it holds at most
     # yield_max_streams streams, or a colocated prefill node holds yield_ready or more prompts it
-    # could compute now, so queued first tokens get the cores (services/decode/step_pacing.py).
+    # could compute now, so queued first tokens get the cores (shared/colocation/step_pacing.py).
     # 0 ms: never yield.
     yield_step_ms: float = 100.0
     yield_max_step_ms: float = 250.0

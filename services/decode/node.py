@@ -13,7 +13,6 @@ from opentelemetry import trace
 
 from services.decode.coalesce import OutputCoalescer
 from services.decode.job import DecodeFailedError, DecodeJob
-from services.decode.step_pacing import StepPacing
 from services.engine import connector
 from services.engine.config import EngineConfig
 from services.engine.connector import KVPagesExhaustedError
@@ -25,6 +24,7 @@ from services.engine.request import Request
 from services.engine.sampling_params import TokenLogprobs
 from services.models.registry import ModelRef
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth
+from shared.colocation.step_pacing import StepPacing
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.loop_handoff import LoopHandoff

@@ -10,7 +10,7 @@ from services.engine.config import EngineConfig
 from services.models.registry import ModelRef
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_runtime import NodeSettings, node_addresses, node_auth, node_lifecycle, node_publisher
-from shared import host_backlog
+from shared.colocation import host_backlog
 from shared.liveness import Liveness
 
 

@@ -39,7 +39,7 @@ class EngineLoop:
     ) -> None:
         self._after_step = after_step
         # Seconds from a step's start before the next may start, asked after each step with the
-        # requests the engine holds (services/decode/step_pacing.py); None: step whenever there is work.
+        # requests the engine holds (shared/colocation/step_pacing.py); None: step whenever there is work.
         self._min_step_interval = min_step_interval
         self._next_step_at = 0.0
         self._calls: queue.SimpleQueue[tuple[Callable[[Engine], object], Future]] = queue.SimpleQueue()

@@ -76,7 +76,7 @@ class PrefillNode(EngineNode):
     ) -> None:
         # Prompts whose embeddings are resident and whose first token is not yet sampled: work
         # this node can compute now. Where decode shares its cores, they go on the host's board
-        # (shared/host_backlog.py) for a colocated decode node to yield to. Event-loop thread only.
+        # (shared/colocation/host_backlog.py) for a colocated decode node to yield to. Event-loop thread only.
         self._post_ready = post_ready
         self.num_ready = 0
         # Before the engine thread starts: its after-step hook publishes from the index.

@@ -117,7 +117,7 @@ def score(candidate: Candidate, cached_tokens: int) -> float:
 
 def default_encode_dispatch(cores_shared: bool) -> EncodeDispatch:
     """The dispatch a launcher gives a stack whose operator chose none. Where the encoder and
-    prefill nodes run on the same cores (shared/cpu_budget.py's cores_shared), "encoder": a local
+    prefill nodes run on the same cores (shared/colocation/cpu_budget.py's cores_shared), "encoder": a local
     encode there runs on the very cores the encoder's queue waits for, so it saves nothing, and
     the request it serves overtakes the ones queued before it, which spreads TTFT out; first come,
     first served keeps the tail short at the same throughput (docs/benchmarks.md, "First come,

@@ -28,8 +28,8 @@ from services.stack.node_process import ServerExitedError, detach_but_die_with_p
 from services.stack.roles import ENV_PREFIX
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV
-from shared import host_backlog
-from shared.cpu_budget import COMPUTE_ROLES, CpuShare, available_cpus, cgroup_cpu_limit, cores_shared, plan_shares
+from shared.colocation import host_backlog
+from shared.colocation.cpu_budget import COMPUTE_ROLES, CpuShare, available_cpus, cgroup_cpu_limit, cores_shared, plan_shares
 from shared.index.cluster_config import EXIT_REFUSED
 
 INTERNAL_HOST = "127.0.0.1"  # where the local stack's internal ports listen
@@ -89,7 +89,7 @@ class Stack:
         self._stopping = False
         self.cpu_shares: dict[str, CpuShare] = {}
         self.cores_shared = False  # the compute roles outnumber the cores (set with the CPU shares)
-        # The host's backlog board (shared/host_backlog.py), made with the CPU shares; None: none.
+        # The host's backlog board (shared/colocation/host_backlog.py), made with the CPU shares; None: none.
         self.backlog_board: Path | None = None
         self.board_slots: dict[str, int | None] = {}
         # One internal secret per stack (services/transport/internal_auth.py), handed to every role
@@ -271,7 +271,7 @@ class Stack:
         return variable in os.environ or any(arg.split("=", 1)[0] in (flag, f"--no-{flag[2:]}") for arg in self.config.passthrough)
 
     def _cpu_share(self, role: RoleProcess) -> CpuShare:
-        """``role``'s share of this machine's CPUs (shared/cpu_budget.py has the rule)."""
+        """``role``'s share of this machine's CPUs (shared/colocation/cpu_budget.py has the rule)."""
         self._plan_cpus()
         return self.cpu_shares.get(role.role, CpuShare(num_threads=1))
 

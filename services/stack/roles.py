@@ -12,7 +12,8 @@ from dataclasses import fields
 from services.engine.config import EngineConfig
 from services.models.registry import resolve_model
 from services.preprocess.config import PreprocessConfig
-from shared import allocator, cpu_budget
+from shared import allocator
+from shared.colocation import cpu_budget
 from shared.index.cluster_config import EXIT_REFUSED, ConfigMismatchError
 from shared.settings import dataclass_from_sources
 from shared.tracing import configure_tracing

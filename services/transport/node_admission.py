@@ -41,7 +41,7 @@ class NodeAdmission:
     num_pending: int = 0  # calls admitted and not yet finished
     metrics: AdmissionMetrics = field(default_factory=AdmissionMetrics)
     # Hears num_pending at each change: an encoder's or prefill node's queue, posted to the host's
-    # backlog board for a decode node sharing its cores (shared/host_backlog.py).
+    # backlog board for a decode node sharing its cores (shared/colocation/host_backlog.py).
     on_change: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:

@@ -99,7 +99,7 @@ def test_a_prefill_node_ships_the_embeddings_it_holds_and_names_the_rest(held_an
 
 
 def test_a_prompt_counts_as_ready_from_its_embeddings_to_its_first_token(tiny_model):
-    """What the node posts for a colocated decode node to yield to (shared/host_backlog.py): a
+    """What the node posts for a colocated decode node to yield to (shared/colocation/host_backlog.py): a
     prompt waiting on its encoder is not ready, one whose embeddings are resident is, until its
     first token; one that never gets its embeddings never counts."""
     posted: list[int] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.stack.launcher import INTERNAL_HOST, Stack, StackConfig
-from shared.host_backlog import BOARD_VAR, SLOT_VAR
+from shared.colocation.host_backlog import BOARD_VAR, SLOT_VAR
 
 
 def addresses(argv: list[str], flag: str) -> list[str]:
@@ -55,7 +55,7 @@ def test_each_role_is_spawned_with_its_cpu_share_and_operator_variables_win(monk
     for env in spawned.values():
         assert env["OMP_WAIT_POLICY"] == "ACTIVE" and int(env["OMP_NUM_THREADS"]) >= 1
     # Sharing cores, encoders and the prefill node post their queues on one board, which the
-    # decode node reads (shared/host_backlog.py).
+    # decode node reads (shared/colocation/host_backlog.py).
     board = stack.backlog_board
     assert board is not None and board.exists()
     assert {name: env.get(SLOT_VAR) for name, env in spawned.items() if env.get(BOARD_VAR) == str(board)} == {

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from openai import APIStatusError
 
 from services.engine.config import EngineConfig
-from shared.host_backlog import BacklogBoard
+from shared.colocation.host_backlog import BacklogBoard
 from tests.factories import chat_case
 from tests.services.stack.e2e_helpers import GREEDY, client_for, oracle_text, png
 
@@ -224,7 +224,7 @@ def _stream_seconds(stack, num_tokens: int) -> float:
 
 
 def test_decode_yields_while_first_tokens_queue_on_its_cores(stack):
-    """The launcher put the decode node on the host's backlog board (shared/host_backlog.py).
+    """The launcher put the decode node on the host's backlog board (shared/colocation/host_backlog.py).
     Posting a queue of 9 in the encoder's slot (a text request never calls the encoder, which
     would post over it) makes decode step at most every 100 ms; clearing it restores full pace."""
     board = BacklogBoard(Path(stack.state()["backlog_board"]))

@@ -1,6 +1,6 @@
 """How often a decode node steps while first-token work queues on the cores it shares.
 
-Rule: a decode node given the host's backlog board (shared/host_backlog.py says why) waits, from
+Rule: a decode node given the host's backlog board (shared/colocation/host_backlog.py says why) waits, from
 one step's start to the next's, at least
 
     min(step_ms * max(num_waiting / backlog, num_ready / ready), max_step_ms)
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.host_backlog import BacklogBoard
+from shared.colocation.host_backlog import BacklogBoard
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from shared.host_backlog import (
+from shared.colocation.host_backlog import (
     BOARD_VAR,
     SLOT_VAR,
     BacklogBoard,
@@ -35,7 +35,7 @@ def test_a_reader_sees_the_longest_queue_its_writers_posted(tmp_path):
 
 def test_a_dead_writers_count_is_ignored(tmp_path):
     path = create_board(tmp_path / "board", 2)
-    post_and_exit = f"from shared.host_backlog import BacklogBoard; BacklogBoard({str(path)!r}).post(1, 9)"
+    post_and_exit = f"from shared.colocation.host_backlog import BacklogBoard; BacklogBoard({str(path)!r}).post(1, 9)"
     subprocess.run([sys.executable, "-c", post_and_exit], check=True)
     assert BacklogBoard(path).max_waiting() == 0  # 9 calls posted by a process that is gone
 

@@ -3,7 +3,7 @@ settings (pure logic, on temporary cgroup files)."""
 
 from __future__ import annotations
 
-from shared.cpu_budget import CpuShare, apply_before_torch, available_cpus, cgroup_cpu_limit, plan_shares, share_for_this_node
+from shared.colocation.cpu_budget import CpuShare, apply_before_torch, available_cpus, cgroup_cpu_limit, plan_shares, share_for_this_node
 
 
 def test_cgroup_v2_quota_in_cpus(tmp_path):
@@ -60,7 +60,7 @@ def test_compute_roles_split_the_cpus_and_pin_to_disjoint_cores_when_asked():
 
 
 def test_a_lone_node_takes_its_quota_and_operator_variables_win(monkeypatch):
-    monkeypatch.setattr("shared.cpu_budget.cgroup_cpu_limit", lambda: 1.0)
+    monkeypatch.setattr("shared.colocation.cpu_budget.cgroup_cpu_limit", lambda: 1.0)
     assert share_for_this_node("decode", env={}) == CpuShare(num_threads=1)
     assert share_for_this_node("preprocess", env={}).num_threads == 1
     chosen = share_for_this_node("encoder", env={"OMP_NUM_THREADS": "3", "OMP_WAIT_POLICY": "ACTIVE", "TESSERA_CPU_AFFINITY": "2,3"})

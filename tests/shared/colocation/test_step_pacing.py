@@ -6,11 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
-from services.decode.step_pacing import PacingRule, step_interval_s, step_pacing
 from services.engine.engine_loop import EngineLoop
-from shared.host_backlog import BacklogBoard, create_board
+from shared.colocation.host_backlog import BacklogBoard, create_board
+from shared.colocation.step_pacing import PacingRule, step_interval_s, step_pacing
 
 RULE = PacingRule(step_ms=100, max_step_ms=250, backlog=4, max_streams=16, ready=2)
 
@@ -107,14 +105,3 @@ def test_the_board_s_ready_prompts_reach_the_pacing(tmp_path):
     assert pacing is not None and pacing.min_interval_s(1) == 0.0
     board.post_ready(0, 2)
     assert pacing.min_interval_s(1) == 0.1
-
-
-@pytest.mark.parametrize(
-    "setting", [{"yield_step_ms": -1}, {"yield_backlog": 0}, {"yield_ready": 0}, {"yield_step_ms": 300, "yield_max_step_ms": 250}]
-)
-def test_the_decode_role_refuses_a_rule_that_cannot_pace(setting):
-    from services.decode.main import Settings
-
-    with pytest.raises(ValueError, match="yield_"):
-        Settings(**setting)
-    assert Settings().pacing_rule() == PacingRule()  # the role's defaults are the rule's

@@ -6,7 +6,7 @@ stepping its streams is one the encoder and prefill nodes do not get. While requ
 their first token, a decode node stepping a batch of one or two flat out (each step reads every
 weight, however few its rows) lengthens that queue for little. vLLM's scheduler runs waiting
 prefills before decodes; the decode node here yields instead, stepping at a bounded pace while the
-board shows a backlog (services/decode/step_pacing.py has the rule). On its own cores (pinned, or
+board shows a backlog (shared/colocation/step_pacing.py has the rule). On its own cores (pinned, or
 another host) a decode node has nothing to yield to and gets no board.
 
 Layout: a file of ``num_slots`` records of three little-endian int64s, (pid, calls waiting,
