@@ -85,7 +85,7 @@ class FakeUpstream:
         node = self.peers.get(peer)
         if node is None:
             return None
-        return await asyncio.to_thread(node.export_kv, list(hashes), target, transfer_id)
+        return await node.export_kv(list(hashes), target, transfer_id)
 
     def close(self) -> None:
         if self._sender is not None:

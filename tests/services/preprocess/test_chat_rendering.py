@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.error_kinds import KIND_RULES
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.preprocess import errors as E
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.preprocessor import Preprocessor
@@ -36,7 +36,7 @@ def probe(preprocessor):
 
 
 def render(preprocessor, **body) -> str:
-    return preprocessor.tokenizer.decode(preprocessor.preprocess(prompt_from_body(body)).prompt_token_ids)
+    return preprocessor.tokenizer.decode(preprocessor.preprocess(prompt_for_library(body)).prompt_token_ids)
 
 
 def test_developer_renders_as_system_with_the_real_template(preprocessor):
@@ -69,12 +69,12 @@ def test_tool_history_names_tools_and_template_variables_reach_the_template(prob
 )
 def test_bad_template_inputs_are_the_requests_fault(probe, body, message):
     with pytest.raises(E.InvalidRequestError, match=message):
-        probe.preprocess(prompt_from_body(body))
+        probe.preprocess(prompt_for_library(body))
 
 
 def test_a_template_that_refuses_the_conversation_is_a_400(probe):
     with pytest.raises(E.InvalidRequestError, match="cannot render these messages: roles must alternate") as info:
-        probe.preprocess(prompt_from_body({"messages": [{"role": "user", "content": "refuse me"}]}))
+        probe.preprocess(prompt_for_library({"messages": [{"role": "user", "content": "refuse me"}]}))
     assert KIND_RULES[info.value.kind].status == 400
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.models.builtins.qwen2_tokens import IMAGE_PAD_ID
 from services.preprocess.preprocessor import Preprocessor
 from shared.types import PlaceholderRange
@@ -92,7 +92,7 @@ def test_pretokenized_prompt_matches_transformers(name, preprocessor, oracle):
     text = oracle.chat_text(case.oracle_messages)
     token_ids = oracle.tokenizer.encode(text, add_special_tokens=False)
     urls = [part["image_url"]["url"] for part in case.body["messages"][0]["content"] if part["type"] == "image_url"]
-    ours = preprocessor.preprocess(prompt_from_body({"prompt_token_ids": token_ids, "images": urls}))
+    ours = preprocessor.preprocess(prompt_for_library({"prompt_token_ids": token_ids, "images": urls}))
     _assert_same(ours, oracle, oracle.process(text, case.images))
 
 
@@ -100,7 +100,7 @@ def test_text_prompt_matches_transformers(preprocessor, oracle):
     case = CASES["three_images"]()
     text = oracle.chat_text(case.oracle_messages)
     urls = [part["image_url"]["url"] for part in case.body["messages"][0]["content"] if part["type"] == "image_url"]
-    ours = preprocessor.preprocess(prompt_from_body({"prompt": text, "images": urls}))
+    ours = preprocessor.preprocess(prompt_for_library({"prompt": text, "images": urls}))
     _assert_same(ours, oracle, oracle.process(text, case.images))
 
 
@@ -120,7 +120,7 @@ def test_multi_turn_chat_matches_transformers(preprocessor, oracle):
     from tests.factories import decoded
 
     images = first.images + [decoded(_png(80, 64, 21))]
-    _assert_same(preprocessor.preprocess(prompt_from_body(body)), oracle, oracle.process(oracle.chat_text(oracle_messages), images))
+    _assert_same(preprocessor.preprocess(prompt_for_library(body)), oracle, oracle.process(oracle.chat_text(oracle_messages), images))
 
 
 def _b64(data: bytes) -> str:

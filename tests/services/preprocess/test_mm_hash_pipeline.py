@@ -7,18 +7,18 @@ import sys
 
 import pytest
 
-from protos.gen import pb
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.preprocessor import Preprocessor
+from services.preprocess.prompt import Prompt
 from tests.factories import data_url, encode_image, image_data_url, make_image
 
 
-def _request(image_url: str, text: str = "Describe the picture", uuid: str | None = None) -> pb.PromptInput:
+def _request(image_url: str, text: str = "Describe the picture", uuid: str | None = None) -> Prompt:
     part = {"type": "image_url", "image_url": {"url": image_url}}
     if uuid is not None:
         part["uuid"] = uuid
-    return prompt_from_body({"messages": [{"role": "user", "content": [part, {"type": "text", "text": text}]}]})
+    return prompt_for_library({"messages": [{"role": "user", "content": [part, {"type": "text", "text": text}]}]})
 
 
 @pytest.fixture()
@@ -77,21 +77,22 @@ def test_client_stable_id_is_honoured_and_skips_decoding_on_hit(preprocessor):
 
 _CHILD = """
 import json, sys
-from services.gateway.prompt_wire import prompt_from_body
+from services.gateway.prompt_wire import prompt_for_library
+from services.preprocess.prompt import Prompt
 from services.preprocess.preprocessor import Preprocessor
 from services.models.registry import resolve_model
 from tests.factories import image_data_url, make_image
 p = Preprocessor(resolve_model("tiny"))
 IMAGE_PART = {"type": "image_url", "image_url": {"url": image_data_url(make_image(120, 90, seed=7))}}
 req = {"messages": [{"role": "user", "content": [IMAGE_PART]}]}
-print(p.preprocess(prompt_from_body(req)).mm_items[0].mm_hash)
+print(p.preprocess(prompt_for_library(req)).mm_items[0].mm_hash)
 """
 
 
 def test_mm_hash_is_equal_across_processes(preprocessor, repo_root):
     url = image_data_url(make_image(120, 90, seed=7))
     here = preprocessor.preprocess(
-        prompt_from_body({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
+        prompt_for_library({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]})
     )
     child = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, check=True, cwd=repo_root)
     assert child.stdout.strip() == here.mm_items[0].mm_hash
