@@ -63,6 +63,14 @@ class CircuitBreaker:
         with self._lock:
             self._num_consecutive_failures, self._open_until, self._trial_in_flight = 0, None, False
 
+    def record(self, error: BaseException | None) -> None:
+        """A call's outcome: IndexUnavailableError is the index failing; any other error is the
+        index answering (with an error about the call), so it is reachable."""
+        if isinstance(error, IndexUnavailableError):
+            self.record_failure()
+        else:
+            self.record_success()
+
     def record_failure(self) -> None:
         with self._lock:
             self._num_consecutive_failures += 1
@@ -106,11 +114,8 @@ class BreakerIndex:
         self.breaker.check()
         try:
             result = fn()
-        except IndexUnavailableError:
-            self.breaker.record_failure()
+        except BaseException as exc:
+            self.breaker.record(exc)
             raise
-        except BaseException:
-            self.breaker.record_success()  # the index answered (with an error about the call): it is reachable
-            raise
-        self.breaker.record_success()
+        self.breaker.record(None)
         return result

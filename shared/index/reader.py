@@ -22,7 +22,7 @@ from shared import process_stats
 from shared.index.backend import CacheIndex, IndexCredentials
 from shared.index.circuit_breaker import CircuitBreaker
 from shared.index.record_seal import DEFAULT_MAX_SKEW_S, RecordSealer
-from shared.index.types import IndexUnavailableError, LookupResult, MembershipChanges, NodeState
+from shared.index.types import LookupResult, MembershipChanges, NodeState
 from shared.types import BlockHash, MmHash
 
 T = TypeVar("T")
@@ -100,13 +100,10 @@ class BreakerReader:
         self.breaker.check()
         try:
             result = await call()
-        except IndexUnavailableError:
-            self.breaker.record_failure()
+        except BaseException as exc:
+            self.breaker.record(exc)
             raise
-        except BaseException:
-            self.breaker.record_success()  # the index answered (with an error about the call): it is reachable
-            raise
-        self.breaker.record_success()
+        self.breaker.record(None)
         return result
 
 
