@@ -116,6 +116,31 @@ def mm_hash_of_stable_id(
     )
 
 
+def mm_hash_of_video(
+    *,
+    model_id: str,
+    content: Mapping[str, str],
+    processor_kwargs: Mapping[str, object],
+    decoder: str,
+) -> MmHash:
+    """A video clip's identity before it is decoded: the model, its source (``{"kind": "file",
+    "digest": blake3 of the encoded bytes}`` or a client's ``{"kind": "stable_id", "id": ...}``),
+    every sampler and processor setting, and the decoder that turns the bytes into frames. It
+    names the clip's list of temporal groups; each group's own mm_hash (``mm_hash_of_pixels`` of
+    its processed pixels) is what caches and the index hold."""
+    return MmHash(
+        digest_hex(
+            {
+                "model_id": model_id,
+                "modality": "video",
+                "content": dict(content),
+                "processor_kwargs": dict(processor_kwargs),
+                "decoder": decoder,
+            }
+        )
+    )
+
+
 def mm_hash_of_part(image: MmHash, index: int) -> MmHash:
     """mm_hash of part ``index`` of an image that fills several placeholder spans (Gemma3's
     Pan-and-Scan: the full view, then each crop). Derived from the image's own mm_hash, so the

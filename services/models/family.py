@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import torch
     from PIL import Image
 
+    from services.models.video import ProcessedVideo, VideoProcessor
+
 ProgressFn = Callable[[str], None]
 
 
@@ -57,6 +59,18 @@ class ProcessedImage:
     @property
     def num_bytes(self) -> int:
         return 0 if self.pixel_values is None else self.pixel_values.numel() * self.pixel_values.element_size()
+
+    def without_pixels(self) -> ProcessedImage:
+        return ProcessedImage(None, self.grid_thw, self.num_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlacement:
+    """Where a video's temporal group sits in its video, for positions: ``index`` 0 opens the
+    video, and ``time_position`` is the group's M-RoPE temporal position from the video's start."""
+
+    index: int
+    time_position: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,16 +175,31 @@ class ModelFamily(Protocol):
 
     def image_processor(self, path: Path, options: ImageOptions) -> ImageProcessor: ...
 
+    def video_processor(self, path: Path, config: ModelConfig, image_processor: ImageProcessor) -> VideoProcessor | None:
+        """The family's video processor (services/models/video.py), or None: it takes no video."""
+
     def expand_prompt(
-        self, config: ModelConfig, tokenizer: Any, prompt: str | Sequence[int], parts_per_image: Sequence[Sequence[ProcessedImage]]
+        self,
+        config: ModelConfig,
+        tokenizer: Any,
+        prompt: str | Sequence[int],
+        parts_per_image: Sequence[Sequence[ProcessedImage]],
+        videos: Sequence[ProcessedVideo] = (),
     ) -> tuple[list[int], list[PlaceholderRange]]:
-        """Token ids with every image marker expanded, and one range per image part in order.
-        ``prompt`` is rendered text (tokenized here) or token ids. Raises PlaceholderCountError."""
+        """Token ids with every image and video marker expanded, and one range per image part in
+        order, then one per video group in order. ``prompt`` is rendered text (tokenized here) or
+        token ids. Raises PlaceholderCountError."""
 
     def positions(
-        self, config: ModelConfig, num_tokens: int, ranges: Sequence[PlaceholderRange], grids: Sequence[tuple[int, int, int]]
+        self,
+        config: ModelConfig,
+        num_tokens: int,
+        ranges: Sequence[PlaceholderRange],
+        grids: Sequence[tuple[int, int, int]],
+        groups: Sequence[GroupPlacement | None] = (),
     ) -> tuple[torch.Tensor, int]:
-        """((3, num_tokens) int64 positions, delta): generated token k sits at num_tokens + k + delta."""
+        """((3, num_tokens) int64 positions, delta): generated token k sits at num_tokens + k + delta.
+        ``groups[i]``: where item i sits in its video, None (or no entry) for an image part."""
 
     def pixels_match(self, config: ModelConfig, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int], num_tokens: int) -> bool:
         """Whether a pixel tensor received over the wire fits its part's grid and placeholder."""

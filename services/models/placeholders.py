@@ -1,40 +1,67 @@
-"""Placeholder expansion at the token level (seeds 003 and 004), for families whose image marker
-is one token that becomes the image's run of placeholder tokens (Qwen2-VL).
+"""Placeholder expansion at the token level (seeds 003 and 004), for families whose image and
+video markers are single tokens that become runs of placeholder tokens (Qwen2-VL, Qwen3-VL).
 
-Each image is marked in the prompt by exactly one ``<|image_pad|>`` token. The i-th marker, in
-order of appearance, is replaced by ``num_tokens[i]`` copies of the same token, where
-num_tokens = grid_t * grid_h * grid_w / merge_size**2. The same function serves text prompts
-(after tokenization) and pre-tokenized prompts, so both paths agree by construction.
+Each image is marked in the prompt by exactly one ``<|image_pad|>`` token, each video by one
+``<|video_pad|>``. The i-th marker of a kind, in order of appearance, is replaced by the i-th
+item of that kind: one or more spans, each a run of ``num_tokens`` copies of the marker with the
+text tokens the layout puts before and after it (Qwen3-VL writes ``<t seconds><|vision_start|>``
+before each temporal group of a video, and ``<|vision_end|>`` after). An image's run is
+grid_t * grid_h * grid_w / merge_size**2 tokens. The same function serves text prompts (after
+tokenization) and pre-tokenized prompts, so both paths agree by construction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from services.models.family import PlaceholderCountError
 from shared.types import PlaceholderRange
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One run of placeholder tokens and the text tokens around it."""
+
+    num_tokens: int
+    before: tuple[int, ...] = ()
+    after: tuple[int, ...] = ()
 
 
 def find_placeholders(token_ids: Sequence[int], placeholder_id: int) -> list[int]:
     return [i for i, t in enumerate(token_ids) if t == placeholder_id]
 
 
+def expand_markers(
+    token_ids: Sequence[int], marker_to_items: Mapping[int, tuple[str, Sequence[Sequence[Span]]]]
+) -> tuple[list[int], dict[int, list[PlaceholderRange]]]:
+    """Expanded token ids, and per marker id the ranges of its items' spans in prompt order.
+    ``marker_to_items``: marker id -> (its kind's name for errors, the items' spans in order)."""
+    for marker, (kind, items) in marker_to_items.items():
+        count = sum(1 for t in token_ids if t == marker)
+        if count != len(items):
+            raise PlaceholderCountError(f"prompt has {count} {kind} placeholder(s) but {len(items)} {kind}(s) were given")
+    pending = {marker: iter(items) for marker, (_, items) in marker_to_items.items()}
+    ranges: dict[int, list[PlaceholderRange]] = {marker: [] for marker in marker_to_items}
+    expanded: list[int] = []
+    for token in token_ids:
+        if token not in pending:
+            expanded.append(token)
+            continue
+        for span in next(pending[token]):
+            if span.num_tokens <= 0:
+                raise ValueError(f"a placeholder span must hold at least one token, got {span.num_tokens}")
+            expanded.extend(span.before)
+            ranges[token].append(PlaceholderRange(offset=len(expanded), length=span.num_tokens))
+            expanded.extend([token] * span.num_tokens)
+            expanded.extend(span.after)
+    return expanded, ranges
+
+
 def expand_placeholders(
     token_ids: Sequence[int], placeholder_id: int, num_tokens_per_item: Sequence[int]
 ) -> tuple[list[int], list[PlaceholderRange]]:
-    """Expanded token ids and one PlaceholderRange per item, in prompt order."""
-    positions = find_placeholders(token_ids, placeholder_id)
-    if len(positions) != len(num_tokens_per_item):
-        raise PlaceholderCountError(f"prompt has {len(positions)} image placeholder(s) but {len(num_tokens_per_item)} image(s) were given")
-    expanded: list[int] = []
-    ranges: list[PlaceholderRange] = []
-    cursor = 0
-    for position, count in zip(positions, num_tokens_per_item):
-        if count <= 0:
-            raise ValueError(f"an image must expand to at least one token, got {count}")
-        expanded.extend(token_ids[cursor:position])
-        ranges.append(PlaceholderRange(offset=len(expanded), length=count))
-        expanded.extend([placeholder_id] * count)
-        cursor = position + 1
-    expanded.extend(token_ids[cursor:])
-    return expanded, ranges
+    """Expanded token ids and one PlaceholderRange per image, in prompt order."""
+    items = [[Span(count)] for count in num_tokens_per_item]
+    expanded, ranges = expand_markers(token_ids, {placeholder_id: ("image", items)})
+    return expanded, ranges[placeholder_id]

@@ -21,6 +21,15 @@ class PreprocessConfig:
     # Decoded pixel limit per image, checked from the header before pixels are allocated.
     max_image_pixels: int = 40_000_000
     max_images_per_request: int = 16
+    # Videos (services/preprocess/video_decode.py): encoded bytes, duration, frames the sampler
+    # may pick and their decoded pixels, all checked before any frame is decoded; videos per
+    # request; the threads that decode them (off the node's one working thread).
+    max_video_bytes: int = 256 * 1024 * 1024
+    max_video_seconds: float = 3600.0
+    max_video_frames: int = 768
+    max_video_decoded_pixels: int = 768 * 1920 * 1080
+    max_videos_per_request: int = 4
+    video_decode_threads: int = 2
     # Prompt length limit after placeholder expansion.
     max_prompt_tokens: int = 32768
     # Remote http(s) images are off unless enabled, and then only from allow-listed domains.
@@ -46,7 +55,9 @@ class PreprocessConfig:
     pan_and_scan: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_image_bytes", "max_image_pixels", "max_images_per_request", "max_prompt_tokens"):
+        positive = ("max_image_bytes", "max_image_pixels", "max_images_per_request", "max_prompt_tokens", "max_video_bytes")
+        positive += ("max_video_seconds", "max_video_frames", "max_video_decoded_pixels", "max_videos_per_request", "video_decode_threads")
+        for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.processor_cache_bytes < 0 or self.file_hash_memo_entries < 0:

@@ -39,6 +39,21 @@ class ImageTooLargeError(PreprocessError):
     code = "image_too_large"
 
 
+class InvalidVideoDataError(PreprocessError):
+    """Bytes that are not a decodable video: not a container, no video stream, an unsupported
+    codec, no frames, an unknown or zero frame rate, a truncated file; or a model without video."""
+
+    code = "invalid_video"
+
+
+class VideoTooLargeError(PreprocessError):
+    """Encoded bytes, duration, sampled frames or decoded pixels over the configured limit,
+    checked from the header before any frame is decoded."""
+
+    kind = ErrorKind.IMAGE_TOO_LARGE  # the media-too-large kind: 413
+    code = "video_too_large"
+
+
 class InvalidImageDimensionsError(PreprocessError):
     """Zero-sized images, or an aspect ratio the model cannot represent."""
 

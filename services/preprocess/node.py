@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import PreprocessError
-from services.preprocess.image_sources import load_image_bytes, remote_url
+from services.preprocess.media_sources import load_image_bytes, remote_url
 from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor, PreprocessorMetrics
 from services.preprocess.processor_cache import BoundedMemo
 from services.preprocess.prompt import Prompt

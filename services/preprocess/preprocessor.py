@@ -32,12 +32,13 @@ from services.models.family import ImageOptions, PlaceholderCountError, Processe
 from services.models.hf_config import chat_template
 from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
-from services.preprocess.errors import InvalidRequestError, PlaceholderMismatchError, PromptTooLongError
+from services.preprocess.errors import InvalidRequestError, InvalidVideoDataError, PlaceholderMismatchError, PromptTooLongError
 from services.preprocess.image_decode import decode_image
-from services.preprocess.image_sources import load_image
+from services.preprocess.media_sources import load_image
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
 from services.preprocess.prompt import ImageInput, Prompt
 from services.preprocess.prompt_input import CheckedPrompt, check_prompt
+from services.preprocess.video_items import DecodedClip, VideoPipeline
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.hashing import mm_hash_of_part, mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.node_metrics import Counter, Gauge, counter, gauge
@@ -114,6 +115,8 @@ class Preprocessor:
         )
         self.image_processor = self.family.image_processor(model.path, options)
         self.processor_cache = ProcessorCache(self.config.processor_cache_bytes)
+        video_processor = self.family.video_processor(model.path, self.model_config, self.image_processor)
+        self._videos = video_processor and VideoPipeline(video_processor, model.model_id, self.config, self.processor_cache)
         self._hash_kwargs = self.image_processor.kwargs_for_hash
         # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
         self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)
@@ -133,13 +136,20 @@ class Preprocessor:
         return metrics
 
     def preprocess(
-        self, prompt: Prompt, *, indexed_grids: IndexedGrids | None = None, fetched: Mapping[str, bytes] | None = None
+        self,
+        prompt: Prompt,
+        *,
+        indexed_grids: IndexedGrids | None = None,
+        fetched: Mapping[str, bytes] | None = None,
+        decoded: Mapping[MmHash, DecodedClip] | None = None,
     ) -> PreprocessedRequest:
-        """``fetched``: encoded bytes of remote images already fetched (by URL), so the caller can
-        fetch them outside any lock this call runs under."""
+        """``fetched``: encoded bytes of remote media already fetched (by URL), so the caller can
+        fetch them outside any lock this call runs under; ``decoded``: clips a node's decode pool
+        has decoded (by clip identity), the rest are decoded here."""
         fetched = fetched or {}
-        parsed = check_prompt(prompt, max_images=self.config.max_images_per_request)
-        prompt = self._prompt(parsed)
+        parsed = check_prompt(prompt, max_images=self.config.max_images_per_request, max_videos=self.config.max_videos_per_request)
+        pipeline = self.videos if parsed.videos else None  # a family without video says so before anything runs
+        text = self._prompt(parsed)
         identified = [self._identify(image, fetched) for image in parsed.images]
         cached = [self.processor_cache.get(mm_hash) for mm_hash, _ in identified]
         misses = [mm_hash for (mm_hash, _), hit in zip(identified, cached) if hit is None]
@@ -148,26 +158,44 @@ class Preprocessor:
             self._materialize(image, mm_hash, pil, hit, grids.get(mm_hash), fetched)
             for image, (mm_hash, pil), hit in zip(parsed.images, identified, cached)
         ]
+        videos = [pipeline.items(video, prompt.video_options, fetched, decoded or {}) for video in parsed.videos] if pipeline else []
         parts_per_image = [self.image_processor.split(image) for _, image, _ in hashed]
         try:
-            expanded, ranges = self.family.expand_prompt(self.model_config, self.tokenizer, prompt, parts_per_image)
+            expanded, ranges = self.family.expand_prompt(
+                self.model_config, self.tokenizer, text, parts_per_image, [v.video for v in videos]
+            )
         except PlaceholderCountError as exc:
             raise PlaceholderMismatchError(str(exc)) from None
         if len(expanded) > self.config.max_prompt_tokens:
             raise PromptTooLongError(
-                f"prompt is {len(expanded)} tokens after image expansion; the limit is {self.config.max_prompt_tokens}"
+                f"prompt is {len(expanded)} tokens after image and video expansion; the limit is {self.config.max_prompt_tokens}"
             )
         parts = [
-            (self._part_hash(mm_hash, k, len(image_parts)), part, hit)
+            (self._part_hash(mm_hash, k, len(image_parts)), part, hit, None)
             for (mm_hash, _, hit), image_parts in zip(hashed, parts_per_image)
             for k, part in enumerate(image_parts)
         ]
-        items = [
-            MmItem(mm_hash=mm_hash, placeholder=placeholder, image=part, processor_cache_hit=hit)
-            for (mm_hash, part, hit), placeholder in zip(parts, ranges)
+        parts += [
+            (group_hash, group, v.processor_cache_hit, placement)
+            for v in videos
+            for group_hash, group, placement in zip(v.group_hashes, v.video.groups, v.video.placements)
         ]
-        positions, delta = self.family.positions(self.model_config, len(expanded), ranges, [item.image.grid_thw for item in items])
+        placed = sorted(zip(parts, ranges), key=lambda pair: pair[1].offset)  # items in prompt order
+        items = [MmItem(mm_hash, placeholder, part, hit) for (mm_hash, part, hit, _), placeholder in placed]
+        positions, delta = self.family.positions(
+            self.model_config,
+            len(expanded),
+            [item.placeholder for item in items],
+            [item.image.grid_thw for item in items],
+            [placement for (_, _, _, placement), _ in placed],
+        )
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
+
+    @property
+    def videos(self) -> VideoPipeline:
+        if self._videos is None:
+            raise InvalidVideoDataError(f"{self.model.name} ({self.model_config.model_type}) takes no video input")
+        return self._videos
 
     def _part_hash(self, image_hash: MmHash, index: int, num_parts: int) -> MmHash:
         if num_parts == 1:

@@ -86,6 +86,10 @@ class BoundedMemo(Generic[K, V]):
             self._key_to_value.move_to_end(key)
         return value
 
+    def peek(self, key: K) -> V | None:
+        """The value without marking it used: safe to call from another thread."""
+        return self._key_to_value.get(key)
+
     def put(self, key: K, value: V) -> None:
         if self.max_entries == 0:
             return

@@ -1,5 +1,5 @@
 """What the preprocessing library and the engine take as a prompt: a chat (messages, tools,
-template variables), or a raw prompt (text or token ids) with the images its markers stand for.
+template variables), or a raw prompt (text or token ids) with the images and videos its markers stand for.
 Plain records: protobuf's PromptInput (protos/tessera.proto, the same fields) stays at the
 servicers, which convert it once (prompt_wire.py), and in the gateway's wire code.
 prompt_input.py checks what these types cannot say (a prompt is set, roles and content agree).
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+
+from services.models.video import VideoOptions
 
 
 class Role(StrEnum):
@@ -31,9 +33,20 @@ class ImageInput:
 
 
 @dataclass(frozen=True, slots=True)
+class VideoInput:
+    """One video clip: its encoded bytes, or a reference (a data: URL, http(s), file:// or an
+    absolute path); ``uuid``, when given, names the clip in place of its bytes' digest."""
+
+    data: bytes | None = None
+    url: str | None = None
+    uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ContentPart:
     text: str | None = None
     image: ImageInput | None = None  # user messages only
+    video: VideoInput | None = None  # user messages only
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +96,6 @@ class Prompt:
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
     images: tuple[ImageInput, ...] = ()  # text or token ids only; a chat's are in its messages
+    videos: tuple[VideoInput, ...] = ()  # likewise
+    # The request's video processor settings (mm_processor_kwargs: fps, num_frames, ...).
+    video_options: VideoOptions = VideoOptions()

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 
 from services.preprocess.errors import InvalidRequestError, TooManyImagesError
-from services.preprocess.prompt import ChatMessage, ImageInput, Prompt, Role, Tool
+from services.preprocess.prompt import ChatMessage, ImageInput, Prompt, Role, Tool, VideoInput
 
 # Templates know the roles by these names; OpenAI's "developer" is the old "system" to them.
 TEMPLATE_ROLE = {Role.SYSTEM: "system", Role.DEVELOPER: "system", Role.USER: "user", Role.ASSISTANT: "assistant", Role.TOOL: "tool"}
@@ -30,6 +30,7 @@ class CheckedPrompt:
     """Exactly one of template_messages, text and token_ids is set."""
 
     images: tuple[ImageInput, ...]
+    videos: tuple[VideoInput, ...] = ()
     template_messages: list[dict] | None = None
     tools: list[dict] | None = None
     template_kwargs: dict | None = None
@@ -37,37 +38,43 @@ class CheckedPrompt:
     token_ids: tuple[int, ...] | None = None
 
 
-def check_prompt(prompt: Prompt, *, max_images: int) -> CheckedPrompt:
+def check_prompt(prompt: Prompt, *, max_images: int, max_videos: int = 0) -> CheckedPrompt:
     num_kinds = sum(kind is not None for kind in (prompt.chat, prompt.text, prompt.token_ids))
     if num_kinds != 1:
         what = "empty" if num_kinds == 0 else "more than one kind"
         raise InvalidRequestError(f"the prompt is {what}: give chat messages, text or token ids")
     if prompt.chat is not None:
-        if prompt.images:
-            raise InvalidRequestError("a chat's images go in its messages, not beside them")
-        messages, images = _template_messages(prompt.chat.messages)
+        if prompt.images or prompt.videos:
+            raise InvalidRequestError("a chat's images and videos go in its messages, not beside them")
+        messages, images, videos = _template_messages(prompt.chat.messages)
         checked = CheckedPrompt(
             images=tuple(images),
+            videos=tuple(videos),
             template_messages=messages,
             tools=[_tool(tool) for tool in prompt.chat.tools] or None,
             template_kwargs=_template_kwargs(prompt.chat.chat_template_kwargs_json),
         )
     elif prompt.text is not None:
-        checked = CheckedPrompt(images=prompt.images, text=prompt.text)
+        checked = CheckedPrompt(images=prompt.images, videos=prompt.videos, text=prompt.text)
     else:
-        checked = CheckedPrompt(images=prompt.images, token_ids=prompt.token_ids)
+        checked = CheckedPrompt(images=prompt.images, videos=prompt.videos, token_ids=prompt.token_ids)
     for i, image in enumerate(checked.images):
-        _check_image(image, f"image {i}")
+        _check_source(image, f"image {i}")
+    for i, video in enumerate(checked.videos):
+        _check_source(video, f"video {i}")
     if len(checked.images) > max_images:
         raise TooManyImagesError(f"request has {len(checked.images)} images; at most {max_images} are allowed")
+    if len(checked.videos) > max_videos:
+        raise TooManyImagesError(f"request has {len(checked.videos)} videos; at most {max_videos} are allowed")
     return checked
 
 
-def _template_messages(messages: tuple[ChatMessage, ...]) -> tuple[list[dict], list[ImageInput]]:
+def _template_messages(messages: tuple[ChatMessage, ...]) -> tuple[list[dict], list[ImageInput], list[VideoInput]]:
     if not messages:
         raise InvalidRequestError("'messages' must not be empty")
     rendered: list[dict] = []
     images: list[ImageInput] = []
+    videos: list[VideoInput] = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         role = TEMPLATE_ROLE.get(message.role)
@@ -102,11 +109,16 @@ def _template_messages(messages: tuple[ChatMessage, ...]) -> tuple[list[dict], l
                         raise InvalidRequestError(f"{where}.content[{j}]: images are only allowed in user messages")
                     parts.append({"type": "image"})
                     images.append(part.image)
+                elif part.video is not None:
+                    if role != "user":
+                        raise InvalidRequestError(f"{where}.content[{j}]: videos are only allowed in user messages")
+                    parts.append({"type": "video"})
+                    videos.append(part.video)
                 else:
-                    raise InvalidRequestError(f"{where}.content[{j}] is empty: give text or an image")
+                    raise InvalidRequestError(f"{where}.content[{j}] is empty: give text, an image or a video")
             out["content"] = parts
         rendered.append(out)
-    return rendered, images
+    return rendered, images, videos
 
 
 def _tool(tool: Tool) -> dict:
@@ -140,11 +152,11 @@ def _json_object(text: str, what: str) -> dict:
     return value
 
 
-def _check_image(image: ImageInput, where: str) -> None:
-    if image.data is None and image.url is None:
+def _check_source(media: ImageInput | VideoInput, where: str) -> None:
+    if media.data is None and media.url is None:
         raise InvalidRequestError(f"{where} has no source: give its bytes or a URL")
-    if image.data is not None and image.url is not None:
+    if media.data is not None and media.url is not None:
         raise InvalidRequestError(f"{where} has two sources: give its bytes or a URL, not both")
-    uuid = image.uuid
+    uuid = media.uuid
     if uuid is not None and not 0 < len(uuid) <= MAX_UUID_CHARS:
         raise InvalidRequestError(f"{where}: uuid must be a non-empty string of at most {MAX_UUID_CHARS} characters")

@@ -40,9 +40,19 @@ class Gemma3Family:
     def image_processor(self, path: Path, options: ImageOptions) -> Gemma3ImageProcessor:
         return Gemma3ImageProcessor(path, tokens_per_side=tokens_per_side(read_config(path)), do_pan_and_scan=options.do_pan_and_scan)
 
+    def video_processor(self, path: Path, config: ModelConfig, image_processor) -> None:
+        return None  # Gemma3 takes no video
+
     def expand_prompt(
-        self, config: ModelConfig, tokenizer, prompt: str | Sequence[int], parts_per_image: Sequence[Sequence[ProcessedImage]]
+        self,
+        config: ModelConfig,
+        tokenizer,
+        prompt: str | Sequence[int],
+        parts_per_image: Sequence[Sequence[ProcessedImage]],
+        videos: Sequence = (),
     ) -> tuple[list[int], list[PlaceholderRange]]:
+        if videos:
+            raise PlaceholderCountError(f"{config.model_type} takes no video")
         views = [(len(parts), parts[0].num_tokens) for parts in parts_per_image]
         if isinstance(prompt, str):
             token_ids = tokenizer.encode(expand_text(prompt, views), add_special_tokens=False)
@@ -55,7 +65,12 @@ class Gemma3Family:
         return token_ids, ranges
 
     def positions(
-        self, config: ModelConfig, num_tokens: int, ranges: Sequence[PlaceholderRange], grids: Sequence[tuple[int, int, int]]
+        self,
+        config: ModelConfig,
+        num_tokens: int,
+        ranges: Sequence[PlaceholderRange],
+        grids: Sequence[tuple[int, int, int]],
+        groups: Sequence = (),
     ) -> tuple[torch.Tensor, int]:
         return torch.arange(num_tokens, dtype=torch.long).expand(3, -1).contiguous(), 0
 

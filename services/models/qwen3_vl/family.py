@@ -10,17 +10,21 @@ import torch
 
 from services.models.builtins import qwen3_vl as builtin
 from services.models.family import ModelConfig, ProgressFn
+from services.models.placeholders import Span
 from services.models.qwen2_vl.config import spatial_merge_size
 from services.models.qwen2_vl.family import Qwen2VLFamily
 from services.models.qwen3_vl import INFO
 from services.models.qwen3_vl.config import read_config
 from services.models.qwen3_vl.decoder import TextDecoder
+from services.models.qwen3_vl.video_processor import Qwen3VLVideoProcessor
 from services.models.qwen3_vl.vision import VisionEncoder, build_vision_tower
+from services.models.video import ProcessedVideo
 
 
 class Qwen3VLFamily(Qwen2VLFamily):
-    """Qwen2-VL's image processor, prompt layout, positions, pixel check and weight names; its own
-    config, decoder, tower and built-ins."""
+    """Qwen2-VL's image processor, image layout, pixel check and weight names; its own config,
+    decoder, tower, built-ins and video layout. Positions are Qwen2-VL's, with each video group
+    positioned as an image (its processor gives the groups no placement)."""
 
     name = INFO.name
     model_types = INFO.model_types
@@ -34,6 +38,19 @@ class Qwen3VLFamily(Qwen2VLFamily):
 
     def read_config(self, path: Path) -> ModelConfig:
         return read_config(path)
+
+    def video_processor(self, path: Path, config: ModelConfig, image_processor) -> Qwen3VLVideoProcessor:
+        return Qwen3VLVideoProcessor(path, image_processor, config.hf)
+
+    def _video_spans(self, config: ModelConfig, tokenizer, video: ProcessedVideo) -> list[Span]:
+        """Qwen3-VL: each group is written ``<t seconds><|vision_start|>`` pads ``<|vision_end|>``
+        (transformers' processor expands the bare ``<|video_pad|>``, inside the template's own
+        vision_start / vision_end)."""
+        start, end = int(config.hf.vision_start_token_id), int(config.hf.vision_end_token_id)
+        return [
+            Span(group.num_tokens, before=(*tokenizer.encode(f"<{seconds:.1f} seconds>", add_special_tokens=False), start), after=(end,))
+            for group, seconds in zip(video.groups, video.timestamps)
+        ]
 
     def build_decoder(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> TextDecoder:
         decoder = TextDecoder(config.text)
