@@ -47,6 +47,36 @@ def image_data_url(image: Image.Image, fmt: str = "PNG") -> str:
     return data_url(encode_image(image, fmt), f"image/{fmt.lower()}")
 
 
+def make_clip(
+    num_frames: int = 30,
+    fps: int = 10,
+    width: int = 64,
+    height: int = 48,
+    *,
+    seed: int = 0,
+    codec: str = "libx264",
+    container: str = "mp4",
+    frames: list[np.ndarray] | None = None,
+) -> bytes:
+    """An encoded clip of deterministic frames (each a function of its seed and index), or of
+    ``frames`` (RGB arrays) as given; lossless where the codec allows, so frames stay distinct."""
+    import av
+
+    buf = io.BytesIO()
+    if frames is None:
+        frames = [np.asarray(make_image(width, height, seed=seed * 1000 + i)) for i in range(num_frames)]
+    with av.open(buf, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=fps)
+        stream.width, stream.height = frames[0].shape[1], frames[0].shape[0]
+        stream.pix_fmt = "yuv444p" if codec == "libx264" else "yuv420p"
+        if codec == "libx264":
+            stream.options = {"qp": "0"}
+        for array in frames:
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(array, format="rgb24")))
+        out.mux(stream.encode())
+    return buf.getvalue()
+
+
 def decoded(data: bytes) -> Image.Image:
     """What a client's bytes decode to: the oracle sees exactly this image."""
     image = Image.open(io.BytesIO(data))
@@ -61,6 +91,7 @@ class ChatCase:
     body: dict
     oracle_messages: list[dict]
     images: list[Image.Image] = field(default_factory=list)
+    videos: list[bytes] = field(default_factory=list)  # encoded clips, in prompt order
 
     @property
     def prompt(self) -> Prompt:
@@ -73,22 +104,39 @@ class ChatCase:
         return prompt_from_body(self.body)
 
 
-def chat_case(*parts: str | bytes | tuple[bytes, str], fmt: str = "PNG") -> ChatCase:
-    """Parts in order: str is text, bytes is an encoded image (PNG by default), (bytes, mime) too."""
+@dataclass(frozen=True)
+class Video:
+    """An encoded clip as a chat part (a video_url data URL)."""
+
+    data: bytes
+    mime: str = "video/mp4"
+
+
+def chat_case(*parts: str | bytes | tuple[bytes, str] | Video, fmt: str = "PNG", mm_processor_kwargs: dict | None = None) -> ChatCase:
+    """Parts in order: str is text, bytes is an encoded image (PNG by default), (bytes, mime) too,
+    a Video is a clip."""
     content: list[dict] = []
     oracle_content: list[dict] = []
     images: list[Image.Image] = []
+    videos: list[bytes] = []
     for part in parts:
         if isinstance(part, str):
             content.append({"type": "text", "text": part})
             oracle_content.append({"type": "text", "text": part})
             continue
+        if isinstance(part, Video):
+            content.append({"type": "video_url", "video_url": {"url": data_url(part.data, part.mime)}})
+            oracle_content.append({"type": "video"})
+            videos.append(part.data)
+            continue
         data, mime = part if isinstance(part, tuple) else (part, f"image/{fmt.lower()}")
         content.append({"type": "image_url", "image_url": {"url": data_url(data, mime)}})
         oracle_content.append({"type": "image"})
         images.append(decoded(data))
-    messages = [{"role": "user", "content": content}]
-    return ChatCase(body={"messages": messages}, oracle_messages=[{"role": "user", "content": oracle_content}], images=images)
+    body: dict = {"messages": [{"role": "user", "content": content}]}
+    if mm_processor_kwargs:
+        body["mm_processor_kwargs"] = mm_processor_kwargs
+    return ChatCase(body=body, oracle_messages=[{"role": "user", "content": oracle_content}], images=images, videos=videos)
 
 
 def conversation(*turns: ChatCase | str) -> ChatCase:
@@ -96,6 +144,7 @@ def conversation(*turns: ChatCase | str) -> ChatCase:
     messages: list[dict] = []
     oracle_messages: list[dict] = []
     images: list[Image.Image] = []
+    videos: list[bytes] = []
     for turn in turns:
         if isinstance(turn, str):
             reply = {"role": "assistant", "content": turn}
@@ -105,7 +154,8 @@ def conversation(*turns: ChatCase | str) -> ChatCase:
         messages += turn.body["messages"]
         oracle_messages += turn.oracle_messages
         images += turn.images
-    return ChatCase(body={"messages": messages}, oracle_messages=oracle_messages, images=images)
+        videos += turn.videos
+    return ChatCase(body={"messages": messages}, oracle_messages=oracle_messages, images=images, videos=videos)
 
 
 def tool_call_history(call_id: str = "c1", function: str = "get_weather") -> list[dict]:

@@ -16,6 +16,7 @@ Transformers' video processors resize with torchvision, which cannot be installe
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import sys
 import tempfile
 import types
@@ -30,11 +31,17 @@ from PIL import Image
 def qwen2_vl_video_processor_class():
     """transformers' Qwen2VLVideoProcessor, imported with torchvision's functional module stood in
     (the module imports it for resizing; sampling and the class defaults never touch it)."""
+    from transformers.utils import is_torchvision_available
+
     name = "transformers.models.qwen2_vl.video_processing_qwen2_vl"
     if name in sys.modules:
         return sys.modules[name].Qwen2VLVideoProcessor
-    stubs = {n: types.ModuleType(n) for n in ("torchvision", "torchvision.transforms", "torchvision.transforms.v2")}
-    stubs["torchvision.transforms.v2.functional"] = types.ModuleType("torchvision.transforms.v2.functional")
+    # Settled (and cached) as absent first, so nothing takes the stand-in for the real package.
+    assert not is_torchvision_available()
+    stubs = {}
+    for n in ("torchvision", "torchvision.transforms", "torchvision.transforms.v2", "torchvision.transforms.v2.functional"):
+        stubs[n] = types.ModuleType(n)
+        stubs[n].__spec__ = importlib.machinery.ModuleSpec(n, None)
     stubs["torchvision.transforms.v2"].functional = stubs["torchvision.transforms.v2.functional"]
     saved = {n: sys.modules.get(n) for n in stubs}
     sys.modules.update(stubs)
@@ -123,3 +130,42 @@ def _target_size(hf, model_type: str, frames: np.ndarray) -> tuple[int, int]:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     return smart_resize(height, width, factor=factor, min_pixels=hf.size.shortest_edge, max_pixels=hf.size.longest_edge)
+
+
+def oracle_case_tokens(oracle, case, max_new_tokens: int = 16, *, fps: float = 2.0):
+    """transformers' greedy generate for a chat case with videos (and images): the template's
+    text with each ``<|video_pad|>`` expanded as the processor expands it, the images through the
+    oracle's processor, each clip through ``oracle_video``."""
+    from tests.oracle import OracleOutput
+
+    text = oracle.chat_text(case.oracle_messages)
+    clips = [oracle_video(data, oracle.model_type, oracle.model_dir, oracle.image_processor, fps=fps) for data in case.videos]
+    marker = "<|video_pad|>"
+    pieces = text.split(marker)
+    assert len(pieces) == len(clips) + 1
+    text = pieces[0] + "".join(clip.placeholder + piece for clip, piece in zip(clips, pieces[1:]))
+    images = oracle.image_processor(images=case.images, return_tensors="pt") if case.images else None
+    if images is not None:  # each <|image_pad|> as the processor expands it
+        merge = oracle.image_processor.merge_size**2
+        pieces = text.split("<|image_pad|>")
+        counts = [int(grid.prod()) // merge for grid in images["image_grid_thw"]]
+        text = pieces[0] + "".join("<|image_pad|>" * n + piece for n, piece in zip(counts, pieces[1:]))
+    ids = oracle.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    config = oracle.model.config
+    token_types = torch.zeros_like(ids)
+    token_types[ids == config.image_token_id] = 1
+    token_types[ids == config.video_token_id] = 2
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": token_types}
+    if images is not None:
+        kwargs.update(pixel_values=images["pixel_values"], image_grid_thw=images["image_grid_thw"])
+    if clips:
+        kwargs["pixel_values_videos"] = torch.cat([clip.pixel_values_videos for clip in clips])
+        kwargs["video_grid_thw"] = torch.tensor([clip.video_grid_thw for clip in clips])
+        if oracle.model_type == "qwen2_5_vl":
+            kwargs["second_per_grid_ts"] = torch.tensor([oracle.image_processor.temporal_patch_size / c.sampled_fps for c in clips])
+    with torch.inference_mode():
+        out = oracle.model.generate(
+            **kwargs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
+            output_logits=True, return_dict_in_generate=True,
+        )  # fmt: skip
+    return OracleOutput(out.sequences[0, ids.shape[1] :].tolist(), [step[0].float() for step in out.logits])

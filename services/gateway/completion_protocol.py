@@ -1,7 +1,8 @@
 """The wire models of /v1/completions: a raw prompt (text or token ids, no chat template), with
-images given vLLM-style in ``multi_modal_data`` and marked in the prompt by the model's image
-placeholder, one per image (Qwen2-VL: ``<|vision_start|><|image_pad|><|vision_end|>`` in text, the
-image token id in token ids; Gemma3: ``<start_of_image>``, in text or as its id). A list of
+images and videos given vLLM-style in ``multi_modal_data`` and marked in the prompt by the model's
+placeholder, one per item (Qwen2-VL: ``<|vision_start|><|image_pad|><|vision_end|>`` in text, the
+image token id in token ids, ``<|video_pad|>`` for a video; Gemma3: ``<start_of_image>``, in text
+or as its id). A list of
 prompts is a batch: each prompt gets ``n`` choices, numbered prompt-major as OpenAI does."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from services.gateway.media_fields import MmProcessorKwargs, VideoRef
 from services.gateway.protocol import INT32_MAX, MAX_LOGPROBS, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
 
 MAX_PROMPTS = 16
@@ -22,10 +24,18 @@ class ImageRef(WireModel):
 
 
 class MultiModalData(WireModel):
-    image: NonEmptyStr | ImageRef | list[NonEmptyStr | ImageRef] = Field(description="the prompt's images, in placeholder order")
+    image: NonEmptyStr | ImageRef | list[NonEmptyStr | ImageRef] | None = Field(None, description="the images, in placeholder order")
+    video: NonEmptyStr | VideoRef | list[NonEmptyStr | VideoRef] | None = Field(None, description="the videos, in placeholder order")
 
     def images(self) -> list[str | ImageRef]:
-        return self.image if isinstance(self.image, list) else [self.image]
+        return _as_list(self.image)
+
+    def videos(self) -> list[VideoRef]:
+        return [VideoRef(url=v) if isinstance(v, str) else v for v in _as_list(self.video)]
+
+
+def _as_list(value):
+    return [] if value is None else value if isinstance(value, list) else [value]
 
 
 class CompletionRequest(SamplingFields):
@@ -36,6 +46,7 @@ class CompletionRequest(SamplingFields):
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
     )
     multi_modal_data: MultiModalData | None = None
+    mm_processor_kwargs: MmProcessorKwargs | None = Field(None, description="the video sampler's and processor's settings")
     max_tokens: int | None = Field(16, ge=1, le=INT32_MAX, description="16 by default, as in OpenAI's API")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="the sampled token's logprob and this many alternatives")

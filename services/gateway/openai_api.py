@@ -65,7 +65,7 @@ def to_chat_request(
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
     fit = request.max_completion_tokens is None and request.max_tokens is None
-    prompt = chat_prompt(request.messages, request.tools, request.chat_template_kwargs, tenant)
+    prompt = chat_prompt(request.messages, request.tools, request.chat_template_kwargs, tenant, request.mm_processor_kwargs)
     structured = request.structured_output()
     forced = tools.constraint() if tools is not None else None
     if forced is not None and structured is not None:
@@ -91,8 +91,9 @@ def to_completion_request(
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> ApiRequest:
     model = check_model(request.model, served_names)
-    images = request.multi_modal_data.images() if request.multi_modal_data is not None else []
-    prompts = [raw_prompt(prompt, images, tenant) for prompt in request.prompts()]
+    media = request.multi_modal_data
+    images, videos = (media.images(), media.videos()) if media is not None else ([], [])
+    prompts = [raw_prompt(prompt, images, tenant, videos, request.mm_processor_kwargs) for prompt in request.prompts()]
     return _fan_out(
         request,
         model,

@@ -1,8 +1,8 @@
 """The validated OpenAI models' prompt as the typed PromptInput the preprocess role takes
 (protos/tessera.proto): a chat (messages, tools, template variables) or a raw prompt (text or
-token ids) with its images. The only place the gateway's wire models meet the internal one.
+token ids) with its images and videos, and the request's video settings. The only place the gateway's wire models meet the internal one.
 
-A tenant scopes every image uuid to itself (tenants.py), so no tenant can claim another's image.
+A tenant scopes every image and video uuid to itself (tenants.py), so no tenant can claim another's.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 
 from protos.gen import pb
 from services.gateway.completion_protocol import ImageRef, MultiModalData
+from services.gateway.media_fields import MmProcessorKwargs, VideoRef, VideoUrlPart, video_input
 from services.gateway.protocol import ChatCompletionRequest, ChatMessage, ImagePart, ImageUrlPart, TextPart, Tool
 from services.gateway.tenants import Tenant
 from services.preprocess.prompt import Prompt
@@ -26,22 +27,37 @@ ROLES = {
 
 
 def chat_prompt(
-    messages: list[ChatMessage], tools: list[Tool] | None, template_kwargs: dict | None, tenant: Tenant | None = None
+    messages: list[ChatMessage],
+    tools: list[Tool] | None,
+    template_kwargs: dict | None,
+    tenant: Tenant | None = None,
+    video_kwargs: MmProcessorKwargs | None = None,
 ) -> pb.PromptInput:
     chat = pb.ChatPrompt(
         messages=[_message(message, tenant) for message in messages],
         tools=[_tool(tool) for tool in tools or ()],
         chat_template_kwargs_json=json.dumps(template_kwargs) if template_kwargs else "",
     )
-    return pb.PromptInput(chat=chat)
+    return pb.PromptInput(chat=chat, video_options=video_kwargs.to_wire() if video_kwargs is not None else None)
 
 
-def raw_prompt(prompt: str | list[int], images: list[str | ImageRef], tenant: Tenant | None = None) -> pb.PromptInput:
-    """A completion's prompt: text, or token ids, with the images its placeholders stand for."""
+def raw_prompt(
+    prompt: str | list[int],
+    images: list[str | ImageRef],
+    tenant: Tenant | None = None,
+    videos: list[VideoRef] = (),
+    video_kwargs: MmProcessorKwargs | None = None,
+) -> pb.PromptInput:
+    """A completion's prompt: text, or token ids, with the images and videos its placeholders stand for."""
     wire_images = [_image(image, None, tenant) if isinstance(image, str) else _image(image.url, image.uuid, tenant) for image in images]
+    media = {
+        "images": wire_images,
+        "videos": [video_input(video.url, video.uuid, _scoper(tenant)) for video in videos],
+        "video_options": video_kwargs.to_wire() if video_kwargs is not None else None,
+    }
     if isinstance(prompt, str):
-        return pb.PromptInput(text=prompt, images=wire_images)
-    return pb.PromptInput(token_ids=pb.TokenIds(ids=prompt), images=wire_images)
+        return pb.PromptInput(text=prompt, **media)
+    return pb.PromptInput(token_ids=pb.TokenIds(ids=prompt), **media)
 
 
 def prompt_for_library(body: dict) -> Prompt:
@@ -54,14 +70,15 @@ def prompt_from_body(body: dict) -> pb.PromptInput:
     """An in-process caller's OpenAI-shaped body through the HTTP edge's models: a chat body
     (``messages``, ``tools``, ``chat_template_kwargs``), or ``prompt`` / ``prompt_token_ids`` with
     ``images`` (as /v1/completions' multi_modal_data). Raises pydantic's ValidationError."""
+    video_kwargs = MmProcessorKwargs.model_validate(body["mm_processor_kwargs"]) if body.get("mm_processor_kwargs") else None
     if "messages" in body:
         request = ChatCompletionRequest.model_validate(body)
-        return chat_prompt(request.messages, request.tools, request.chat_template_kwargs)
+        return chat_prompt(request.messages, request.tools, request.chat_template_kwargs, video_kwargs=video_kwargs)
     if ("prompt" in body) == ("prompt_token_ids" in body):
         raise ValueError("give exactly one of 'messages', 'prompt' and 'prompt_token_ids'")
-    images = MultiModalData.model_validate({"image": body["images"]}).images() if body.get("images") else []
+    media = MultiModalData.model_validate({"image": body.get("images") or None, "video": body.get("videos") or None})
     prompt = body["prompt"] if "prompt" in body else list(body["prompt_token_ids"])
-    return raw_prompt(prompt, images)
+    return raw_prompt(prompt, media.images(), videos=media.videos(), video_kwargs=video_kwargs)
 
 
 def _message(message: ChatMessage, tenant: Tenant | None) -> pb.ChatMessage:
@@ -80,9 +97,11 @@ def _message(message: ChatMessage, tenant: Tenant | None) -> pb.ChatMessage:
     return out
 
 
-def _part(part: TextPart | ImageUrlPart | ImagePart, tenant: Tenant | None) -> pb.ContentPart:
+def _part(part: TextPart | ImageUrlPart | ImagePart | VideoUrlPart, tenant: Tenant | None) -> pb.ContentPart:
     if isinstance(part, TextPart):
         return pb.ContentPart(text=part.text)
+    if isinstance(part, VideoUrlPart):
+        return pb.ContentPart(video=video_input(part.url, part.uuid, _scoper(tenant)))
     if isinstance(part, ImageUrlPart):
         url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
         return pb.ContentPart(image=_image(url, part.uuid, tenant))
@@ -93,6 +112,10 @@ def _image(url: str, uuid: str | None, tenant: Tenant | None) -> pb.ImageInput:
     if uuid is None:
         return pb.ImageInput(url=url)
     return pb.ImageInput(url=url, uuid=tenant.image_uuid(uuid) if tenant is not None else uuid)
+
+
+def _scoper(tenant: Tenant | None):
+    return tenant.image_uuid if tenant is not None else None
 
 
 def _tool(tool: Tool) -> pb.Tool:

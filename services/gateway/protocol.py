@@ -8,8 +8,8 @@ but whose value it cannot honour is a 400 that says so.
 
 Image content parts are OpenAI's ``image_url`` (a URL string or ``{"url": ...}``) and the bare
 base64 ``image`` part; either may carry a client ``uuid`` that names the image instead of its
-pixels. The preprocess role checks what only it can: images only in user messages, image limits,
-the images themselves.
+pixels. Video parts are vLLM's ``video_url`` (media_fields.py). The preprocess role checks what
+only it can: media only in user messages, their limits, the images and videos themselves.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, StringConstraints, field_validator, model_validator
 
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS
+from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart
 from services.gateway.structured_fields import StructuredRequestFields
 from services.gateway.wire_base import NonEmptyStr, WireModel
 
@@ -54,7 +55,7 @@ class ImagePart(WireModel):
     uuid: ImageUuid | None = None
 
 
-ContentPart = Annotated[TextPart | ImageUrlPart | ImagePart, Field(discriminator="type")]
+ContentPart = Annotated[TextPart | ImageUrlPart | ImagePart | VideoUrlPart, Field(discriminator="type")]
 
 
 class ToolCallFunction(WireModel):
@@ -167,6 +168,7 @@ class ChatCompletionRequest(SamplingFields):
     )
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict | None = Field(None, description="extra variables for the chat template")
+    mm_processor_kwargs: MmProcessorKwargs | None = Field(None, description="the video sampler's and processor's settings")
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:

@@ -12,6 +12,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field, model_validator
 
 from protos.gen import pb
+from services.gateway.media_fields import MmProcessorKwargs
 from services.gateway.prompt_wire import chat_prompt, raw_prompt
 from services.gateway.protocol import INT32_MAX, ChatMessage, NonEmptyStr, Tool, WireModel
 
@@ -24,6 +25,7 @@ class TokenizeRequest(WireModel):
     prompt: NonEmptyStr | None = None
     tools: list[Tool] | None = None
     chat_template_kwargs: dict | None = None
+    mm_processor_kwargs: MmProcessorKwargs | None = None
     add_generation_prompt: bool = Field(True, description="always true: the template's generation prompt is counted")
     return_token_strs: bool = Field(False, description="not supported: must be false")
 
@@ -40,7 +42,7 @@ class TokenizeRequest(WireModel):
     def prompt_input(self) -> pb.PromptInput:
         if self.prompt is not None:
             return raw_prompt(self.prompt, [])
-        return chat_prompt(self.messages or [], self.tools, self.chat_template_kwargs)
+        return chat_prompt(self.messages or [], self.tools, self.chat_template_kwargs, video_kwargs=self.mm_processor_kwargs)
 
 
 class TokenizeResponse(BaseModel):

@@ -29,6 +29,7 @@ from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, 
 from services.preprocess.processor_cache import BoundedMemo
 from services.preprocess.prompt import Prompt
 from services.preprocess.prompt_input import check_prompt
+from services.preprocess.video_pool import PreparedMedia, VideoDecodePool
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorSender
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.index.backend import CacheIndex
@@ -71,6 +72,7 @@ class PreprocessNode:
         channel_auth: ChannelAuth = OPEN_CHANNEL,
     ) -> None:
         self.preprocessor = Preprocessor(model, config)
+        self.video_decoder = VideoDecodePool(self.preprocessor, config.video_decode_threads)
         self.indexed_grids: IndexedGrids | None = grids_from_index(index) if index is not None else None
         self.sender = TensorSender(auth=channel_auth)
         self.mirror_entries = mirror_entries
@@ -83,13 +85,24 @@ class PreprocessNode:
         mirrors = self._encoder_to_mirror  # list(): one atomic copy under the GIL while a request may add a mirror
         self.metrics.pixel_mirror.read_from(lambda: sum(len(m) for m in list(mirrors.values())), lambda: mirror_entries * len(mirrors))
 
-    def preprocess(self, prompt: Prompt, *, skip_indexed: bool = False) -> PreprocessedRequest:
-        fetched = self._fetch_remote_images(prompt)  # before the lock: a slow image host delays this request only
+    def preprocess(self, prompt: Prompt, *, skip_indexed: bool = False, media: PreparedMedia | None = None) -> PreprocessedRequest:
+        """``media``: the request's videos as ``prepare_media`` fetched and decoded them (else
+        they are fetched and decoded here, on this thread)."""
+        media = media or PreparedMedia({}, {})
+        fetched = {**self._fetch_remote_images(prompt), **media.fetched}  # before the lock: a slow host delays this request only
         with self._working():
-            result = self.preprocessor.preprocess(prompt, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched)
+            result = self.preprocessor.preprocess(
+                prompt, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched, decoded=media.decoded
+            )
             self.metrics.num_images_skipped.inc(sum(1 for item in result.mm_items if item.image.pixel_values is None))
             self.metrics.num_requests.inc()
             return result
+
+    async def prepare_media(self, prompt: Prompt) -> PreparedMedia:
+        """The request's videos fetched and decoded on the node's decode pool, side by side and
+        off the thread that tokenizes and processes; a clip whose groups are all cached is not
+        decoded. Raises the first clip's PreprocessError."""
+        return await self.video_decoder.prepare(prompt)
 
     def detokenize(self, token_ids: list[int]) -> str:
         """The text of ``token_ids``, special tokens included (as vLLM's /detokenize)."""
@@ -165,6 +178,7 @@ class PreprocessNode:
 
     def close(self) -> None:
         self.sender.close()
+        self.video_decoder.close()
 
 
 def grids_from_index(index: CacheIndex) -> IndexedGrids:

@@ -1,11 +1,14 @@
 """A PromptInput (protos/tessera.proto) as the preprocessing library takes it (prompt.py): the
 one conversion, made by the servicer at the edge. Nothing is checked here (prompt_input.py does,
-on the converted prompt), so an unset field stays unset and is refused there with its reason."""
+on the converted prompt), so an unset field stays unset and is refused there with its reason;
+only the video options check themselves (VideoOptions), answered as an invalid request."""
 
 from __future__ import annotations
 
 from protos.gen import pb
-from services.preprocess.prompt import ChatMessage, ChatPrompt, ContentPart, ImageInput, Prompt, Role, Tool, ToolCall
+from services.models.video import VideoOptions
+from services.preprocess.errors import InvalidRequestError
+from services.preprocess.prompt import ChatMessage, ChatPrompt, ContentPart, ImageInput, Prompt, Role, Tool, ToolCall, VideoInput
 
 _WIRE_ROLES = {
     pb.ChatMessage.SYSTEM: Role.SYSTEM,
@@ -18,17 +21,35 @@ _WIRE_ROLES = {
 
 def prompt_from_wire(prompt: pb.PromptInput) -> Prompt:
     """A PromptInput as the library takes it; nothing is checked here (prompt_input.py does)."""
-    images = tuple(image_from_wire(image) for image in prompt.images)
+    media = {
+        "images": tuple(image_from_wire(image) for image in prompt.images),
+        "videos": tuple(video_from_wire(video) for video in prompt.videos),
+        "video_options": video_options_from_wire(prompt.video_options),
+    }
     kind = prompt.WhichOneof("prompt")
     if kind == "chat":
         chat = prompt.chat
         messages = tuple(_message(message) for message in chat.messages)
-        return Prompt(chat=ChatPrompt(messages, tuple(_tool(tool) for tool in chat.tools), chat.chat_template_kwargs_json), images=images)
+        return Prompt(chat=ChatPrompt(messages, tuple(_tool(tool) for tool in chat.tools), chat.chat_template_kwargs_json), **media)
     if kind == "text":
-        return Prompt(text=prompt.text, images=images)
+        return Prompt(text=prompt.text, **media)
     if kind == "token_ids":
-        return Prompt(token_ids=tuple(prompt.token_ids.ids), images=images)
-    return Prompt(images=images)
+        return Prompt(token_ids=tuple(prompt.token_ids.ids), **media)
+    return Prompt(**media)
+
+
+def video_from_wire(video: pb.VideoInput) -> VideoInput:
+    source = video.WhichOneof("source")
+    uuid = video.uuid if video.HasField("uuid") else None
+    return VideoInput(data=video.data if source == "data" else None, url=video.url if source == "url" else None, uuid=uuid)
+
+
+def video_options_from_wire(options: pb.VideoOptions) -> VideoOptions:
+    names = ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels")
+    try:
+        return VideoOptions(**{name: getattr(options, name) for name in names if options.HasField(name)})
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
 
 
 def image_from_wire(image: pb.ImageInput) -> ImageInput:
@@ -53,6 +74,8 @@ def _part(part: pb.ContentPart) -> ContentPart:
     kind = part.WhichOneof("part")
     if kind == "text":
         return ContentPart(text=part.text)
+    if kind == "video":
+        return ContentPart(video=video_from_wire(part.video))
     return ContentPart(image=image_from_wire(part.image)) if kind == "image" else ContentPart()
 
 

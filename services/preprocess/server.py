@@ -34,7 +34,8 @@ class PreprocessServicer(rpc.PreprocessServicer):
     async def _preprocess(self, request: pb.PreprocessRequest, context) -> pb.PreprocessResponse:
         try:
             prompt = prompt_from_wire(request.prompt)
-            result = await asyncio.to_thread(self.node.preprocess, prompt, skip_indexed=request.skip_indexed_pixels)
+            media = await self.node.prepare_media(prompt)  # videos, on the node's decode pool
+            result = await asyncio.to_thread(self.node.preprocess, prompt, skip_indexed=request.skip_indexed_pixels, media=media)
         except PreprocessError as exc:
             await abort_with(context, NodeError(exc.kind, f"{exc.code}: {exc.message}"))
         hashes: list[str] = []

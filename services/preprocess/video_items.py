@@ -73,7 +73,7 @@ class VideoPipeline:
         if video.uuid is not None:
             content, data = {"kind": "stable_id", "id": video.uuid}, None
         else:
-            data = self._bytes(video, fetched)
+            data = self.read(video, fetched)
             content = {"kind": "file", "digest": blake3.blake3(data).hexdigest()}
         return mm_hash_of_video(model_id=self.model_id, content=content, processor_kwargs=kwargs, decoder=DECODER_NAME), data
 
@@ -105,7 +105,7 @@ class VideoPipeline:
         clip = decoded.get(clip_hash)
         if clip is None:
             if data is None:  # named by uuid, not seen (or evicted): the bytes are needed now
-                data = self._bytes(video, fetched)
+                data = self.read(video, fetched)
             clip = self.decode(data, options)
             self.num_decoded += 1
         try:
@@ -135,7 +135,8 @@ class VideoPipeline:
         except VideoProcessingError as exc:
             raise InvalidVideoDataError(str(exc)) from None
 
-    def _bytes(self, video: VideoInput, fetched: Mapping[str, bytes]) -> bytes:
+    def read(self, video: VideoInput, fetched: Mapping[str, bytes]) -> bytes:
+        """The clip's encoded bytes (checked against max_video_bytes)."""
         data = fetched.get(video.url) if video.url is not None else None
         return data if data is not None else load_media(video, self.config, VIDEO)
 

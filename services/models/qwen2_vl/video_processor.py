@@ -78,6 +78,8 @@ class Qwen2VLVideoProcessor:
 
     def sample(self, metadata: VideoMetadata, options: VideoOptions) -> SampledClip:
         num_frames = self._num_sampled(metadata, options)
+        if num_frames > metadata.num_frames:
+            raise VideoProcessingError(f"cannot sample {num_frames} frames from a video of {metadata.num_frames}: ask for fewer")
         if num_frames <= 0:
             raise VideoProcessingError(
                 f"the video has {metadata.num_frames} frame(s); at least {self.temporal_patch_size} are needed at this sampling"
