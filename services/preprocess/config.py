@@ -24,7 +24,7 @@ class PreprocessConfig:
     # Videos (services/preprocess/video_decode.py): encoded bytes, duration, frames the sampler
     # may pick and their decoded pixels, all checked before any frame is decoded; videos per
     # request; the threads that decode them (off the node's one working thread).
-    max_video_bytes: int = 256 * 1024 * 1024
+    max_video_bytes: int = 64 * 1024 * 1024  # the gateway's body limit: a data URL is no larger
     max_video_seconds: float = 3600.0
     max_video_frames: int = 768
     max_video_decoded_pixels: int = 768 * 1920 * 1080

@@ -4,6 +4,9 @@ as templates serialize them), so prompts render token for token as before."""
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from protos.gen import pb
 from services.gateway.prompt_wire import prompt_for_library, prompt_from_body
 from services.gateway.protocol import ChatCompletionRequest
@@ -82,3 +85,53 @@ def test_a_tenant_scopes_image_uuids():
     )
     prompt = chat_prompt(request.messages, None, None, Tenant("acme"))
     assert prompt.chat.messages[0].parts.parts[0].image.uuid == "acme/cat"
+
+
+def test_videos_and_their_settings_reach_the_library_in_prompt_order():
+    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}, "uuid": "clip"}
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, video, {"type": "video_url", "video_url": "/m/b.mp4"}]}],
+        "mm_processor_kwargs": {"fps": 1, "max_pixels": 50176},
+    }
+    prompt = prompt_for_library(body)
+    checked = check_prompt(prompt, max_images=1, max_videos=2)
+    assert [v.url for v in checked.videos] == ["data:video/mp4;base64,AAAA", "/m/b.mp4"]
+    assert checked.videos[0].uuid == "clip" and checked.videos[1].uuid is None
+    assert checked.template_messages[0]["content"][1:] == [{"type": "video"}, {"type": "video"}]
+    assert (prompt.video_options.fps, prompt.video_options.max_pixels, prompt.video_options.num_frames) == (1.0, 50176, None)
+    raw = prompt_for_library({"prompt": "<|video_pad|>", "videos": ["data:video/mp4;base64,AAAA"], "mm_processor_kwargs": {"num_frames": 8}})
+    assert [v.url for v in raw.videos] == ["data:video/mp4;base64,AAAA"] and raw.video_options.num_frames == 8
+
+
+def test_a_tenant_scopes_video_uuids_as_it_scopes_image_uuids():
+    from services.gateway.prompt_wire import chat_prompt
+
+    request = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "/m/a.mp4"}, "uuid": "v1"}]}]}
+    )
+    wire = chat_prompt(request.messages, None, None, Tenant(name="acme"))
+    assert wire.chat.messages[0].parts.parts[0].video.uuid == "acme/v1"
+
+
+@pytest.mark.parametrize(
+    "kwargs,text",
+    [
+        ({"fps": 2, "num_frames": 4}, "mutually exclusive"),
+        ({"min_frames": 9, "max_frames": 4}, "min_frames must not exceed max_frames"),
+        ({"fps": 0}, "greater than 0"),
+        ({"do_sample_frames": False}, "do_sample_frames"),
+        ({"num_frames": 2.5}, "num_frames"),
+    ],
+)
+def test_video_settings_the_server_cannot_honour_are_refused_by_name(kwargs, text):
+    body = {"messages": [{"role": "user", "content": "hi"}], "mm_processor_kwargs": kwargs}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate(body)
+    assert text in str(info.value)
+
+
+def test_video_options_off_the_wire_check_themselves():
+    from services.preprocess.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="mutually exclusive"):
+        prompt_from_wire(pb.PromptInput(text="x", video_options=pb.VideoOptions(fps=2, num_frames=4)))

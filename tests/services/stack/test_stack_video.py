@@ -1,0 +1,84 @@
+"""Video through every role of the default stack, driven by the official openai client: exact
+against transformers, each temporal group encoded once, /tokenize counting as the chat request
+does, and each kind of bad clip a 4xx that names what was wrong while the stack keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+from openai import APIStatusError
+
+from tests.factories import Video, chat_case, data_url, make_clip
+from tests.services.stack.e2e_helpers import GREEDY, client_for
+from tests.video_oracle import oracle_case_tokens
+
+
+def _tower_runs(stack) -> float:
+    """Items through a vision tower anywhere: on the encoder tier or on a prefill node's own."""
+    metrics = stack.metrics()
+    return metrics.get("tessera_encoder_items_encoded_total", 0.0) + metrics.get("tessera_prefill_images_encoded_locally_total", 0.0)
+
+
+def _ask(stack, case, **extra):
+    body = {**GREEDY, "extra_body": {**GREEDY["extra_body"], **extra}}
+    return client_for(stack).chat.completions.create(model="tiny", messages=case.body["messages"], **body)
+
+
+def test_a_video_request_equals_the_oracle_and_each_group_is_encoded_once(stack, oracle):
+    case = chat_case(Video(make_clip(16, fps=4, width=80, height=60, seed=40)), "What moves in this clip?")
+    expected = oracle_case_tokens(oracle, case, 12)
+    encoded = _tower_runs(stack)
+    reply = _ask(stack, case)
+    assert reply.choices[0].message.content == oracle.tokenizer.decode(expected.token_ids, skip_special_tokens=True)
+    num_groups = _tower_runs(stack) - encoded
+    assert num_groups == 4  # 16 frames at 4 fps, sampled at 2 fps: 8 frames, 4 groups
+    again = _ask(stack, case)
+    assert again.choices[0].message.content == reply.choices[0].message.content
+    assert _tower_runs(stack) - encoded == num_groups  # no group encoded twice
+    tokenized = httpx.post(
+        stack.base_url.removesuffix("/v1") + "/tokenize", json={"model": "tiny", "messages": case.body["messages"]}, timeout=60
+    ).json()
+    assert tokenized["count"] == reply.usage.prompt_tokens
+
+
+def test_request_sampling_settings_change_the_frames_and_stay_exact(stack, oracle):
+    case = chat_case(Video(make_clip(12, fps=4, width=64, height=48, seed=41)), "Describe.")
+    reply = _ask(stack, case, mm_processor_kwargs={"fps": 4})
+    expected = oracle_case_tokens(oracle, case, 12, fps=4.0)
+    assert reply.choices[0].message.content == oracle.tokenizer.decode(expected.token_ids, skip_special_tokens=True)
+
+
+def _many_frames_clip() -> bytes:
+    frame = np.zeros((16, 16, 3), np.uint8)
+    return make_clip(frames=[frame + i % 200 for i in range(800)], fps=100)
+
+
+@pytest.mark.parametrize(
+    "url,kwargs,status,text",
+    [
+        (data_url(b"this is not a video", "video/mp4"), {}, 400, "not a video container"),
+        (data_url(make_clip(30)[:3000], "video/mp4"), {}, 400, "invalid_video"),
+        (data_url(make_clip(3, fps=2), "video/mp4"), {"num_frames": 8}, 400, "cannot sample 8 frames"),
+        (data_url(make_clip(1, fps=2), "video/mp4"), {}, 400, "at least 2"),
+        ("data:image/png;base64,AAAA", {}, 400, "expected video/*"),
+        (data_url(make_clip(4), "video/mp4"), {"fps": 2, "num_frames": 4}, 400, "mutually exclusive"),
+        (data_url(make_clip(4), "video/mp4"), {"temporal_patch_size": 4}, 400, "temporal_patch_size"),
+        ("https://example.com/clip.mp4", {}, 403, "remote video URLs are disabled"),
+    ],
+)
+def test_bad_videos_get_a_clear_4xx_and_the_stack_keeps_serving(stack, url, kwargs, status, text):
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "?"}]}]
+    extra = {"mm_processor_kwargs": kwargs} if kwargs else {}
+    with pytest.raises(APIStatusError) as info:
+        client_for(stack).chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body=extra)
+    assert info.value.status_code == status and text in info.value.message, info.value.message
+    ok = client_for(stack).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "still alive?"}], **GREEDY)
+    assert ok.usage.completion_tokens == 12
+
+
+def test_a_clip_over_the_frame_limit_is_a_413_naming_it(stack):
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data_url(_many_frames_clip(), "video/mp4")}}]}]
+    with pytest.raises(APIStatusError) as info:
+        client_for(stack).chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body={"mm_processor_kwargs": {"fps": 100, "max_frames": 800}})
+    assert info.value.status_code == 413 and "max_video_frames" in info.value.message
