@@ -25,3 +25,14 @@ class PlaceholderRange:
     @property
     def end(self) -> int:
         return self.offset + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlacement:
+    """Where a video's temporal group sits in its clip, for M-RoPE positions (Qwen2-VL and
+    Qwen2.5-VL): ``index`` 0 opens the clip, and ``time_position`` is the group's temporal
+    position from the clip's start. It travels with the group's item, since the nodes that run
+    the prompt lay out its positions again."""
+
+    index: int
+    time_position: int

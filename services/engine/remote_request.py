@@ -11,10 +11,12 @@ import torch
 
 from services.engine.request import MmFeature, Request
 from services.engine.sampling_params import SamplingParams
-from shared.types import MmHash, PlaceholderRange
+from shared.types import GroupPlacement, MmHash, PlaceholderRange
 
 # (num_tokens, ranges, grids) -> ((3, num_tokens) positions, delta): the family's, for one model.
-PositionsFn = Callable[[int, Sequence[PlaceholderRange], Sequence[tuple[int, int, int]]], tuple[torch.Tensor, int]]
+PositionsFn = Callable[
+    [int, Sequence[PlaceholderRange], Sequence[tuple[int, int, int]], Sequence[GroupPlacement | None]], tuple[torch.Tensor, int]
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,7 @@ class PromptItem:
     mm_hash: MmHash
     placeholder: PlaceholderRange
     grid_thw: tuple[int, int, int]
+    placement: GroupPlacement | None = None  # a video's temporal group (shared/types.py)
 
 
 def build_request(
@@ -35,7 +38,8 @@ def build_request(
     """A request computed from token ids and image items alone: every image's embeddings must be
     in the node's encoder cache before the request is scheduled (pulled from an encoder, or
     encoded by the node's own tower beside its engine)."""
-    positions, delta = positions_fn(len(token_ids), [i.placeholder for i in items], [i.grid_thw for i in items])
+    ranges, grids = [i.placeholder for i in items], [i.grid_thw for i in items]
+    positions, delta = positions_fn(len(token_ids), ranges, grids, [i.placement for i in items])
     return Request(
         request_id=request_id,
         prompt_token_ids=list(token_ids),

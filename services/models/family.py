@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from shared.types import PlaceholderRange
+from shared.types import GroupPlacement, PlaceholderRange
 
 if TYPE_CHECKING:
     import torch
@@ -62,15 +62,6 @@ class ProcessedImage:
 
     def without_pixels(self) -> ProcessedImage:
         return ProcessedImage(None, self.grid_thw, self.num_tokens)
-
-
-@dataclass(frozen=True, slots=True)
-class GroupPlacement:
-    """Where a video's temporal group sits in its video, for positions: ``index`` 0 opens the
-    video, and ``time_position`` is the group's M-RoPE temporal position from the video's start."""
-
-    index: int
-    time_position: int
 
 
 @dataclass(frozen=True, slots=True)

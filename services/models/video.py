@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from services.models.family import GroupPlacement, ProcessedImage
+from services.models.family import ProcessedImage
+from shared.types import GroupPlacement
 
 if TYPE_CHECKING:
     import torch

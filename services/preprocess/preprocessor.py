@@ -42,7 +42,7 @@ from services.preprocess.video_items import DecodedClip, VideoPipeline
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.hashing import mm_hash_of_part, mm_hash_of_pixels, mm_hash_of_stable_id
 from shared.node_metrics import Counter, Gauge, counter, gauge
-from shared.types import MmHash, PlaceholderRange
+from shared.types import GroupPlacement, MmHash, PlaceholderRange
 
 # The images (by mm_hash) that some live encoder holds -> their patch grids (t, h, w).
 IndexedGrids = Callable[[list[MmHash]], Mapping[MmHash, tuple[int, int, int]]]
@@ -54,6 +54,7 @@ class MmItem:
     placeholder: PlaceholderRange
     image: ProcessedImage
     processor_cache_hit: bool
+    placement: GroupPlacement | None = None  # a video's temporal group, positioned within its clip
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,14 +182,9 @@ class Preprocessor:
             for group_hash, group, placement in zip(v.group_hashes, v.video.groups, v.video.placements)
         ]
         placed = sorted(zip(parts, ranges), key=lambda pair: pair[1].offset)  # items in prompt order
-        items = [MmItem(mm_hash, placeholder, part, hit) for (mm_hash, part, hit, _), placeholder in placed]
-        positions, delta = self.family.positions(
-            self.model_config,
-            len(expanded),
-            [item.placeholder for item in items],
-            [item.image.grid_thw for item in items],
-            [placement for (_, _, _, placement), _ in placed],
-        )
+        items = [MmItem(mm_hash, placeholder, part, hit, placement) for (mm_hash, part, hit, placement), placeholder in placed]
+        ranges, grids = [item.placeholder for item in items], [item.image.grid_thw for item in items]
+        positions, delta = self.family.positions(self.model_config, len(expanded), ranges, grids, [item.placement for item in items])
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
 
     @property

@@ -46,7 +46,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
         return pb.PreprocessResponse(
             block_hashes=hashes,
             prompt_token_ids=result.prompt_token_ids,
-            mm_items=[item_to_pb(i.mm_hash, i.placeholder, i.image.grid_thw) for i in result.mm_items],
+            mm_items=[item_to_pb(i.mm_hash, i.placeholder, i.image.grid_thw, i.placement) for i in result.mm_items],
         )
 
     async def PushPixels(self, request: pb.PushPixelsRequest, context) -> pb.PushPixelsResponse:

@@ -5,15 +5,21 @@ from __future__ import annotations
 import time
 
 from protos.gen import pb
-from shared.types import MmHash, PlaceholderRange
+from shared.types import GroupPlacement, MmHash, PlaceholderRange
 
 
-def item_to_pb(mm_hash: MmHash, placeholder: PlaceholderRange, grid_thw: tuple[int, int, int]) -> pb.MmItem:
-    return pb.MmItem(mm_hash=mm_hash, offset=placeholder.offset, length=placeholder.length, grid_thw=list(grid_thw))
+def item_to_pb(
+    mm_hash: MmHash, placeholder: PlaceholderRange, grid_thw: tuple[int, int, int], placement: GroupPlacement | None = None
+) -> pb.MmItem:
+    item = pb.MmItem(mm_hash=mm_hash, offset=placeholder.offset, length=placeholder.length, grid_thw=list(grid_thw))
+    if placement is not None:
+        item.placement.CopyFrom(pb.GroupPlacement(index=placement.index, time_position=placement.time_position))
+    return item
 
 
-def item_from_pb(item: pb.MmItem) -> tuple[MmHash, PlaceholderRange, tuple[int, int, int]]:
-    return MmHash(item.mm_hash), PlaceholderRange(item.offset, item.length), tuple(item.grid_thw)
+def item_from_pb(item: pb.MmItem) -> tuple[MmHash, PlaceholderRange, tuple[int, int, int], GroupPlacement | None]:
+    placement = GroupPlacement(item.placement.index, item.placement.time_position) if item.HasField("placement") else None
+    return MmHash(item.mm_hash), PlaceholderRange(item.offset, item.length), tuple(item.grid_thw), placement
 
 
 def call_deadline_s(context) -> float | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from services.models.builtins import qwen2_vl as builtin
-from services.models.family import GroupPlacement, ImageOptions, ModelConfig, ProcessedImage, ProgressFn
+from services.models.family import ImageOptions, ModelConfig, ProcessedImage, ProgressFn
 from services.models.placeholders import Span, expand_markers
 from services.models.qwen2_vl import INFO
 from services.models.qwen2_vl.config import read_config, spatial_merge_size, weight_group
@@ -19,7 +19,7 @@ from services.models.qwen2_vl.mrope import mrope_positions
 from services.models.qwen2_vl.video_processor import Qwen2VLVideoProcessor
 from services.models.qwen2_vl.vision import VisionEncoder, build_vision_tower
 from services.models.video import ProcessedVideo
-from shared.types import PlaceholderRange
+from shared.types import GroupPlacement, PlaceholderRange
 
 
 class Qwen2VLFamily:

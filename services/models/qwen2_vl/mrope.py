@@ -19,8 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from services.models.family import GroupPlacement
-from shared.types import PlaceholderRange
+from shared.types import GroupPlacement, PlaceholderRange
 
 
 def mrope_positions(

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from services.models.family import GroupPlacement, ProcessedImage
+from services.models.family import ProcessedImage
 from services.models.video import ProcessedVideo, SampledClip, VideoMetadata, VideoOptions, VideoProcessingError, group_rows
+from shared.types import GroupPlacement
 
 # transformers.models.qwen2_vl.video_processing_qwen2_vl.Qwen2VLVideoProcessor's class defaults.
 QWEN2_VL_VIDEO_DEFAULTS: dict[str, object] = {

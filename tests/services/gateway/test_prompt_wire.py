@@ -99,7 +99,8 @@ def test_videos_and_their_settings_reach_the_library_in_prompt_order():
     assert checked.videos[0].uuid == "clip" and checked.videos[1].uuid is None
     assert checked.template_messages[0]["content"][1:] == [{"type": "video"}, {"type": "video"}]
     assert (prompt.video_options.fps, prompt.video_options.max_pixels, prompt.video_options.num_frames) == (1.0, 50176, None)
-    raw = prompt_for_library({"prompt": "<|video_pad|>", "videos": ["data:video/mp4;base64,AAAA"], "mm_processor_kwargs": {"num_frames": 8}})
+    body = {"prompt": "<|video_pad|>", "videos": ["data:video/mp4;base64,AAAA"], "mm_processor_kwargs": {"num_frames": 8}}
+    raw = prompt_for_library(body)
     assert [v.url for v in raw.videos] == ["data:video/mp4;base64,AAAA"] and raw.video_options.num_frames == 8
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers.video_utils import VideoMetadata as HFMetadata
 
-from services.models.family import GroupPlacement
 from services.models.qwen2_vl.video_processor import QWEN2_VL_VIDEO_DEFAULTS, SERVING_FPS
 from services.models.video import VideoMetadata, VideoOptions, VideoProcessingError
 from services.preprocess.video_decode import decode_frames
+from shared.types import GroupPlacement
 from tests.factories import make_clip
 from tests.video_oracle import hf_video_processor, oracle_video, qwen2_vl_video_processor_class
 

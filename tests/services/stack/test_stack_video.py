@@ -79,6 +79,7 @@ def test_bad_videos_get_a_clear_4xx_and_the_stack_keeps_serving(stack, url, kwar
 
 def test_a_clip_over_the_frame_limit_is_a_413_naming_it(stack):
     messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": data_url(_many_frames_clip(), "video/mp4")}}]}]
+    extra = {"mm_processor_kwargs": {"fps": 100, "max_frames": 800}}
     with pytest.raises(APIStatusError) as info:
-        client_for(stack).chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body={"mm_processor_kwargs": {"fps": 100, "max_frames": 800}})
+        client_for(stack).chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body=extra)
     assert info.value.status_code == 413 and "max_video_frames" in info.value.message

@@ -3,9 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.models.family import GroupPlacement
 from services.models.qwen2_vl.mrope import mrope_positions
-from shared.types import PlaceholderRange
+from shared.types import GroupPlacement, PlaceholderRange
 
 
 def test_text_only_positions_are_sequential_on_all_axes():
