@@ -6,10 +6,14 @@ table per load (`tessera bench --compare`'s) and leaves vLLM's result JSON files
 
     python benchmarks/peers/vllm_bench_serve_pair.py --out benchmarks/results/vllm-bench-serve/RUN \
         [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0] [--temperature 0] \
-        [--systems tessera] [--detailed]
+        [--systems tessera] [--detailed] [--video-frames 16 --video-size 224]
 
 The workload is benchmarks/peers/README.md's: one new 448x448 image per request, 64 input and 16
-output tokens, ignore_eos on both sides. `vllm bench serve` sends no temperature unless told, so
+output tokens, ignore_eos on both sides. With ``--video-frames N`` it is one new clip per request
+instead (vLLM's random-mm video bucket: N frames of noise at 30 fps, ``--video-size`` square),
+and Tessera is started with ``mm_processor_kwargs={"num_frames": N}`` so both servers process
+every frame (vLLM loads up to 32 frames of a clip and its Qwen2-VL processor samples none).
+`vllm bench serve` sends no temperature unless told, so
 both servers sample at the API's default of 1.0; `--temperature 0` measures greedy decoding
 (where Tessera's greedy head reads a bfloat16 copy of the LM head: kernels/screened_argmax.py).
 Each load draws its own prompts and images (seed, seed+1, ...; the warm-up the next one): a load
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -50,8 +55,7 @@ def serve_bench(
         "--base-url", base_url, "--model", served, "--tokenizer", str(ensure_builtin(args.model)),
         "--dataset-name", "random-mm", "--num-prompts", str(num_prompts), *load_flags,
         "--random-input-len", "64", "--random-output-len", "16", "--random-range-ratio", "0",
-        "--random-mm-base-items-per-request", "1", "--random-mm-num-mm-items-range-ratio", "0",
-        "--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}', "--random-mm-bucket-config", "{(448, 448, 1): 1.0}",
+        "--random-mm-base-items-per-request", "1", "--random-mm-num-mm-items-range-ratio", "0", *media_flags(args),
         "--ignore-eos", "--seed", str(seed), "--save-result", "--result-dir", str(args.out), "--result-filename", f"{name}.json",
     ]  # fmt: skip
     if args.temperature is not None:
@@ -62,10 +66,19 @@ def serve_bench(
     return args.out / f"{name}.json"
 
 
+def media_flags(args: argparse.Namespace) -> list[str]:
+    if args.video_frames is None:
+        return ["--random-mm-limit-mm-per-prompt", '{"image": 1, "video": 0}', "--random-mm-bucket-config", "{(448, 448, 1): 1.0}"]
+    bucket = f"{{({args.video_size}, {args.video_size}, {args.video_frames}): 1.0}}"
+    return ["--random-mm-limit-mm-per-prompt", '{"image": 0, "video": 1}', "--random-mm-bucket-config", bucket]
+
+
 @contextlib.contextmanager
 def serving(system: str, args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     """(base URL, served model name) of ``system`` while the block runs."""
     if system == "tessera":
+        if args.video_frames is not None:  # every frame, as vLLM processes them (the module's header)
+            os.environ["TESSERA_PREPROCESS_MM_PROCESSOR_KWARGS"] = json.dumps({"num_frames": args.video_frames})
         process, url = start_stack(args.model, [], log_path=args.out / "tessera-stack.log")
         try:
             yield url.removesuffix("/v1"), args.model
@@ -90,6 +103,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=None, help="sent with every request (default: none, so 1.0)")
     parser.add_argument("--detailed", action="store_true", help="save each request's TTFT, ITLs and text too (--save-detailed)")
+    parser.add_argument("--video-frames", type=int, default=None, help="one clip of this many frames per request instead of an image")
+    parser.add_argument("--video-size", type=int, default=224, help="the clips' width and height")
     parser.add_argument("--systems", default="tessera,vllm", help="which to run: one alone (a variant's own runs) prints its table alone")
     args = parser.parse_args()
     systems = [system for system in args.systems.split(",") if system]

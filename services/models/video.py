@@ -67,6 +67,19 @@ class VideoOptions:
             if getattr(self, low) is not None and getattr(self, high) is not None and getattr(self, low) > getattr(self, high):
                 raise ValueError(f"mm_processor_kwargs.{low} must not exceed {high}")
 
+    def over(self, defaults: VideoOptions) -> VideoOptions:
+        """These settings over a deployment's defaults, as vLLM merges a request's over
+        ``--mm-processor-kwargs``: a request's ``fps`` drops a default ``num_frames``, and the
+        other way round, since the two choose the frames together."""
+        names = ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels")
+        merged = {name: getattr(defaults, name) for name in names}
+        if self.fps is not None:
+            merged["num_frames"] = None
+        if self.num_frames is not None:
+            merged["fps"] = None
+        merged.update({name: getattr(self, name) for name in names if getattr(self, name) is not None})
+        return VideoOptions(**merged)
+
     def as_dict(self) -> dict[str, float | int]:
         """The settings given, for a video's identity."""
         names = ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels")

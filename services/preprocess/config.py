@@ -6,9 +6,11 @@ Every field can come from a CLI flag or a ``TESSERA_PREPROCESS_<FIELD>`` environ
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from services.models.video import VideoOptions
 from shared.settings import add_dataclass_arguments, dataclass_from_sources
 
 ENV_PREFIX = "TESSERA_PREPROCESS_"
@@ -30,6 +32,10 @@ class PreprocessConfig:
     max_video_decoded_pixels: int = 768 * 1920 * 1080
     max_videos_per_request: int = 4
     video_decode_threads: int = 2
+    # The deployment's video processor settings, a JSON object as vLLM's --mm-processor-kwargs
+    # takes it (fps or num_frames, min_frames, max_frames, min_pixels, max_pixels); a request's
+    # mm_processor_kwargs override them. Empty: the model's.
+    mm_processor_kwargs: str = ""
     # Prompt length limit after placeholder expansion.
     max_prompt_tokens: int = 32768
     # Remote http(s) images are off unless enabled, and then only from allow-listed domains.
@@ -62,12 +68,24 @@ class PreprocessConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.processor_cache_bytes < 0 or self.file_hash_memo_entries < 0:
             raise ValueError("processor_cache_bytes and file_hash_memo_entries must be >= 0")
+        self.video_defaults()  # a bad value fails at start-up, naming the setting
         if self.remote_fetch_timeout_s <= 0:
             raise ValueError("remote_fetch_timeout_s must be positive")
         if self.allowed_image_domains and not self.allow_remote_images:
             raise ValueError("allowed_image_domains is set but allow_remote_images is off")
         if self.min_pixels is not None and self.max_pixels is not None and self.min_pixels > self.max_pixels:
             raise ValueError("min_pixels must not exceed max_pixels")
+
+    def video_defaults(self) -> VideoOptions:
+        if not self.mm_processor_kwargs:
+            return VideoOptions()
+        try:
+            given = json.loads(self.mm_processor_kwargs)
+            if not isinstance(given, dict):
+                raise ValueError("not a JSON object")
+            return VideoOptions(**given)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"mm_processor_kwargs {self.mm_processor_kwargs!r}: {exc}") from None
 
     @classmethod
     def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -159,7 +159,8 @@ class Preprocessor:
             self._materialize(image, mm_hash, pil, hit, grids.get(mm_hash), fetched)
             for image, (mm_hash, pil), hit in zip(parsed.images, identified, cached)
         ]
-        videos = [pipeline.items(video, prompt.video_options, fetched, decoded or {}) for video in parsed.videos] if pipeline else []
+        options = pipeline.settle(prompt.video_options) if pipeline else None
+        videos = [pipeline.items(video, options, fetched, decoded or {}) for video in parsed.videos] if pipeline else []
         parts_per_image = [self.image_processor.split(image) for _, image, _ in hashed]
         try:
             expanded, ranges = self.family.expand_prompt(

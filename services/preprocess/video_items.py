@@ -64,8 +64,13 @@ class VideoPipeline:
         self.config = config
         self.cache = cache
         self.limits = VideoLimits(config.max_video_seconds, config.max_video_frames, config.max_video_decoded_pixels)
+        self.defaults = config.video_defaults()
         self._clip_to_record: BoundedMemo[MmHash, ClipRecord] = BoundedMemo(config.file_hash_memo_entries)
         self.num_decoded = 0
+
+    def settle(self, requested: VideoOptions) -> VideoOptions:
+        """A request's settings over the deployment's (``mm_processor_kwargs``)."""
+        return requested.over(self.defaults)
 
     def identify(self, video: VideoInput, options: VideoOptions, fetched: Mapping[str, bytes]) -> tuple[MmHash, bytes | None]:
         """(the clip's identity, its bytes when they were read to name it)."""

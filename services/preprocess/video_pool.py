@@ -45,7 +45,7 @@ class VideoDecodePool:
             return PreparedMedia({}, {})
         pipeline = self._preprocessor.videos  # a family without video says so here
         loop = asyncio.get_running_loop()
-        options = prompt.video_options
+        options = pipeline.settle(prompt.video_options)
         results = await asyncio.gather(*(loop.run_in_executor(self._executor, _prepare, pipeline, v, options) for v in checked.videos))
         fetched = {url: data for url, data, _, _ in results if url is not None and data is not None}
         decoded = {clip_hash: clip for _, _, clip_hash, clip in results if clip is not None}

@@ -133,3 +133,20 @@ def test_qwen2_5_vl_groups_are_spaced_by_seconds(tmp_path):
     placements = processor._placements(clip, 4)
     # 8 frames of 40 at 10 fps: sampled at 2 fps, 1 s per group, 2 tokens per second.
     assert placements == tuple(GroupPlacement(index=k, time_position=2 * k) for k in range(4))
+
+
+def test_request_settings_override_the_deployments_as_vllm_merges_them():
+    defaults = VideoOptions(num_frames=16, max_pixels=50176)
+    assert VideoOptions().over(defaults) == defaults
+    assert VideoOptions(fps=1.0).over(defaults) == VideoOptions(fps=1.0, max_pixels=50176)  # fps drops the default num_frames
+    assert VideoOptions(num_frames=8).over(VideoOptions(fps=4.0)) == VideoOptions(num_frames=8)
+    assert VideoOptions(min_pixels=3136).over(defaults) == VideoOptions(num_frames=16, min_pixels=3136, max_pixels=50176)
+
+
+def test_the_deployments_settings_are_checked_at_start_up():
+    from services.preprocess.config import PreprocessConfig
+
+    assert PreprocessConfig(mm_processor_kwargs='{"fps": 1}').video_defaults() == VideoOptions(fps=1)
+    for bad in ('{"bogus": 1}', '{"fps": 1, "num_frames": 4}', "[1]", "{"):
+        with pytest.raises(ValueError, match="mm_processor_kwargs"):
+            PreprocessConfig(mm_processor_kwargs=bad)
