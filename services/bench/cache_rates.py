@@ -52,6 +52,22 @@ def tower_runs(before: Counters, after: Counters) -> float | None:
     return sum(after.get(name, 0.0) - before.get(name, 0.0) for name in TOWER_RUNS)
 
 
+# Seconds the endpoint's nodes spent, by stage: decoding video, and running vision towers.
+SECONDS = {
+    "video_decode_s": ("tessera_video_decode_seconds_total",),
+    "tower_s": ("tessera_encoder_tower_seconds_total", "tessera_prefill_tower_seconds_total"),
+}
+
+
+def seconds_spent(before: Counters, after: Counters) -> dict[str, float]:
+    """Each stage's seconds between two scrapes, where the endpoint reports it (Tessera's)."""
+    return {
+        stage: sum(after.get(name, 0.0) - before.get(name, 0.0) for name in names)
+        for stage, names in SECONDS.items()
+        if any(name in after for name in names)
+    }
+
+
 def hit_rates(before: Counters, after: Counters) -> dict[str, float]:
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)

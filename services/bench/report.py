@@ -29,6 +29,8 @@ class Run:
     records: list[RequestRecord]
     cache_hit_rates: dict[str, float] = field(default_factory=dict)
     tower_runs: float | None = None  # vision-tower runs over the run, from the endpoint's metrics (Tessera's)
+    num_new_items: int | None = None  # vision items no earlier request of the run brought (the workload's count)
+    seconds_spent: dict[str, float] = field(default_factory=dict)  # by stage (cache_rates.SECONDS)
 
     def summary(self) -> dict[str, float | int | None]:
         ok = [r for r in self.records if r.error is None]
@@ -62,6 +64,10 @@ class Run:
         num_new_images = sum(r.first_touch for r in self.records)
         if self.tower_runs is not None and num_new_images and self.workload in NEW_IMAGE_PER_FIRST_TOUCH:
             summary["tower_runs_per_new_image"] = self.tower_runs / num_new_images  # 1.00: each image encoded once
+        if self.tower_runs is not None and self.num_new_items and self.workload == "video_clips":
+            summary["tower_runs_per_new_group"] = self.tower_runs / self.num_new_items  # 1.00: each group encoded once
+        for stage, seconds in sorted(self.seconds_spent.items()):
+            summary[stage] = seconds
         return summary
 
     def vllm_fields(self) -> dict:
@@ -84,6 +90,8 @@ class Run:
             "summary": self.summary(),
             "cache_hit_rates": self.cache_hit_rates,
             "tower_runs": self.tower_runs,
+            "num_new_items": self.num_new_items,
+            "seconds_spent": self.seconds_spent,
             "records": [asdict(r) for r in self.records],
         }
 
@@ -98,6 +106,8 @@ class Run:
             records,
             data.get("cache_hit_rates", {}),
             data.get("tower_runs"),
+            data.get("num_new_items"),
+            data.get("seconds_spent", {}),
         )
 
 

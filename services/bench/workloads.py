@@ -8,6 +8,8 @@ to exercise one part of the serving path.
   long_prompts   long text documents behind one shared system prompt: prefill-bound, and the
                  system prompt is a shared prefix
   cold_images    every request brings a new image: the cold path (decode, preprocess, encode)
+  video_clips    recordings sent as they grow, then again (video_workload.py): each temporal
+                 group should reach a vision tower once
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ WORDS = "river stone lantern orbit meadow cipher harbor quartz ember willow sign
 class BenchRequest:
     messages: list[dict]
     first_touch: bool  # the first request to bring its image (or conversation, or document)
+    num_new_items: int | None = None  # vision items no earlier request brought; None: one per first touch
+
+    @property
+    def new_items(self) -> int:
+        return int(self.first_touch) if self.num_new_items is None else self.num_new_items
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +111,18 @@ def cold_images(spec: WorkloadSpec) -> list[BenchRequest]:
     ]
 
 
+def video_clips(spec: WorkloadSpec) -> list[BenchRequest]:
+    from services.bench.video_workload import video_clips as build  # it imports this module
+
+    return build(spec)
+
+
 WORKLOADS: dict[str, Callable[[WorkloadSpec], list[BenchRequest]]] = {
     "shared_images": shared_images,
     "multi_turn": multi_turn,
     "long_prompts": long_prompts,
     "cold_images": cold_images,
+    "video_clips": video_clips,
 }
 
 

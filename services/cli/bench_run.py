@@ -128,7 +128,9 @@ def _run_target(target: targets.Target, names: list[str], args: argparse.Namespa
             scraped_before, scraped_after = _summed(before.values()), _summed(cache_rates.scrape(url) for url in base_urls)
             rates = cache_rates.hit_rates(scraped_before, scraped_after)
             tower_runs = cache_rates.tower_runs(scraped_before, scraped_after)
-            result = report.Run(target.label, name, _settings_json(args, base_urls), wall_s, records, rates, tower_runs)
+            seconds = cache_rates.seconds_spent(scraped_before, scraped_after)
+            num_new = sum(r.new_items for r in requests)
+            result = report.Run(target.label, name, _settings_json(args, base_urls), wall_s, records, rates, tower_runs, num_new, seconds)
             stem = (
                 args.out / f"{name}-{target.label.replace('/', '_').replace(':', '_').replace(' ', '_')}-{time.strftime('%Y%m%d-%H%M%S')}"
             )

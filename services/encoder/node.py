@@ -66,6 +66,7 @@ class EncoderMetrics:
     inbox: InboxMetrics
     batching: BatchMetrics = field(default_factory=BatchMetrics)  # the servicer's batcher counts into it
     num_items_encoded: Counter = counter("encoder_items_encoded_total", "Images run through the vision tower")
+    tower_seconds: Counter = counter("encoder_tower_seconds_total", "Seconds the vision tower ran")
     # The embedding cache, in images: a miss is an image encoded.
     num_cache_hits: Counter = counter("encoder_cache_hits_total", "Images whose embeddings were cached")
     cache_misses: Counter = counter("encoder_cache_misses_total", "Images encoded (encoder_items_encoded_total)")
@@ -108,6 +109,7 @@ class EncoderNode:
     def _metrics(self) -> EncoderMetrics:
         metrics, vision, cache = EncoderMetrics(self.inbox.metrics), self.vision, self.cache
         metrics.num_items_encoded.read_from(lambda: vision.num_items_encoded)
+        metrics.tower_seconds.read_from(lambda: vision.seconds_encoding)
         metrics.num_cache_evictions.read_from(lambda: cache.num_evictions)
         metrics.cache.read_from(lambda: cache.cache_size - cache.num_free_slots, lambda: cache.cache_size)
         metrics.cache_rows.read_from(lambda: cache.cache_size - cache.num_free_slots)

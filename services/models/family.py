@@ -124,6 +124,7 @@ class ImageProcessor(Protocol):
 
 class VisionEncoder(Protocol):
     num_items_encoded: int
+    seconds_encoding: float  # wall time of its encode calls
 
     def encode(self, pixel_values: list[torch.Tensor], grids_thw: list[tuple[int, int, int]]) -> list[torch.Tensor]:
         """One (num_tokens, text_hidden) embedding tensor per image part, in order."""

@@ -59,6 +59,7 @@ class EmbeddingMetrics:
     num_local_encodes: Counter = counter(
         "prefill_images_encoded_locally_total", "Images whose pixels came here to be encoded by this node's own tower"
     )
+    tower_seconds: Counter = counter("prefill_tower_seconds_total", "Seconds this node's own vision tower ran")
     num_shipped: Counter = counter("prefill_embeddings_shipped_total", "Images' embeddings this node shipped to another prefill node")
     # Claims: a request's images found in the engine's embedding cache, or not.
     num_hits: Counter = counter("embedding_cache_hits_total", "A request's images found in the embedding cache")
@@ -85,6 +86,8 @@ class ResidentEmbeddings:
         self._mm_hash_to_fetch: dict[MmHash, asyncio.Event] = {}  # images in flight here; on the loop only
         self.tower = ComputeThread("prefill-tower") if vision is not None else None
         self.metrics = EmbeddingMetrics()
+        if vision is not None:
+            self.metrics.tower_seconds.read_from(lambda: vision.seconds_encoding)
 
     async def make_resident(self, job: PrefillJob, upstream: Upstream) -> None:
         """Reference every image of ``job`` for its request, encoding or fetching those lacking.

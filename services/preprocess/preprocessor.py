@@ -96,6 +96,8 @@ class PreprocessorMetrics:
     cache_bytes: Gauge = gauge("processor_cache_bytes", "Bytes of processed images cached (processor_cache_used_bytes)")
     cache: CacheGauges = cache_gauges("processor", "bytes")
     file_hash_memo: CacheGauges = cache_gauges("file_hash_memo", "entries")
+    num_videos_decoded: Counter = counter("video_clips_decoded_total", "Video clips decoded (a clip whose groups were all cached is not)")
+    video_decode_seconds: Counter = counter("video_decode_seconds_total", "Seconds spent reading headers and decoding sampled frames")
 
 
 class Preprocessor:
@@ -134,6 +136,10 @@ class Preprocessor:
         metrics.cache_bytes.read_from(lambda: stats.num_bytes)
         metrics.cache.read_from(lambda: stats.num_bytes, lambda: cache.capacity_bytes)
         metrics.file_hash_memo.read_from(lambda: len(memo), lambda: memo.max_entries)
+        if self._videos is not None:
+            videos = self._videos
+            metrics.num_videos_decoded.read_from(lambda: videos.num_decoded)
+            metrics.video_decode_seconds.read_from(lambda: videos.decode_seconds)
         return metrics
 
     def preprocess(

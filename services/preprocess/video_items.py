@@ -15,6 +15,8 @@ cached on its own.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -66,7 +68,10 @@ class VideoPipeline:
         self.limits = VideoLimits(config.max_video_seconds, config.max_video_frames, config.max_video_decoded_pixels)
         self.defaults = config.video_defaults()
         self._clip_to_record: BoundedMemo[MmHash, ClipRecord] = BoundedMemo(config.file_hash_memo_entries)
+        # Decodes run on a node's pool threads: these two are added to under a lock.
         self.num_decoded = 0
+        self.decode_seconds = 0.0
+        self._count_lock = threading.Lock()
 
     def settle(self, requested: VideoOptions) -> VideoOptions:
         """A request's settings over the deployment's (``mm_processor_kwargs``)."""
@@ -89,12 +94,17 @@ class VideoPipeline:
         return record is not None and all(h in self.cache for h in record.group_hashes)
 
     def decode(self, data: bytes, options: VideoOptions) -> DecodedClip:
-        """Header, limits, sampler, limits, frames. Touches no shared state."""
+        """Header, limits, sampler, limits, frames. Touches no shared state but its counts."""
+        started = time.perf_counter()
         header = read_header(data, self.limits)
         metadata = VideoMetadata(header.num_frames, header.fps, header.width, header.height)
         clip = self._sample(metadata, options)
         check_sampled(header, len(set(clip.indices)), self.limits)
-        return DecodedClip(tuple(decode_frames(data, clip.indices)), clip)
+        decoded = DecodedClip(tuple(decode_frames(data, clip.indices)), clip)
+        with self._count_lock:
+            self.num_decoded += 1
+            self.decode_seconds += time.perf_counter() - started
+        return decoded
 
     def items(
         self,
@@ -112,7 +122,6 @@ class VideoPipeline:
             if data is None:  # named by uuid, not seen (or evicted): the bytes are needed now
                 data = self.read(video, fetched)
             clip = self.decode(data, options)
-            self.num_decoded += 1
         try:
             processed = self.processor.process(clip.frames, clip.clip, options)
         except VideoProcessingError as exc:

@@ -10,6 +10,7 @@ and returns one (crops * tokens_per_crop, text_hidden) tensor per part, in order
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 from torch import nn
@@ -52,11 +53,14 @@ class VisionEncoder:
     def __init__(self, model: Gemma3Vision) -> None:
         self.model = model
         self.num_items_encoded = 0
+        self.seconds_encoding = 0.0  # the tower's own time, as the family's Protocol counts it
 
     @torch.inference_mode()
     def encode(self, pixel_values: list[torch.Tensor], grids_thw: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+        started = time.perf_counter()
         param = next(self.model.parameters())
         crops = torch.cat(pixel_values).to(device=param.device, dtype=param.dtype)
         embeds = self.model(crops)  # (total crops, tokens per crop, hidden)
         self.num_items_encoded += len(grids_thw)
+        self.seconds_encoding += time.perf_counter() - started
         return [part.reshape(-1, part.shape[-1]) for part in torch.split(embeds, [t for t, _, _ in grids_thw])]

@@ -10,6 +10,7 @@ encode(pixel_values, grid_thw) returns one (num_tokens, text_hidden) tensor per 
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 
@@ -50,9 +51,11 @@ class VisionEncoder:
         self.tower = tower
         self.merge_area = spatial_merge_size**2
         self.num_items_encoded = 0
+        self.seconds_encoding = 0.0
 
     @torch.inference_mode()
     def encode(self, pixel_values: list[torch.Tensor], grids_thw: list[tuple[int, int, int]]) -> list[torch.Tensor]:
+        started = time.perf_counter()
         param = next(self.tower.parameters())
         pixels = torch.cat(pixel_values).to(device=param.device, dtype=param.dtype)
         out = self.tower(pixels, grid_thw=torch.tensor(grids_thw, dtype=torch.long, device=param.device))
@@ -61,4 +64,5 @@ class VisionEncoder:
         rows = torch.cat([embeds, *out.deepstack_features], dim=1) if getattr(out, "deepstack_features", None) else embeds
         sizes = [t * h * w // self.merge_area for t, h, w in grids_thw]
         self.num_items_encoded += len(grids_thw)
+        self.seconds_encoding += time.perf_counter() - started
         return list(torch.split(rows, sizes))

@@ -45,3 +45,22 @@ def test_cold_images_never_repeat_and_long_prompts_share_a_system_prompt():
 def test_unknown_workload_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown workload 'bogus'"):
         build_workload("bogus", WorkloadSpec(num_requests=1))
+
+
+def test_video_clips_grow_then_repeat_and_count_their_new_groups():
+    import base64
+    import io
+
+    import av
+
+    requests = build_workload("video_clips", WorkloadSpec(num_requests=8, image_size=(32, 24)))
+    assert [r.new_items for r in requests] == [4, 4, 2, 2, 2, 2, 0, 0]  # 8 frames, +4, +4, again: groups of 2
+    frames_of = []
+    for request in requests:
+        url = request.messages[0]["content"][0]["video_url"]["url"]
+        with av.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))) as clip:
+            frames_of.append([f.to_ndarray(format="rgb24") for f in clip.decode(video=0)])
+    assert [len(f) for f in frames_of] == [8, 8, 12, 12, 16, 16, 16, 16]
+    longest = {len(f): f for f in frames_of}  # a later cut of one recording starts with the earlier cut's frames
+    by_recording = [f for f in frames_of if len(f) == 16]
+    assert any(all((a == b).all() for a, b in zip(longest[8], whole)) for whole in by_recording)

@@ -221,7 +221,9 @@ def test_tessera_bench_runs_every_workload_against_the_stack(stack, tmp_path):
     ]
     assert main([*argv, "--base-url", stack.base_url, "--out", str(tmp_path), "--no-progress", "--label", "smoke"]) == 0
     runs = {run.workload: run for run in (report.load(path) for path in tmp_path.glob("*.json"))}
-    assert set(runs) == {"shared_images", "multi_turn", "long_prompts", "cold_images"}
+    assert set(runs) == {"shared_images", "multi_turn", "long_prompts", "cold_images", "video_clips"}
+    video = runs["video_clips"].summary()
+    assert video["tower_runs_per_new_group"] == 1.0 and video["video_decode_s"] > 0 and video["tower_s"] > 0
     for name, run in runs.items():
         summary = run.summary()
         assert summary["requests_ok"] == 4 and summary["requests_failed"] == 0, name

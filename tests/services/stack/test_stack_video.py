@@ -83,3 +83,17 @@ def test_a_clip_over_the_frame_limit_is_a_413_naming_it(stack):
     with pytest.raises(APIStatusError) as info:
         client_for(stack).chat.completions.create(model="tiny", messages=messages, max_tokens=2, extra_body=extra)
     assert info.value.status_code == 413 and "max_video_frames" in info.value.message
+
+
+def test_a_raw_prompt_with_a_video_on_the_completions_endpoint_equals_the_chat_request(stack, oracle):
+    clip = make_clip(8, fps=4, width=64, height=48, seed=42)
+    case = chat_case(Video(clip), "Say what you see.")
+    chat = _ask(stack, case)
+    prompt = oracle.chat_text(case.oracle_messages)  # the template's text, its one video marker included
+    assert prompt.count("<|video_pad|>") == 1
+    reply = client_for(stack).completions.create(
+        model="tiny", prompt=prompt, max_tokens=12, temperature=0,
+        extra_body={"ignore_eos": True, "multi_modal_data": {"video": data_url(clip, "video/mp4")}},
+    )  # fmt: skip
+    assert reply.usage.prompt_tokens == chat.usage.prompt_tokens
+    assert reply.choices[0].text == chat.choices[0].message.content
