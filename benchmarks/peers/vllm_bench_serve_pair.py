@@ -10,9 +10,11 @@ table per load (`tessera bench --compare`'s) and leaves vLLM's result JSON files
 
 The workload is benchmarks/peers/README.md's: one new 448x448 image per request, 64 input and 16
 output tokens, ignore_eos on both sides. With ``--video-frames N`` it is one new clip per request
-instead (vLLM's random-mm video bucket: N frames of noise at 30 fps, ``--video-size`` square),
-and Tessera is started with ``mm_processor_kwargs={"num_frames": N}`` so both servers process
-every frame (vLLM loads up to 32 frames of a clip and its Qwen2-VL processor samples none).
+instead (vLLM's random-mm video bucket: N frames of noise at 30 fps, ``--video-size`` square).
+Both servers then sample 2 frames per second within Qwen2-VL's bounds (at least 4 frames) and
+size frames by Qwen2VLVideoProcessor's own pixel bounds: vLLM's copy of the model carries that
+processor with its class defaults (prepare_model.py), and Tessera is started with the same
+bounds as ``mm_processor_kwargs`` (the built-in's own files leave video at the image's bounds).
 `vllm bench serve` sends no temperature unless told, so
 both servers sample at the API's default of 1.0; `--temperature 0` measures greedy decoding
 (where Tessera's greedy head reads a bfloat16 copy of the LM head: kernels/screened_argmax.py).
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 from services.bench.local_stack import start_stack, stop_stack
 from services.bench.peer_vllm import start_vllm, stop_vllm, vllm_venv
 from services.bench.serve_metrics import table
+from services.models.qwen2_vl.video_processor import QWEN2_VL_VIDEO_DEFAULTS
 from services.models.registry import ensure_builtin
 
 OPEN_LOOP_MAX_CONCURRENCY = 64
@@ -77,8 +80,10 @@ def media_flags(args: argparse.Namespace) -> list[str]:
 def serving(system: str, args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     """(base URL, served model name) of ``system`` while the block runs."""
     if system == "tessera":
-        if args.video_frames is not None:  # every frame, as vLLM processes them (the module's header)
-            os.environ["TESSERA_PREPROCESS_MM_PROCESSOR_KWARGS"] = json.dumps({"num_frames": args.video_frames})
+        if args.video_frames is not None:  # the video bounds vLLM's copy of the model has (the module's header)
+            size = QWEN2_VL_VIDEO_DEFAULTS["size"]
+            bounds = {"min_pixels": size["shortest_edge"], "max_pixels": size["longest_edge"]}
+            os.environ["TESSERA_PREPROCESS_MM_PROCESSOR_KWARGS"] = json.dumps(bounds)
         process, url = start_stack(args.model, [], log_path=args.out / "tessera-stack.log")
         try:
             yield url.removesuffix("/v1"), args.model

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from services.engine import connector
 from services.engine.config import EngineConfig
-from services.engine.engine import Engine
+from services.engine.engine import Engine, RequestRejectedError
 from services.engine.engine_node import EngineMetrics, EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
@@ -122,6 +122,7 @@ class PrefillNode(EngineNode):
     async def run(self, job: PrefillJob, upstream: Upstream) -> PrefillResult:
         """Prefill ``job`` and ship its KV pages; returns once its first token is sampled. Raises
         the failing step's error; cancelled (the caller went away), it stops the engine request."""
+        self._check_fits(job)
         try:
             await self.embeddings.make_resident(job, upstream)
             self._count_ready(+1)
@@ -135,6 +136,18 @@ class PrefillNode(EngineNode):
             self.embeddings.release(job.request_id, job.items)
             raise
         return replace(result, num_pulled_tokens=num_pulled)
+
+    def _check_fits(self, job: PrefillJob) -> None:
+        """Every image and video group of a request is resident here for the whole prefill, so
+        their rows together must fit the embedding cache: a request that never can is refused
+        with the reason, not retried."""
+        num_rows = sum(item.placeholder.length for item in {i.mm_hash: i for i in job.items}.values())
+        capacity = self.engine.encoder_cache.cache_size
+        if num_rows > capacity:
+            raise RequestRejectedError(
+                f"the request's images and video groups need {num_rows} embedding rows at once; a prefill node holds "
+                f"{capacity} (encoder_cache_tokens): send fewer or smaller frames, or raise it"
+            )
 
     def _count_ready(self, change: int) -> None:
         self.num_ready += change

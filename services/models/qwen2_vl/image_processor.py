@@ -52,11 +52,13 @@ class Qwen2VLImageProcessor:
         grid = tuple(int(x) for x in out["image_grid_thw"][0].tolist())
         return ProcessedImage(pixel_values=out["pixel_values"].contiguous(), grid_thw=grid, num_tokens=self.num_tokens(grid))
 
-    def rows_of_resized(self, frame: Image.Image, *, image_mean, image_std, rescale_factor: float) -> torch.Tensor:
-        """A frame already at its target size through this processor with its resize off (a
-        video frame: services/models/video.py): its patch rows, the frame in every temporal slot."""
+    def rows_of_resized(self, frames: list[Image.Image], *, image_mean, image_std, rescale_factor: float) -> list[torch.Tensor]:
+        """Frames already at their target size through this processor, in one call, with its
+        resize off (a video's frames: services/models/video.py): each frame's patch rows, the
+        frame in every temporal slot."""
         kwargs = {**self._kwargs, "do_resize": False, "image_mean": image_mean, "image_std": image_std, "rescale_factor": rescale_factor}
-        return self._hf(images=[frame], return_tensors="pt", **kwargs)["pixel_values"]
+        rows = self._hf(images=frames, return_tensors="pt", **kwargs)["pixel_values"]
+        return list(rows.chunk(len(frames)))
 
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         """t*h*w patches, merged merge_size x merge_size into one token each."""

@@ -91,7 +91,7 @@ class Qwen2VLVideoProcessor:
 
     def process(self, frames: Sequence[Image.Image], clip: SampledClip, options: VideoOptions) -> ProcessedVideo:
         height, width = self._target_size(clip, options)
-        rows = [self._frame_rows(frame.convert("RGB").resize((width, height), Image.Resampling.BICUBIC)) for frame in frames]
+        rows = self._frame_rows([frame.convert("RGB").resize((width, height), Image.Resampling.BICUBIC) for frame in frames])
         groups = group_rows(rows, self.temporal_patch_size, channels=3)
         grid = (1, height // self.patch_size, width // self.patch_size)
         processed = tuple(ProcessedImage(pixel_values=g, grid_thw=grid, num_tokens=self.num_tokens(grid)) for g in groups)
@@ -152,9 +152,9 @@ class Qwen2VLVideoProcessor:
     def _timestamps(self, clip: SampledClip) -> tuple[float, ...]:
         return ()
 
-    def _frame_rows(self, frame: Image.Image) -> torch.Tensor:
-        """One resized frame through the image processor (its resize off): its patch rows."""
+    def _frame_rows(self, frames: list[Image.Image]) -> list[torch.Tensor]:
+        """Resized frames through the image processor (its resize off): each one's patch rows."""
         settings = self._settings
         return self._image_processor.rows_of_resized(
-            frame, image_mean=settings["image_mean"], image_std=settings["image_std"], rescale_factor=settings["rescale_factor"]
+            frames, image_mean=settings["image_mean"], image_std=settings["image_std"], rescale_factor=settings["rescale_factor"]
         )

@@ -161,6 +161,28 @@ class DeadlineRecordingEncoder(rpc.EncodeServicer):
         return pb.EncodeResponse(missing_pixels=[item.mm_hash for item in request.items])
 
 
+def test_a_request_whose_items_can_never_be_resident_together_is_refused_with_the_reason(prefill):
+    """A clip's groups are resident for the whole prefill: past the embedding cache's rows, the
+    request is refused as invalid (never retried), naming the setting."""
+
+    async def scenario(stub, node: PrefillNode, sink: TensorInbox) -> None:
+        capacity = node.engine.encoder_cache.cache_size
+        rows = capacity // 2 + 1  # two groups of a clip: more than the cache together
+        tokens = [10] * 8 + [151656] * (2 * rows) + [11] * 8
+        request = _request("too-many-rows", sink, tokens)
+        for k in range(2):
+            item = request.mm_items.add(mm_hash=f"group-{k}", offset=8 + k * rows, length=rows, grid_thw=[1, 2, 2 * rows])
+            item.placement.CopyFrom(pb.GroupPlacement(index=k, time_position=k))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Prefill(request, timeout=60)
+        assert node_error_of(refused.value).kind is ErrorKind.INVALID_REQUEST
+        assert f"need {2 * rows} embedding rows at once" in refused.value.details() and "encoder_cache_tokens" in refused.value.details()
+        reply = await stub.Prefill(_request("fine-after", sink, _prompt(7, 64)), timeout=60)
+        assert reply.first_token_id >= 0
+
+    _run(prefill, scenario)
+
+
 def test_the_encoder_call_gets_what_is_left_of_the_prefill_calls_deadline(prefill):
     encoder = DeadlineRecordingEncoder()
 
