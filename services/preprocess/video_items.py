@@ -128,7 +128,8 @@ class VideoPipeline:
             raise InvalidVideoDataError(str(exc)) from None
         hashes = tuple(self._group_hash(processed, k) for k in range(len(processed.groups)))
         for group_hash, group in zip(hashes, processed.groups):
-            self.cache.put(group_hash, group)
+            if self.cache.get(group_hash) is None:  # a hit: a group an earlier clip shares (counted as one)
+                self.cache.put(group_hash, group)
         bare = ProcessedVideo(tuple(g.without_pixels() for g in processed.groups), processed.placements, processed.timestamps)
         self._clip_to_record.put(clip_hash, ClipRecord(hashes, bare))
         return VideoItems(processed, hashes, processor_cache_hit=False)
