@@ -229,4 +229,4 @@ def test_tessera_bench_runs_every_workload_against_the_stack(stack, tmp_path):
         assert summary["requests_ok"] == 4 and summary["requests_failed"] == 0, name
         assert all(r.num_tokens == 4 for r in run.records), name
     assert 0 < runs["shared_images"].cache_hit_rates["processor"] <= 1
-    assert len(list(tmp_path.glob("*.png"))) == 4
+    assert len(list(tmp_path.glob("*.png"))) == 5
