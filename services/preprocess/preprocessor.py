@@ -119,7 +119,9 @@ class Preprocessor:
         self.image_processor = self.family.image_processor(model.path, options)
         self.processor_cache = ProcessorCache(self.config.processor_cache_bytes)
         video_processor = self.family.video_processor(model.path, self.model_config, self.image_processor)
-        self._videos = video_processor and VideoPipeline(video_processor, model.model_id, self.config, self.processor_cache)
+        self._videos: VideoPipeline | None = None  # None: the family takes no video
+        if video_processor is not None:
+            self._videos = VideoPipeline(video_processor, model.model_id, self.config, self.processor_cache)
         self._hash_kwargs = self.image_processor.kwargs_for_hash
         # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
         self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)

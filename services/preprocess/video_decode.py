@@ -113,11 +113,11 @@ def _video_stream(container):
         raise InvalidVideoDataError("the file has no video stream")
     stream = container.streams.video[0]
     try:
-        codec = stream.codec_context
-    except av.error.FFmpegError as exc:
+        codec = stream.codec_context  # None where this FFmpeg build has no decoder for the codec
+    except (av.error.FFmpegError, ValueError) as exc:
         raise InvalidVideoDataError(f"the video's codec is not supported: {exc}") from None
-    if codec is None or not av.codec.Codec(codec.name, "r"):
-        raise InvalidVideoDataError("the video's codec is not supported")
+    if codec is None:
+        raise InvalidVideoDataError("the video's codec is not supported by this server's decoder")
     return stream
 
 
