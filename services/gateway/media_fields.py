@@ -13,6 +13,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from protos.gen import pb
 from services.gateway.wire_base import NonEmptyStr, WireModel
+from services.models.video import VideoOptions
 
 MediaUuid = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -50,11 +51,7 @@ class MmProcessorKwargs(WireModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> MmProcessorKwargs:
-        if self.fps is not None and self.num_frames is not None:
-            raise ValueError("fps and num_frames are mutually exclusive, give one")
-        for low, high in (("min_frames", "max_frames"), ("min_pixels", "max_pixels")):
-            if getattr(self, low) is not None and getattr(self, high) is not None and getattr(self, low) > getattr(self, high):
-                raise ValueError(f"{low} must not exceed {high}")
+        VideoOptions(**self.model_dump(exclude_none=True))  # the preprocess role's own checks, at the edge
         return self
 
     def to_wire(self) -> pb.VideoOptions:

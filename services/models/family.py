@@ -7,9 +7,10 @@ so the gateway, which runs no model, never loads it; its ``family`` module holds
 ``ModelFamily`` below, loaded by ``FamilyInfo.load`` in the roles that run the model. It owns:
   - its config reader (``read_config``) and weight-name mapping (``weight_group``);
   - its image processor (resize, crops, normalisation) and the processor settings that enter
-    ``mm_hash`` (``ImageProcessor.kwargs_for_hash``);
-  - its prompt layout: how an image marker becomes placeholder tokens (``expand_prompt``) and the
-    positions of every prompt token (``positions``: M-RoPE or 1-D);
+    ``mm_hash`` (``ImageProcessor.kwargs_for_hash``); its video processor, or none
+    (``video_processor``, services/models/video.py);
+  - its prompt layout: how an image or video marker becomes placeholder tokens (``expand_prompt``)
+    and the positions of every prompt token (``positions``: M-RoPE or 1-D);
   - its vision tower and projector (``build_vision``) and its text decoder on our paged KV
     (``build_decoder``);
   - its built-in checkpoints (``builtins`` and ``write_checkpoint``).

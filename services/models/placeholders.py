@@ -28,10 +28,6 @@ class Span:
     after: tuple[int, ...] = ()
 
 
-def find_placeholders(token_ids: Sequence[int], placeholder_id: int) -> list[int]:
-    return [i for i, t in enumerate(token_ids) if t == placeholder_id]
-
-
 def expand_markers(
     token_ids: Sequence[int], marker_to_items: Mapping[int, tuple[str, Sequence[Sequence[Span]]]]
 ) -> tuple[list[int], dict[int, list[PlaceholderRange]]]:
@@ -56,12 +52,3 @@ def expand_markers(
             expanded.extend([token] * span.num_tokens)
             expanded.extend(span.after)
     return expanded, ranges
-
-
-def expand_placeholders(
-    token_ids: Sequence[int], placeholder_id: int, num_tokens_per_item: Sequence[int]
-) -> tuple[list[int], list[PlaceholderRange]]:
-    """Expanded token ids and one PlaceholderRange per image, in prompt order."""
-    items = [[Span(count)] for count in num_tokens_per_item]
-    expanded, ranges = expand_markers(token_ids, {placeholder_id: ("image", items)})
-    return expanded, ranges[placeholder_id]

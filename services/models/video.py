@@ -45,6 +45,9 @@ class VideoMetadata:
     height: int
 
 
+VIDEO_OPTION_NAMES = ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels")
+
+
 @dataclass(frozen=True, slots=True)
 class VideoOptions:
     """A request's video processor settings (``mm_processor_kwargs``); None keeps the model's."""
@@ -57,7 +60,7 @@ class VideoOptions:
     max_pixels: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels"):
+        for name in VIDEO_OPTION_NAMES:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"mm_processor_kwargs.{name} must be positive, got {value}")
@@ -71,19 +74,17 @@ class VideoOptions:
         """These settings over a deployment's defaults, as vLLM merges a request's over
         ``--mm-processor-kwargs``: a request's ``fps`` drops a default ``num_frames``, and the
         other way round, since the two choose the frames together."""
-        names = ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels")
-        merged = {name: getattr(defaults, name) for name in names}
+        merged = {name: getattr(defaults, name) for name in VIDEO_OPTION_NAMES}
         if self.fps is not None:
             merged["num_frames"] = None
         if self.num_frames is not None:
             merged["fps"] = None
-        merged.update({name: getattr(self, name) for name in names if getattr(self, name) is not None})
+        merged.update(self.as_dict())
         return VideoOptions(**merged)
 
     def as_dict(self) -> dict[str, float | int]:
         """The settings given, for a video's identity."""
-        names = ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {name: getattr(self, name) for name in VIDEO_OPTION_NAMES if getattr(self, name) is not None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 inputs:
 
   check (prompt_input.py) -> render prompt (chat template) -> per image: load bytes, decode, mm_hash, processor
-  cache (hit skips the image processor) -> the family expands the image markers and tokenizes
-  -> check length -> positions (the family's: M-RoPE or 1-D)
+  cache (hit skips the image processor) -> per video: its temporal groups (video_items.py)
+  -> the family expands the image and video markers and tokenizes -> check length -> positions
+  (the family's: M-RoPE or 1-D; a video group's placement in its clip travels with its item)
 
 One image may fill several placeholder spans (Gemma3's Pan-and-Scan: the full view, then each
 crop). Each span is its own item downstream, with mm_hash_of_part(image, k) as its identity, so

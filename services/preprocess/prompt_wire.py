@@ -6,7 +6,7 @@ only the video options check themselves (VideoOptions), answered as an invalid r
 from __future__ import annotations
 
 from protos.gen import pb
-from services.models.video import VideoOptions
+from services.models.video import VIDEO_OPTION_NAMES, VideoOptions
 from services.preprocess.errors import InvalidRequestError
 from services.preprocess.prompt import ChatMessage, ChatPrompt, ContentPart, ImageInput, Prompt, Role, Tool, ToolCall, VideoInput
 
@@ -45,9 +45,8 @@ def video_from_wire(video: pb.VideoInput) -> VideoInput:
 
 
 def video_options_from_wire(options: pb.VideoOptions) -> VideoOptions:
-    names = ("fps", "num_frames", "min_frames", "max_frames", "min_pixels", "max_pixels")
     try:
-        return VideoOptions(**{name: getattr(options, name) for name in names if options.HasField(name)})
+        return VideoOptions(**{name: getattr(options, name) for name in VIDEO_OPTION_NAMES if options.HasField(name)})
     except ValueError as exc:
         raise InvalidRequestError(str(exc)) from None
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 from services.models.video import VideoOptions
 from services.preprocess.errors import PreprocessError
-from services.preprocess.media_sources import remote_url
 from services.preprocess.preprocessor import Preprocessor
 from services.preprocess.prompt import Prompt, VideoInput
 from services.preprocess.prompt_input import check_prompt
@@ -26,7 +25,7 @@ from shared.types import MmHash
 
 @dataclass(frozen=True, slots=True)
 class PreparedMedia:
-    fetched: dict[str, bytes]  # remote clips' bytes, by URL
+    fetched: dict[str, bytes]  # the clips' bytes read from a URL (data:, http(s), file), by URL: read once
     decoded: dict[MmHash, DecodedClip]  # by clip identity
 
 
@@ -58,10 +57,10 @@ class VideoDecodePool:
 def _prepare(
     pipeline: VideoPipeline, video: VideoInput, options: VideoOptions
 ) -> tuple[str | None, bytes | None, MmHash, DecodedClip | None]:
-    """One clip on a pool thread: (its URL if remote, its bytes if read, its identity, its frames
-    unless its groups are all cached)."""
+    """One clip on a pool thread: (its URL, its bytes if read, its identity, its frames unless its
+    groups are all cached)."""
     clip_hash, data = pipeline.identify(video, options, {})
     if pipeline.is_known(clip_hash):
-        return remote_url(video), data, clip_hash, None
+        return video.url, data, clip_hash, None
     data = data if data is not None else pipeline.read(video, {})  # named by uuid: the bytes are needed now
-    return remote_url(video), data, clip_hash, pipeline.decode(data, options)
+    return video.url, data, clip_hash, pipeline.decode(data, options)

@@ -74,8 +74,7 @@ class Qwen2VLVideoProcessor:
     # -- the protocol ---------------------------------------------------------------------
 
     def kwargs_for_hash(self, options: VideoOptions) -> dict[str, object]:
-        settings = {k: v for k, v in self._settings.items() if k != "size"}
-        return {**settings, "size": dict(self._settings["size"]), "request": options.as_dict(), "serving_fps": SERVING_FPS}
+        return {**self._settings, "request": options.as_dict(), "serving_fps": SERVING_FPS}
 
     def sample(self, metadata: VideoMetadata, options: VideoOptions) -> SampledClip:
         num_frames = self._num_sampled(metadata, options)

@@ -3,10 +3,16 @@ from __future__ import annotations
 import pytest
 
 from services.models.family import PlaceholderCountError
-from services.models.placeholders import expand_placeholders
+from services.models.placeholders import Span, expand_markers
 from shared.types import PlaceholderRange
 
 P = 9
+
+
+def expand_placeholders(token_ids, placeholder_id, counts):
+    """Images only: one span per marker, as the Qwen families lay images out."""
+    expanded, ranges = expand_markers(token_ids, {placeholder_id: ("image", [[Span(n)] for n in counts])})
+    return expanded, ranges[placeholder_id]
 
 
 def test_each_placeholder_expands_in_order():

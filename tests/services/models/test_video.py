@@ -20,19 +20,15 @@ GOLDEN_CLIPS = [(4, 2.0), (8, 30.0), (30, 10.0), (95, 24.0), (150, 29.97), (301,
 REQUESTS = [VideoOptions(), VideoOptions(fps=1.0), VideoOptions(fps=4.5), VideoOptions(num_frames=8), VideoOptions(fps=3, max_frames=6)]
 
 
-def _processor(family_name: str, model):
+def _processor(model: str):
+    """The model's video processor (a built-in's name or a checkpoint directory), and the model."""
+    from services.models.family import ImageOptions
     from services.models.registry import resolve_model
 
-    ref = resolve_model(model.path.name if hasattr(model, "path") else model, progress=lambda _m: None)
+    ref = resolve_model(model, progress=lambda _m: None)
     family = ref.family
     config = family.read_config(ref.path)
-    return family.video_processor(ref.path, config, family.image_processor(ref.path, _image_options())), ref
-
-
-def _image_options():
-    from services.models.family import ImageOptions
-
-    return ImageOptions()
+    return family.video_processor(ref.path, config, family.image_processor(ref.path, ImageOptions())), ref
 
 
 def _hf_indices(model_type: str, total: int, fps: float, options: VideoOptions) -> list[int]:
@@ -51,7 +47,7 @@ def _hf_indices(model_type: str, total: int, fps: float, options: VideoOptions) 
 
 @pytest.mark.parametrize("model_name,model_type", [("tiny", "qwen2_vl"), ("qwen3vl-tiny", "qwen3_vl")])
 def test_frame_indices_equal_transformers_sampler_on_every_golden_clip(model_name, model_type):
-    processor, _ = _processor(model_type, model_name)
+    processor, _ = _processor(model_name)
     for total, fps in GOLDEN_CLIPS:
         for options in REQUESTS:
             metadata = VideoMetadata(total, fps, 64, 48)
@@ -80,7 +76,7 @@ def test_qwen2_vl_defaults_are_transformers_class_defaults():
 @pytest.mark.parametrize("model_name", ["tiny", "qwen3vl-tiny"])
 @pytest.mark.parametrize("frames,fps,size", [(30, 10, (64, 48)), (13, 5, (100, 40)), (60, 24, (30, 90))])
 def test_groups_are_transformers_video_rows_bitwise(model_name, frames, fps, size):
-    processor, ref = _processor("", model_name)
+    processor, ref = _processor(model_name)
     data = make_clip(frames, fps=fps, width=size[0], height=size[1], seed=frames)
     from transformers import AutoImageProcessor
 
@@ -97,7 +93,7 @@ def test_groups_are_transformers_video_rows_bitwise(model_name, frames, fps, siz
 def test_qwen2_vl_frames_resize_as_the_image_processor_resizes_them():
     """The proof frame by frame: transformers' image processor, resize on, with the video's
     per-frame bounds, gives each frame the rows our group holds for it in its temporal slot."""
-    processor, ref = _processor("", "tiny")
+    processor, ref = _processor("tiny")
     from transformers import AutoImageProcessor
 
     image_processor = AutoImageProcessor.from_pretrained(str(ref.path))
@@ -115,7 +111,7 @@ def test_qwen2_vl_frames_resize_as_the_image_processor_resizes_them():
 
 
 def test_qwen3_vl_timestamps_are_the_processors():
-    processor, _ = _processor("", "qwen3vl-tiny")
+    processor, _ = _processor("qwen3vl-tiny")
     clip = processor.sample(VideoMetadata(95, 24.0, 64, 48), VideoOptions())
     from transformers import Qwen3VLProcessor
 
@@ -128,7 +124,7 @@ def test_qwen2_5_vl_groups_are_spaced_by_seconds(tmp_path):
     from tests.hub_layouts import write_layout
 
     path = write_layout("qwen2.5-vl", tmp_path / "q25")
-    processor, _ = _processor("", str(path))
+    processor, _ = _processor(str(path))
     clip = processor.sample(VideoMetadata(40, 10.0, 64, 48), VideoOptions(fps=2))
     placements = processor._placements(clip, 4)
     # 8 frames of 40 at 10 fps: sampled at 2 fps, 1 s per group, 2 tokens per second.

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from openai import APIStatusError
 
+from services.bench.cache_rates import TOWER_RUNS
 from tests.factories import Video, chat_case, data_url, make_clip
 from tests.services.stack.e2e_helpers import GREEDY, client_for
 from tests.video_oracle import oracle_case_tokens
@@ -17,7 +18,7 @@ from tests.video_oracle import oracle_case_tokens
 def _tower_runs(stack) -> float:
     """Items through a vision tower anywhere: on the encoder tier or on a prefill node's own."""
     metrics = stack.metrics()
-    return metrics.get("tessera_encoder_items_encoded_total", 0.0) + metrics.get("tessera_prefill_images_encoded_locally_total", 0.0)
+    return sum(metrics.get(name, 0.0) for name in TOWER_RUNS)
 
 
 def _ask(stack, case, **extra):
