@@ -105,13 +105,16 @@ def ask(stack: RunningStack, case, *, stream: bool = False, during=None) -> tupl
 
 
 class Streams:
-    """Concurrent streaming requests; ``wait_flowing(n)`` returns once n of them got a token."""
+    """Concurrent streaming requests; ``wait_flowing(n)`` returns once n of them got a token.
+    With ``logprobs=True`` in ``greedy``, ``tokens`` holds each stream's token strings, one per
+    generated token (what the decode nodes name each token id)."""
 
     def __init__(self, stack: RunningStack, cases, greedy: dict, *, model: str = "tiny") -> None:
         self.greedy, self.model = greedy, model
         self.client = OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
         self.cases = cases
         self.texts: list[str | None] = [None] * len(cases)
+        self.tokens: list[list[str] | None] = [None] * len(cases)
         self.errors: list[BaseException] = []
         self._flowing = threading.Semaphore(0)
         self._threads = [threading.Thread(target=self._one, args=(i,)) for i in range(len(cases))]
@@ -122,14 +125,17 @@ class Streams:
         try:
             messages = self.cases[i].body["messages"]
             chunks = self.client.chat.completions.create(model=self.model, messages=messages, stream=True, **self.greedy)
-            text, first = "", True
+            text, tokens, first = "", [], True
             for chunk in chunks:
+                if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content:
+                    tokens += [lp.token for lp in chunk.choices[0].logprobs.content]
                 if chunk.choices and chunk.choices[0].delta.content:
                     if first:
                         self._flowing.release()
                         first = False
                     text += chunk.choices[0].delta.content
             self.texts[i] = text
+            self.tokens[i] = tokens
         except BaseException as exc:
             self.errors.append(exc)
             self._flowing.release()

@@ -1,8 +1,14 @@
 """Video through every role of the default stack, driven by the official openai client: exact
 against transformers, each temporal group encoded once, /tokenize counting as the chat request
-does, and each kind of bad clip a 4xx that names what was wrong while the stack keeps serving."""
+does, and each kind of bad clip a 4xx that names what was wrong while the stack keeps serving.
+With -m slow, per Qwen family: a decode node killed while video streams run on it, whose streams
+migrate to the other decode node and stay exact, token for token."""
 
 from __future__ import annotations
+
+import os
+import secrets
+import signal
 
 import httpx
 import numpy as np
@@ -11,8 +17,14 @@ from openai import APIStatusError
 
 from services.bench.cache_rates import TOWER_RUNS
 from tests.factories import Video, chat_case, data_url, make_clip
+from tests.services.stack.conftest import launch_stack, stop_stack
 from tests.services.stack.e2e_helpers import GREEDY, client_for
+from tests.services.stack.stack_probes import Streams, busiest_decode_node
 from tests.video_oracle import oracle_case_tokens
+
+# Video streams still decoding once their decode node is found and killed: a tiny model decodes
+# 96 tokens in a fraction of a second, and a loaded machine takes a while to find the node.
+MIGRATION_TOKENS = 512
 
 
 def _tower_runs(stack) -> float:
@@ -98,3 +110,48 @@ def test_a_raw_prompt_with_a_video_on_the_completions_endpoint_equals_the_chat_r
     )  # fmt: skip
     assert reply.usage.prompt_tokens == chat.usage.prompt_tokens
     assert reply.choices[0].text == chat.choices[0].message.content
+
+
+@pytest.fixture(scope="module", params=["tiny", "qwen3vl-tiny"])
+def two_decode_stack(request, tmp_path_factory, repo_root):
+    """A stack of two prefill and two decode nodes, round-robin placement (so a migrated stream's
+    new prefill may land on the other prefill node), and the family's oracle."""
+    from services.models.registry import resolve_model
+    from tests.oracle import ReferenceOracle
+
+    model = resolve_model(request.param, progress=lambda _m: None)
+    running = launch_stack(
+        tmp_path_factory.mktemp(f"video-migration-{request.param}"),
+        repo_root,
+        *("--model", request.param, "--prefill", "2", "--decode", "2", "--routing-policy", "round_robin", "--no-restart"),
+        internal_secret=secrets.token_hex(16),  # to read the decode nodes' Stats
+    )
+    running.served_model = request.param  # a built-in is served under its own name
+    yield running, ReferenceOracle(model.path)
+    stop_stack(running)
+
+
+@pytest.mark.slow  # a stack of its own per family, and transformers' 512-token greedy runs: ~2 min each
+def test_a_decode_node_killed_mid_video_stream_migrates_and_stays_exact(two_decode_stack):
+    """The killed node is the one running the most streams, each of them a clip of several
+    temporal groups; every stream continues elsewhere (its prompt and the tokens already streamed
+    prefilled again) and equals transformers' greedy generate for the same sampled frames."""
+    stack, oracle = two_decode_stack
+    cases = [
+        chat_case(Video(make_clip(16, fps=4, width=64 + 16 * i, height=48, seed=60 + i)), f"What happens in clip {i}?") for i in range(2)
+    ]  # 16 frames at 4 fps, sampled at 2 fps: 8 frames, 4 temporal groups each
+    expected = [oracle_case_tokens(oracle, case, MIGRATION_TOKENS).token_ids for case in cases]
+    greedy = {**GREEDY, "max_tokens": MIGRATION_TOKENS, "logprobs": True}
+    migrations = stack.metrics().get("tessera_gateway_migrations_total", 0.0)
+    streams = Streams(stack, cases, greedy, model=stack.served_model)
+    streams.wait_flowing(1)  # every stream decoding now has nearly all its tokens ahead of it
+    os.kill(busiest_decode_node(stack)["pid"], signal.SIGKILL)
+    texts, errors = streams.join()
+    assert not errors, (errors, stack.log_tail())
+    # Token for token: each streamed token's own text (the decode node's tokenizer.decode([id])).
+    for i, token_ids in enumerate(expected):
+        assert streams.tokens[i] == [oracle.tokenizer.decode([t]) for t in token_ids], f"clip {i}"
+        assert texts[i] == oracle.tokenizer.decode(token_ids, skip_special_tokens=True), f"clip {i}"
+    num_migrated = stack.metrics().get("tessera_gateway_migrations_total", 0.0) - migrations
+    print(f"{stack.served_model}: {num_migrated:.0f} video streams migrated")
+    assert num_migrated > 0
