@@ -3,7 +3,9 @@
 The engine is single-threaded by design. Servers talk to it only through ``call`` (run a function
 on the loop thread between steps, get a concurrent Future) and ``subscribe`` (receive a request's
 outputs). The loop: run pending calls -> one engine step if work exists and its pacing allows ->
-deliver outputs -> otherwise sleep until a call arrives (or the next step is due).
+deliver outputs -> otherwise sleep until a call arrives (or the next step is due). A step that
+scheduled nothing (every request awaits embeddings not imported yet) is not retried at once:
+the loop waits for a call first, briefly.
 
 The engine is built on the loop thread too, so that one thread does all of the process's tensor
 work (see shared/compute_thread.py for why that matters on CPU).
@@ -26,6 +28,8 @@ from shared.liveness import Liveness
 T = TypeVar("T")
 log = logging.getLogger("tessera.engine")
 OutputCallback = Callable[[RequestOutput | BaseException], None]
+# How long a loop whose last step scheduled nothing waits for a call before stepping again.
+STALLED_RETRY_S = 0.05
 
 
 class EngineLoop:
@@ -76,16 +80,21 @@ class EngineLoop:
             built.set_exception(exc)
             return
         built.set_result(self.engine)
+        stalled = False
         while not self._stopped.is_set():
             if self._watch is not None:
                 self._watch.tick()
             busy = self.engine.has_unfinished()
             wait_s = self._next_step_at - time.monotonic()
             try:
-                # Idle: sleep until a call arrives. Busy: pick up calls already queued, or those
-                # arriving before the next step is due.
+                # Idle: sleep until a call arrives. Stalled (the last step scheduled nothing: its
+                # requests await embeddings an import brings): sleep until a call, briefly, rather
+                # than spin. Busy: pick up calls already queued, or those arriving before the
+                # next step is due.
                 if not busy:
                     first = self._calls.get(timeout=0.5)
+                elif stalled:
+                    first = self._calls.get(timeout=STALLED_RETRY_S)
                 else:
                     first = self._calls.get(timeout=wait_s) if wait_s > 0 else self._calls.get_nowait()
             except queue.Empty:
@@ -98,8 +107,11 @@ class EngineLoop:
                     pending.append(self._calls.get_nowait())
                 except queue.Empty:
                     pass
+            stalled = False
             if self.engine.has_unfinished() and time.monotonic() >= self._next_step_at:
+                num_steps = self.engine.num_steps
                 self._step()
+                stalled = self.engine.num_steps == num_steps
 
     def _step(self) -> None:
         started = time.monotonic()

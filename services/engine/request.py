@@ -60,6 +60,9 @@ class Request:
     detokenizer: DetokenizerState = field(default_factory=DetokenizerState)  # output_processor.py's
     arrival_s: float = field(default_factory=time.monotonic)  # when this node built the request
     first_scheduled_s: float | None = None  # its first engine step: arrival to this is its queue time
+    # The item computed elsewhere whose embeddings the scheduler last stopped before, not yet
+    # imported (services/prefill/embedding_feed.py brings it); None while nothing is awaited.
+    awaiting_import: MmHash | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

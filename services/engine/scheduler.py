@@ -9,10 +9,13 @@ Each step:
      the waiting queue) and retry;
   2. waiting requests, first come first served, while budget and sequence slots remain: adopt
      the longest cached prefix, then schedule as many tokens as the budget allows. The head of
-     the queue blocks the rest if it does not fit (no starvation of large requests).
+     the queue blocks the rest if it does not fit (no starvation of large requests), unless it
+     cannot begin until an item computed elsewhere is imported: then the rest go first.
 Images: a scheduled token range that reaches into an image's placeholder needs that image's
 embeddings. They come from the encoder cache, or the image is scheduled for encoding if the
-per-step encoder budget and the cache allow; otherwise the range stops before the image. With
+per-step encoder budget and the cache allow; otherwise the range stops before the image. An
+item computed on another node (no pixels here) that is not imported yet also stops the range
+before it: its node brings it as the cache frees room (services/prefill/embedding_feed.py). With
 disable_chunked_mm_input, a range never ends inside an image's span.
 """
 
@@ -108,12 +111,16 @@ class Scheduler:
                 continue
             break  # the request itself was preempted
 
+        awaiting: list[Request] = []  # waiting on an import to begin: the rest go first
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
             cached: list[KVBlock] = self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             start = request.num_computed_tokens + len(cached) * self.kv.block_size
             wanted = min(request.num_tokens - start, budget)
             num_new, encode, encoder_budget_after = self._plan_encoder(request, start, wanted, encoder_budget)
+            if num_new == 0 and request.awaiting_import is not None:
+                awaiting.append(self.waiting.popleft())
+                continue
             if num_new == 0 or not self.kv.allocate(request, num_new, cached):
                 break
             self.waiting.popleft()
@@ -126,6 +133,7 @@ class Scheduler:
             self.running.append(request)
             scheduled.append(ScheduledRequest(request, num_new, encode))
             budget -= num_new
+        self.waiting.extendleft(reversed(awaiting))
         self._record_queue_times(scheduled)
         return SchedulerOutput(scheduled, preempted)
 
@@ -166,6 +174,7 @@ class Scheduler:
         """(tokens that can run, features to encode, encoder budget left) for range [start, start+num_new)."""
         encode: list[int] = []
         planned_rows = 0
+        request.awaiting_import = None
         for index, feature in enumerate(request.mm_features):
             lo, hi = feature.placeholder.offset, feature.placeholder.end
             if lo >= start + num_new:
@@ -178,6 +187,9 @@ class Scheduler:
                 return max(lo, start) - start, encode, encoder_budget
             if self.encoder_cache.check_and_update_cache(request.request_id, feature.mm_hash):
                 continue
+            if feature.pixel_values is None:
+                request.awaiting_import = feature.mm_hash
+                return max(0, lo - start), encode, encoder_budget
             rows = feature.num_embeds
             if rows > encoder_budget or not self.encoder_cache.can_allocate(planned_rows + rows):
                 return max(0, lo - start), encode, encoder_budget

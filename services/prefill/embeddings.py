@@ -1,13 +1,14 @@
-"""Making a request's image embeddings resident in the prefill engine's encoder cache before the
-request is scheduled: a request rebuilt from the wire carries no pixels (remote_request.py).
+"""Making a request's image embeddings resident in the prefill engine's encoder cache: a request
+rebuilt from the wire carries no pixels (remote_request.py). Which items, and when, is the
+window's choice (embedding_window.py, embedding_feed.py); this module brings them.
 
 Images already held are claimed. Of the rest, those the router chose this node to encode arrive as
 pixels in the inbox and are encoded by the node's own tower; the others are fetched from the
 encoder, which pushes them to the inbox, or first from the node the router named as their
 holder (another encoder, or a prefill node: ``ship``), the encoder encoding what that one no
 longer has. Claims and imports run on the engine thread and each holds a reference for the
-request, so nothing it needs is evicted before it is scheduled; PrefillNode.run releases them if
-the request fails.
+request, so nothing it needs is evicted before it is computed; PrefillNode.run releases them
+when the request ends.
 
 An image is fetched or encoded by one request at a time: the inbox hands a pushed message to one
 waiter only, so a second request for an image in flight waits for that work and claims the
@@ -21,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -31,8 +33,10 @@ from services.engine import connector
 from services.engine.engine import Engine, RequestRejectedError
 from services.engine.engine_loop import EngineLoop
 from services.engine.remote_request import PromptItem
+from services.engine.request import Request
 from services.models.family import VisionEncoder
 from services.prefill.embedding_index import EmbeddingIndex
+from services.prefill.embedding_window import Window, plan_window
 from services.prefill.job import PrefillJob, Upstream
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMatchFn, take_pixels
 from services.transport.tensor_channel import TensorInbox, TensorSender
@@ -42,6 +46,8 @@ from shared.types import MmHash
 
 log = logging.getLogger("tessera.prefill.embeddings")
 NO_TOWER = "this prefill node has no vision tower (started with --local-encode false)"
+# Awaited when an import finds the cache full: the request runs meanwhile and frees rows.
+OnFull = Callable[[], Awaitable[None]]
 
 
 class EmbeddingsUnavailableError(RuntimeError):
@@ -60,6 +66,9 @@ class EmbeddingMetrics:
         "prefill_images_encoded_locally_total", "Images whose pixels came here to be encoded by this node's own tower"
     )
     tower_seconds: Counter = counter("prefill_tower_seconds_total", "Seconds this node's own vision tower ran")
+    num_windows_while_running: Counter = counter(
+        "prefill_embedding_windows_total", "Windows of a request's embeddings brought while it ran (more than the cache had room for)"
+    )
     num_shipped: Counter = counter("prefill_embeddings_shipped_total", "Images' embeddings this node shipped to another prefill node")
     # Claims: a request's images found in the engine's embedding cache, or not.
     num_hits: Counter = counter("embedding_cache_hits_total", "A request's images found in the embedding cache")
@@ -89,17 +98,17 @@ class ResidentEmbeddings:
         if vision is not None:
             self.metrics.tower_seconds.read_from(lambda: vision.seconds_encoding)
 
-    async def make_resident(self, job: PrefillJob, upstream: Upstream) -> None:
-        """Reference every image of ``job`` for its request, encoding or fetching those lacking.
-        Raises on failure, leaving the references taken so far for ``release``."""
+    async def bring(self, job: PrefillJob, lacking: Sequence[PromptItem], upstream: Upstream, on_full: OnFull) -> None:
+        """Make ``lacking`` (items of ``job`` the cache lacked when planned) resident for its
+        request: encoded here, shipped by their named holder, or pushed by the encoder. An import
+        that finds no room awaits ``on_full`` and retries. Raises on failure, leaving the
+        references taken so far for ``release``."""
         rid = job.request_id
-        lacking = await asyncio.wrap_future(self._claim(rid, job.items))
-        here = [i for i in job.items if i.mm_hash in job.local_encode]
+        here = [i for i in lacking if i.mm_hash in job.local_encode]
         if here:
-            lacking_here = [i for i in lacking if i.mm_hash in job.local_encode]
-            pixels = await self._receive_pixels(job.local_pixels_key_prefix, here, lacking_here)
+            pixels = await self._receive_pixels(job.local_pixels_key_prefix, here, here)
             if pixels:
-                await self._encode_here(rid, lacking_here, pixels)
+                await self._encode_here(rid, here, pixels, on_full)
         source_to_items: dict[str, list[PromptItem]] = {}
         for item in lacking:
             if item.mm_hash not in job.local_encode:
@@ -108,7 +117,7 @@ class ResidentEmbeddings:
         from_encoder = source_to_items.pop(job.encoder_address or "", [])
         for source, items in source_to_items.items():
             try:
-                from_encoder += await self._fetch(rid, items, source, upstream, job.deadline_s)
+                from_encoder += await self._fetch(rid, items, source, upstream, job.deadline_s, on_full)
             except Exception as exc:  # a holder that cannot ship costs only the saving: the encoder encodes
                 log.info("holder %s did not ship %d image(s) (%s); asking the encoder", source, len(items), exc)
                 from_encoder += items
@@ -116,32 +125,52 @@ class ResidentEmbeddings:
             return
         if not job.encoder_address:
             raise RequestRejectedError("images need embeddings but no encoder_address was given")
-        missing = await self._fetch(rid, from_encoder, job.encoder_address, upstream, job.deadline_s)
+        missing = await self._fetch(rid, from_encoder, job.encoder_address, upstream, job.deadline_s, on_full)
         if missing:
             raise MissingPixelsError([i.mm_hash for i in missing], "encoder lacks pixels for some images")
 
-    def claim(self, request_id: str, items: Sequence[PromptItem]) -> list[PromptItem]:
-        """Reference the items this node already holds; returns those it lacks."""
-        return self._claim(request_id, items).result()
+    def plan(self, request: Request, items: Sequence[PromptItem]) -> Future[Window]:
+        """The request's next window (embedding_window.py), its resident items claimed, on the
+        engine thread, as a future. It starts where the engine computes the request next: past
+        its computed tokens, or past its cached prefix before it is first scheduled (items the
+        prefix covers are never brought). Once the request has left the engine (answered, or
+        aborted), nothing is claimed for it any more."""
 
-    def _claim(self, request_id: str, items: Sequence[PromptItem]) -> Future[list[PromptItem]]:
-        """``claim`` on the engine thread, as a future (awaited on the loop, or waited for)."""
-
-        def claim(engine: Engine) -> list[PromptItem]:
+        def plan(engine: Engine) -> Window:
             for item in items:  # every image reaching this node passes here, on the engine thread
                 self.index.remember_grid(item.mm_hash, item.grid_thw)
-            lacking = [i for i in items if not engine.encoder_cache.check_and_update_cache(request_id, i.mm_hash)]
-            self.metrics.num_hits.inc(len(items) - len(lacking))
-            self.metrics.num_misses.inc(len(lacking))
-            return lacking
+            if request.status.is_finished:
+                return Window(complete=True)
+            start = request.num_computed_tokens
+            if start == 0:
+                start = engine.kv.find_cached_prefix(request).num_blocks * engine.kv.block_size
+            window = plan_window(engine.encoder_cache, request.request_id, items, start)
+            self.metrics.num_hits.inc(window.num_claimed)
+            self.metrics.num_misses.inc(len(window.lacking))
+            return window
+
+        return self.loop.call(plan)
+
+    def _claim(self, request_id: str, items: Sequence[PromptItem]) -> Future[list[PromptItem]]:
+        """Reference the items of ``items`` this node holds, on the engine thread; the future
+        gives those it lacks."""
+
+        def claim(engine: Engine) -> list[PromptItem]:
+            return [i for i in items if not engine.encoder_cache.check_and_update_cache(request_id, i.mm_hash)]
 
         return self.loop.call(claim)
 
     def release(self, request_id: str, items: Sequence[PromptItem]) -> None:
         self.loop.call(lambda engine: engine.encoder_cache.free_request(request_id, [i.mm_hash for i in items]))
 
+    def drop_pixels(self, job: PrefillJob) -> None:
+        """Drop what is left in the inbox of the pixels pushed here for ``job``: those of items
+        found resident here were never taken."""
+        for mm_hash in job.local_encode:
+            self.inbox.discard(job.local_pixels_key_prefix + mm_hash)
+
     async def _fetch(
-        self, request_id: str, lacking: list[PromptItem], source: str, upstream: Upstream, deadline_s: float | None
+        self, request_id: str, lacking: list[PromptItem], source: str, upstream: Upstream, deadline_s: float | None, on_full: OnFull
     ) -> list[PromptItem]:
         """Import ``lacking`` from ``source`` (an encoder, or a prefill node shipping what it
         holds); returns those it could neither ship nor encode (no pixels there)."""
@@ -153,7 +182,7 @@ class ResidentEmbeddings:
                 if mine:
                     missing = set(await upstream.encode(source, mine, self.inbox.address, deadline_s))
                     unavailable += [i for i in mine if i.mm_hash in missing]
-                    await self._receive(request_id, [i for i in mine if i.mm_hash not in missing], source)
+                    await self._receive(request_id, [i for i in mine if i.mm_hash not in missing], source, on_full)
             finally:
                 self._end(mine)
             lacking = await self._await_others(request_id, others) if others else []
@@ -207,7 +236,7 @@ class ResidentEmbeddings:
         await self._settled([item.mm_hash for item in items])
         return await asyncio.wrap_future(self._claim(request_id, items))
 
-    async def _receive(self, request_id: str, items: list[PromptItem], encoder: str) -> None:
+    async def _receive(self, request_id: str, items: list[PromptItem], encoder: str, on_full: OnFull) -> None:
         """Await pushed embeddings of ``items`` and import them; raises if any never arrive."""
         missing = []
         for item in items:
@@ -215,7 +244,7 @@ class ResidentEmbeddings:
             if message is None:
                 missing.append(item.mm_hash)
                 continue
-            await asyncio.wrap_future(self._imported(request_id, item, message.tensors["embeds"]))
+            await self._import(request_id, item, message.tensors["embeds"], on_full)
             self.metrics.num_pulled.inc()
         if missing:
             raise EmbeddingsUnavailableError(missing, encoder)
@@ -228,19 +257,21 @@ class ResidentEmbeddings:
         self.metrics.num_local_encodes.inc(len(pixels))
         return pixels
 
-    async def _encode_here(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:
+    async def _encode_here(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor], on_full: OnFull) -> None:
         """Encode ``items`` with this node's tower and import them as if an encoder had sent them;
         an image another request is already encoding or fetching is awaited, and encoded here
         after all if that fails."""
         mine, others = self._begin(items)
         try:
-            await self._encode_and_import(request_id, mine, pixels)
+            await self._encode_and_import(request_id, mine, pixels, on_full)
         finally:
             self._end(mine)
         if others:
-            await self._encode_and_import(request_id, await self._await_others(request_id, others), pixels)
+            await self._encode_and_import(request_id, await self._await_others(request_id, others), pixels, on_full)
 
-    async def _encode_and_import(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor]) -> None:
+    async def _encode_and_import(
+        self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor], on_full: OnFull
+    ) -> None:
         if not items:
             return
         if self.vision is None or self.tower is None:
@@ -248,16 +279,20 @@ class ResidentEmbeddings:
         vision = self.vision
         embeds = await self.tower.call(vision.encode, [pixels[i.mm_hash] for i in items], [i.grid_thw for i in items])
         for item, rows in zip(items, embeds):
-            await asyncio.wrap_future(self._imported(request_id, item, rows))
+            await self._import(request_id, item, rows, on_full)
 
-    def _imported(self, request_id: str, item: PromptItem, embeds: torch.Tensor) -> Future[None]:
-        """The import of ``embeds`` into the engine's cache for the request, on the engine thread;
-        the future raises if they do not fit the item or the cache is full."""
+    async def _import(self, request_id: str, item: PromptItem, embeds: torch.Tensor, on_full: OnFull) -> None:
+        """Import ``embeds`` into the engine's cache for the request, on the engine thread. While
+        the cache has no room, await ``on_full`` (the request runs meanwhile, freeing what it
+        has computed past) and retry, for up to ``wait_s``."""
         if embeds.shape[0] != item.placeholder.length:
             raise ValueError(f"embeddings for {item.mm_hash} have {embeds.shape[0]} rows, expected {item.placeholder.length}")
+        give_up_at = time.monotonic() + self.wait_s
 
-        def import_into(engine: Engine) -> None:
-            if not connector.import_embeddings(engine, request_id, item.mm_hash, embeds):
+        def import_into(engine: Engine) -> bool:
+            return connector.import_embeddings(engine, request_id, item.mm_hash, embeds)
+
+        while not await asyncio.wrap_future(self.loop.call(import_into)):
+            if time.monotonic() >= give_up_at:
                 raise RuntimeError("prefill node's embedding cache is full; retry later")
-
-        return self.loop.call(import_into)
+            await on_full()

@@ -1,6 +1,7 @@
 """Prefill node: runs one request's prefill in order (``run``): makes its image embeddings
-resident, pulls prefix KV from a peer when that beats recomputing, computes the rest of the
-prompt's KV, samples the first token, and pushes the prompt's KV pages to the decode node.
+resident (a window at a time, embedding_feed.py), pulls prefix KV from a peer when that beats
+recomputing, computes the rest of the prompt's KV, samples the first token, and pushes the
+prompt's KV pages to the decode node.
 
 The servicer only converts at its edges (server.py); each step lives with its own state
 (embeddings.py, kv_puller.py). The embeddings a request references from the moment they are
@@ -23,6 +24,7 @@ from services.engine.engine_node import EngineMetrics, EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from services.models.registry import ModelRef
+from services.prefill.embedding_feed import EmbeddingFeed, StepSignal
 from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.embeddings import EmbeddingMetrics, ResidentEmbeddings
 from services.prefill.job import PrefillJob, PrefillResult, Upstream
@@ -81,6 +83,7 @@ class PrefillNode(EngineNode):
         self.num_ready = 0
         # Before the engine thread starts: its after-step hook publishes from the index.
         self.embedding_index = EmbeddingIndex()
+        self.steps = StepSignal()
         super().__init__(
             model,
             config,
@@ -121,54 +124,57 @@ class PrefillNode(EngineNode):
 
     async def run(self, job: PrefillJob, upstream: Upstream) -> PrefillResult:
         """Prefill ``job`` and ship its KV pages; returns once its first token is sampled. Raises
-        the failing step's error; cancelled (the caller went away), it stops the engine request."""
+        the failing step's error; cancelled (the caller went away), it stops the engine request.
+
+        Its embeddings come window by window (embedding_feed.py): the first before the request
+        starts (all of them, when they fit the cache), the rest while it runs."""
         self._check_fits(job)
+        launch = _Launch(self, job, upstream, job.engine_request(self.positions))
+        feed = EmbeddingFeed(self.embeddings, job, launch.request, upstream, self.steps, launch.start)
         try:
-            await self.embeddings.make_resident(job, upstream)
-            self._count_ready(+1)
-            try:
-                request = job.engine_request(self.positions)
-                num_pulled = await self.kv_puller.pull(request, job.kv_sources, upstream, self.data_address)
-                result = await self._prefill(request, job.decode_address)
-            finally:
-                self._count_ready(-1)
+            await feed.first_window()
+            await launch.start()
+            assert launch.done is not None
+            async with asyncio.timeout(self.prefill_timeout_s):
+                await feed.alongside(launch.done)
+                output = await launch.done
         except BaseException:
-            self.embeddings.release(job.request_id, job.items)
+            if launch.done is not None:  # nobody waits for it any more: the engine stops computing it and ships no KV
+                self.abort(job.request_id)
             raise
-        return replace(result, num_pulled_tokens=num_pulled)
+        finally:
+            if launch.done is not None:
+                self._count_ready(-1)
+            # The engine released what the request referenced when it answered or was aborted;
+            # this releases what it never reached, and drops pixels pushed for items found here.
+            self.embeddings.release(job.request_id, job.items)
+            self.embeddings.drop_pixels(job)
+        return self._result(launch, output)
 
     def _check_fits(self, job: PrefillJob) -> None:
-        """Every image and video group of a request is resident here for the whole prefill, so
-        their rows together must fit the embedding cache: a request that never can is refused
-        with the reason, not retried."""
-        num_rows = sum(item.placeholder.length for item in {i.mm_hash: i for i in job.items}.values())
+        """A request's items are resident a window at a time, so any number fit; but one item
+        whose rows exceed the embedding cache never can, and is refused with the reason."""
         capacity = self.engine.encoder_cache.cache_size
+        num_rows = max((item.placeholder.length for item in job.items), default=0)
         if num_rows > capacity:
             raise RequestRejectedError(
-                f"the request's images and video groups need {num_rows} embedding rows at once; a prefill node holds "
-                f"{capacity} (encoder_cache_tokens): send fewer or smaller frames, or raise it"
+                f"an image or video group needs {num_rows} embedding rows; a prefill node holds "
+                f"{capacity} (encoder_cache_tokens): send smaller images or frames, or raise it"
             )
+
+    def _result(self, launch: _Launch, output: RequestOutput) -> PrefillResult:
+        request = launch.request
+        num_computed = request.num_prompt_tokens - output.num_cached_tokens
+        self.metrics.num_cached_tokens.inc(output.num_cached_tokens)
+        self.metrics.num_tokens_computed.inc(num_computed)
+        self.kv_puller.observe_prefill(time.perf_counter() - launch.started_at, num_computed)
+        logprobs = output.new_logprobs[0] if output.new_logprobs else None
+        return PrefillResult(output.new_token_ids[0], output.num_cached_tokens, request.mrope_delta, logprobs, launch.num_pulled)
 
     def _count_ready(self, change: int) -> None:
         self.num_ready += change
         if self._post_ready is not None:
             self._post_ready(self.num_ready)
-
-    async def _prefill(self, request: Request, decode_address: str) -> PrefillResult:
-        started = time.perf_counter()
-        done = self._start(request, decode_address)
-        try:
-            output = await asyncio.wait_for(asyncio.wrap_future(done), self.prefill_timeout_s)
-        except BaseException:
-            # Nobody waits for it any more: the engine stops computing it and ships no KV.
-            self.abort(request.request_id)
-            raise
-        num_computed = request.num_prompt_tokens - output.num_cached_tokens
-        self.metrics.num_cached_tokens.inc(output.num_cached_tokens)
-        self.metrics.num_tokens_computed.inc(num_computed)
-        self.kv_puller.observe_prefill(time.perf_counter() - started, num_computed)
-        logprobs = output.new_logprobs[0] if output.new_logprobs else None
-        return PrefillResult(output.new_token_ids[0], output.num_cached_tokens, request.mrope_delta, logprobs)
 
     def _start(self, request: Request, decode_address: str) -> Future:
         """Queue the prompt. The future resolves with the engine's output once the first token is
@@ -200,6 +206,7 @@ class PrefillNode(EngineNode):
             events = self.embedding_index.changes(engine.runner.encoder_outputs)
             if events is not None:
                 self.publisher.record(events)
+        self.steps.notify()
 
     def _ship_kv(self, request: Request) -> None:
         """Engine-thread hook: push the prompt's KV pages before the blocks are released."""
@@ -213,6 +220,33 @@ class PrefillNode(EngineNode):
             # Never raise on the engine thread (it would fail every request in the step): the
             # decode node times out waiting for these pages and the gateway retries elsewhere.
             log.warning("KV pages of %s not delivered: %s", request.request_id, exc)
+
+
+@dataclass(slots=True)
+class _Launch:
+    """Starting one request in the engine, once, whoever asks first (the feed starts it early
+    when an import finds the cache full): its prefix KV pulled from a peer, then queued."""
+
+    node: PrefillNode
+    job: PrefillJob
+    upstream: Upstream
+    request: Request
+    done: asyncio.Future | None = None  # the engine's output once the first token is sampled
+    num_pulled: int = 0
+    started_at: float = 0.0
+    _task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._start())
+        await self._task
+
+    async def _start(self) -> None:
+        node = self.node
+        self.num_pulled = await node.kv_puller.pull(self.request, self.job.kv_sources, self.upstream, node.data_address)
+        self.started_at = time.perf_counter()
+        node._count_ready(+1)
+        self.done = asyncio.wrap_future(node._start(self.request, self.job.decode_address))
 
 
 def _settle(done: Future, outcome: RequestOutput | BaseException) -> None:

@@ -18,14 +18,17 @@ from tests.oracle import assert_tokens_match
 from tests.services.engine.conftest import GREEDY_16, oracle_tokens
 
 
-def make_request(request_id: str, num_tokens: int, images: list[tuple[int, int]] = ()) -> Request:
+def make_request(request_id: str, num_tokens: int, images: list[tuple[int, int]] = (), *, remote: bool = False) -> Request:
+    """Images as (offset, length): with pixels to encode here, or ``remote`` (computed on another
+    node, imported before they are computed over)."""
+    pixels = None if remote else torch.zeros(1)
     return Request(
         request_id=request_id,
         prompt_token_ids=list(range(num_tokens)),
         sampling=SamplingParams(),
         mrope_positions=torch.arange(num_tokens).expand(3, -1),
         mrope_delta=0,
-        mm_features=[MmFeature(f"{request_id}-img{i}", PlaceholderRange(o, n), (1, 2, 2 * n), None) for i, (o, n) in enumerate(images)],
+        mm_features=[MmFeature(f"{request_id}-img{i}", PlaceholderRange(o, n), (1, 2, 2 * n), pixels) for i, (o, n) in enumerate(images)],
     )
 
 
@@ -78,6 +81,30 @@ def test_encoder_budget_per_step_defers_the_second_image():
     _advance(scheduler, first)
     second = scheduler.schedule()
     assert second.scheduled[0].encoder_inputs == [1] and second.scheduled[0].num_new_tokens == 20
+
+
+def test_a_remote_image_not_yet_imported_stops_the_range_before_it_until_it_is():
+    scheduler = make_scheduler(max_num_batched_tokens=100, encoder_cache_tokens=64, max_encoder_tokens_per_step=64)
+    request = make_request("r", 40, images=[(10, 8), (25, 8)], remote=True)
+    scheduler.encoder_cache.allocate("r", "r-img0", 8)  # the first is imported, the second not yet
+    scheduler.add(request)
+    plan = scheduler.schedule()
+    assert plan.scheduled[0].num_new_tokens == 25 and plan.scheduled[0].encoder_inputs == []
+    assert request.awaiting_import == "r-img1"
+    _advance(scheduler, plan)
+    assert scheduler.schedule().scheduled == [] and request.awaiting_import == "r-img1"
+    scheduler.encoder_cache.allocate("r", "r-img1", 8)
+    plan = scheduler.schedule()
+    assert plan.scheduled[0].num_new_tokens == 15 and request.awaiting_import is None
+
+
+def test_a_waiting_request_awaiting_an_import_lets_the_next_one_go_first():
+    scheduler = make_scheduler(max_num_batched_tokens=100)
+    awaiting, ready = make_request("a", 20, images=[(0, 8)], remote=True), make_request("b", 12)
+    scheduler.add(awaiting)
+    scheduler.add(ready)
+    plan = scheduler.schedule()
+    assert [s.request for s in plan.scheduled] == [ready] and list(scheduler.waiting) == [awaiting]
 
 
 def test_request_that_does_not_fit_waits_until_blocks_free_up():

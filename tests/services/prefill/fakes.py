@@ -20,7 +20,7 @@ from shared.types import BlockHash, MmHash
 
 def prompt_items(prep) -> list[PromptItem]:
     """A preprocessing result's images as the prefill node takes them."""
-    return [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw) for i in prep.mm_items]
+    return [PromptItem(i.mm_hash, i.placeholder, i.image.grid_thw, i.placement) for i in prep.mm_items]
 
 
 def prefill_job(

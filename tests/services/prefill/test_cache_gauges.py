@@ -53,8 +53,8 @@ def _upstream(node: PrefillNode) -> FakeUpstream:
 
 
 def test_hit_miss_and_eviction_counters(tiny_model):
-    """Embeddings count in images, prefix lookups in prompt tokens; a second image evicts the
-    first from an embedding cache that holds one, and its prompt's blocks evict cached ones from
+    """Embeddings count in images, prefix lookups in prompt tokens; an image a prefix hit covers
+    is not looked up; a second image evicts the first from an embedding cache that holds one, and its prompt's blocks evict cached ones from
     a pool that holds one prompt."""
     preprocessor = Preprocessor(tiny_model)
     preps = [preprocessor.preprocess(chat_case(encode_image(make_image(112, 112, seed=s)), "What is it?").prompt) for s in (5, 6)]
@@ -70,7 +70,8 @@ def test_hit_miss_and_eviction_counters(tiny_model):
         for request_id, prep in (("a1", preps[0]), ("a2", preps[0]), ("b1", preps[1])):
             asyncio.run(node.run(prefill_job(request_id, prep, sink.address, max_tokens=1), upstream))
         counters = node.loop.call(lambda engine: snapshot(node.metrics).counters).result()
-        assert [counters[f"embedding_cache_{kind}_total"] for kind in ("hits", "misses", "evictions")] == [1.0, 2.0, 1.0]
+        # a2's prefix hit covers its image: its embeddings are not even looked up.
+        assert [counters[f"embedding_cache_{kind}_total"] for kind in ("hits", "misses", "evictions")] == [0.0, 2.0, 1.0]
         num_prompt_tokens = len(preps[0].prompt_token_ids)
         cached = (num_prompt_tokens - 1) // BLOCK * BLOCK  # a2 reuses a1's full blocks (the last token is always computed)
         assert counters["prefix_cache_hits_total"] == cached

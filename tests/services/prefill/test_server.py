@@ -161,22 +161,21 @@ class DeadlineRecordingEncoder(rpc.EncodeServicer):
         return pb.EncodeResponse(missing_pixels=[item.mm_hash for item in request.items])
 
 
-def test_a_request_whose_items_can_never_be_resident_together_is_refused_with_the_reason(prefill):
-    """A clip's groups are resident for the whole prefill: past the embedding cache's rows, the
-    request is refused as invalid (never retried), naming the setting."""
+def test_an_item_larger_than_the_embedding_cache_is_refused_with_the_reason(prefill):
+    """A request's items are resident a window at a time, so a clip of any length fits; one item
+    past the embedding cache's rows never can, and is refused as invalid (never retried),
+    naming the setting."""
 
     async def scenario(stub, node: PrefillNode, sink: TensorInbox) -> None:
-        capacity = node.engine.encoder_cache.cache_size
-        rows = capacity // 2 + 1  # two groups of a clip: more than the cache together
-        tokens = [10] * 8 + [151656] * (2 * rows) + [11] * 8
+        rows = node.engine.encoder_cache.cache_size + 1
+        tokens = [10] * 8 + [151656] * rows + [11] * 8
         request = _request("too-many-rows", sink, tokens)
-        for k in range(2):
-            item = request.mm_items.add(mm_hash=f"group-{k}", offset=8 + k * rows, length=rows, grid_thw=[1, 2, 2 * rows])
-            item.placement.CopyFrom(pb.GroupPlacement(index=k, time_position=k))
+        item = request.mm_items.add(mm_hash="group-0", offset=8, length=rows, grid_thw=[1, 2, 2 * rows])
+        item.placement.CopyFrom(pb.GroupPlacement(index=0, time_position=0))
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stub.Prefill(request, timeout=60)
         assert node_error_of(refused.value).kind is ErrorKind.INVALID_REQUEST
-        assert f"need {2 * rows} embedding rows at once" in refused.value.details() and "encoder_cache_tokens" in refused.value.details()
+        assert f"needs {rows} embedding rows" in refused.value.details() and "encoder_cache_tokens" in refused.value.details()
         reply = await stub.Prefill(_request("fine-after", sink, _prompt(7, 64)), timeout=60)
         assert reply.first_token_id >= 0
 

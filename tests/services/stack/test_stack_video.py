@@ -155,3 +155,35 @@ def test_a_decode_node_killed_mid_video_stream_migrates_and_stays_exact(two_deco
     num_migrated = stack.metrics().get("tessera_gateway_migrations_total", 0.0) - migrations
     print(f"{stack.served_model}: {num_migrated:.0f} video streams migrated")
     assert num_migrated > 0
+
+
+@pytest.fixture(scope="module")
+def tight_cache_stack(tmp_path_factory, repo_root, tiny_model):
+    """The default stack with an embedding cache of three temporal groups' rows on every node."""
+    from services.preprocess.preprocessor import Preprocessor
+
+    prep = Preprocessor(tiny_model).preprocess(chat_case(Video(_long_clip()), "?").prompt)
+    rows = 3 * max(item.placeholder.length for item in prep.mm_items)
+    env = {**os.environ, "TESSERA_ENGINE_ENCODER_CACHE_TOKENS": str(rows), "TESSERA_ENGINE_MAX_ENCODER_TOKENS_PER_STEP": str(rows)}
+    running = launch_stack(tmp_path_factory.mktemp("video-tight-cache"), repo_root, env=env)
+    yield running, len(prep.mm_items)
+    stop_stack(running)
+
+
+def _long_clip() -> bytes:
+    return make_clip(48, fps=4, width=80, height=60, seed=70)  # 12 s sampled at 2 fps: 12 groups
+
+
+@pytest.mark.slow  # a stack of its own
+def test_a_clip_four_times_the_embedding_cache_streams_through_prefill_and_stays_exact(tight_cache_stack, oracle):
+    """Each node's embedding cache holds three of the clip's twelve groups: the prefill node
+    brings them window by window as its engine computes past them (never refused for its size),
+    and the answer equals transformers' greedy generate."""
+    stack, num_groups = tight_cache_stack
+    assert num_groups == 12
+    case = chat_case(Video(_long_clip()), "What changes over this clip?")
+    expected = oracle_case_tokens(oracle, case, 12)
+    windows = stack.metrics().get("tessera_prefill_embedding_windows_total", 0.0)
+    reply = _ask(stack, case)
+    assert reply.choices[0].message.content == oracle.tokenizer.decode(expected.token_ids, skip_special_tokens=True)
+    assert stack.metrics().get("tessera_prefill_embedding_windows_total", 0.0) - windows >= 3
