@@ -46,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     role = cmd.add_argument_group("one role (--role)")
     for name in setting_names():
-        if name != "model":
+        if name == "served_model_name":  # vLLM's spelling, names apart (a b), as well as a,b
+            role.add_argument("--served-model-name", dest=f"role_{name}", nargs="+", default=None, type=str)
+        elif name != "model":
             role.add_argument("--" + name.replace("_", "-"), dest=f"role_{name}", default=None)
     EngineConfig.add_cli_arguments(cmd)
     PreprocessConfig.add_cli_arguments(cmd)
@@ -59,10 +61,15 @@ def run(args: argparse.Namespace) -> int:
     from services.stack.roles import role_settings, run_role
 
     flags = argparse.Namespace(
-        model=args.model, **{name: getattr(args, f"role_{name}", None) for name in setting_names() if name != "model"}
+        model=args.model, **{name: _flag_value(getattr(args, f"role_{name}", None)) for name in setting_names() if name != "model"}
     )
     run_role(args.role, role_settings(args.role, flags), EngineConfig.from_sources(args), PreprocessConfig.from_sources(args))
     return 0
+
+
+def _flag_value(value: str | list[str] | None) -> str | None:
+    """A flag that takes several values (--served-model-name a b) as the setting's one string."""
+    return ",".join(value) if isinstance(value, list) else value
 
 
 def _run_stack(args: argparse.Namespace) -> int:

@@ -110,6 +110,28 @@ def test_malformed_requests_get_a_400_in_openai_error_json(raw, param, text):
     assert http.get("/v1/models").status_code == 200  # the server is unharmed
 
 
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize(
+    "fields,text",
+    [
+        ({"stream_options": {"include_usage": True}}, "stream_options can only be set with stream=true"),
+        ({"use_beam_search": True, "n": 2}, "use_beam_search is not supported"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs is not supported"),
+        ({"return_token_ids": True}, "return_token_ids is not supported"),
+    ],
+)
+def test_fields_whose_meaning_is_not_served_are_refused_never_ignored(route, fields, text):
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline)
+    body = {"messages": MESSAGES} if route == "/v1/chat/completions" else {"prompt": "hi"}
+    response = http.post(route, json={**body, **fields})
+    assert response.status_code == 400 and text in response.json()["error"]["message"], response.text
+    assert not pipeline.calls
+    # Their defaults, and an empty stream_options without a stream (as vLLM takes it), are fine.
+    defaults = {"use_beam_search": False, "prompt_logprobs": None, "return_token_ids": False, "stream_options": {}}
+    assert http.post(route, json={**body, **defaults}).status_code == 200
+
+
 def test_unknown_routes_and_methods_get_openai_errors():
     http, _ = client_for(FakePipeline())
     missing = http.get("/v1/nothing")
