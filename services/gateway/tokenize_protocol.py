@@ -26,15 +26,13 @@ class TokenizeRequest(WireModel):
     tools: list[Tool] | None = None
     chat_template_kwargs: dict | None = None
     mm_processor_kwargs: MmProcessorKwargs | None = None
-    add_generation_prompt: bool = Field(True, description="always true: the template's generation prompt is counted")
+    add_generation_prompt: bool = Field(True, description="count the template's generation prompt (messages only)")
     return_token_strs: bool = Field(False, description="not supported: must be false")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> TokenizeRequest:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("give exactly one of 'messages' and 'prompt'")
-        if not self.add_generation_prompt:
-            raise ValueError("add_generation_prompt=false is not supported")
         if self.return_token_strs:
             raise ValueError("return_token_strs is not supported")
         return self
@@ -42,7 +40,9 @@ class TokenizeRequest(WireModel):
     def prompt_input(self) -> pb.PromptInput:
         if self.prompt is not None:
             return raw_prompt(self.prompt, [])
-        return chat_prompt(self.messages or [], self.tools, self.chat_template_kwargs, video_kwargs=self.mm_processor_kwargs)
+        # As vLLM: the top-level field, unless chat_template_kwargs sets it.
+        template_kwargs = {"add_generation_prompt": self.add_generation_prompt, **(self.chat_template_kwargs or {})}
+        return chat_prompt(self.messages or [], self.tools, template_kwargs, video_kwargs=self.mm_processor_kwargs)
 
 
 class TokenizeResponse(BaseModel):

@@ -234,7 +234,11 @@ class Preprocessor:
     def render_prompt(self, messages: Sequence[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
         """The chat template's text. A template that refuses the conversation (Gemma3's asks
         for alternating user/assistant turns) is the request's fault: a 400 with its message."""
-        template_kwargs = template_kwargs or {}
+        template_kwargs = dict(template_kwargs or {})
+        # As vLLM: chat_template_kwargs may set the generation prompt (its default, on, is ours).
+        add_generation_prompt = template_kwargs.pop("add_generation_prompt", True)
+        if not isinstance(add_generation_prompt, bool):
+            raise InvalidRequestError("chat_template_kwargs.add_generation_prompt must be true or false")
         if self._template_parameters & set(template_kwargs):
             names = ", ".join(sorted(self._template_parameters & set(template_kwargs)))
             raise InvalidRequestError(f"chat_template_kwargs may only set template variables, not {names}")
@@ -246,7 +250,7 @@ class Preprocessor:
                 tools=tools,
                 chat_template=self.chat_template,
                 tokenize=False,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 **template_kwargs,
             )
         except jinja2.TemplateError as exc:

@@ -60,10 +60,19 @@ def test_tool_history_names_tools_and_template_variables_reach_the_template(prob
     assert text == "[user:ann]Weather?[assistant]<call wx>[tool]sunny<answers c1><tool wx><thinking False>"
 
 
+def test_template_kwargs_set_the_generation_prompt_as_vllm_resolves_them(preprocessor):
+    messages = [{"role": "user", "content": "Hi"}]
+    default = render(preprocessor, messages=messages)
+    assert render(preprocessor, messages=messages, chat_template_kwargs={"add_generation_prompt": True}) == default
+    without = render(preprocessor, messages=messages, chat_template_kwargs={"add_generation_prompt": False})
+    assert default.startswith(without) and default[len(without) :] == "<|im_start|>assistant\n"
+
+
 @pytest.mark.parametrize(
     "body,message",
     [
         ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"tokenize": True}}, "only set template variables"),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"add_generation_prompt": "yes"}}, "true or false"),
         ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": []}}, "may not set messages"),
     ],
 )

@@ -137,6 +137,11 @@ def test_tokenize_counts_what_the_model_sees_and_detokenize_inverts_it(stack):
     reply = greedy_chat(stack, case.body["messages"], max_tokens=1)
     counted = _tokenize(stack, {"model": "tiny", "messages": case.body["messages"]})
     assert counted["count"] == reply.usage.prompt_tokens == len(counted["tokens"]) and counted["max_model_len"] > counted["count"]
+    # As vLLM: without the generation prompt (the top-level field, or chat_template_kwargs'), fewer.
+    bare = _tokenize(stack, {"messages": case.body["messages"], "add_generation_prompt": False})
+    assert bare["tokens"] == counted["tokens"][: bare["count"]] and bare["count"] < counted["count"]
+    kwargs = {"messages": case.body["messages"], "chat_template_kwargs": {"add_generation_prompt": False}}
+    assert _tokenize(stack, kwargs)["tokens"] == bare["tokens"]
     text = _tokenize(stack, {"prompt": "Hello there"})
     assert httpx.post(root_url(stack) + "/detokenize", json={"tokens": text["tokens"]}, timeout=30).json() == {"prompt": "Hello there"}
     bad = httpx.post(root_url(stack) + "/detokenize", json={"tokens": [10**9]}, timeout=30)
