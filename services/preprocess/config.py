@@ -38,8 +38,11 @@ class PreprocessConfig:
     mm_processor_kwargs: str = ""
     # Prompt length limit after placeholder expansion.
     max_prompt_tokens: int = 32768
-    # Remote http(s) images are off unless enabled, and then only from allow-listed domains.
-    allow_remote_images: bool = False
+    # Remote http(s) images and videos are fetched, as vLLM fetches them, from hosts that resolve
+    # to public addresses only (checked per redirect, the address pinned for the connection:
+    # remote_fetch.py). allowed_image_domains narrows that to those domains (empty: any public
+    # host); allow_remote_images off refuses every remote URL.
+    allow_remote_images: bool = True
     allowed_image_domains: tuple[str, ...] = ()
     remote_fetch_timeout_s: float = 10.0
     # Allow-listed hosts must still resolve to public addresses unless this is on (a private

@@ -4,8 +4,9 @@ reference) into encoded bytes, enforcing the source policy, the same for both ki
 Accepted references (the input's url):
   data:image/...;base64,...       always (png, jpeg, webp, gif); data:video/... for a video
   bare base64 string               always (the ``{"type": "image", "image": ...}`` form)
-  http(s)://host/...               only with allow_remote_images, host on the allow-list and
-                                   resolving to public addresses (services/preprocess/remote_fetch.py)
+  http(s)://host/...               unless allow_remote_images is off: a host resolving to public
+                                   addresses, on allowed_image_domains when that is set
+                                   (services/preprocess/remote_fetch.py)
   file:///abs/path or /abs/path    only under local_media_dir (after resolving symlinks)
 The encoded-size limit (max_image_bytes or max_video_bytes) is enforced here, before any decoding.
 """

@@ -63,6 +63,10 @@ def fetch(url: str, policy: FetchPolicy, resolve: Resolver | None = None) -> byt
 
 
 def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """Whether ``host`` is on the allow-list; an empty list allows any host (the address check
+    still applies)."""
+    if not allowed:
+        return True
     host = host.lower().rstrip(".")
     return any(host == d or host.endswith("." + d) for d in allowed)
 

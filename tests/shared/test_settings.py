@@ -53,7 +53,7 @@ def test_invalid_engine_settings_are_clear_errors(env, message):
 
 def test_preprocess_validation():
     with pytest.raises(ValueError, match="allow_remote_images is off"):
-        PreprocessConfig(allowed_image_domains=("a.com",))
+        PreprocessConfig(allow_remote_images=False, allowed_image_domains=("a.com",))
     with pytest.raises(ValueError, match="min_pixels must not exceed"):
         PreprocessConfig(min_pixels=10, max_pixels=5)
     with pytest.raises(ValueError, match="must be positive"):

@@ -57,7 +57,7 @@ BAD_CASES = [
     ("over_pixel_limit", _user(_img(image_data_url(make_image(3000, 2000)))), E.ImageTooLargeError, "over the limit"),
     ("extreme_aspect_ratio", _user(_img(image_data_url(make_image(2010, 10)))), E.InvalidImageDimensionsError, "aspect ratio"),
     ("too_many_images", _user(*[_img(image_data_url(make_image(32, 32))) for _ in range(5)]), E.TooManyImagesError, "at most 4"),
-    ("http_url_disabled", _user(_img("http://example.com/cat.png")), E.ImageSourceNotAllowedError, "remote image URLs are disabled"),
+    ("http_url_private", _user(_img("http://127.0.0.1:9/cat.png")), E.ImageSourceNotAllowedError, "non-public address"),
     ("local_path_disabled", _user(_img("/etc/passwd")), E.ImageSourceNotAllowedError, "local image paths are disabled"),
     (
         "image_in_assistant_turn",
@@ -151,6 +151,12 @@ def test_image_bytes_are_taken_as_they_are_and_their_size_is_checked(strict_prep
     assert as_bytes.mm_items[0].mm_hash == as_url.mm_items[0].mm_hash
     with pytest.raises(E.ImageTooLargeError, match="over the limit"):
         strict_preprocessor.preprocess(prompt_from_wire(pb.PromptInput(text="x", images=[pb.ImageInput(data=b"\0" * (3 * 1024 * 1024))])))
+
+
+def test_remote_urls_turned_off_are_refused(tiny_model):
+    preprocessor = Preprocessor(tiny_model, PreprocessConfig(allow_remote_images=False))
+    with pytest.raises(E.ImageSourceNotAllowedError, match="remote image URLs are disabled"):
+        preprocessor.preprocess(prompt_for_library(_user(_img("https://images.example.org/x.png"))))
 
 
 def test_remote_url_off_allow_list_is_refused(tiny_model):

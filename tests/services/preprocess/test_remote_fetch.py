@@ -1,4 +1,5 @@
-"""Remote images against a real HTTP server on loopback: the allow-list and the address policy
+"""Remote images against a real HTTP server on loopback: fetched with no allow-list by default,
+the allow-list (when set) and the address policy
 hold for every redirect, the size limit holds, and a slow image host delays only its own request
 (the fetch runs outside the preprocess node's lock)."""
 
@@ -70,6 +71,25 @@ def policy(**overrides) -> FetchPolicy:
 def test_an_allowed_host_is_fetched_and_redirects_on_it_are_followed(host):
     assert fetch(f"http://{host}/img.png", policy()) == PNG
     assert fetch(f"http://{host}/to/img.png", policy()) == PNG
+
+
+def test_with_no_allow_list_any_host_is_fetched_under_the_address_rule(tiny_model, host):
+    """The default (as vLLM): remote media from any host, with no allow-list to configure; only
+    the address rule applies (here relaxed for loopback, as an in-cluster image server needs).
+    The image fetched equals the same image sent inline."""
+    from services.preprocess.preprocessor import Preprocessor
+
+    assert fetch(f"http://{host}/img.png", policy(allowed_domains=())) == PNG
+    with pytest.raises(E.ImageSourceNotAllowedError, match="non-public address"):
+        fetch(f"http://{host}/img.png", policy(allowed_domains=(), allow_private_addresses=False))
+    assert PreprocessConfig().allow_remote_images and PreprocessConfig().allowed_image_domains == ()
+    preprocessor = Preprocessor(tiny_model, PreprocessConfig(allow_private_image_addresses=True))
+
+    def one(url: str) -> str:
+        message = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "?"}]}
+        return preprocessor.preprocess(prompt_for_library({"messages": [message]})).mm_items[0].mm_hash
+
+    assert one(f"http://{host}/img.png") == one(data_url(PNG))
 
 
 def test_a_host_that_resolves_to_a_private_address_is_refused_unless_allowed(host):
