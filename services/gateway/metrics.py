@@ -8,7 +8,8 @@ also serves its own metrics (services/transport/metrics_http.py) for a Prometheu
 pods directly; this view is the one-URL summary of the whole cluster.
 
 Beside them, the families vLLM's dashboards, KEDA triggers and the Gateway API Inference
-Extension read, under vLLM's names with ``tessera:`` for ``vllm:``, each labelled ``model_name``
+Extension read, under vLLM's names with ``tessera:`` for ``vllm:`` (and under ``vllm:`` too with
+``vllm_metric_names``), each labelled ``model_name``
 (the mapping table is in the README): requests running and waiting on the engines, KV-cache usage
 (0 to 1), prompt and generation tokens, successes by finish reason, and the TTFT, inter-token,
 end-to-end and queue-time histograms. Process metrics (CPU, memory, file descriptors) come from
@@ -52,8 +53,12 @@ class GatewayMetrics:
         role_stats: Callable[[], RoleStats] = dict,
         num_in_flight: Callable[[], float] = lambda: 0.0,
         model_name: str = "",
+        *,
+        vllm_names: bool = False,
     ) -> None:
         self.model_name = model_name
+        # Serve the vLLM-named families under ``vllm:`` too, for tools that read those names.
+        self.vllm_names = vllm_names
         self.registry = CollectorRegistry(auto_describe=True)
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
@@ -133,7 +138,27 @@ class GatewayMetrics:
         self.route.observe(seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithVllmNames(self.registry) if self.vllm_names else self.registry)
+
+
+class _WithVllmNames:
+    """A registry's families, and each ``tessera:`` one again under ``vllm:`` (one collection:
+    the cluster's statistics are read once per scrape)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            yield metric
+            if metric.name.startswith("tessera:"):
+                yield _renamed(metric, "vllm:" + metric.name.removeprefix("tessera:"))
+
+
+def _renamed(metric: Metric, name: str) -> Metric:
+    copy = Metric(name, metric.documentation, metric.type, metric.unit)
+    copy.samples = [sample._replace(name=name + sample.name[len(metric.name) :]) for sample in metric.samples]
+    return copy
 
 
 class _ClusterCollector(Collector):

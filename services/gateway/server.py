@@ -60,6 +60,9 @@ class Settings(InternalPlaneSettings):
     prefill_address: str = ""
     decode_address: str = ""
     default_max_tokens: int = 256
+    # Serve the metric families named as vLLM's under vllm: as well as tessera: (dashboards,
+    # KEDA triggers and endpoint pickers that read vllm:num_requests_waiting, unchanged).
+    vllm_metric_names: bool = False
     # Sampling defaults for the fields a request leaves unset: "auto", the checkpoint's
     # generation_config.json (as vLLM's --generation-config auto), or "vllm", none.
     generation_config: str = "auto"
@@ -172,6 +175,7 @@ async def _serve(
         model_root=config.model,
         tool_parser=tool_parser,
         sampling_defaults=sampling_defaults,
+        vllm_metric_names=config.vllm_metric_names,
     )
     servicer = GenerateServicer(
         pipeline,

@@ -36,12 +36,15 @@ class GatewayState:
     started: int
     metrics: GatewayMetrics = field(init=False)
     draining: bool = False
+    vllm_metric_names: bool = False  # the vLLM-named families under vllm: too (metrics.py)
     num_in_flight: int = 0  # choices whose pipeline run is in progress
     own_metrics: GatewayNodeMetrics = field(init=False, default_factory=GatewayNodeMetrics)
     _scraped: RoleStats = field(default_factory=dict)  # the metrics the next render reports
 
     def __post_init__(self) -> None:
-        self.metrics = GatewayMetrics(lambda: self._scraped, lambda: float(self.num_in_flight), model_name=self.served_names[0])
+        self.metrics = GatewayMetrics(
+            lambda: self._scraped, lambda: float(self.num_in_flight), model_name=self.served_names[0], vllm_names=self.vllm_metric_names
+        )
         self.pipeline.route_observers.append(lambda route: self.metrics.record_route(route.decision_s))
         pipeline, own = self.pipeline, self.own_metrics
         own.num_node_failures.read_from(lambda: pipeline.num_retries)

@@ -176,3 +176,19 @@ def test_vllm_named_families_carry_the_model_name_and_process_metrics_are_served
     queue_count = next(s.value for s in families["tessera:request_queue_time_seconds"].samples if s.name.endswith("_count"))
     assert queue_count == 1.0
     assert "process_cpu_seconds" in families and "python_gc_objects_collected" in families
+
+
+def test_with_vllm_metric_names_each_vllm_family_is_served_under_vllm_too():
+    nodes = {"prefill@p:1": Snapshot(gauges={"engine_requests_waiting": 3.0, "kv_cache_used_blocks": 1.0, "kv_cache_capacity_blocks": 4.0})}
+    metrics = GatewayMetrics(lambda: nodes, model_name="tiny", vllm_names=True)
+    metrics.record_ttft(0.2)
+    metrics.record_finished(prompt_tokens=30, generation_tokens=8, finish_reasons=["stop"])
+    families = parse(metrics.render())
+    for name, kind in VLLM_NAMES.items():
+        alias = families["vllm:" + name.removeprefix("tessera:")]
+        assert alias.type == kind and families[name].type == kind, name
+        assert [(s.name.replace("vllm:", "tessera:"), s.labels, s.value) for s in alias.samples if not s.name.endswith("_created")] == [
+            (s.name, s.labels, s.value) for s in families[name].samples if not s.name.endswith("_created")
+        ], name
+    assert families["vllm:num_requests_waiting"].samples[0].value == 3.0
+    assert not any(name.startswith("vllm:") for name in parse(GatewayMetrics(lambda: nodes).render()))  # off by default
