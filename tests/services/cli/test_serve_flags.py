@@ -20,3 +20,9 @@ def test_served_model_names_apart_or_comma_separated_reach_the_gateway_as_one_li
     flags = argparse.Namespace(model="tiny", served_model_name=value, http_port="8001", index_url="redis://127.0.0.1:1/0")
     settings = role_settings("gateway", flags)
     assert served_names(settings, tiny_model) == ("a", "b") and settings.http_port == 8001
+
+
+def test_the_vllm_metric_names_flag_reaches_the_gateway_settings():
+    args = build_parser().parse_args(["serve", "--role", "gateway", "--vllm-metric-names", "true"])
+    flags = argparse.Namespace(model="tiny", vllm_metric_names=args.role_vllm_metric_names, index_url="redis://127.0.0.1:1/0")
+    assert role_settings("gateway", flags).vllm_metric_names is True
