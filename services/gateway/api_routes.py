@@ -89,7 +89,9 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             tool_parser=model.tool_parser,
             sampling_defaults=model.sampling_defaults,
         )
-        response = await respond(state, api_request, ChatFormatter(api_request.tool_mode), admission.admit(len(api_request.generations)))
+        response = await respond(
+            state, api_request, ChatFormatter(api_request.tool_mode, api_request.echo), admission.admit(len(api_request.generations))
+        )
         response.headers.update(ignored)
         return response
 

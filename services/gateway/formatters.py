@@ -75,16 +75,18 @@ class Formatter(Protocol):
 
 
 class ChatFormatter:
-    """``tool_mode``: how the output becomes tool calls (tool_calls.py); None: plain content."""
+    """``tool_mode``: how the output becomes tool calls (tool_calls.py); None: plain content.
+    ``echo``: text each reply starts with (chat ``echo``), streamed with the role."""
 
     id_prefix = "chatcmpl"
 
-    def __init__(self, tool_mode: ToolMode | None = None) -> None:
+    def __init__(self, tool_mode: ToolMode | None = None, echo: str = "") -> None:
         self.tool_mode = tool_mode
+        self.echo = echo
         self._num_sent: dict[int, int] = {}  # choice -> characters of its text streamed so far
 
     def opening(self, request_id: str, model: str, index: int) -> ChatCompletionChunk:
-        return _chat_chunk(request_id, model, [ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=""))])
+        return _chat_chunk(request_id, model, [ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=self.echo))])
 
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> ChatCompletionChunk:
         logprobs = _chat_logprobs(result, num_new_logprobs)
@@ -100,11 +102,12 @@ class ChatFormatter:
     def response(self, request_id: str, model: str, choices: list[ChoiceResult], usage: Usage) -> ChatCompletionResponse:
         out = []
         for c in choices:
-            message, finish_reason = AssistantMessage(content=c.text), c.finish_reason or "stop"
+            message, finish_reason = AssistantMessage(content=self.echo + c.text), c.finish_reason or "stop"
             if self.tool_mode is not None:
                 parsed = self.tool_mode.parse(c.text, finish_reason)
                 calls = [ToolCall(id=p.id, function=ToolCallFunction(name=p.name, arguments=p.arguments)) for p in parsed.calls]
-                message = AssistantMessage(content=parsed.content, tool_calls=calls)
+                content = self.echo + parsed.content if parsed.content is not None else self.echo or None
+                message = AssistantMessage(content=content, tool_calls=calls)
                 finish_reason = parsed.finish_reason or finish_reason
             out.append(
                 ChatChoice(index=c.index, message=message, finish_reason=finish_reason, logprobs=_chat_logprobs(c, len(c.logprobs or ())))

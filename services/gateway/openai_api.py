@@ -8,7 +8,7 @@ choice i samples with ``seed + i`` so seeded choices differ yet stay reproducibl
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel, ValidationError
 
@@ -48,6 +48,7 @@ class ApiRequest:
     include_usage: bool
     continuous_usage: bool = False  # every chunk carries the usage so far
     tool_mode: ToolMode | None = None  # chat only: how the output becomes tool calls
+    echo: str = ""  # chat only: text each choice's reply starts with (ChatCompletionRequest.echoed_text)
 
 
 def to_chat_request(
@@ -65,12 +66,12 @@ def to_chat_request(
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
     fit = request.max_completion_tokens is None and request.max_tokens is None
-    prompt = chat_prompt(request.messages, request.tools, request.chat_template_kwargs, tenant, request.mm_processor_kwargs)
+    prompt = chat_prompt(request.messages, request.tools, request.template_kwargs(), tenant, request.mm_processor_kwargs)
     structured = request.structured_output()
     forced = tools.constraint() if tools is not None else None
     if forced is not None and structured is not None:
         raise GatewayError(400, f"tool_choice {tools.kind} constrains the output already; drop the structured output it conflicts with")
-    return _fan_out(
+    fanned = _fan_out(
         request,
         model,
         [prompt],
@@ -81,6 +82,7 @@ def to_chat_request(
         tool_mode=tools,
         sampling_defaults=sampling_defaults,
     )
+    return replace(fanned, echo=request.echoed_text())
 
 
 def to_completion_request(

@@ -186,12 +186,37 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict | None = Field(None, description="extra variables for the chat template")
     mm_processor_kwargs: MmProcessorKwargs | None = Field(None, description="the video sampler's and processor's settings")
+    add_generation_prompt: bool = Field(True, description="the template's generation prompt after the messages (vLLM's)")
+    continue_final_message: bool = Field(
+        False, description="render the final message open-ended, for the model to continue it (vLLM's); needs add_generation_prompt=false"
+    )
+    echo: bool = Field(False, description="the reply starts with the final message's text when that is an assistant's (vLLM's)")
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
         return self
+
+    def template_kwargs(self) -> dict | None:
+        """chat_template_kwargs, with the generation-prompt fields under them (as vLLM: the
+        kwargs win); None when nothing departs from the template's defaults."""
+        own = {"add_generation_prompt": False} if not self.add_generation_prompt else {}
+        if self.continue_final_message:
+            own["continue_final_message"] = True
+        merged = {**own, **(self.chat_template_kwargs or {})}
+        return merged or None
+
+    def echoed_text(self) -> str:
+        """What ``echo`` puts before the reply: the final message's text, if an assistant's."""
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant" or last.content is None:
+            return ""
+        if isinstance(last.content, str):
+            return last.content
+        return "".join(part.text for part in last.content if isinstance(part, TextPart))
 
     def num_logprobs(self) -> int | None:
         """How many alternatives the sampling reports per token; None: no logprobs."""

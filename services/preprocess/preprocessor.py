@@ -235,10 +235,15 @@ class Preprocessor:
         """The chat template's text. A template that refuses the conversation (Gemma3's asks
         for alternating user/assistant turns) is the request's fault: a 400 with its message."""
         template_kwargs = dict(template_kwargs or {})
-        # As vLLM: chat_template_kwargs may set the generation prompt (its default, on, is ours).
+        # As vLLM: chat_template_kwargs may set the generation prompt (on by default) and ask
+        # for the final message to be continued (off); not both.
         add_generation_prompt = template_kwargs.pop("add_generation_prompt", True)
-        if not isinstance(add_generation_prompt, bool):
-            raise InvalidRequestError("chat_template_kwargs.add_generation_prompt must be true or false")
+        continue_final_message = template_kwargs.pop("continue_final_message", False)
+        for name, value in (("add_generation_prompt", add_generation_prompt), ("continue_final_message", continue_final_message)):
+            if not isinstance(value, bool):
+                raise InvalidRequestError(f"chat_template_kwargs.{name} must be true or false")
+        if add_generation_prompt and continue_final_message:
+            raise InvalidRequestError("continue_final_message and add_generation_prompt cannot both be true")
         if self._template_parameters & set(template_kwargs):
             names = ", ".join(sorted(self._template_parameters & set(template_kwargs)))
             raise InvalidRequestError(f"chat_template_kwargs may only set template variables, not {names}")
@@ -251,10 +256,13 @@ class Preprocessor:
                 chat_template=self.chat_template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
                 **template_kwargs,
             )
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template cannot render these messages: {exc}") from None
+        except ValueError as exc:  # transformers' own checks, e.g. a final message it cannot continue
+            raise InvalidRequestError(f"cannot render these messages: {exc}") from None
 
     def _prompt(self, parsed: CheckedPrompt) -> str | list[int]:
         """The rendered prompt text, or the request's token ids (checked against the vocabulary);

@@ -132,6 +132,26 @@ def test_fields_whose_meaning_is_not_served_are_refused_never_ignored(route, fie
     assert http.post(route, json={**body, **defaults}).status_code == 200
 
 
+def test_chat_echo_starts_the_reply_with_the_continued_assistant_message_and_the_template_is_told():
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline)
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http)
+    messages = [*MESSAGES, {"role": "assistant", "content": "Well,"}]
+    extra = {"echo": True, "add_generation_prompt": False, "continue_final_message": True}
+    reply = client.chat.completions.create(model="tiny", messages=messages, extra_body=extra)
+    assert reply.choices[0].message.content == "Well,Hello there friend"
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, stream=True, extra_body=extra))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Well,Hello there friend"
+    body = pipeline.calls[0][0]
+    assert json.loads(body.chat.chat_template_kwargs_json) == {"add_generation_prompt": False, "continue_final_message": True}
+    # echo after a user's message echoes nothing; both prompt fields on is a 400 naming them.
+    assert client.chat.completions.create(model="tiny", messages=MESSAGES, extra_body={"echo": True}).choices[0].message.content == (
+        "Hello there friend"
+    )
+    both = http.post("/v1/chat/completions", json={"messages": messages, "continue_final_message": True})
+    assert both.status_code == 400 and "cannot both be true" in both.json()["error"]["message"]
+
+
 def test_unknown_routes_and_methods_get_openai_errors():
     http, _ = client_for(FakePipeline())
     missing = http.get("/v1/nothing")

@@ -68,6 +68,14 @@ def test_template_kwargs_set_the_generation_prompt_as_vllm_resolves_them(preproc
     assert default.startswith(without) and default[len(without) :] == "<|im_start|>assistant\n"
 
 
+def test_continue_final_message_leaves_the_assistants_turn_open(preprocessor):
+    messages = [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "One, two,"}]
+    text = render(preprocessor, messages=messages, chat_template_kwargs={"add_generation_prompt": False, "continue_final_message": True})
+    assert text.endswith("<|im_start|>assistant\nOne, two,")
+    with pytest.raises(E.InvalidRequestError, match="cannot both be true"):
+        preprocessor.preprocess(prompt_for_library({"messages": messages, "chat_template_kwargs": {"continue_final_message": True}}))
+
+
 @pytest.mark.parametrize(
     "body,message",
     [
