@@ -156,10 +156,14 @@ class Scheduler:
         self.encoder_cache.free_request(request.request_id, [f.mm_hash for f in request.mm_features])
 
     def release_finished_encoder_inputs(self, request: Request) -> None:
-        """Drop this request's reference to images it has fully consumed."""
+        """Drop this request's reference to images it has fully consumed: an image that recurs
+        in the prompt only once its last occurrence is computed past."""
+        last_end: dict[str, int] = {}
         for feature in request.mm_features:
-            if feature.placeholder.end <= request.num_computed_tokens:
-                self.encoder_cache.free_encoder_input(request.request_id, feature.mm_hash)
+            last_end[feature.mm_hash] = max(last_end.get(feature.mm_hash, 0), feature.placeholder.end)
+        for mm_hash, end in last_end.items():
+            if end <= request.num_computed_tokens:
+                self.encoder_cache.free_encoder_input(request.request_id, mm_hash)
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)

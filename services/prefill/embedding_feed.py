@@ -21,10 +21,14 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
+import torch
+
+from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.prefill.embedding_window import Window
 from services.prefill.embeddings import ResidentEmbeddings
 from services.prefill.job import PrefillJob, Upstream
+from shared.types import MmHash
 
 # A waiter for the engine's next step looks again after this long at most: a step notified
 # before it registered, or room freed by an abort rather than a step, costs no more.
@@ -64,6 +68,11 @@ class StepSignal:
                 waiter.set_result(None)
 
 
+class RequestEndedError(Exception):
+    """The request left the engine (answered, failed or aborted) while its embeddings were
+    still being brought: the feed stops, and the engine's outcome is the request's."""
+
+
 class EmbeddingFeed:
     def __init__(
         self,
@@ -73,6 +82,7 @@ class EmbeddingFeed:
         upstream: Upstream,
         steps: StepSignal,
         start: Callable[[], Awaitable[None]],
+        ended: Callable[[], bool],
     ) -> None:
         self.embeddings = embeddings
         self.job = job
@@ -80,6 +90,8 @@ class EmbeddingFeed:
         self.upstream = upstream
         self.steps = steps
         self.start = start  # starts the request in the engine (idempotent)
+        self.ended = ended  # whether the engine has answered the started request, or failed it
+        self._pixels: dict[MmHash, torch.Tensor] = {}  # local-encode pixels taken so far, held for later windows
 
     async def first_window(self) -> None:
         """Bring what fits before the request starts: every item, for a request that fits."""
@@ -103,11 +115,21 @@ class EmbeddingFeed:
 
     async def _bring(self, window: Window) -> None:
         if window.lacking:
-            await self.embeddings.bring(self.job, window.lacking, self.upstream, self._on_full)
+            await self.embeddings.bring(self.job, window.lacking, self.upstream, self._on_full, self._local_pixels)
+
+    async def _local_pixels(self, items: list[PromptItem]) -> dict[MmHash, torch.Tensor]:
+        self._pixels.update(await self.embeddings.take_local_pixels(self.job, items, self._pixels.keys()))
+        return self._pixels
 
     async def _on_full(self) -> None:
+        """An import found the cache full: start the request (it frees rows as it computes) and
+        wait a step; stop if the engine has answered or failed it meanwhile."""
         await self.start()
+        if self.ended():
+            raise RequestEndedError
         await self.steps.next_step()
+        if self.ended():
+            raise RequestEndedError
 
     async def _until_awaiting(self, done: asyncio.Future) -> None:
         """Watch, step by step, until the request is answered or the engine awaits an item."""

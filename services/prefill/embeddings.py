@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -48,6 +48,22 @@ log = logging.getLogger("tessera.prefill.embeddings")
 NO_TOWER = "this prefill node has no vision tower (started with --local-encode false)"
 # Awaited when an import finds the cache full: the request runs meanwhile and frees rows.
 OnFull = Callable[[], Awaitable[None]]
+# The job's local-encode pixels by mm_hash, given the items about to be encoded (taken from the
+# inbox as they are first needed, then held: embedding_feed.py).
+LocalPixels = Callable[[list[PromptItem]], Awaitable[dict[MmHash, torch.Tensor]]]
+
+
+def _runs_by_source(job: PrefillJob, items: Sequence[PromptItem]) -> list[tuple[str | None, list[PromptItem]]]:
+    """``items`` cut into runs of consecutive items from one source: None for this node's own
+    tower, else the holder named for them, or the encoder."""
+    runs: list[tuple[str | None, list[PromptItem]]] = []
+    for item in items:
+        source = None if item.mm_hash in job.local_encode else job.image_to_source.get(item.mm_hash) or job.encoder_address or ""
+        if runs and runs[-1][0] == source:
+            runs[-1][1].append(item)
+        else:
+            runs.append((source, [item]))
+    return runs
 
 
 class EmbeddingsUnavailableError(RuntimeError):
@@ -98,29 +114,28 @@ class ResidentEmbeddings:
         if vision is not None:
             self.metrics.tower_seconds.read_from(lambda: vision.seconds_encoding)
 
-    async def bring(self, job: PrefillJob, lacking: Sequence[PromptItem], upstream: Upstream, on_full: OnFull) -> None:
-        """Make ``lacking`` (items of ``job`` the cache lacked when planned) resident for its
-        request: encoded here, shipped by their named holder, or pushed by the encoder. An import
-        that finds no room awaits ``on_full`` and retries. Raises on failure, leaving the
-        references taken so far for ``release``."""
+    async def bring(self, job: PrefillJob, lacking: Sequence[PromptItem], upstream: Upstream, on_full: OnFull, pixels: LocalPixels) -> None:
+        """Make ``lacking`` (items of ``job`` the cache lacked when planned, in prompt order)
+        resident for its request: encoded here, shipped by their named holder, or pushed by the
+        encoder. They are imported in prompt order (a run of items from one source at a time),
+        so what the request holds is always a run it can compute through. An import that finds
+        no room awaits ``on_full`` and retries. Raises on failure, leaving the references taken
+        so far for ``release``. ``pixels``: the job's local-encode pixels, taken once."""
+        for source, run in _runs_by_source(job, lacking):
+            if source is None:
+                await self._encode_here(job.request_id, run, await pixels(run), on_full)
+            else:
+                await self._bring_remote(job, run, source, upstream, on_full)
+
+    async def _bring_remote(self, job: PrefillJob, items: list[PromptItem], source: str, upstream: Upstream, on_full: OnFull) -> None:
         rid = job.request_id
-        here = [i for i in lacking if i.mm_hash in job.local_encode]
-        if here:
-            pixels = await self._receive_pixels(job.local_pixels_key_prefix, here, here)
-            if pixels:
-                await self._encode_here(rid, here, pixels, on_full)
-        source_to_items: dict[str, list[PromptItem]] = {}
-        for item in lacking:
-            if item.mm_hash not in job.local_encode:
-                source = job.image_to_source.get(item.mm_hash) or job.encoder_address or ""
-                source_to_items.setdefault(source, []).append(item)
-        from_encoder = source_to_items.pop(job.encoder_address or "", [])
-        for source, items in source_to_items.items():
+        from_encoder = items
+        if source != (job.encoder_address or ""):
             try:
-                from_encoder += await self._fetch(rid, items, source, upstream, job.deadline_s, on_full)
+                from_encoder = await self._fetch(rid, items, source, upstream, job.deadline_s, on_full)
             except Exception as exc:  # a holder that cannot ship costs only the saving: the encoder encodes
                 log.info("holder %s did not ship %d image(s) (%s); asking the encoder", source, len(items), exc)
-                from_encoder += items
+                from_encoder = await asyncio.wrap_future(self._claim(rid, items))  # those it did ship are held
         if not from_encoder:
             return
         if not job.encoder_address:
@@ -128,6 +143,15 @@ class ResidentEmbeddings:
         missing = await self._fetch(rid, from_encoder, job.encoder_address, upstream, job.deadline_s, on_full)
         if missing:
             raise MissingPixelsError([i.mm_hash for i in missing], "encoder lacks pixels for some images")
+
+    async def take_local_pixels(
+        self, job: PrefillJob, needed: Sequence[PromptItem], taken: Collection[MmHash]
+    ) -> dict[MmHash, torch.Tensor]:
+        """The pixels pushed here for items of ``job`` this node encodes and has not ``taken``:
+        ``needed`` awaited, the others taken if here, to be held for the request's later windows
+        (in the inbox they would age)."""
+        here = list({i.mm_hash: i for i in job.items if i.mm_hash in job.local_encode and i.mm_hash not in taken}.values())
+        return await self._receive_pixels(job.local_pixels_key_prefix, here, [i for i in needed if i.mm_hash not in taken])
 
     def plan(self, request: Request, items: Sequence[PromptItem]) -> Future[Window]:
         """The request's next window (embedding_window.py), its resident items claimed, on the
@@ -253,9 +277,7 @@ class ResidentEmbeddings:
         """Pixels pushed here for ``items``, for those among ``lacking``: local_pixels.take_pixels."""
         if self.vision is None:
             raise LocalEncodeUnavailableError(NO_TOWER)
-        pixels = await take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.wait_s, pixels_match=self.pixels_match)
-        self.metrics.num_local_encodes.inc(len(pixels))
-        return pixels
+        return await take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.wait_s, pixels_match=self.pixels_match)
 
     async def _encode_here(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor], on_full: OnFull) -> None:
         """Encode ``items`` with this node's tower and import them as if an encoder had sent them;
@@ -277,6 +299,7 @@ class ResidentEmbeddings:
         if self.vision is None or self.tower is None:
             raise LocalEncodeUnavailableError(NO_TOWER)
         vision = self.vision
+        self.metrics.num_local_encodes.inc(len(items))
         embeds = await self.tower.call(vision.encode, [pixels[i.mm_hash] for i in items], [i.grid_thw for i in items])
         for item, rows in zip(items, embeds):
             await self._import(request_id, item, rows, on_full)

@@ -3,7 +3,7 @@
 The gateway pushes them before the Prefill call, keyed by the request attempt (key_prefix +
 mm_hash), so concurrent requests for one image never take each other's message. Each message is
 claimed: the pixels of images still lacking are encoded by the node's own tower beside the
-engine (embeddings.py); those of images that got cached here meanwhile are dropped. A
+engine (embeddings.py), the rest held for the request's later windows (embedding_feed.py). A
 tensor that does not match its image's grid and placeholder is refused before it is encoded.
 """
 
@@ -41,9 +41,10 @@ class PixelsMismatchError(ValueError):
 async def take_pixels(
     inbox: TensorInbox, key_prefix: str, items: list[PromptItem], lacking: list[PromptItem], *, wait_s: float, pixels_match: PixelsMatchFn
 ) -> dict[MmHash, torch.Tensor]:
-    """The pixels of ``items`` that are among ``lacking``, by mm_hash. Raises MissingPixelsError
-    naming those whose pixels did not arrive within ``wait_s``, and PixelsMismatchError for a
-    tensor that does not fit its image."""
+    """The pixels of ``items`` that arrived, by mm_hash: those among ``lacking`` awaited for up
+    to ``wait_s``, the others taken if already here. Raises MissingPixelsError naming the
+    lacking ones whose pixels did not arrive, and PixelsMismatchError for a tensor that does not
+    fit its image."""
     wanted = {i.mm_hash for i in lacking}
     pixels: dict[MmHash, torch.Tensor] = {}
     missing: list[str] = []
@@ -51,10 +52,9 @@ async def take_pixels(
         message = await inbox.arrival(
             key_prefix + item.mm_hash, wait_s if item.mm_hash in wanted else 0.0, sender="a preprocess node", what="pixels of image"
         )
-        if item.mm_hash not in wanted:
-            continue
         if message is None:
-            missing.append(item.mm_hash)
+            if item.mm_hash in wanted:
+                missing.append(item.mm_hash)
             continue
         values = message.tensors.get("pixel_values")
         if values is None or not pixels_match(values, item.grid_thw, item.placeholder.length):

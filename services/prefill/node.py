@@ -24,7 +24,7 @@ from services.engine.engine_node import EngineMetrics, EngineNode
 from services.engine.output_processor import RequestOutput
 from services.engine.request import Request
 from services.models.registry import ModelRef
-from services.prefill.embedding_feed import EmbeddingFeed, StepSignal
+from services.prefill.embedding_feed import EmbeddingFeed, RequestEndedError, StepSignal
 from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.embeddings import EmbeddingMetrics, ResidentEmbeddings
 from services.prefill.job import PrefillJob, PrefillResult, Upstream
@@ -84,6 +84,7 @@ class PrefillNode(EngineNode):
         # Before the engine thread starts: its after-step hook publishes from the index.
         self.embedding_index = EmbeddingIndex()
         self.steps = StepSignal()
+        self._num_steps_notified = 0  # engine thread only
         super().__init__(
             model,
             config,
@@ -130,13 +131,17 @@ class PrefillNode(EngineNode):
         starts (all of them, when they fit the cache), the rest while it runs."""
         self._check_fits(job)
         launch = _Launch(self, job, upstream, job.engine_request(self.positions))
-        feed = EmbeddingFeed(self.embeddings, job, launch.request, upstream, self.steps, launch.start)
+        feed = EmbeddingFeed(self.embeddings, job, launch.request, upstream, self.steps, launch.start, launch.ended)
         try:
-            await feed.first_window()
-            await launch.start()
-            assert launch.done is not None
             async with asyncio.timeout(self.prefill_timeout_s):
-                await feed.alongside(launch.done)
+                try:
+                    await feed.first_window()
+                    await launch.start()
+                    assert launch.done is not None
+                    await feed.alongside(launch.done)
+                except RequestEndedError:
+                    pass  # its outcome is the engine's
+                assert launch.done is not None
                 output = await launch.done
         except BaseException:
             if launch.done is not None:  # nobody waits for it any more: the engine stops computing it and ships no KV
@@ -206,7 +211,9 @@ class PrefillNode(EngineNode):
             events = self.embedding_index.changes(engine.runner.encoder_outputs)
             if events is not None:
                 self.publisher.record(events)
-        self.steps.notify()
+        if engine.num_steps != self._num_steps_notified:  # a step ran: rows may be free, an item awaited
+            self._num_steps_notified = engine.num_steps
+            self.steps.notify()
 
     def _ship_kv(self, request: Request) -> None:
         """Engine-thread hook: push the prompt's KV pages before the blocks are released."""
@@ -245,8 +252,11 @@ class _Launch:
         node = self.node
         self.num_pulled = await node.kv_puller.pull(self.request, self.job.kv_sources, self.upstream, node.data_address)
         self.started_at = time.perf_counter()
-        node._count_ready(+1)
         self.done = asyncio.wrap_future(node._start(self.request, self.job.decode_address))
+        node._count_ready(+1)
+
+    def ended(self) -> bool:
+        return self.done is not None and self.done.done()
 
 
 def _settle(done: Future, outcome: RequestOutput | BaseException) -> None:

@@ -107,6 +107,19 @@ def test_a_waiting_request_awaiting_an_import_lets_the_next_one_go_first():
     assert [s.request for s in plan.scheduled] == [ready] and list(scheduler.waiting) == [awaiting]
 
 
+def test_an_image_that_recurs_keeps_its_reference_until_its_last_occurrence_is_computed():
+    scheduler = make_scheduler(max_num_batched_tokens=10, encoder_cache_tokens=64, max_encoder_tokens_per_step=64)
+    request = make_request("r", 30, images=[(2, 4), (20, 4)])
+    for feature in request.mm_features:
+        feature.mm_hash = "same"  # one image, twice in the prompt
+    scheduler.add(request)
+    _advance(scheduler, scheduler.schedule())  # tokens [0, 10): past the first occurrence only
+    assert "r" in scheduler.encoder_cache.mm_hash_to_requests["same"]
+    _advance(scheduler, scheduler.schedule())
+    _advance(scheduler, scheduler.schedule())  # [20, 30): past the second
+    assert scheduler.encoder_cache.mm_hash_to_requests["same"] == set()
+
+
 def test_request_that_does_not_fit_waits_until_blocks_free_up():
     scheduler = make_scheduler(num_blocks=6, block_size=4)
     a, b = make_request("a", 16), make_request("b", 12)

@@ -2,12 +2,13 @@
 runs window by window (services/prefill/embedding_feed.py): its first token equals, and every KV
 page it ships matches (up to the rounding of other chunk boundaries), those of a node whose
 cache holds the whole clip, the encoder is asked a window at a
-time, and two such requests side by side both finish (one item larger than the cache is refused:
-tests/services/prefill/test_server.py)."""
+time, and two such requests side by side both finish; a clip the node encodes itself comes the
+same way (one item larger than the cache is refused: tests/services/prefill/test_server.py)."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from services.engine.config import EngineConfig
 from services.prefill.job import PrefillResult
 from services.prefill.node import PrefillNode
 from services.preprocess.preprocessor import Preprocessor
-from services.transport.tensor_channel import TensorInbox
+from services.transport.tensor_channel import TensorInbox, TensorSender
 from tests.factories import Video, chat_case, make_clip
 from tests.services.prefill.fakes import FakeUpstream, prefill_job, prompt_items
 
@@ -87,3 +88,38 @@ def test_two_clips_larger_than_the_cache_side_by_side_both_finish_exactly(nodes,
         return list(await asyncio.wait_for(asyncio.gather(*runs), 120))
 
     assert asyncio.run(both()) == expected
+
+
+def test_a_clip_this_node_encodes_itself_comes_window_by_window_its_pixels_taken_once(tiny_model, clips):
+    """Adaptive dispatch chose this node's own tower for every group: the pixels pushed up front
+    are taken as first needed and held for the later windows, each group encoded once, and the
+    first token equals that of a node whose cache holds the whole clip."""
+    prep = clips[1]
+    items = prompt_items(prep)
+    rows = max(i.placeholder.length for i in items)
+    tight = EngineConfig(max_num_batched_tokens=32, encoder_cache_tokens=2 * rows, max_encoder_tokens_per_step=2 * rows)
+    nodes = [
+        PrefillNode(tiny_model, config, data_bind="tcp://127.0.0.1:0", local_encode=True)
+        for config in (EngineConfig(max_num_batched_tokens=32), tight)
+    ]
+    sink, sender = TensorInbox("tcp://127.0.0.1:0"), TensorSender()
+    try:
+        results = []
+        for k, node in enumerate(nodes):
+            prefix = f"attempt-{k}/"
+            for item in prep.mm_items:
+                sender.send(node.data_address, prefix + item.mm_hash, {"pixel_values": item.image.pixel_values})
+            job = replace(
+                prefill_job(f"local-{k}", prep, sink.address, max_tokens=1, encoder_address=None),
+                local_encode=frozenset(i.mm_hash for i in items),
+                local_pixels_key_prefix=prefix,
+            )
+            results.append(asyncio.run(node.run(job, FakeUpstream())))
+        assert results[1].first_token_id == results[0].first_token_id
+        metrics = nodes[1].metrics.embeddings
+        assert metrics.num_local_encodes.value == len(items) and metrics.num_windows_while_running.value > 0
+    finally:
+        sender.close()
+        sink.close()
+        for node in nodes:
+            node.close()

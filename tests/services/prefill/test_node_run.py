@@ -58,8 +58,9 @@ def test_an_encoder_lacking_pixels_names_them_and_the_held_image_is_released(hel
 
 
 def test_each_image_comes_from_its_named_holder_and_the_encoder_encodes_what_a_holder_lost(tiny_model):
-    """A request's images held by two nodes: each asked of its holder; an image a holder no longer
-    has, or a holder that fails outright, falls back to the route's encoder (no request fails)."""
+    """A request's images held by two nodes: each asked of its holder, in prompt order; an image a
+    holder no longer has, or a holder that fails outright, falls back to the route's encoder (no
+    request fails)."""
     node = PrefillNode(tiny_model, EngineConfig(), data_bind="tcp://127.0.0.1:0")
     sink = TensorInbox("tcp://127.0.0.1:0")
     upstream = FakeUpstream(node.engine.runner.checkpoint.text.hidden_size)
@@ -70,7 +71,7 @@ def test_each_image_comes_from_its_named_holder_and_the_encoder_encodes_what_a_h
         first, second = (i.mm_hash for i in prompt_items(prep))
         job = prefill_job("two-holders", prep, sink.address, max_tokens=1, image_to_source={second: "holder"})
         asyncio.run(node.run(job, upstream))
-        assert upstream.encode_calls == [("holder", [second]), ("encoder", [first])]
+        assert upstream.encode_calls == [("encoder", [first]), ("holder", [second])]  # in prompt order
 
         upstream.encode_calls.clear()
         prep = preprocessor.preprocess(chat_case(*images[2:], "And these?").prompt)
@@ -78,7 +79,7 @@ def test_each_image_comes_from_its_named_holder_and_the_encoder_encodes_what_a_h
         upstream.source_to_lacking, upstream.failing_sources = {"lost-it": frozenset({third})}, frozenset({"gone"})
         job = prefill_job("holders-fail", prep, sink.address, max_tokens=1, image_to_source={third: "lost-it", fourth: "gone"})
         asyncio.run(node.run(job, upstream))
-        assert upstream.encode_calls == [("lost-it", [third]), ("gone", [fourth]), ("encoder", [third, fourth])]
+        assert upstream.encode_calls == [("lost-it", [third]), ("encoder", [third]), ("gone", [fourth]), ("encoder", [fourth])]
     finally:
         upstream.close()
         sink.close()
