@@ -77,6 +77,35 @@ def make_clip(
     return buf.getvalue()
 
 
+def make_clip_without_frame_rate() -> bytes:
+    """A Matroska clip with every frame stamped at time 0 and no DefaultDuration: nothing in the
+    file implies a rate, so FFmpeg leaves the average frame rate unset."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="matroska") as out:  # Matroska takes equal timestamps, MP4 refuses them
+        stream = out.add_stream("ffv1", rate=6)  # intra-only: a packet needs no timestamp order
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        frames = [av.VideoFrame.from_ndarray(np.asarray(make_image(32, 32, seed=i)), format="rgb24") for i in range(6)]
+        for packet in [p for frame in frames for p in stream.encode(frame)] + list(stream.encode()):
+            packet.pts, packet.dts, packet.duration = 0, 0, 0
+            out.mux(packet)
+    data = buf.getvalue()
+    # The muxer writes the stream's rate as the track's DefaultDuration (ID 23 E3 83, then a 1-byte
+    # size 0x80|n and n value bytes): overwrite it with a Void element (EC) of the same length.
+    assert data.count(b"\x23\xe3\x83") == 1
+    at = data.index(b"\x23\xe3\x83")
+    length = 4 + (data[at + 3] & 0x7F)
+    return data[:at] + bytes([0xEC, 0x80 | (length - 2)]) + bytes(length - 2) + data[at + length :]
+
+
+def make_clip_of_unknown_codec() -> bytes:
+    """A Matroska clip whose track names a codec id no FFmpeg knows (same length as H.264's)."""
+    data = make_clip(6, fps=6, width=32, height=32, container="matroska")
+    assert data.count(b"V_MPEG4/ISO/AVC") == 1
+    return data.replace(b"V_MPEG4/ISO/AVC", b"V_XXXXX/ISO/AVC")
+
+
 def decoded(data: bytes) -> Image.Image:
     """What a client's bytes decode to: the oracle sees exactly this image."""
     image = Image.open(io.BytesIO(data))

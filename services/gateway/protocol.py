@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, StringConstraints, field_validator, model
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS
 from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart
 from services.gateway.structured_fields import StructuredRequestFields
+from services.gateway.unserved_fields import UnservedFields
 from services.gateway.wire_base import NonEmptyStr, WireModel
 
 INT32_MAX = 2**31 - 1
@@ -113,9 +114,9 @@ class StreamOptions(WireModel):
     continuous_usage_stats: bool = Field(False, description="usage (so far) on every chunk, as vLLM sends it")
 
 
-class SamplingFields(StructuredRequestFields):
+class SamplingFields(StructuredRequestFields, UnservedFields):
     """What chat and text completions share: sampling, structured output, streaming and caching
-    fields."""
+    fields (and vLLM's not served yet, refused: unserved_fields.py)."""
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
@@ -138,22 +139,11 @@ class SamplingFields(StructuredRequestFields):
     logit_bias: dict[str, float] | None = Field(
         None, description=f"token id (as a string) -> bias added to its logit, clipped to [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]"
     )
-    # vLLM's fields whose meaning is not served yet: known, so a value asking for it is a 400
-    # that names it rather than a field ignored (the ignored-fields header is for fields that
-    # change nothing in the output).
-    use_beam_search: bool = Field(False, description="not served yet: true is a 400")
-    prompt_logprobs: int | None = Field(None, description="not served yet: a value is a 400")
-    return_token_ids: bool = Field(False, description="not served yet: true is a 400")
 
     @model_validator(mode="after")
-    def _served(self) -> SamplingFields:
+    def _stream_options_need_stream(self) -> SamplingFields:
         if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
             raise ValueError("stream_options can only be set with stream=true")
-        asked = {"use_beam_search": self.use_beam_search, "prompt_logprobs": self.prompt_logprobs is not None}
-        asked["return_token_ids"] = self.return_token_ids
-        unserved = [name for name, on in asked.items() if on]
-        if unserved:
-            raise ValueError(f"{unserved[0]} is not supported by this server yet")
         return self
 
     @field_validator("logit_bias")

@@ -12,7 +12,7 @@ import pytest
 
 from services.preprocess.errors import InvalidVideoDataError, VideoTooLargeError
 from services.preprocess.video_decode import VideoLimits, check_sampled, decode_frames, read_header
-from tests.factories import encode_image, make_clip, make_image
+from tests.factories import encode_image, make_clip, make_clip_of_unknown_codec, make_clip_without_frame_rate, make_image
 
 LIMITS = VideoLimits(max_duration_s=3600, max_frames=768, max_decoded_pixels=10**10)
 
@@ -107,40 +107,14 @@ def test_limits_name_themselves_before_any_frame_is_decoded():
     check_sampled(header, 8, VideoLimits(3600, 8, max_decoded_pixels=8 * 64 * 48))
 
 
-def _clip_without_frame_rate() -> bytes:
-    """A Matroska clip with every frame stamped at time 0 and no DefaultDuration: nothing in the
-    file implies a rate, so FFmpeg leaves the average frame rate unset."""
-    buf = io.BytesIO()
-    with av.open(buf, "w", format="matroska") as out:  # Matroska takes equal timestamps, MP4 refuses them
-        stream = out.add_stream("ffv1", rate=6)  # intra-only: a packet needs no timestamp order
-        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
-        frames = [av.VideoFrame.from_ndarray(np.asarray(make_image(32, 32, seed=i)), format="rgb24") for i in range(6)]
-        for packet in [p for frame in frames for p in stream.encode(frame)] + list(stream.encode()):
-            packet.pts, packet.dts, packet.duration = 0, 0, 0
-            out.mux(packet)
-    data = buf.getvalue()
-    # The muxer writes the stream's rate as the track's DefaultDuration (ID 23 E3 83, then a 1-byte
-    # size 0x80|n and n value bytes): overwrite it with a Void element (EC) of the same length.
-    assert data.count(b"\x23\xe3\x83") == 1
-    at = data.index(b"\x23\xe3\x83")
-    length = 4 + (data[at + 3] & 0x7F)
-    return data[:at] + bytes([0xEC, 0x80 | (length - 2)]) + bytes(length - 2) + data[at + length :]
-
-
 def test_a_video_without_a_frame_rate_is_a_400():
-    data = _clip_without_frame_rate()
+    data = make_clip_without_frame_rate()
     with av.open(io.BytesIO(data)) as container:  # the file itself: frames, but no rate
         stream = container.streams.video[0]
         assert stream.average_rate is None
         assert sum(1 for packet in container.demux(stream) if packet.size) == 6
     with pytest.raises(InvalidVideoDataError, match="frame rate is unknown or zero"):
         read_header(data, LIMITS)
-
-
-def _unknown_codec_mkv() -> bytes:
-    data = make_clip(6, fps=6, width=32, height=32, container="matroska")
-    assert data.count(b"V_MPEG4/ISO/AVC") == 1  # the track's CodecID: a same-length id no FFmpeg knows
-    return data.replace(b"V_MPEG4/ISO/AVC", b"V_XXXXX/ISO/AVC")
 
 
 def _evc_mp4() -> bytes:
@@ -153,7 +127,7 @@ def _evc_mp4() -> bytes:
     return data[:entry] + b"evc1" + data[entry + 4 :]
 
 
-@pytest.mark.parametrize("make", [_unknown_codec_mkv, _evc_mp4], ids=["codec_unknown_to_ffmpeg", "codec_without_decoder"])
+@pytest.mark.parametrize("make", [make_clip_of_unknown_codec, _evc_mp4], ids=["codec_unknown_to_ffmpeg", "codec_without_decoder"])
 def test_a_codec_this_build_cannot_decode_is_a_400(make):
     data = make()
     with av.open(io.BytesIO(data)) as container:  # the stream is there, with a rate; only the decoder is missing

@@ -16,7 +16,7 @@ import pytest
 from openai import APIStatusError
 
 from services.bench.cache_rates import TOWER_RUNS
-from tests.factories import Video, chat_case, data_url, make_clip
+from tests.factories import Video, chat_case, data_url, make_clip, make_clip_of_unknown_codec, make_clip_without_frame_rate
 from tests.services.stack.conftest import launch_stack, stop_stack
 from tests.services.stack.e2e_helpers import GREEDY, client_for
 from tests.services.stack.stack_probes import Streams, busiest_decode_node
@@ -74,6 +74,8 @@ def _many_frames_clip() -> bytes:
         (data_url(make_clip(30)[:3000], "video/mp4"), {}, 400, "invalid_video"),
         (data_url(make_clip(3, fps=2), "video/mp4"), {"num_frames": 8}, 400, "cannot sample 8 frames"),
         (data_url(make_clip(1, fps=2), "video/mp4"), {}, 400, "at least 2"),
+        (data_url(make_clip_without_frame_rate(), "video/x-matroska"), {}, 400, "frame rate is unknown or zero"),
+        (data_url(make_clip_of_unknown_codec(), "video/x-matroska"), {}, 400, "codec is not supported"),
         ("data:image/png;base64,AAAA", {}, 400, "expected video/*"),
         (data_url(make_clip(4), "video/mp4"), {"fps": 2, "num_frames": 4}, 400, "mutually exclusive"),
         (data_url(make_clip(4), "video/mp4"), {"temporal_patch_size": 4}, 400, "temporal_patch_size"),

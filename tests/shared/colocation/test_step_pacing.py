@@ -41,6 +41,7 @@ class SteppingEngine:
 
     def __init__(self, num_steps: int) -> None:
         self.num_steps_left = num_steps
+        self.num_steps = 0  # steps that scheduled work, as Engine counts them
         self.step_times: list[float] = []
         self.requests: dict = {}
         self.done = threading.Event()
@@ -50,6 +51,7 @@ class SteppingEngine:
 
     def step(self) -> list:
         self.step_times.append(time.monotonic())
+        self.num_steps += 1
         self.num_steps_left -= 1
         if self.num_steps_left == 0:
             self.done.set()
