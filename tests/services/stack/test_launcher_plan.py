@@ -3,6 +3,8 @@ outward; every internal gRPC and data port binds loopback (pure logic: nothing i
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from services.stack.launcher import INTERNAL_HOST, Stack, StackConfig
@@ -85,11 +87,27 @@ def test_a_node_that_died_starting_is_restarted_on_new_internal_ports():
 
 def test_no_two_nodes_are_handed_the_same_port_or_the_gateways(monkeypatch):
     """Ports are drawn before anything binds them: each draw must skip the ones handed out."""
-    monkeypatch.setattr("services.stack.node_process._PORT_RANGE", (20000, 20012))  # 13 ports for 13 uses
-    stack = Stack(StackConfig(http_port=20000, generate_port=20001, num_encoders=2, num_decode=2))
+    base = _free_run_of_ports(13)  # 13 ports for 13 uses; other tests' servers may hold some of a fixed run
+    monkeypatch.setattr("services.stack.node_process._PORT_RANGE", (base, base + 12))
+    stack = Stack(StackConfig(http_port=base, generate_port=base + 1, num_encoders=2, num_decode=2))
     processes = stack.node_processes(["tessera", "serve"])
     ports = [int(a.rsplit(":", 1)[1]) for p in processes for flag in ("--grpc-address", "--data-address") for a in addresses(p.argv, flag)]
-    assert len(ports) == 11 and len(set(ports)) == 11 and not {20000, 20001} & set(ports)
+    assert len(ports) == 11 and len(set(ports)) == 11 and not {base, base + 1} & set(ports)
+
+
+def _free_run_of_ports(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports in the launcher's range, all free now."""
+    import socket
+
+    for base in range(20000, 32000 - count, count):
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(base, base + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no run of free ports")
 
 
 @pytest.mark.parametrize(("num_cpus", "dispatch"), [(2, "encoder"), (16, "adaptive")])
