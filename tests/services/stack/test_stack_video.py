@@ -114,23 +114,34 @@ def test_a_raw_prompt_with_a_video_on_the_completions_endpoint_equals_the_chat_r
     assert reply.choices[0].text == chat.choices[0].message.content
 
 
-@pytest.fixture(scope="module", params=["tiny", "qwen3vl-tiny"])
+@pytest.fixture(scope="module", params=["tiny", "qwen3vl-tiny", "qwen2.5-vl"])
 def two_decode_stack(request, tmp_path_factory, repo_root):
     """A stack of two prefill and two decode nodes, round-robin placement (so a migrated stream's
-    new prefill may land on the other prefill node), and the family's oracle."""
-    from services.models.registry import resolve_model
+    new prefill may land on the other prefill node), and the family's oracle. Qwen2.5-VL has no
+    built-in: its checkpoint is written in the Hub's layout and served from that directory."""
     from tests.oracle import ReferenceOracle
 
-    model = resolve_model(request.param, progress=lambda _m: None)
+    model_dir = _model_dir(request.param, tmp_path_factory)
     running = launch_stack(
         tmp_path_factory.mktemp(f"video-migration-{request.param}"),
         repo_root,
-        *("--model", request.param, "--prefill", "2", "--decode", "2", "--routing-policy", "round_robin", "--no-restart"),
+        *("--model", str(model_dir), "--served-model-name", request.param),
+        *("--prefill", "2", "--decode", "2", "--routing-policy", "round_robin", "--no-restart"),
         internal_secret=secrets.token_hex(16),  # to read the decode nodes' Stats
     )
-    running.served_model = request.param  # a built-in is served under its own name
-    yield running, ReferenceOracle(model.path)
+    running.served_model = request.param
+    yield running, ReferenceOracle(model_dir)
     stop_stack(running)
+
+
+def _model_dir(name: str, tmp_path_factory):
+    if name == "qwen2.5-vl":
+        from tests.hub_layouts import write_layout
+
+        return write_layout(name, tmp_path_factory.mktemp("q25"))
+    from services.models.registry import resolve_model
+
+    return resolve_model(name, progress=lambda _m: None).path
 
 
 @pytest.mark.slow  # a stack of its own per family, and transformers' 512-token greedy runs: ~2 min each
