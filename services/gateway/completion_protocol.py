@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from services.gateway.media_fields import MmProcessorKwargs, VideoRef
+from services.gateway.media_fields import MmProcessorKwargs, VideoRef, needs_source_or_uuid
 from services.gateway.protocol import INT32_MAX, MAX_LOGPROBS, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
 
 MAX_PROMPTS = 16
@@ -19,8 +19,15 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_
 
 
 class ImageRef(WireModel):
-    url: NonEmptyStr = Field(description="a data URL, base64 bytes, or an http(s) URL where the operator allows them")
+    url: NonEmptyStr | None = Field(
+        None,
+        description="a data URL, base64 bytes, or an http(s) URL where the operator allows them; null: the image its uuid names",
+    )
     uuid: ImageUuid | None = None
+
+    @model_validator(mode="after")
+    def _has_source(self):
+        return needs_source_or_uuid(self, self.url, "an image's url")
 
 
 class MultiModalData(WireModel):

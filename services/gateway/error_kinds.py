@@ -33,4 +33,5 @@ KIND_RULES: dict[ErrorKind, KindRule] = {
     ErrorKind.OVERLOADED: KindRule(Action.TRY_ANOTHER),
     ErrorKind.NODE_FAILED: KindRule(Action.RETRY_ELSEWHERE),
     ErrorKind.MISSING_PIXELS: KindRule(Action.RESEND_PIXELS),
+    ErrorKind.MEDIA_ID_CONFLICT: KindRule(Action.REJECT, 409),
 }

@@ -34,6 +34,7 @@ _STATUS_TO_CODE = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.ALREADY_EXISTS,  # a media uuid bound to other bytes
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,  # every node of a role busy: retry after a while
     503: grpc.StatusCode.UNAVAILABLE,

@@ -22,19 +22,35 @@ class VideoUrl(WireModel):
     url: NonEmptyStr = Field(description="a data:video/... URL, an http(s) URL (remote media rules), or a file under --local-media-dir")
 
 
+def needs_source_or_uuid(part, source, name: str):
+    """A media part without bytes or a URL names, by its uuid, media sent before (vLLM's
+    ``{"image_url": null, "uuid": ...}``): the uuid is then required."""
+    if source is None and part.uuid is None:
+        raise ValueError(f"{name} may be null only with the uuid of media sent before")
+    return part
+
+
 class VideoUrlPart(WireModel):
     type: Literal["video_url"]
-    video_url: VideoUrl | NonEmptyStr
+    video_url: VideoUrl | NonEmptyStr | None = Field(description="null: the clip its uuid was sent with before")
     uuid: MediaUuid | None = None
 
+    @model_validator(mode="after")
+    def _has_source(self):
+        return needs_source_or_uuid(self, self.video_url, "video_url")
+
     @property
-    def url(self) -> str:
-        return self.video_url if isinstance(self.video_url, str) else self.video_url.url
+    def url(self) -> str | None:
+        return self.video_url if not isinstance(self.video_url, VideoUrl) else self.video_url.url
 
 
 class VideoRef(WireModel):
-    url: NonEmptyStr
+    url: NonEmptyStr | None = None  # None: the clip its uuid was sent with before
     uuid: MediaUuid | None = None
+
+    @model_validator(mode="after")
+    def _has_source(self):
+        return needs_source_or_uuid(self, self.url, "a video's url")
 
 
 class MmProcessorKwargs(WireModel):
@@ -61,7 +77,7 @@ class MmProcessorKwargs(WireModel):
         return pb.VideoOptions(**given)
 
 
-def video_input(url: str, uuid: str | None, scoped_uuid) -> pb.VideoInput:
+def video_input(url: str | None, uuid: str | None, scoped_uuid) -> pb.VideoInput:
     """``scoped_uuid``: the tenant's scoping of a client uuid (tenants.py), or None for none."""
     if uuid is None:
         return pb.VideoInput(url=url)

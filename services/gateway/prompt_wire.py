@@ -103,12 +103,11 @@ def _part(part: TextPart | ImageUrlPart | ImagePart | VideoUrlPart, tenant: Tena
     if isinstance(part, VideoUrlPart):
         return pb.ContentPart(video=video_input(part.url, part.uuid, _scoper(tenant)))
     if isinstance(part, ImageUrlPart):
-        url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
-        return pb.ContentPart(image=_image(url, part.uuid, tenant))
+        return pb.ContentPart(image=_image(part.url, part.uuid, tenant))
     return pb.ContentPart(image=_image(part.image, part.uuid, tenant))
 
 
-def _image(url: str, uuid: str | None, tenant: Tenant | None) -> pb.ImageInput:
+def _image(url: str | None, uuid: str | None, tenant: Tenant | None) -> pb.ImageInput:
     if uuid is None:
         return pb.ImageInput(url=url)
     return pb.ImageInput(url=url, uuid=tenant.image_uuid(uuid) if tenant is not None else uuid)

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, StringConstraints, field_validator, model_validator
 
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS
-from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart
+from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart, needs_source_or_uuid
 from services.gateway.structured_fields import StructuredRequestFields
 from services.gateway.unserved_fields import UnservedFields
 from services.gateway.wire_base import NonEmptyStr, WireModel
@@ -46,8 +46,16 @@ class ImageUrl(WireModel):
 
 class ImageUrlPart(WireModel):
     type: Literal["image_url"]
-    image_url: ImageUrl | NonEmptyStr
+    image_url: ImageUrl | NonEmptyStr | None = Field(description="null: the image its uuid was sent with before")
     uuid: ImageUuid | None = None
+
+    @model_validator(mode="after")
+    def _has_source(self):
+        return needs_source_or_uuid(self, self.image_url, "image_url")
+
+    @property
+    def url(self) -> str | None:
+        return self.image_url.url if isinstance(self.image_url, ImageUrl) else self.image_url
 
 
 class ImagePart(WireModel):

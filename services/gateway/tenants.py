@@ -11,8 +11,9 @@ prompt prefixes are never another's:
   shared tenant    "shared|<client salt>", or no salt when the client sends none: the common
                    namespace, where tenants that opted in share e.g. a system prompt's blocks
 The prefixes make every derived salt distinct from every other (no client salt can reach into a
-private namespace). Image ``uuid``s, which name an image instead of its pixels, are prefixed with
-"<tenant>/" for every tenant, so no tenant can claim another's image id.
+private namespace). Media ``uuid``s, which stand for the bytes first sent with them
+(services/preprocess/media_uuids.py), are prefixed with "<tenant>/" for every tenant, so their
+bindings are per tenant and no tenant can claim another's id.
 """
 
 from __future__ import annotations

@@ -49,15 +49,17 @@ def _for_choice(sampling: SamplingParams, choice: int) -> SamplingParams:
 
 
 def _scoped(prompt: pb.PromptInput, tenant: Tenant | None) -> pb.PromptInput:
-    """The prompt with every image uuid scoped to the tenant, so no tenant claims another's image."""
+    """The prompt with every image and video uuid scoped to the tenant, so no tenant claims
+    another's media."""
     if tenant is None:
         return prompt
     scoped = pb.PromptInput()
     scoped.CopyFrom(prompt)
-    images = list(scoped.images)
+    media = [*scoped.images, *scoped.videos]
     if scoped.WhichOneof("prompt") == "chat":
-        images += [part.image for message in scoped.chat.messages for part in message.parts.parts if part.HasField("image")]
-    for image in images:
-        if image.HasField("uuid"):
-            image.uuid = tenant.image_uuid(image.uuid)
+        parts = [part for message in scoped.chat.messages for part in message.parts.parts]
+        media += [getattr(part, kind) for part in parts for kind in ("image", "video") if part.HasField(kind)]
+    for item in media:
+        if item.HasField("uuid"):
+            item.uuid = tenant.image_uuid(item.uuid)
     return scoped

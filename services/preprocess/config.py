@@ -55,6 +55,11 @@ class PreprocessConfig:
     # Entries of the encoded-file -> mm_hash memo (80 bytes each), and of the Pan-and-Scan
     # crop -> image memo; 0 disables them.
     file_hash_memo_entries: int = 65536
+    # Client media uuids bind to the bytes first sent with them (shared/index/uuid_bindings.py),
+    # kept in the index where there is one (every node sees them): a binding lives this long
+    # after its last use, and at most this many live at once (about 200 bytes each).
+    uuid_binding_ttl_s: float = 3600.0
+    max_uuid_bindings: int = 100_000
     # Overrides the model's image-processor pixel bounds; part of mm_hash's processor kwargs.
     min_pixels: int | None = None
     max_pixels: int | None = None
@@ -72,6 +77,8 @@ class PreprocessConfig:
         if self.processor_cache_bytes < 0 or self.file_hash_memo_entries < 0:
             raise ValueError("processor_cache_bytes and file_hash_memo_entries must be >= 0")
         self.video_defaults()  # a bad value fails at start-up, naming the setting
+        if self.uuid_binding_ttl_s <= 0 or self.max_uuid_bindings < 1:
+            raise ValueError("uuid_binding_ttl_s must be positive and max_uuid_bindings at least 1")
         if self.remote_fetch_timeout_s <= 0:
             raise ValueError("remote_fetch_timeout_s must be positive")
         if self.allowed_image_domains and not self.allow_remote_images:

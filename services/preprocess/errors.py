@@ -86,3 +86,17 @@ class PlaceholderMismatchError(PreprocessError):
 
 class PromptTooLongError(PreprocessError):
     code = "prompt_too_long"
+
+
+class MediaUuidConflictError(PreprocessError):
+    """A client uuid sent with other bytes than the ones it is bound to (media_uuids.py)."""
+
+    kind = ErrorKind.MEDIA_ID_CONFLICT
+    code = "uuid_conflict"
+
+
+class MediaUuidUnboundError(PreprocessError):
+    """A client uuid sent without bytes that no live binding resolves, or whose content is no
+    longer cached where it is needed: the client must send the bytes."""
+
+    code = "uuid_not_bound"

@@ -25,6 +25,7 @@ from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import PreprocessError
 from services.preprocess.media_sources import load_image_bytes, remote_url
+from services.preprocess.media_uuids import UuidMetrics
 from services.preprocess.preprocessor import IndexedGrids, PreprocessedRequest, Preprocessor, PreprocessorMetrics
 from services.preprocess.processor_cache import BoundedMemo
 from services.preprocess.prompt import Prompt
@@ -34,6 +35,7 @@ from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, TensorS
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.index.backend import CacheIndex
 from shared.index.types import IndexUnavailableError
+from shared.index.uuid_bindings import UuidBindings
 from shared.liveness import Liveness
 from shared.node_metrics import Counter, Histogram, counter, histogram
 from shared.types import MmHash
@@ -50,6 +52,7 @@ class PixelTransfer:
 @dataclass(slots=True)
 class PreprocessMetrics:
     preprocessor: PreprocessorMetrics
+    uuids: UuidMetrics
     num_requests: Counter = counter("preprocess_requests_total", "Prompts preprocessed")
     num_images_skipped: Counter = counter(
         "preprocess_images_skipped_total", "Images not run through the image processor: a live encoder held their embeddings"
@@ -68,10 +71,13 @@ class PreprocessNode:
         *,
         mirror_entries: int = 4096,
         index: CacheIndex | None = None,
+        bindings: UuidBindings | None = None,
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
     ) -> None:
-        self.preprocessor = Preprocessor(model, config)
+        """``bindings``: the cluster's client media uuids, beside the index (by default this
+        node's own)."""
+        self.preprocessor = Preprocessor(model, config, bindings=bindings)
         self.video_decoder = VideoDecodePool(self.preprocessor, config.video_decode_threads)
         self.indexed_grids: IndexedGrids | None = grids_from_index(index) if index is not None else None
         self.sender = TensorSender(auth=channel_auth)
@@ -81,7 +87,7 @@ class PreprocessNode:
         # Work runs one request at a time under the lock: one watch tells a hung request.
         self._watch = liveness.watch("preprocess") if liveness is not None else None
         self.num_waiting = 0  # calls waiting for or holding the lock: this node's load
-        self.metrics = PreprocessMetrics(self.preprocessor.metrics)
+        self.metrics = PreprocessMetrics(self.preprocessor.metrics, self.preprocessor.uuids.metrics)
         mirrors = self._encoder_to_mirror  # list(): one atomic copy under the GIL while a request may add a mirror
         self.metrics.pixel_mirror.read_from(lambda: sum(len(m) for m in list(mirrors.values())), lambda: mirror_entries * len(mirrors))
 

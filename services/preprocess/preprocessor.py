@@ -1,7 +1,8 @@
 """The preprocessing pipeline. One call turns a Prompt (prompt.py) into model-ready
 inputs:
 
-  check (prompt_input.py) -> render prompt (chat template) -> per image: load bytes, decode, mm_hash, processor
+  check (prompt_input.py) -> render prompt (chat template) -> per image: its identity
+  (image_identity.py: bytes or a bound uuid -> mm_hash of its pixels), processor
   cache (hit skips the image processor) -> per video: its temporal groups (video_items.py)
   -> the family expands the image and video markers and tokenizes -> check length -> positions
   (the family's: M-RoPE or 1-D; a video group's placement in its clip travels with its item)
@@ -24,7 +25,6 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import blake3
 import jinja2
 import torch
 from PIL import Image
@@ -35,13 +35,15 @@ from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import InvalidRequestError, InvalidVideoDataError, PlaceholderMismatchError, PromptTooLongError
 from services.preprocess.image_decode import decode_image
-from services.preprocess.media_sources import load_image
+from services.preprocess.image_identity import ImageIdentifier
+from services.preprocess.media_uuids import MediaUuids
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
 from services.preprocess.prompt import ImageInput, Prompt
 from services.preprocess.prompt_input import CheckedPrompt, check_prompt
 from services.preprocess.video_items import DecodedClip, VideoPipeline
 from shared.cache_gauges import CacheGauges, cache_gauges
-from shared.hashing import mm_hash_of_part, mm_hash_of_pixels, mm_hash_of_stable_id
+from shared.hashing import mm_hash_of_part
+from shared.index.uuid_bindings import InProcessBindings, UuidBindings
 from shared.node_metrics import Counter, Gauge, counter, gauge
 from shared.types import GroupPlacement, MmHash, PlaceholderRange
 
@@ -102,7 +104,9 @@ class PreprocessorMetrics:
 
 
 class Preprocessor:
-    def __init__(self, model: ModelRef, config: PreprocessConfig | None = None) -> None:
+    def __init__(self, model: ModelRef, config: PreprocessConfig | None = None, *, bindings: UuidBindings | None = None) -> None:
+        """``bindings``: where client media uuids are bound (the cluster's index); by default
+        this process's own."""
         from transformers import AutoTokenizer
 
         self.model = model
@@ -119,20 +123,21 @@ class Preprocessor:
         )
         self.image_processor = self.family.image_processor(model.path, options)
         self.processor_cache = ProcessorCache(self.config.processor_cache_bytes)
+        if bindings is None:
+            bindings = InProcessBindings(ttl_s=self.config.uuid_binding_ttl_s, max_entries=self.config.max_uuid_bindings)
+        self.uuids = MediaUuids(bindings)
         video_processor = self.family.video_processor(model.path, self.model_config, self.image_processor)
         self._videos: VideoPipeline | None = None  # None: the family takes no video
         if video_processor is not None:
-            self._videos = VideoPipeline(video_processor, model.model_id, self.config, self.processor_cache)
-        self._hash_kwargs = self.image_processor.kwargs_for_hash
-        # blake3(encoded file) -> mm_hash of its pixels: lets an exact repeat skip decoding.
-        self._file_to_mm_hash: BoundedMemo[bytes, MmHash] = BoundedMemo(self.config.file_hash_memo_entries)
+            self._videos = VideoPipeline(video_processor, model.model_id, self.config, self.processor_cache, self.uuids)
+        self.images = ImageIdentifier(model.model_id, self.image_processor.kwargs_for_hash, self.config, self.uuids)
         # A part's mm_hash -> (its image's mm_hash, part index): the processor cache holds whole
         # images, so a push of one Pan-and-Scan crop finds its pixels through its image.
         self._part_to_image: BoundedMemo[MmHash, tuple[MmHash, int]] = BoundedMemo(self.config.file_hash_memo_entries)
         self.metrics = self._metrics()
 
     def _metrics(self) -> PreprocessorMetrics:
-        metrics, cache, stats, memo = PreprocessorMetrics(), self.processor_cache, self.processor_cache.stats, self._file_to_mm_hash
+        metrics, cache, stats, memo = PreprocessorMetrics(), self.processor_cache, self.processor_cache.stats, self.images.file_memo
         metrics.num_cache_hits.read_from(lambda: stats.num_hits)
         metrics.num_cache_misses.read_from(lambda: stats.num_misses)
         metrics.num_cache_evictions.read_from(lambda: stats.num_evictions)
@@ -160,7 +165,7 @@ class Preprocessor:
         parsed = check_prompt(prompt, max_images=self.config.max_images_per_request, max_videos=self.config.max_videos_per_request)
         pipeline = self.videos if parsed.videos else None  # a family without video says so before anything runs
         text = self._prompt(parsed)
-        identified = [self._identify(image, fetched) for image in parsed.images]
+        identified = [self.images.identify(image, fetched) for image in parsed.images]
         cached = [self.processor_cache.get(mm_hash) for mm_hash, _ in identified]
         misses = [mm_hash for (mm_hash, _), hit in zip(identified, cached) if hit is None]
         grids = indexed_grids(misses) if indexed_grids is not None and misses else {}
@@ -274,32 +279,6 @@ class Preprocessor:
             return parsed.text
         return self.render_prompt(parsed.template_messages or [], tools=parsed.tools, template_kwargs=parsed.template_kwargs)
 
-    def _image_bytes(self, image: ImageInput, fetched: Mapping[str, bytes]) -> bytes:
-        data = fetched.get(image.url) if image.url is not None else None
-        return data if data is not None else load_image(image, self.config)
-
-    def _identify(self, image_input: ImageInput, fetched: Mapping[str, bytes]) -> tuple[MmHash, Image.Image | None]:
-        """(mm_hash, the decoded image if decoding was needed to hash it).
-
-        Lookup order: client stable id, else the encoded-bytes memo (a repeat of the exact same
-        file skips decoding), else decode and hash the pixels.
-        """
-        uuid = image_input.uuid
-        if uuid is not None:
-            # A stable id names the content: neither the bytes nor the pixels are touched.
-            return mm_hash_of_stable_id(
-                model_id=self.model.model_id, modality="image", stable_id=uuid, processor_kwargs=self._hash_kwargs
-            ), None
-        data = self._image_bytes(image_input, fetched)
-        file_key = blake3.blake3(data).digest()
-        memo_hash = self._file_to_mm_hash.get(file_key)
-        if memo_hash is not None:
-            return memo_hash, None
-        pil = decode_image(data, self.config)
-        mm_hash = self._hash_pixels(pil)
-        self._file_to_mm_hash.put(file_key, mm_hash)
-        return mm_hash, pil
-
     def _materialize(
         self,
         image_input: ImageInput,
@@ -318,20 +297,7 @@ class Preprocessor:
         if indexed_grid is not None:
             return mm_hash, ProcessedImage(None, indexed_grid, self.image_processor.num_tokens(indexed_grid)), False
         if pil is None:
-            pil = decode_image(self._image_bytes(image_input, fetched), self.config)
+            pil = decode_image(self.images.read(image_input, fetched), self.config)
         processed = self.image_processor.process(pil)
         self.processor_cache.put(mm_hash, processed)
         return mm_hash, processed, False
-
-    def _hash_pixels(self, pil: Image.Image) -> MmHash:
-        # Palette images store indices; hash the exact RGBA they denote so the palette and its
-        # transparency are part of the identity.
-        view = pil.convert("RGBA") if pil.mode in ("P", "PA") else pil
-        return mm_hash_of_pixels(
-            model_id=self.model.model_id,
-            modality="image",
-            mode=view.mode,
-            size=view.size,
-            pixel_bytes=view.tobytes(),
-            processor_kwargs=self._hash_kwargs,
-        )

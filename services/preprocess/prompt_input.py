@@ -153,8 +153,8 @@ def _json_object(text: str, what: str) -> dict:
 
 
 def _check_source(media: ImageInput | VideoInput, where: str) -> None:
-    if media.data is None and media.url is None:
-        raise InvalidRequestError(f"{where} has no source: give its bytes or a URL")
+    if media.data is None and media.url is None and media.uuid is None:
+        raise InvalidRequestError(f"{where} has no source: give its bytes, a URL, or the uuid it was sent with before")
     if media.data is not None and media.url is not None:
         raise InvalidRequestError(f"{where} has two sources: give its bytes or a URL, not both")
     uuid = media.uuid

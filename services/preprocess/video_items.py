@@ -1,8 +1,9 @@
 """A request's videos, from bytes to temporal groups (services/models/video.py), with each group
 cached on its own.
 
-  identify: the clip's identity (shared.hashing.mm_hash_of_video: the bytes' digest or the
-            client's uuid, the sampler and processor settings, the decoder)
+  identify: the clip's identity (shared.hashing.mm_hash_of_video: the bytes' digest, the
+            sampler and processor settings, the decoder); a client uuid stands for the digest
+            it is bound to (media_uuids.py), never for the clip itself
   recall:   a clip seen before names its groups (the clip memo); when the processor cache still
             holds every one, nothing is decoded or processed
   decode:   header -> limits -> the family's sampler -> limits -> the picked frames
@@ -25,12 +26,14 @@ from PIL import Image
 
 from services.models.video import ProcessedVideo, SampledClip, VideoMetadata, VideoOptions, VideoProcessingError, VideoProcessor
 from services.preprocess.config import PreprocessConfig
-from services.preprocess.errors import InvalidVideoDataError
+from services.preprocess.errors import InvalidVideoDataError, MediaUuidUnboundError
 from services.preprocess.media_sources import VIDEO, load_media
+from services.preprocess.media_uuids import MediaUuids, has_source
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
 from services.preprocess.prompt import VideoInput
 from services.preprocess.video_decode import DECODER_NAME, VideoLimits, check_sampled, decode_frames, read_header
 from shared.hashing import mm_hash_of_pixels, mm_hash_of_video
+from shared.index.uuid_bindings import ContentBinding
 from shared.types import MmHash
 
 
@@ -60,8 +63,11 @@ class VideoItems:
 
 
 class VideoPipeline:
-    def __init__(self, processor: VideoProcessor, model_id: str, config: PreprocessConfig, cache: ProcessorCache) -> None:
+    def __init__(
+        self, processor: VideoProcessor, model_id: str, config: PreprocessConfig, cache: ProcessorCache, uuids: MediaUuids
+    ) -> None:
         self.processor = processor
+        self.uuids = uuids
         self.model_id = model_id
         self.config = config
         self.cache = cache
@@ -80,11 +86,14 @@ class VideoPipeline:
     def identify(self, video: VideoInput, options: VideoOptions, fetched: Mapping[str, bytes]) -> tuple[MmHash, bytes | None]:
         """(the clip's identity, its bytes when they were read to name it)."""
         kwargs = self.processor.kwargs_for_hash(options)
-        if video.uuid is not None:
-            content, data = {"kind": "stable_id", "id": video.uuid}, None
+        if video.uuid is not None and not has_source(video):
+            digest, data = self.uuids.known(video.uuid, "video").digest, None
         else:
             data = self.read(video, fetched)
-            content = {"kind": "file", "digest": blake3.blake3(data).hexdigest()}
+            digest = blake3.blake3(data).hexdigest()
+            if video.uuid is not None and self.uuids.bound_to(video.uuid, digest, "video") is None:
+                self.uuids.bind(video.uuid, ContentBinding(digest, len(data)), "video")
+        content = {"kind": "file", "digest": digest}
         return mm_hash_of_video(model_id=self.model_id, content=content, processor_kwargs=kwargs, decoder=DECODER_NAME), data
 
     def is_known(self, clip_hash: MmHash) -> bool:
@@ -119,8 +128,8 @@ class VideoPipeline:
             return cached
         clip = decoded.get(clip_hash)
         if clip is None:
-            if data is None:  # named by uuid, not seen (or evicted): the bytes are needed now
-                data = self.read(video, fetched)
+            if data is None:  # a uuid alone, whose groups are no longer all cached here
+                raise MediaUuidUnboundError(f"video uuid {video.uuid!r} names a clip no longer cached here: send the video again")
             clip = self.decode(data, options)
         try:
             processed = self.processor.process(clip.frames, clip.clip, options)

@@ -60,7 +60,6 @@ def _prepare(
     """One clip on a pool thread: (its URL, its bytes if read, its identity, its frames unless its
     groups are all cached)."""
     clip_hash, data = pipeline.identify(video, options, {})
-    if pipeline.is_known(clip_hash):
+    if pipeline.is_known(clip_hash) or data is None:  # data None: a uuid alone (VideoPipeline.items answers it)
         return video.url, data, clip_hash, None
-    data = data if data is not None else pipeline.read(video, {})  # named by uuid: the bytes are needed now
     return video.url, data, clip_hash, pipeline.decode(data, options)

@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from services.transport.internal_auth import InternalAuth, InternalPlaneSettings
 from shared.index.backend import CacheIndex, IndexCredentials, create_index
 from shared.index.reader import IndexReader, create_reader
+from shared.index.uuid_bindings import UuidBindings, create_bindings
 
 PASSWORD_ENV = "TESSERA_INDEX_PASSWORD"
 
@@ -34,6 +35,14 @@ def open_index(url: str, *, namespace: str, settings: InternalPlaneSettings, env
 def open_reader(url: str, *, namespace: str, settings: InternalPlaneSettings, env: Mapping[str, str] = os.environ) -> IndexReader:
     """The gateway's index: read on its event loop (shared/index/reader.py)."""
     return create_reader(url, namespace=namespace, **_access(url, settings, env))
+
+
+def open_bindings(
+    url: str, *, namespace: str, settings: InternalPlaneSettings, ttl_s: float, max_entries: int, env: Mapping[str, str] = os.environ
+) -> UuidBindings:
+    """Client media uuid bindings, on the index's server (shared/index/uuid_bindings.py)."""
+    access = _access(url, settings, env)
+    return create_bindings(url, namespace=namespace, credentials=access["credentials"], ttl_s=ttl_s, max_entries=max_entries)
 
 
 def _access(url: str, settings: InternalPlaneSettings, env: Mapping[str, str]) -> dict:

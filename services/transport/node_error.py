@@ -34,6 +34,7 @@ class ErrorKind(enum.Enum):
     OVERLOADED = enum.auto()
     NODE_FAILED = enum.auto()
     MISSING_PIXELS = enum.auto()
+    MEDIA_ID_CONFLICT = enum.auto()
 
 
 # The gRPC code each kind fails its call with: the codes nodes returned before the trailer was
@@ -47,6 +48,7 @@ GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.NODE_FAILED: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.MISSING_PIXELS: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.MEDIA_ID_CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
 }
 
 

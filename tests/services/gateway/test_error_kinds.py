@@ -19,6 +19,7 @@ def test_request_errors_get_the_statuses_clients_always_got():
         ErrorKind.IMAGE_SOURCE_NOT_ALLOWED: 403,
         ErrorKind.REQUEST_FAILED: 500,
         ErrorKind.KV_TRANSFER_TIMEOUT: 503,
+        ErrorKind.MEDIA_ID_CONFLICT: 409,
     }
 
 

@@ -77,3 +77,16 @@ def test_a_defaulted_max_tokens_fits_the_context_and_a_tenant_scopes_salt_and_im
     assert request.prompt.images[0].uuid == "cat"  # the caller's message is left as it was
     with pytest.raises(GatewayError):
         typed_generations(pb.GenerateRequest(prompt=request.prompt, n=17), served_names=("tiny",), default_max_tokens=64, tenant=None)
+
+
+def test_a_tenant_scopes_every_video_uuid_too():
+    video = pb.VideoInput(uuid="clip")
+    chat = pb.ChatPrompt(
+        messages=[pb.ChatMessage(role=pb.ChatMessage.Role.Value("USER"), parts=pb.ContentParts(parts=[pb.ContentPart(video=video)]))]
+    )
+    for prompt in (pb.PromptInput(text="<video>", videos=[video]), pb.PromptInput(chat=chat)):
+        _, [generation] = typed_generations(
+            pb.GenerateRequest(prompt=prompt), served_names=("tiny",), default_max_tokens=8, tenant=Tenant("acme")
+        )
+        scoped = generation.prompt.videos or [generation.prompt.chat.messages[0].parts.parts[0].video]
+        assert [v.uuid for v in scoped] == ["acme/clip"]

@@ -104,7 +104,7 @@ TYPED_CASES = [
         pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=_USER, text="hi")]), images=[_IMAGE]),
         "go in its messages",
     ),
-    ("image_without_source", pb.PromptInput(text="x", images=[pb.ImageInput(uuid="cat")]), "has no source"),
+    ("image_without_source", pb.PromptInput(text="x", images=[pb.ImageInput()]), "has no source"),
     ("empty_uuid", pb.PromptInput(text="x", images=[pb.ImageInput(url=_IMAGE.url, uuid="")]), "uuid"),
     ("long_uuid", pb.PromptInput(text="x", images=[pb.ImageInput(url=_IMAGE.url, uuid="u" * 257)]), "uuid"),
     (

@@ -100,7 +100,7 @@ def test_bounded_memo_keeps_at_most_its_entries_in_lru_order():
 
 
 def test_exact_repeat_skips_decoding_but_same_pixels_new_file_still_hit(tiny_model, monkeypatch):
-    from services.preprocess import preprocessor as module
+    from services.preprocess import image_identity as module
 
     preprocessor = Preprocessor(tiny_model)
     image = make_image(100, 80, seed=12)
