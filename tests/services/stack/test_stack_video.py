@@ -116,7 +116,7 @@ def test_a_raw_prompt_with_a_video_on_the_completions_endpoint_equals_the_chat_r
 
 @pytest.fixture(scope="module", params=["tiny", "qwen3vl-tiny", "qwen2.5-vl"])
 def two_decode_stack(request, tmp_path_factory, repo_root):
-    """A stack of two prefill and two decode nodes, round-robin placement (so a migrated stream's
+    """A 2/2/2 stack (two encoder, two prefill and two decode nodes), round-robin placement (so a migrated stream's
     new prefill may land on the other prefill node), and the family's oracle. Qwen2.5-VL has no
     built-in: its checkpoint is written in the Hub's layout and served from that directory."""
     from tests.oracle import ReferenceOracle
@@ -126,7 +126,7 @@ def two_decode_stack(request, tmp_path_factory, repo_root):
         tmp_path_factory.mktemp(f"video-migration-{request.param}"),
         repo_root,
         *("--model", str(model_dir), "--served-model-name", request.param),
-        *("--prefill", "2", "--decode", "2", "--routing-policy", "round_robin", "--no-restart"),
+        *("--encoders", "2", "--prefill", "2", "--decode", "2", "--routing-policy", "round_robin", "--no-restart"),
         internal_secret=secrets.token_hex(16),  # to read the decode nodes' Stats
     )
     running.served_model = request.param
