@@ -10,10 +10,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header
 
 from services.gateway import openai_api
-from services.gateway.admission import Admission
+from services.gateway.admission import Admission, Ticket
 from services.gateway.completion_protocol import CompletionRequest, CompletionResponse
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChatFormatter, CompletionFormatter
+from services.gateway.media_budget import MediaTicket
 from services.gateway.openai_api import report_ignored_fields
 from services.gateway.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelCard, ModelList
 from services.gateway.responses import respond
@@ -89,9 +90,9 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             tool_parser=model.tool_parser,
             sampling_defaults=model.sampling_defaults,
         )
-        response = await respond(
-            state, api_request, ChatFormatter(api_request.tool_mode, api_request.echo), admission.admit(len(api_request.generations))
-        )
+        ticket = admission.admit(len(api_request.generations))
+        media = await _admit_media(state, api_request, ticket)
+        response = await respond(state, api_request, ChatFormatter(api_request.tool_mode, api_request.echo), ticket, media)
         response.headers.update(ignored)
         return response
 
@@ -102,11 +103,23 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         api_request = openai_api.to_completion_request(
             request, served_names=state.served_names, tenant=caller, sampling_defaults=model.sampling_defaults
         )
-        response = await respond(state, api_request, CompletionFormatter(), admission.admit(len(api_request.generations)))
+        ticket = admission.admit(len(api_request.generations))
+        media = await _admit_media(state, api_request, ticket)
+        response = await respond(state, api_request, CompletionFormatter(), ticket, media)
         response.headers.update(ignored)
         return response
 
     return router
+
+
+async def _admit_media(state: GatewayState, request: openai_api.ApiRequest, ticket: Ticket) -> MediaTicket:
+    """The request's images priced and admitted (media_budget.py), or its admission handed back."""
+    prompts = list({g.prompt_index: g.prompt for g in request.generations}.values())
+    try:
+        return await state.media.admit(prompts)
+    except BaseException:
+        ticket.release()
+        raise
 
 
 def refuse_if_draining(state: GatewayState) -> None:

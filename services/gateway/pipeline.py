@@ -222,6 +222,15 @@ class Pipeline:
 
         return await self._on_preprocess(call)
 
+    async def media_cost_json(self) -> str:
+        """How the model's processor prices an image by its size (services/models/media_cost.py)."""
+
+        async def call(address: str, deadline: float) -> str:
+            stub = self.stub("preprocess", address)
+            return (await self.stages.call("preprocess", address, stub.MediaCost, pb.MediaCostRequest(), deadline)).cost_model_json
+
+        return await self._on_preprocess(call)
+
     async def _on_preprocess(self, call: Callable[[str, float], Awaitable]):
         """``call(address, deadline)`` on a preprocess node, failing over as a request does."""
         attempts = Attempts(self.max_failures)

@@ -23,26 +23,33 @@ from services.gateway.admission import Ticket
 from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChoiceResult, Formatter, usage_of
+from services.gateway.media_budget import MediaTicket
 from services.gateway.openai_api import ApiRequest, Generation
 from services.gateway.protocol import Usage
 from services.gateway.state import GatewayState
 from services.gateway.token_events import TokenEvent
 
 
-async def respond(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> JSONResponse | EventStreamResponse:
-    """The response; ``ticket`` (the request's admission) is released when its work ends."""
+async def respond(
+    state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket, media: MediaTicket | None = None
+) -> JSONResponse | EventStreamResponse:
+    """The response; ``ticket`` (the request's admission) is released when its work ends, and
+    ``media`` (its images' share of the media budget) at its first token: they are encoded by then."""
+    media = media or MediaTicket(None, 0)
     if request.stream:
-        return await _start_stream(state, request, formatter, ticket)
+        return await _start_stream(state, request, formatter, ticket, media)
     try:
-        return await _complete(state, request, formatter)
+        return await _complete(state, request, formatter, media)
     finally:
+        media.release()
         ticket.release()
 
 
-async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatter) -> JSONResponse:
+async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatter, media: MediaTicket) -> JSONResponse:
     started = time.monotonic()
     results = _results(request)
     async for generation, event in merged_events(lambda g: state.events(g, stream=False), request.generations):
+        media.release()
         if not any(r.num_tokens for r in results.values()):
             state.metrics.record_ttft(time.monotonic() - started)
         _accumulate(results[generation.index], event)
@@ -55,7 +62,9 @@ async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatt
     return JSONResponse(body.model_dump())
 
 
-async def _start_stream(state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket) -> EventStreamResponse:
+async def _start_stream(
+    state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket, media: MediaTicket
+) -> EventStreamResponse:
     started = time.monotonic()
     events = merged_events(lambda g: state.events(g, stream=True), request.generations)
     try:
@@ -64,6 +73,8 @@ async def _start_stream(state: GatewayState, request: ApiRequest, formatter: For
         await events.aclose()
         ticket.release()
         raise
+    finally:
+        media.release()
     state.metrics.record_ttft(time.monotonic() - started)
     state.metrics.record_request(200)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -75,6 +75,9 @@ class Settings(InternalPlaneSettings):
     request_timeout_s: float = 300.0
     max_node_failures: int = 4  # per request, before it fails with 503
     max_num_requests: int = 2048  # choices in flight at this gateway; past it, 429 with Retry-After
+    # Vision tokens in flight per live encoder, priced from image headers before anything is
+    # decoded (services/gateway/media_budget.py): past it 429, a request over all of it 413; 0: off.
+    max_media_tokens_per_encoder: int = 262144
     # API keys for the HTTP and Generate APIs (services/gateway/tenants.py); neither: no auth.
     api_key: str = ""  # one key, tenant "default"
     api_keys_file: str = ""  # JSON: key -> tenant name, or -> {"tenant": NAME, "shared_cache": BOOL}
@@ -92,8 +95,12 @@ class Settings(InternalPlaneSettings):
             raise ValueError(f"generation_config must be one of {', '.join(GENERATION_CONFIG_MODES)}, got {self.generation_config!r}")
         make_policy(self.routing_policy)  # raises for an unknown name, naming the known ones
         EncodeDispatch(self.encode_dispatch)  # likewise
-        if self.index_ttl_s <= 0 or self.max_node_failures < 0 or self.drain_timeout_s < 0 or self.max_num_requests < 1:
-            raise ValueError("index_ttl_s must be positive, max_node_failures and drain_timeout_s >= 0, max_num_requests >= 1")
+        non_negative = (self.max_node_failures, self.drain_timeout_s, self.max_media_tokens_per_encoder)
+        if self.index_ttl_s <= 0 or min(non_negative) < 0 or self.max_num_requests < 1:
+            raise ValueError(
+                "index_ttl_s must be positive, max_node_failures, drain_timeout_s and max_media_tokens_per_encoder >= 0, "
+                "max_num_requests >= 1"
+            )
 
 
 def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) -> None:
@@ -176,6 +183,7 @@ async def _serve(
         tool_parser=tool_parser,
         sampling_defaults=sampling_defaults,
         vllm_metric_names=config.vllm_metric_names,
+        max_media_tokens_per_encoder=config.max_media_tokens_per_encoder,
     )
     servicer = GenerateServicer(
         pipeline,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from services.gateway.media_budget import MediaBudget
 from services.gateway.metrics import GatewayMetrics, RoleStats
 from services.gateway.openai_api import Generation
 from services.gateway.pipeline import Pipeline
@@ -26,6 +27,9 @@ class GatewayNodeMetrics:
     num_index_errors: Counter = counter("gateway_index_errors_total", "Index lookups that failed: routed without cache hits")
     num_local_encode_routes: Counter = counter("gateway_local_encode_routes_total", "Requests whose images a prefill node encodes")
     index_breaker_open: Gauge = gauge("gateway_index_breaker_open", "1 while the index's breaker holds calls back (no cache lookups)")
+    media_cost_inflight: Gauge = gauge("media_cost_inflight", "Vision tokens admitted and not yet encoded (the media budget's use)")
+    num_media_refusals: Counter = counter("media_budget_refusals_total", "Requests refused with a 429: the media budget was spent")
+    num_media_too_large: Counter = counter("media_too_large_total", "Requests refused with a 413: more media than the whole budget")
 
 
 @dataclass(slots=True)
@@ -38,6 +42,8 @@ class GatewayState:
     draining: bool = False
     vllm_metric_names: bool = False  # the vLLM-named families under vllm: too (metrics.py)
     num_in_flight: int = 0  # choices whose pipeline run is in progress
+    max_media_tokens_per_encoder: int = 0  # the media budget (media_budget.py); 0: none
+    media: MediaBudget = field(init=False)
     own_metrics: GatewayNodeMetrics = field(init=False, default_factory=GatewayNodeMetrics)
     _scraped: RoleStats = field(default_factory=dict)  # the metrics the next render reports
 
@@ -53,6 +59,12 @@ class GatewayState:
         own.num_index_errors.read_from(lambda: pipeline.router.num_index_failures)
         own.num_local_encode_routes.read_from(lambda: pipeline.router.num_local_encodes)
         own.index_breaker_open.read_from(self._index_breaker_open)
+        media = self.media = MediaBudget(
+            self.max_media_tokens_per_encoder, lambda: len(pipeline.membership.nodes("encoder")), lambda: pipeline.media_cost_json()
+        )
+        own.media_cost_inflight.read_from(lambda: media.num_in_flight)
+        own.num_media_refusals.read_from(lambda: media.num_refused)
+        own.num_media_too_large.read_from(lambda: media.num_too_large)
 
     async def render_metrics(self) -> bytes:
         """/metrics: every live node's metrics, asked for now, with the gateway's own."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from services.models.media_cost import MediaCostModel
 from shared.types import GroupPlacement, PlaceholderRange
 
 if TYPE_CHECKING:
@@ -114,6 +115,9 @@ class ImageProcessor(Protocol):
         """Every setting that changes the processed output; part of each image's mm_hash."""
 
     def process(self, image: Image.Image) -> ProcessedImage: ...
+
+    def cost_model(self) -> MediaCostModel:
+        """Its placeholder tokens from an image's size alone, torch-free (the gateway's estimate)."""
 
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         """Placeholder tokens of an image with this grid (grids come back from the index)."""

@@ -15,6 +15,7 @@ from PIL import Image
 
 from services.models.family import ProcessedImage
 from services.models.hf_config import image_call_kwargs
+from services.models.media_cost import ViewCost
 
 PAN_AND_SCAN_SETTINGS = ("pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")
 
@@ -59,6 +60,12 @@ class Gemma3ImageProcessor:
         views = out["pixel_values"].contiguous()
         grid = (int(views.shape[0]), self.tokens_per_side, self.tokens_per_side)
         return ProcessedImage(pixel_values=views, grid_thw=grid, num_tokens=self.num_tokens(grid))
+
+    def cost_model(self) -> ViewCost:
+        if not self._setting("do_pan_and_scan"):
+            return ViewCost(self.tokens_per_side**2)
+        crops, ratio = int(self._setting("pan_and_scan_max_num_crops")), float(self._setting("pan_and_scan_min_ratio_to_activate"))
+        return ViewCost(self.tokens_per_side**2, crops, ratio)
 
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         views, h, w = grid_thw

@@ -10,6 +10,7 @@ from PIL import Image
 
 from services.models.family import ProcessedImage
 from services.models.hf_config import image_call_kwargs
+from services.models.media_cost import ResizeCost
 
 
 class Qwen2VLImageProcessor:
@@ -59,6 +60,9 @@ class Qwen2VLImageProcessor:
         kwargs = {**self._kwargs, "do_resize": False, "image_mean": image_mean, "image_std": image_std, "rescale_factor": rescale_factor}
         rows = self._hf(images=frames, return_tensors="pt", **kwargs)["pixel_values"]
         return list(rows.chunk(len(frames)))
+
+    def cost_model(self) -> ResizeCost:
+        return ResizeCost(self.patch_size, self.merge_size, int(self._size["shortest_edge"]), int(self._size["longest_edge"]))
 
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         """t*h*w patches, merged merge_size x merge_size into one token each."""

@@ -1,0 +1,125 @@
+"""The pre-admission media budget: a request's images priced before anything decodes them.
+
+Each request's images are priced in vision tokens from what their headers say (width x height,
+read from the first bytes of a data URL or base64 part; nothing is decoded) through the model's
+own resize rule (services/models/media_cost.py, fetched once from a preprocess node). An image
+whose bytes the gateway does not hold (an http(s) URL, a file, a uuid alone) is priced as a one
+megapixel image. The gateway holds at most ``max_media_tokens_per_encoder`` x live encoders of
+them in flight, from admission to the request's first token (by then its images are encoded):
+  * over what is left of the budget: 429 with Retry-After, at once; smaller requests still pass;
+  * larger than the whole budget: 413 naming the limit, before any image is decoded.
+A request without images passes free. Video clips are not priced yet (their frame count is in
+the container, which the gateway does not open).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from collections.abc import Awaitable, Callable, Iterator
+
+from PIL import Image, UnidentifiedImageError
+
+from protos.gen import pb
+from services.gateway.admission import rate_limited
+from services.gateway.errors import GatewayError
+from services.models.media_cost import MediaCostModel, cost_model_from_json
+
+# Enough of an encoded image for its header: PNG's IHDR is first, a JPEG's SOF follows its EXIF
+# (rarely past this); an image whose size is not in its first bytes is decoded from base64 whole.
+HEADER_BYTES = 256 * 1024
+UNKNOWN_SIZE = (1024, 1024)  # the price of an image the gateway has no bytes of
+
+
+def image_size(url: str) -> tuple[int, int] | None:
+    """An inline image's (width, height) from its header; None for a URL, a path or an image
+    whose header is not readable (preprocessing reports a bad one)."""
+    if url.startswith(("http://", "https://", "file:", "/")):
+        return None
+    encoded = url.split(",", 1)[1] if url.startswith("data:") else url
+    head = encoded[: HEADER_BYTES // 3 * 4]
+    try:
+        return bytes_size(base64.b64decode(head)) or (bytes_size(base64.b64decode(encoded)) if len(head) < len(encoded) else None)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def bytes_size(data: bytes) -> tuple[int, int] | None:
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except (UnidentifiedImageError, OSError, ValueError):
+        return None
+
+
+def prompt_images(prompt: pb.PromptInput) -> Iterator[pb.ImageInput]:
+    yield from prompt.images
+    if prompt.WhichOneof("prompt") == "chat":
+        for message in prompt.chat.messages:
+            yield from (part.image for part in message.parts.parts if part.HasField("image"))
+
+
+def media_tokens(prompts: list[pb.PromptInput], cost: MediaCostModel) -> int:
+    total = 0
+    for prompt in prompts:
+        for image in prompt_images(prompt):
+            source = image.WhichOneof("source")
+            size = image_size(image.url) if source == "url" else bytes_size(image.data) if source == "data" else None
+            total += cost.image_tokens(*(size or UNKNOWN_SIZE))
+    return total
+
+
+class MediaTicket:
+    """Admitted vision tokens; ``release`` returns them (once)."""
+
+    __slots__ = ("_budget", "num_tokens")
+
+    def __init__(self, budget: MediaBudget | None, num_tokens: int) -> None:
+        self._budget, self.num_tokens = budget, num_tokens
+
+    def release(self) -> None:
+        if self._budget is not None:
+            self._budget.num_in_flight -= self.num_tokens
+            self._budget = None
+
+
+class MediaBudget:
+    def __init__(self, tokens_per_encoder: int, num_encoders: Callable[[], int], fetch_cost_json: Callable[[], Awaitable[str]]) -> None:
+        if tokens_per_encoder < 0:
+            raise ValueError("max_media_tokens_per_encoder must be >= 0 (0: no budget)")
+        self.tokens_per_encoder = tokens_per_encoder
+        self._num_encoders = num_encoders
+        self._fetch_cost_json = fetch_cost_json
+        self._cost: MediaCostModel | None = None
+        self.num_in_flight = 0
+        self.num_refused = 0  # 429s
+        self.num_too_large = 0  # 413s
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens_per_encoder * max(1, self._num_encoders())
+
+    async def admit(self, prompts: list[pb.PromptInput]) -> MediaTicket:
+        if not self.tokens_per_encoder or not any(any(True for _ in prompt_images(p)) for p in prompts):
+            return MediaTicket(None, 0)
+        if self._cost is None:  # once; a failure here fails over like any preprocess call
+            self._cost = cost_model_from_json(await self._fetch_cost_json())
+        return self.take(media_tokens(prompts, self._cost))
+
+    def take(self, num_tokens: int) -> MediaTicket:
+        capacity = self.capacity
+        if num_tokens > capacity:
+            self.num_too_large += 1
+            raise GatewayError(
+                413,
+                f"the request's images come to about {num_tokens} vision tokens; the gateway admits at most {capacity} in flight "
+                f"(max_media_tokens_per_encoder {self.tokens_per_encoder} x {max(1, self._num_encoders())} encoders): send fewer or "
+                "smaller images",
+                code="media_too_large",
+            )
+        if self.num_in_flight + num_tokens > capacity:
+            self.num_refused += 1
+            raise rate_limited(f"the encoders have {self.num_in_flight} of {capacity} vision tokens in flight")
+        self.num_in_flight += num_tokens
+        return MediaTicket(self, num_tokens)

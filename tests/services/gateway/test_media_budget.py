@@ -1,0 +1,106 @@
+"""The pre-admission media budget (services/gateway/media_budget.py): images priced from their
+headers alone, a 429 past the budget while smaller requests pass, a 413 for a request over the
+whole of it before anything runs, and the budget handed back at the first token."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import openai
+import pytest
+
+from protos.gen import pb
+from services.gateway.errors import GatewayError
+from services.gateway.media_budget import MediaBudget, image_size, media_tokens
+from services.models.media_cost import ResizeCost, cost_model_to_json
+from tests.factories import encode_image, image_data_url, make_image
+from tests.services.gateway.test_app import FakePipeline, client_for
+
+COST = ResizeCost(patch_size=14, merge_size=2, min_pixels=3136, max_pixels=12845056)
+
+
+def chat_prompt(*urls: str) -> pb.PromptInput:
+    parts = [pb.ContentPart(image=pb.ImageInput(url=url)) for url in urls]
+    message = pb.ChatMessage(role=pb.ChatMessage.Role.Value("USER"), parts=pb.ContentParts(parts=parts))
+    return pb.PromptInput(chat=pb.ChatPrompt(messages=[message]))
+
+
+def test_an_inline_images_size_is_read_from_its_header():
+    image = make_image(320, 200, seed=1)
+    assert image_size(image_data_url(image)) == (320, 200)
+    assert image_size(image_data_url(image, "JPEG")) == (320, 200)
+    assert image_size(base64.b64encode(encode_image(image, "WEBP")).decode()) == (320, 200)  # bare base64
+    for unknown in ("https://example.com/cat.png", "/media/cat.png", "data:image/png;base64,AAAA", "not base64 at all!"):
+        assert image_size(unknown) is None
+
+
+def test_a_prompts_images_are_priced_by_the_models_resize_rule():
+    small, remote = image_data_url(make_image(280, 280, seed=2)), "https://example.com/cat.png"
+    tokens = media_tokens([chat_prompt(small, remote), pb.PromptInput(text="x", images=[pb.ImageInput(url=small)])], COST)
+    assert tokens == 2 * COST.image_tokens(280, 280) + COST.image_tokens(1024, 1024) == 2 * 100 + 1369
+
+
+def budget(tokens_per_encoder: int, num_encoders: int = 1) -> tuple[MediaBudget, list]:
+    fetched = []
+
+    async def fetch() -> str:
+        fetched.append(1)
+        return cost_model_to_json(COST)
+
+    return MediaBudget(tokens_per_encoder, lambda: num_encoders, fetch), fetched
+
+
+def test_past_the_budget_a_request_gets_a_429_and_a_smaller_one_still_passes():
+    media, _ = budget(1000)
+    big = media.take(900)
+    with pytest.raises(GatewayError) as info:
+        media.take(200)
+    assert info.value.status == 429 and info.value.headers["Retry-After"] and media.num_refused == 1
+    small = media.take(100)
+    big.release()
+    big.release()  # once only
+    assert media.num_in_flight == 100
+    small.release()
+    assert media.num_in_flight == 0
+
+
+def test_a_request_over_the_whole_budget_is_a_413_naming_it_and_the_budget_grows_with_encoders():
+    media, _ = budget(1000, num_encoders=2)
+    assert media.capacity == 2000
+    with pytest.raises(GatewayError) as info:
+        media.take(2001)
+    assert info.value.status == 413 and "max_media_tokens_per_encoder 1000 x 2 encoders" in info.value.message
+    assert media.num_too_large == 1 and media.num_in_flight == 0
+
+
+def test_requests_without_images_pass_free_and_the_cost_model_is_fetched_once():
+    media, fetched = budget(10_000)
+    free = asyncio.run(media.admit([pb.PromptInput(text="hello")]))
+    assert free.num_tokens == 0 and fetched == []
+    image = image_data_url(make_image(280, 280, seed=3))
+    for _ in range(2):
+        asyncio.run(media.admit([chat_prompt(image)])).release()
+    assert fetched == [1]
+    off, off_fetched = budget(0)
+    assert asyncio.run(off.admit([chat_prompt(image)])).num_tokens == 0 and off_fetched == []
+
+
+class CostingPipeline(FakePipeline):
+    async def media_cost_json(self) -> str:
+        return cost_model_to_json(COST)
+
+
+def test_through_the_api_an_oversized_request_is_a_413_before_any_work_and_the_budget_frees():
+    pipeline = CostingPipeline()
+    http, state = client_for(pipeline, max_media_tokens_per_encoder=500)
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
+    huge = image_data_url(make_image(1200, 900, seed=4))
+    content = [{"type": "image_url", "image_url": {"url": huge}}, {"type": "text", "text": "?"}]
+    with pytest.raises(openai.APIStatusError) as info:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": content}], max_tokens=3)
+    assert info.value.status_code == 413 and "vision tokens" in info.value.message and pipeline.calls == []
+    small = [{"type": "image_url", "image_url": {"url": image_data_url(make_image(100, 100, seed=5))}}]
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": small}], max_tokens=3)
+    assert len(pipeline.calls) == 1 and state.media.num_in_flight == 0
+    assert state.own_metrics.num_media_too_large.value == 1
