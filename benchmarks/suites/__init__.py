@@ -2,7 +2,8 @@
 bench`` (the engine in one process, the router's decision time, routing policies, preprocessing,
 elasticity, soak, many clients, decode steps, detokenization, end-to-end against the engine, KV
 bytes per layout, outputs handed from the engine thread to the loop, the gateway process's
-footprint, a cluster simulation with the real router and index). One module per suite; each
+footprint, the media budget under a burst of large images, a cluster simulation with the real
+router and index). One module per suite; each
 has a docstring (its ``--help``), ``add_arguments(parser)`` and ``run(args) -> int``. Results go
 where the scripts in benchmarks/ always wrote them (benchmarks/results/...); those scripts now
 only call ``tessera bench --suite``.
@@ -30,6 +31,7 @@ SUITES = (
     "index_stall",
     "kv_layout",
     "loop_handoff",
+    "media_budget",
     "preprocess",
     "router",
     "routing",

@@ -282,7 +282,7 @@ class Pipeline:
             )
         for observe in self.route_observers:
             observe(route)
-        held = route.images_on_encoder | route.images_on_prefill | route.image_to_source.keys()
+        held = route.images_on_encoder | route.images_on_prefill | route.image_to_source.keys() | route.images_covered
         return route, [h for h, _ in images if h not in held]
 
 

@@ -45,6 +45,7 @@ class Stages:
         self.data_address = data_address
         self.watchdog = watchdog
         self.clock = clock
+        self.num_cover_fallbacks = 0  # requests whose covered images were needed after all
 
     async def preprocess(
         self, address: str, prompt: pb.PromptInput, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
@@ -111,7 +112,10 @@ class Stages:
                 if error is None or error.kind is not ErrorKind.MISSING_PIXELS or not error.missing_mm_hashes or resent:
                     raise classify_rpc_error("prefill", route.prefill, exc) from None
                 # The node that encodes them lacks their pixels (the encoder evicted images our
-                # mirror thought it had, or a push to the prefill node came late): push again.
+                # mirror thought it had, a push to the prefill node came late, or the prefix that
+                # covered an image was evicted before the run: the encoder skip's fallback): push.
+                if route.images_covered & set(error.missing_mm_hashes):
+                    self.num_cover_fallbacks += 1
                 for target, hashes in _by_target(attempt, list(error.missing_mm_hashes)):
                     await self.ensure_pixels(attempt, hashes, target, force=True)
         raise AssertionError("unreachable")

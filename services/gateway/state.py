@@ -26,6 +26,12 @@ class GatewayNodeMetrics:
     num_busy_refusals: Counter = counter("gateway_node_busy_refusals_total", "Calls a busy node refused (tried elsewhere, or a 429)")
     num_index_errors: Counter = counter("gateway_index_errors_total", "Index lookups that failed: routed without cache hits")
     num_local_encode_routes: Counter = counter("gateway_local_encode_routes_total", "Requests whose images a prefill node encodes")
+    num_images_covered: Counter = counter(
+        "gateway_images_covered_total", "Images the chosen prefill node's cached prefix covered: no pixels moved, no tower run"
+    )
+    num_cover_fallbacks: Counter = counter(
+        "gateway_cover_fallbacks_total", "Requests whose covered images were needed after all (their prefix was evicted first)"
+    )
     index_breaker_open: Gauge = gauge("gateway_index_breaker_open", "1 while the index's breaker holds calls back (no cache lookups)")
     media_cost_inflight: Gauge = gauge("media_cost_inflight", "Vision tokens admitted and not yet encoded (the media budget's use)")
     num_media_refusals: Counter = counter("media_budget_refusals_total", "Requests refused with a 429: the media budget was spent")
@@ -58,6 +64,8 @@ class GatewayState:
         own.num_busy_refusals.read_from(lambda: pipeline.num_busy_refusals)
         own.num_index_errors.read_from(lambda: pipeline.router.num_index_failures)
         own.num_local_encode_routes.read_from(lambda: pipeline.router.num_local_encodes)
+        own.num_images_covered.read_from(lambda: pipeline.router.num_images_covered)
+        own.num_cover_fallbacks.read_from(lambda: pipeline.stages.num_cover_fallbacks)
         own.index_breaker_open.read_from(self._index_breaker_open)
         media = self.media = MediaBudget(
             self.max_media_tokens_per_encoder, lambda: len(pipeline.membership.nodes("encoder")), lambda: pipeline.media_cost_json()

@@ -38,6 +38,9 @@ class Route:
     # and the images it sends to be encoded, taken with the decision; the caller releases it when
     # its prefill ends.
     reservation: Reservation | None = None
+    # Images the chosen prefill node's cached prefix covers whole (coverage.py): their
+    # embeddings are never read, so no pixels move and no tower runs for them.
+    images_covered: frozenset[MmHash] = frozenset()
 
 
 class Reservation:
@@ -64,7 +67,6 @@ def work_addresses(route: Route, mm_hashes: list[MmHash]) -> list[str]:
     """The nodes a routed request counts a call on until its prefill ends: the encoder only when
     the prefill node may pull embeddings from it (adaptive dispatch weighs the encoder's queue by
     such requests), then the prefill and decode nodes."""
-    uses_encoder = any(
-        h not in route.local_encode and h not in route.images_on_prefill and h not in route.image_to_source for h in mm_hashes
-    )
+    skipped = route.local_encode | route.images_on_prefill | route.image_to_source.keys() | route.images_covered
+    uses_encoder = any(h not in skipped for h in mm_hashes)
     return [*([route.encoder] if uses_encoder else []), route.prefill, route.decode]

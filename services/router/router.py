@@ -27,6 +27,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
+from services.router.coverage import covered_images
 from services.router.holdings import holdings
 from services.router.membership import Membership
 from services.router.pending_encodes import PendingEncodes
@@ -58,6 +59,7 @@ class Router:
     _turns: itertools.count = field(default_factory=itertools.count)
     num_index_failures: int = 0
     num_local_encodes: int = 0  # requests whose images the prefill node was chosen to encode
+    num_images_covered: int = 0  # images routed to a prefill node whose cached prefix covers them: never encoded
     mean_call_tokens: float = 0.0  # moving average of the image tokens per request sent to encoders
     pending_encodes: PendingEncodes = field(default_factory=PendingEncodes)
 
@@ -92,7 +94,7 @@ class Router:
         snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens)
         decision = self.policy.select(snapshot)
         self.policy.observe(snapshot, decision)
-        route = self._route(snapshot, decision, time.perf_counter() - started)
+        route = self._route(snapshot, decision, len(token_ids), time.perf_counter() - started)
         return self._reserve(route, token_ids, snapshot) if reserve else route
 
     def _snapshot(
@@ -118,15 +120,20 @@ class Router:
             prefix_tokens=prefix_tokens,
         )
 
-    def _route(self, snapshot: RouteSnapshot, decision: RouteDecision, decision_s: float) -> Route:
-        """The decision with what its nodes hold, and the images the prefill node encodes itself."""
-        encoder, prefill, shipped = decision.encoder, decision.prefill, dict(decision.image_to_source)
+    def _route(self, snapshot: RouteSnapshot, decision: RouteDecision, num_prompt_tokens: int, decision_s: float) -> Route:
+        """The decision with what its nodes hold, the images its prefill node's cached prefix
+        covers (no embeddings needed), and the images the prefill node encodes itself."""
+        encoder, prefill = decision.encoder, decision.prefill
+        covered = covered_images(snapshot.images, snapshot.prefix_tokens.get(prefill, 0), num_prompt_tokens, self.block_size)
+        shipped = {h: source for h, source in decision.image_to_source.items() if h not in covered}
         holders = snapshot.mm_holders
         held = frozenset(h for h, _ in snapshot.images if encoder in holders.get(h, ()))
         on_prefill = frozenset(h for h, _ in snapshot.images if prefill in holders.get(h, ()))
-        new = [h for h, _ in snapshot.images if h not in held and h not in on_prefill and h not in shipped]
+        new = [h for h, _ in snapshot.images if h not in held | on_prefill | covered and h not in shipped]
         local = self._local_encode(new, snapshot.image_tokens, _find(snapshot.encoders, encoder), _find(snapshot.prefills, prefill))
-        return Route(encoder, prefill, decision.decode, held, dict(snapshot.prefix_tokens), decision_s, local, on_prefill, shipped)
+        self.num_images_covered += len(covered)
+        prefix = dict(snapshot.prefix_tokens)
+        return Route(encoder, prefill, decision.decode, held, prefix, decision_s, local, on_prefill, shipped, images_covered=covered)
 
     def _reserve(self, route: Route, token_ids: list[int], snapshot: RouteSnapshot) -> Route:
         """The route with its work counted on its nodes (Membership.in_flight) and the images it
@@ -135,7 +142,8 @@ class Router:
         pending = {route.prefill: max(0, len(token_ids) - route.prefix_tokens_by_node.get(route.prefill, 0))}
         local = [route.prefill] if route.local_encode else []
         in_flight = self.membership.in_flight(*work_addresses(route, mm_hashes), local_encodes=local, pending_tokens=pending)
-        new = [h for h in mm_hashes if h not in route.images_on_encoder | route.images_on_prefill | route.image_to_source.keys()]
+        needed = route.images_on_encoder | route.images_on_prefill | route.image_to_source.keys() | route.images_covered
+        new = [h for h in mm_hashes if h not in needed]
         end_encodes = self.pending_encodes.begin({h: route.prefill if h in route.local_encode else route.encoder for h in new})
         return replace(route, reservation=Reservation(in_flight, end_encodes))
 

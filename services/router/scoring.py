@@ -7,8 +7,9 @@ For each candidate node n of a role:
   cached_tokens(n)  work n already holds for this request, in tokens:
                       encoder: sum of the embedding rows of the request's images n holds
                       prefill: block_size * (leading prompt blocks n holds, up to the first miss),
-                               plus the embedding rows of the images n holds that end beyond
-                               that prefix (their encode is saved)
+                               plus the embedding rows of each image whose encode n saves: one
+                               that prefix covers (never encoded: coverage.py) or one whose
+                               embeddings n holds
   load(n)           requests queued or running on n (from its heartbeat)
   kv_usage(n)       fraction of n's KV pages in use, 0..1
   LOAD_WEIGHT       tokens of work one queued request is worth (a full prefill of a typical
@@ -148,13 +149,15 @@ def prefix_tokens_per_node(node_to_num_prefix_blocks: Mapping[str, int], block_s
 def prefill_tokens_per_node(
     prefix_tokens: Mapping[str, int], mm_holders: Mapping[str, Collection[str]], images: Sequence[tuple[str, PlaceholderRange]]
 ) -> dict[str, int]:
-    """cached_tokens of each prefill node: its leading prompt tokens, plus the rows of the images
-    whose embeddings it holds and whose placeholder its prefix does not cover."""
+    """cached_tokens of each prefill node: its leading prompt tokens, plus the rows of each image
+    whose tower run it saves: one its prefix covers (never encoded; coverage.py), or one whose
+    embeddings it holds."""
     out = dict(prefix_tokens)
     for mm_hash, placeholder in images:
-        for node_id in mm_holders.get(mm_hash, {}):
-            if placeholder.offset + placeholder.length > prefix_tokens.get(node_id, 0):
-                out[node_id] = out.get(node_id, 0) + placeholder.length
+        end = placeholder.offset + placeholder.length
+        savers = {n for n, prefix in prefix_tokens.items() if end <= prefix} | set(mm_holders.get(mm_hash, ()))
+        for node_id in savers:
+            out[node_id] = out.get(node_id, 0) + placeholder.length
     return out
 
 

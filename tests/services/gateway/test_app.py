@@ -45,8 +45,9 @@ class FakePipeline:
     fail_after: int = 0
     membership: FakeMembership = field(default_factory=FakeMembership)
     router: SimpleNamespace = field(
-        default_factory=lambda: SimpleNamespace(index=None, num_index_failures=0, num_local_encodes=0, block_size=16)
+        default_factory=lambda: SimpleNamespace(index=None, num_index_failures=0, num_local_encodes=0, num_images_covered=0, block_size=16)
     )
+    stages: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(num_cover_fallbacks=0))
     calls: list = field(default_factory=list)
     route_observers: list = field(default_factory=list)
     num_retries: int = 0

@@ -375,3 +375,17 @@ def test_an_image_pending_on_a_node_the_request_must_avoid_is_encoded_again_else
     first = asyncio.run(router.route(TOKENS, [IMAGE], reserve=True))
     retry = asyncio.run(router.route(TOKENS, [IMAGE], exclude=frozenset({first.encoder}), reserve=True))
     assert retry.encoder != first.encoder and IMAGE[0] not in retry.images_on_encoder
+
+
+def test_an_image_the_prefill_prefix_covers_is_neither_encoded_shipped_nor_pending_and_draws_the_request():
+    """IMAGE spans tokens 8..20: p:2's five cached blocks (20 tokens) cover it whole, though no
+    node holds its embeddings any more; p:1's four blocks cut it."""
+    index = index_holding({"prefill@p:1": [0, 1, 2, 3], "prefill@p:2": [0, 1, 2, 3, 4]})
+    router = router_over(index, encode_dispatch="prefill")
+    route = asyncio.run(router.route(TOKENS, [IMAGE], reserve=True))
+    assert route.prefill == "p:2" and route.images_covered == {IMAGE[0]}
+    assert route.local_encode == set() and route.image_to_source == {} and router.num_images_covered == 1
+    assert router.pending_encodes.where([IMAGE[0]]) == {}  # nothing sent to be encoded
+    route.reservation.release()
+    cut = index_holding({"prefill@p:1": [0, 1, 2, 3]})
+    assert asyncio.run(router_over(cut).route(TOKENS, [IMAGE])).images_covered == frozenset()

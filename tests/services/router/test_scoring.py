@@ -77,9 +77,13 @@ def test_fixed_dispatches_and_nothing_to_encode():
         EncodeDispatch("anywhere")
 
 
-def test_a_prefill_node_holding_an_images_embeddings_beyond_its_prefix_holds_that_work_too():
+def test_a_prefill_node_is_credited_each_tower_run_it_saves_once():
     images = [("x", PlaceholderRange(10, 20)), ("y", PlaceholderRange(40, 8))]
     holders = {"x": {"p1": None, "p2": None}, "y": {"p2": None}}
-    # p1's 32-token prefix covers x (ends at 30): nothing added. p2 holds both beyond its prefix.
-    assert prefill_tokens_per_node({"p1": 32}, holders, images) == {"p1": 32, "p2": 28}
+    # p1's 32-token prefix covers x (ends at 30): x's tower run is saved, once, though p1 holds
+    # its embeddings too. p2 holds both images' embeddings, beyond its (empty) prefix.
+    assert prefill_tokens_per_node({"p1": 32}, holders, images) == {"p1": 32 + 20, "p2": 28}
+    # p3 covers x without its embeddings (the embedding cache let it go): the same credit.
+    assert prefill_tokens_per_node({"p3": 32}, {}, images) == {"p3": 52}
+    assert prefill_tokens_per_node({"p4": 29}, {}, images) == {"p4": 29}  # x cut at 29: not covered
     assert prefill_tokens_per_node({}, {}, images) == {}
