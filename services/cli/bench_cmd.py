@@ -12,8 +12,7 @@ workload (benchmarks/suites/), with ``--suite NAME`` followed by that suite's ow
     tessera bench --suite router --prompt-tokens 4096 --decisions 2000     # every argument after NAME is the suite's
     tessera bench --suite engine --help                                     # a suite's own arguments
 
-Suites: compute, concurrency, decode_step, detokenize, e2e, elastic, engine, kv_layout, loop_handoff, preprocess, router, routing,
-simulate, soak (the
+Suites: ``--suite`` alone lists them (benchmarks/suites/; the
 scripts in benchmarks/ run the same, ``python benchmarks/router_bench.py`` being
 ``tessera bench --suite router``). Every argument after ``--suite NAME`` is the suite's; the other
 ``tessera bench`` options do not apply to a suite.

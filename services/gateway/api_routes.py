@@ -92,7 +92,8 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         )
         ticket = admission.admit(len(api_request.generations))
         media = await _admit_media(state, api_request, ticket)
-        response = await respond(state, api_request, ChatFormatter(api_request.tool_mode, api_request.echo), ticket, media)
+        formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids)
+        response = await respond(state, api_request, formatter, ticket, media)
         response.headers.update(ignored)
         return response
 
@@ -105,7 +106,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         )
         ticket = admission.admit(len(api_request.generations))
         media = await _admit_media(state, api_request, ticket)
-        response = await respond(state, api_request, CompletionFormatter(), ticket, media)
+        response = await respond(state, api_request, CompletionFormatter(api_request.return_token_ids), ticket, media)
         response.headers.update(ignored)
         return response
 

@@ -97,6 +97,8 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: str | None = None
     logprobs: CompletionLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids (a stream's first chunk of the choice)
+    token_ids: list[int] | None = None  # return_token_ids: the choice's (a stream's: the chunk's)
 
 
 class CompletionResponse(BaseModel):

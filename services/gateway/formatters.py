@@ -11,18 +11,14 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
+from services.gateway.chat_chunks import ChatCompletionChunk, ChunkChoice, ChunkDelta, DeltaFunction, DeltaToolCall
 from services.gateway.completion_protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
 from services.gateway.protocol import (
     AssistantMessage,
     ChatChoice,
-    ChatCompletionChunk,
     ChatCompletionResponse,
     ChatLogprobs,
     ChatTokenLogprob,
-    ChunkChoice,
-    ChunkDelta,
-    DeltaFunction,
-    DeltaToolCall,
     PromptTokensDetails,
     ToolCall,
     ToolCallFunction,
@@ -49,6 +45,18 @@ class ChoiceResult:
     cached_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None  # None: not asked for
     text_offsets: list[int] = field(default_factory=list)  # of each logprobs token in the text
+    token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: tuple[int, ...] = ()
+    num_ids_sent: int = 0  # of token_ids, in a stream's chunks so far (return_token_ids)
+
+    def new_ids(self, asked: bool) -> tuple[list[int] | None, list[int] | None]:
+        """(the prompt's ids on the choice's first chunk, the ids since the last chunk), when
+        ``asked`` (return_token_ids); (None, None) otherwise."""
+        if not asked:
+            return None, None
+        prompt = list(self.prompt_token_ids) if self.num_ids_sent == 0 else None
+        new, self.num_ids_sent = self.token_ids[self.num_ids_sent :], len(self.token_ids)
+        return prompt, new
 
     def add_logprobs(self, new: Sequence[TokenLogprob]) -> None:
         if self.logprobs is None:
@@ -80,9 +88,10 @@ class ChatFormatter:
 
     id_prefix = "chatcmpl"
 
-    def __init__(self, tool_mode: ToolMode | None = None, echo: str = "") -> None:
+    def __init__(self, tool_mode: ToolMode | None = None, echo: str = "", return_token_ids: bool = False) -> None:
         self.tool_mode = tool_mode
         self.echo = echo
+        self.return_token_ids = return_token_ids
         self._num_sent: dict[int, int] = {}  # choice -> characters of its text streamed so far
 
     def opening(self, request_id: str, model: str, index: int) -> ChatCompletionChunk:
@@ -93,8 +102,11 @@ class ChatFormatter:
         delta, finish_reason = ChunkDelta(content=text or None), result.finish_reason
         if self.tool_mode is not None:
             delta, finish_reason = self._tool_delta(result)
-        choice = ChunkChoice(index=result.index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
-        return _chat_chunk(request_id, model, [choice])
+        prompt_ids, ids = result.new_ids(self.return_token_ids)
+        choice = ChunkChoice(index=result.index, delta=delta, finish_reason=finish_reason, logprobs=logprobs, token_ids=ids)
+        chunk = _chat_chunk(request_id, model, [choice])
+        chunk.prompt_token_ids = prompt_ids
+        return chunk
 
     def usage_chunk(self, request_id: str, model: str, usage: Usage) -> ChatCompletionChunk:
         return _chat_chunk(request_id, model, [], usage)
@@ -109,10 +121,11 @@ class ChatFormatter:
                 content = self.echo + parsed.content if parsed.content is not None else self.echo or None
                 message = AssistantMessage(content=content, tool_calls=calls)
                 finish_reason = parsed.finish_reason or finish_reason
-            out.append(
-                ChatChoice(index=c.index, message=message, finish_reason=finish_reason, logprobs=_chat_logprobs(c, len(c.logprobs or ())))
-            )
-        return ChatCompletionResponse(id=request_id, created=int(time.time()), model=model, choices=out, usage=usage)
+            logprobs, ids = _chat_logprobs(c, len(c.logprobs or ())), c.token_ids if self.return_token_ids else None
+            out.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason, logprobs=logprobs, token_ids=ids))
+        prompt_ids = list(choices[0].prompt_token_ids) if self.return_token_ids and choices else None
+        created = int(time.time())
+        return ChatCompletionResponse(id=request_id, created=created, model=model, choices=out, usage=usage, prompt_token_ids=prompt_ids)
 
     def _tool_delta(self, result: ChoiceResult) -> tuple[ChunkDelta, str | None]:
         """What of the output may go out now: content, a named call's arguments, and at the end
@@ -143,12 +156,17 @@ class ChatFormatter:
 class CompletionFormatter:
     id_prefix = "cmpl"
 
+    def __init__(self, return_token_ids: bool = False) -> None:
+        self.return_token_ids = return_token_ids
+
     def opening(self, request_id: str, model: str, index: int) -> None:
         return None
 
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> CompletionResponse:
+        prompt_ids, ids = result.new_ids(self.return_token_ids)
+        logprobs = _completion_logprobs(result, num_new_logprobs)
         choice = CompletionChoice(
-            index=result.index, text=text, finish_reason=result.finish_reason, logprobs=_completion_logprobs(result, num_new_logprobs)
+            index=result.index, text=text, finish_reason=result.finish_reason, logprobs=logprobs, prompt_token_ids=prompt_ids, token_ids=ids
         )
         return CompletionResponse(id=request_id, created=int(time.time()), model=model, choices=[choice])
 
@@ -156,9 +174,15 @@ class CompletionFormatter:
         return CompletionResponse(id=request_id, created=int(time.time()), model=model, choices=[], usage=usage)
 
     def response(self, request_id: str, model: str, choices: list[ChoiceResult], usage: Usage) -> CompletionResponse:
+        asked = self.return_token_ids
         out = [
             CompletionChoice(
-                index=c.index, text=c.text, finish_reason=c.finish_reason or "stop", logprobs=_completion_logprobs(c, len(c.logprobs or ()))
+                index=c.index,
+                text=c.text,
+                finish_reason=c.finish_reason or "stop",
+                logprobs=_completion_logprobs(c, len(c.logprobs or ())),
+                prompt_token_ids=list(c.prompt_token_ids) if asked else None,
+                token_ids=c.token_ids if asked else None,
             )
             for c in choices
         ]

@@ -49,6 +49,7 @@ class ApiRequest:
     continuous_usage: bool = False  # every chunk carries the usage so far
     tool_mode: ToolMode | None = None  # chat only: how the output becomes tool calls
     echo: str = ""  # chat only: text each choice's reply starts with (ChatCompletionRequest.echoed_text)
+    return_token_ids: bool = False  # vLLM's: prompt and output token ids in the response
 
 
 def to_chat_request(
@@ -166,6 +167,7 @@ def _fan_out(
         include_usage=bool(options and options.include_usage),
         continuous_usage=bool(options and options.continuous_usage_stats),
         tool_mode=tool_mode,
+        return_token_ids=request.return_token_ids,
     )
 
 

@@ -126,6 +126,7 @@ class SamplingFields(StructuredRequestFields, UnservedFields):
     """What chat and text completions share: sampling, structured output, streaming and caching
     fields (and vLLM's not served yet, refused: unserved_fields.py)."""
 
+    return_token_ids: bool = Field(False, description="vLLM's: the prompt's and each choice's token ids in the response")
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     temperature: float = Field(1.0, ge=0.0, le=2.0, description=f"0, or anything below {GREEDY_TEMPERATURE_EPS}, samples greedily (argmax)")
@@ -258,6 +259,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     finish_reason: str
     logprobs: ChatLogprobs | None = None
+    token_ids: list[int] | None = None  # return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -267,42 +269,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
-
-
-class DeltaFunction(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class DeltaToolCall(BaseModel):
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: DeltaFunction
-
-
-class ChunkDelta(BaseModel):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
-
-
-class ChunkChoice(BaseModel):
-    index: int
-    delta: ChunkDelta
-    finish_reason: str | None = None
-    logprobs: ChatLogprobs | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    """One server-sent event of a stream; the last one (``include_usage``) has no choices."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids
 
 
 class ModelCard(BaseModel):

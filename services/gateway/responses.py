@@ -141,6 +141,8 @@ def _results(request: ApiRequest) -> dict[int, ChoiceResult]:
 
 def _accumulate(result: ChoiceResult, event: TokenEvent) -> None:
     result.num_tokens += len(event.token_ids)
+    result.token_ids += event.token_ids
+    result.prompt_token_ids = event.prompt_token_ids
     result.text = max(result.text, event.text, key=len)
     result.prompt_tokens, result.cached_tokens = event.prompt_tokens, event.cached_tokens
     result.add_logprobs(event.logprobs)

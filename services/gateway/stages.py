@@ -144,7 +144,7 @@ class Stages:
         chunks = self.stub("decode", route.decode).Decode(
             decode_request, timeout=self.remaining_s(run.deadline), metadata=outgoing_metadata()
         )
-        prompt_tokens = len(prep.prompt_token_ids)
+        prompt_tokens, prompt_token_ids = len(prep.prompt_token_ids), tuple(prep.prompt_token_ids)
         number = 0
         try:
             with self.watchdog.watching(chunks, route.decode) as watch:
@@ -157,7 +157,14 @@ class Stages:
                     finish_reason = chunk.finish_reason or None
                     number += 1
                     yield TokenEvent(
-                        list(chunk.token_ids), chunk.text, chunk.finished, finish_reason, prompt_tokens, cached_tokens, logprobs
+                        list(chunk.token_ids),
+                        chunk.text,
+                        chunk.finished,
+                        finish_reason,
+                        prompt_tokens,
+                        cached_tokens,
+                        logprobs,
+                        prompt_token_ids,
                     )
         except asyncio.CancelledError:
             if watch.fired_alone():  # the watchdog's doing: the node left the cluster

@@ -21,3 +21,4 @@ class TokenEvent:
     prompt_tokens: int
     cached_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the sampling asked for them
+    prompt_token_ids: tuple[int, ...] = ()  # the prompt as the model saw it (one tuple shared by every event)

@@ -21,6 +21,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.token_events import TokenEvent
 
 MESSAGES = [{"role": "user", "content": "hi"}]
+PROMPT_IDS = (11, 12, 13, 14, 15, 16, 17)
 
 
 @dataclass
@@ -66,7 +67,9 @@ class FakePipeline:
                 raise self.error
             text += word
             finished = i == len(self.words) - 1
-            yield TokenEvent([100 + i], text, finished, "stop" if finished else None, prompt_tokens=7, cached_tokens=2)
+            yield TokenEvent(
+                [100 + i], text, finished, "stop" if finished else None, prompt_tokens=7, cached_tokens=2, prompt_token_ids=PROMPT_IDS
+            )
 
 
 def client_for(pipeline: FakePipeline, **kwargs) -> tuple[TestClient, object]:
@@ -118,7 +121,6 @@ def test_malformed_requests_get_a_400_in_openai_error_json(raw, param, text):
         ({"stream_options": {"include_usage": True}}, "stream_options can only be set with stream=true"),
         ({"use_beam_search": True, "n": 2}, "use_beam_search is not supported"),
         ({"prompt_logprobs": 1}, "prompt_logprobs is not supported"),
-        ({"return_token_ids": True}, "return_token_ids is not supported"),
     ],
 )
 def test_fields_whose_meaning_is_not_served_are_refused_never_ignored(route, fields, text):
@@ -350,3 +352,19 @@ def test_a_gateway_whose_block_size_is_not_the_cluster_s_is_not_ready_and_says_w
     pipeline.membership.states["decode@d:1"] = NodeState(NodeInfo("decode@d:1", "decode", "d:1", config=ClusterConfig(32)), 1, 0.0, 0.0)
     ready = http.get("/ready")
     assert ready.status_code == 503 and "block_size 16 is not the cluster's (16, 32)" in ready.json()["status"]
+
+
+def test_return_token_ids_gives_the_prompts_and_each_choices_ids_streamed_or_not():
+    http, _ = client_for(FakePipeline())
+    chat = http.post("/v1/chat/completions", json={"messages": MESSAGES, "return_token_ids": True}).json()
+    assert chat["prompt_token_ids"] == list(PROMPT_IDS) and chat["choices"][0]["token_ids"] == [100, 101, 102]
+    plain = http.post("/v1/chat/completions", json={"messages": MESSAGES}).json()
+    assert plain["prompt_token_ids"] is None and plain["choices"][0]["token_ids"] is None
+    text = http.post("/v1/completions", json={"prompt": "hi", "return_token_ids": True}).json()["choices"][0]
+    assert text["prompt_token_ids"] == list(PROMPT_IDS) and text["token_ids"] == [100, 101, 102]
+    for route, body in (("/v1/chat/completions", {"messages": MESSAGES}), ("/v1/completions", {"prompt": "hi"})):
+        lines = http.post(route, json={**body, "stream": True, "return_token_ids": True}).text.splitlines()
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        ids = [i for c in chunks for choice in c["choices"] for i in (choice.get("token_ids") or [])]
+        prompts = [c.get("prompt_token_ids") or choice.get("prompt_token_ids") for c in chunks for choice in c["choices"]]
+        assert ids == [100, 101, 102] and [p for p in prompts if p] == [list(PROMPT_IDS)], route

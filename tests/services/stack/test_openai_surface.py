@@ -246,3 +246,11 @@ def test_metrics_carry_vllms_names_with_the_model_name(stack):
         assert families[name].type == kind and {s.labels["model_name"] for s in families[name].samples} == {"tiny"}, name
     generated = next(s.value for s in families["tessera:generation_tokens"].samples if s.name.endswith("_total"))
     assert generated >= 12 and "process_resident_memory_bytes" in families
+
+
+def test_return_token_ids_are_the_prompt_and_output_transformers_sees_and_makes(stack, oracle):
+    case = chat_case(png(70, 56, 8), "Which shapes are there?")
+    reply = greedy_chat(stack, case.body["messages"], extra_body={"return_token_ids": True, "ignore_eos": True})
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    assert reply.model_extra["prompt_token_ids"] == list(inputs.token_ids)
+    assert reply.choices[0].model_extra["token_ids"] == list(oracle.generate(inputs, 12).token_ids)
