@@ -3,8 +3,9 @@
 Per batch of Encode calls (the servicer batches concurrent calls, services/encoder/batching.py):
 on the event loop, await the pixels of every image the cache lacks from the data-plane inbox (the
 preprocess node pushed them, unless its sender-cache mirror said we already had them); then, on
-the compute thread, for each call's items: cache hit -> ship; else its pixels -> one vision-tower
-pass over every new image of the batch -> cache -> ship each call's embeddings to its own target.
+the compute thread, for each call's items: cache hit -> ship; else its pixels -> vision-tower
+passes over every new image of the batch (one pass while they fit MAX_PASS_ROWS embedding rows;
+a long clip's groups split over several) -> cache -> ship each call's embeddings to its target.
 Batches run one at a time, so the cache the loop reads is the one the compute thread leaves.
 Items with neither embeddings nor pixels are reported missing; the caller resends pixels and
 retries. The cache is an EncoderCacheManager whose entries are never referenced between calls, so
@@ -35,6 +36,9 @@ from shared.node_metrics import Counter, Gauge, counter, gauge
 from shared.types import MmHash
 
 _OWNER = "encoder"
+
+# Embedding rows per vision-tower pass: a bound on one pass's activations, far above one image.
+MAX_PASS_ROWS = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,7 @@ class EncoderNode:
         device: str = "cpu",
         prepack: bool = False,
         pixel_wait_s: float = 2.0,
+        max_pass_rows: int = MAX_PASS_ROWS,
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
@@ -104,6 +109,7 @@ class EncoderNode:
         self.publisher = publisher
         self.num_pending = 0  # Encode calls queued or running: this node's load
         self.num_batches = 0  # vision-tower passes
+        self.max_pass_rows = max_pass_rows
         self.metrics = self._metrics()
 
     def _metrics(self) -> EncoderMetrics:
@@ -205,12 +211,15 @@ class EncoderNode:
         return encoded, failed
 
     def _run_tower(self, mm_hashes: list[MmHash], to_encode: dict[MmHash, tuple[EncodeItem, torch.Tensor]]) -> dict[MmHash, torch.Tensor]:
-        if not mm_hashes:
-            return {}
-        pixels = [to_encode[h][1] for h in mm_hashes]
-        outputs = self.vision.encode(pixels, [to_encode[h][0].grid_thw for h in mm_hashes])
-        self.num_batches += 1
-        return dict(zip(mm_hashes, outputs))
+        """Passes of at most ``max_pass_rows`` embedding rows each (an item larger alone gets a
+        pass of its own): a long clip's groups, or a large batch, never in one pass whose
+        activations grow with the whole call."""
+        encoded: dict[MmHash, torch.Tensor] = {}
+        for run in _passes(mm_hashes, lambda h: to_encode[h][0].num_embeds, self.max_pass_rows):
+            outputs = self.vision.encode([to_encode[h][1] for h in run], [to_encode[h][0].grid_thw for h in run])
+            self.num_batches += 1
+            encoded.update(zip(run, outputs))
+        return encoded
 
     def _cache(self, mm_hash: MmHash, embeds: torch.Tensor, grid_thw: tuple[int, int, int]) -> None:
         if not self.cache.can_allocate(embeds.shape[0]):
@@ -231,6 +240,19 @@ class EncoderNode:
         self.compute.close()
         self.inbox.close()
         self.sender.close()
+
+
+def _passes(mm_hashes: list[MmHash], rows_of, max_rows: int) -> list[list[MmHash]]:
+    passes: list[list[MmHash]] = []
+    num_rows = 0
+    for mm_hash in mm_hashes:
+        rows = rows_of(mm_hash)
+        if not passes or num_rows + rows > max_rows:
+            passes.append([])
+            num_rows = 0
+        passes[-1].append(mm_hash)
+        num_rows += rows
+    return passes
 
 
 def _plan_call(

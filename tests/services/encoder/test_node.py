@@ -1,6 +1,7 @@
-"""The encoder node runs a batch of calls as one vision-tower pass: each call gets its own
-images' embeddings (as if encoded alone), an image two calls share is encoded once, and an input
-that breaks the tower fails only the call that brought it."""
+"""The encoder node runs a batch of calls as one vision-tower pass while it fits the pass bound
+(past it, in several passes): each call gets its own images' embeddings (as if encoded alone),
+an image two calls share is encoded once, and an input that breaks the tower fails only the call
+that brought it."""
 
 from __future__ import annotations
 
@@ -65,3 +66,15 @@ def test_pixels_that_break_the_tower_fail_only_their_own_call(setup):
     assert results[0].num_encoded == 1 and isinstance(results[1], Exception)
     assert sinks[0].wait(good.mm_hash, 5) is not None
     assert encoder.vision.num_items_encoded == 1  # the shared pass failed; the good image then ran alone
+
+
+def test_a_call_larger_than_one_pass_is_encoded_in_passes_each_within_the_bound(tiny_model, setup):
+    _, preprocess, sinks = setup
+    encoder = EncoderNode(tiny_model, data_bind="tcp://127.0.0.1:0", cache_tokens=4096, pixel_wait_s=1.0, max_pass_rows=10)
+    try:
+        items = [push(preprocess, encoder, 10 + i, (56, 84))[0] for i in range(3)]  # 6 rows each
+        [result] = asyncio.run(encoder.encode_batch([(items, sinks[0].address)]))
+        assert result.num_encoded == 3 and encoder.num_batches == 3  # 6 + 6 > 10: a pass each
+        assert all(sinks[0].wait(item.mm_hash, 5).tensors["embeds"].shape[0] == item.num_embeds for item in items)
+    finally:
+        encoder.close()
