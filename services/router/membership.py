@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shared.index.reader import IndexReader
 from shared.index.types import IndexUnavailableError, NodeInfo, NodeState
@@ -43,11 +43,13 @@ class NodeWork:
     num_calls: int = 0  # requests routed there whose call there has not ended
     num_local_encodes: int = 0  # a prefill node's encodes of its own requests' images
     num_pending_tokens: int = 0  # prompt tokens routed to a prefill node, not yet prefilled
+    num_encode_tokens: int = 0  # image tokens sent to an encoder to encode, not yet encoded
 
     def add(self, other: NodeWork, sign: int = 1) -> None:
         self.num_calls += sign * other.num_calls
         self.num_local_encodes += sign * other.num_local_encodes
         self.num_pending_tokens += sign * other.num_pending_tokens
+        self.num_encode_tokens += sign * other.num_encode_tokens
 
 
 class Membership:
@@ -186,13 +188,20 @@ class Membership:
     def work_on(self, address: str) -> NodeWork:
         """A copy of this gateway's work in flight on ``address``."""
         work = self._address_to_work.get(address)
-        return NodeWork() if work is None else NodeWork(work.num_calls, work.num_local_encodes, work.num_pending_tokens)
+        return NodeWork() if work is None else replace(work)
 
-    def in_flight(self, *addresses: str, local_encodes: Iterable[str] = (), pending_tokens: Mapping[str, int] | None = None) -> InFlight:
+    def in_flight(
+        self,
+        *addresses: str,
+        local_encodes: Iterable[str] = (),
+        pending_tokens: Mapping[str, int] | None = None,
+        encode_tokens: Mapping[str, int] | None = None,
+    ) -> InFlight:
         """Count this gateway's work until released (a load signal): a call on each of
-        ``addresses``, a local encode on each of ``local_encodes``, and ``pending_tokens`` (address
-        -> prompt tokens to prefill there). Use it as a context manager, or release it by hand when
-        the work ends elsewhere."""
+        ``addresses``, a local encode on each of ``local_encodes``, ``pending_tokens`` (address
+        -> prompt tokens to prefill there) and ``encode_tokens`` (address -> image tokens to
+        encode there). Use it as a context manager, or release it by hand when the work ends
+        elsewhere."""
         counted: dict[str, NodeWork] = {}
         for address in addresses:
             counted.setdefault(address, NodeWork()).num_calls += 1
@@ -200,6 +209,8 @@ class Membership:
             counted.setdefault(address, NodeWork()).num_local_encodes += 1
         for address, num_tokens in (pending_tokens or {}).items():
             counted.setdefault(address, NodeWork()).num_pending_tokens += num_tokens
+        for address, num_tokens in (encode_tokens or {}).items():
+            counted.setdefault(address, NodeWork()).num_encode_tokens += num_tokens
         self._count(counted, 1)
         return InFlight(self, counted)
 

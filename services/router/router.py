@@ -141,9 +141,12 @@ class Router:
         mm_hashes = [h for h, _ in snapshot.images]
         pending = {route.prefill: max(0, len(token_ids) - route.prefix_tokens_by_node.get(route.prefill, 0))}
         local = [route.prefill] if route.local_encode else []
-        in_flight = self.membership.in_flight(*work_addresses(route, mm_hashes), local_encodes=local, pending_tokens=pending)
         needed = route.images_on_encoder | route.images_on_prefill | route.image_to_source.keys() | route.images_covered
         new = [h for h in mm_hashes if h not in needed]
+        encode_tokens = {route.encoder: sum(snapshot.image_tokens[h] for h in set(new) if h not in route.local_encode)}
+        in_flight = self.membership.in_flight(
+            *work_addresses(route, mm_hashes), local_encodes=local, pending_tokens=pending, encode_tokens=encode_tokens
+        )
         end_encodes = self.pending_encodes.begin({h: route.prefill if h in route.local_encode else route.encoder for h in new})
         return replace(route, reservation=Reservation(in_flight, end_encodes))
 
@@ -198,6 +201,7 @@ class Router:
             busy=work.num_local_encodes,
             queue=work.num_calls,
             pending_tokens=work.num_pending_tokens,
+            encode_tokens=work.num_encode_tokens,
         )
 
 

@@ -2,7 +2,7 @@
 
 For each candidate node n of a role:
 
-    score(n) = cached_tokens(n) - LOAD_WEIGHT * load(n) - KV_WEIGHT * kv_usage(n)
+    score(n) = cached_tokens(n) - LOAD_WEIGHT * load(n) - KV_WEIGHT * kv_usage(n) - encode_tokens(n)
 
   cached_tokens(n)  work n already holds for this request, in tokens:
                       encoder: sum of the embedding rows of the request's images n holds
@@ -11,6 +11,9 @@ For each candidate node n of a role:
                                that prefix covers (never encoded: coverage.py) or one whose
                                embeddings n holds
   load(n)           requests queued or running on n (from its heartbeat)
+  encode_tokens(n)  an encoder's image tokens this gateway sent it to encode, not yet encoded:
+                    a node already encoding big images is charged for them in the tokens
+                    cached_tokens counts in, not only as one request each
   kv_usage(n)       fraction of n's KV pages in use, 0..1
   LOAD_WEIGHT       tokens of work one queued request is worth (a full prefill of a typical
                     prompt): a node with 2 more queued requests must hold 2*LOAD_WEIGHT more
@@ -106,6 +109,7 @@ class Candidate:
     busy: float = 0.0  # a prefill node's busy(p) of the adaptive dispatch rule
     queue: float = 0.0  # an encoder's queue(e) of the adaptive dispatch rule
     pending_tokens: float = 0.0  # a prefill node's pending(p) of the adaptive dispatch rule
+    encode_tokens: float = 0.0  # an encoder's image tokens this gateway sent it, not yet encoded
 
 
 def within_pin_slack(holder: Candidate, candidates: Sequence[Candidate]) -> bool:
@@ -113,7 +117,7 @@ def within_pin_slack(holder: Candidate, candidates: Sequence[Candidate]) -> bool
 
 
 def score(candidate: Candidate, cached_tokens: int) -> float:
-    return cached_tokens - LOAD_WEIGHT * candidate.load - KV_WEIGHT * candidate.kv_usage
+    return cached_tokens - LOAD_WEIGHT * candidate.load - KV_WEIGHT * candidate.kv_usage - candidate.encode_tokens
 
 
 def default_encode_dispatch(cores_shared: bool) -> EncodeDispatch:

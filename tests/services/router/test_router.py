@@ -389,3 +389,11 @@ def test_an_image_the_prefill_prefix_covers_is_neither_encoded_shipped_nor_pendi
     route.reservation.release()
     cut = index_holding({"prefill@p:1": [0, 1, 2, 3]})
     assert asyncio.run(router_over(cut).route(TOKENS, [IMAGE])).images_covered == frozenset()
+
+
+def test_a_route_counts_its_new_images_tokens_on_the_encoder_until_released():
+    router = router_over(index_holding({}))
+    route = asyncio.run(router.route(TOKENS, [IMAGE], reserve=True))
+    assert router.membership.work_on(route.encoder).num_encode_tokens == IMAGE[1].length
+    route.reservation.release()
+    assert router.membership.work_on(route.encoder).num_encode_tokens == 0

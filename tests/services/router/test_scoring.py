@@ -12,6 +12,7 @@ from services.router.scoring import (
     image_tokens_per_node,
     prefill_tokens_per_node,
     prefix_tokens_per_node,
+    score,
 )
 from shared.types import PlaceholderRange
 
@@ -87,3 +88,10 @@ def test_a_prefill_node_is_credited_each_tower_run_it_saves_once():
     assert prefill_tokens_per_node({"p3": 32}, {}, images) == {"p3": 52}
     assert prefill_tokens_per_node({"p4": 29}, {}, images) == {"p4": 29}  # x cut at 29: not covered
     assert prefill_tokens_per_node({}, {}, images) == {}
+
+
+def test_an_encoder_already_encoding_big_images_is_charged_their_tokens():
+    big = Candidate("e1", load=1, kv_usage=0.0, encode_tokens=1000)
+    small = Candidate("e2", load=2, kv_usage=0.0, encode_tokens=20)
+    assert score(big, 0) < score(small, 0)  # one request of big images weighs more than two small
+    assert score(Candidate("e3", load=1, kv_usage=0.0), 0) - score(big, 0) == 1000
