@@ -106,7 +106,8 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         )
         ticket = admission.admit(len(api_request.generations))
         media = await _admit_media(state, api_request, ticket)
-        response = await respond(state, api_request, CompletionFormatter(api_request.return_token_ids), ticket, media)
+        echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
+        response = await respond(state, api_request, CompletionFormatter(api_request.return_token_ids, echoes), ticket, media)
         response.headers.update(ignored)
         return response
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from services.gateway.media_fields import MmProcessorKwargs, VideoRef, needs_source_or_uuid
 from services.gateway.protocol import INT32_MAX, MAX_LOGPROBS, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
@@ -55,19 +55,14 @@ class CompletionRequest(SamplingFields):
     multi_modal_data: MultiModalData | None = None
     mm_processor_kwargs: MmProcessorKwargs | None = Field(None, description="the video sampler's and processor's settings")
     max_tokens: int | None = Field(16, ge=1, le=INT32_MAX, description="16 by default, as in OpenAI's API")
-    echo: bool = False
+    echo: bool = Field(False, description="each choice's text starts with its prompt (as vLLM: token ids detokenized)")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="the sampled token's logprob and this many alternatives")
     suffix: None = Field(None, description="not supported")
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise ValueError("echo is not supported")
-        return echo
-
     @model_validator(mode="after")
     def _images_need_one_prompt(self) -> CompletionRequest:
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported yet (it needs the prompt's logprobs)")
         if self.multi_modal_data is not None and len(self.prompts()) != 1:
             raise ValueError("multi_modal_data needs a single prompt (its images fill that prompt's placeholders)")
         return self

@@ -154,10 +154,17 @@ class ChatFormatter:
 
 
 class CompletionFormatter:
+    """``echoes``: each prompt's text, by prompt index, that its choices start with (``echo``)."""
+
     id_prefix = "cmpl"
 
-    def __init__(self, return_token_ids: bool = False) -> None:
+    def __init__(self, return_token_ids: bool = False, echoes: Sequence[str] = ()) -> None:
         self.return_token_ids = return_token_ids
+        self.echoes = echoes
+        self._echoed: set[int] = set()  # choices whose stream carried their echo
+
+    def _echo(self, result: ChoiceResult) -> str:
+        return self.echoes[result.prompt_index] if self.echoes else ""
 
     def opening(self, request_id: str, model: str, index: int) -> None:
         return None
@@ -165,6 +172,9 @@ class CompletionFormatter:
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> CompletionResponse:
         prompt_ids, ids = result.new_ids(self.return_token_ids)
         logprobs = _completion_logprobs(result, num_new_logprobs)
+        if self.echoes and result.index not in self._echoed:
+            self._echoed.add(result.index)
+            text = self._echo(result) + text
         choice = CompletionChoice(
             index=result.index, text=text, finish_reason=result.finish_reason, logprobs=logprobs, prompt_token_ids=prompt_ids, token_ids=ids
         )
@@ -178,7 +188,7 @@ class CompletionFormatter:
         out = [
             CompletionChoice(
                 index=c.index,
-                text=c.text,
+                text=self._echo(c) + c.text,
                 finish_reason=c.finish_reason or "stop",
                 logprobs=_completion_logprobs(c, len(c.logprobs or ())),
                 prompt_token_ids=list(c.prompt_token_ids) if asked else None,

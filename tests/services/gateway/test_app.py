@@ -368,3 +368,17 @@ def test_return_token_ids_gives_the_prompts_and_each_choices_ids_streamed_or_not
         ids = [i for c in chunks for choice in c["choices"] for i in (choice.get("token_ids") or [])]
         prompts = [c.get("prompt_token_ids") or choice.get("prompt_token_ids") for c in chunks for choice in c["choices"]]
         assert ids == [100, 101, 102] and [p for p in prompts if p] == [list(PROMPT_IDS)], route
+
+
+def test_completions_echo_starts_each_choice_with_its_prompt_streamed_or_not():
+    http, _ = client_for(FakePipeline())
+    body = {"prompt": ["Say", "Tell"], "echo": True, "max_tokens": 3}
+    texts = [c["text"] for c in http.post("/v1/completions", json=body).json()["choices"]]
+    assert texts == ["SayHello there friend", "TellHello there friend"]
+    lines = http.post("/v1/completions", json={**body, "stream": True}).text.splitlines()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    streamed = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
+    assert [streamed[i] for i in sorted(streamed)] == texts

@@ -103,7 +103,7 @@ def test_completion_prompts_become_prompt_inputs_numbered_prompt_major():
 @pytest.mark.parametrize(
     "body,param,text",
     [
-        ({"prompt": "a", "echo": True}, "echo", "not supported"),
+        ({"prompt": "a", "echo": True, "logprobs": 1}, None, "echo with logprobs is not supported"),
         ({"prompt": "a", "logprobs": 21}, "logprobs", "less than or equal to 20"),
         ({"prompt": ["a", "b"], "multi_modal_data": {"image": "data:x"}}, None, "single prompt"),
         ({"prompt": [-1]}, None, "greater than or equal to 0"),

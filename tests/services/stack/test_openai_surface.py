@@ -254,3 +254,13 @@ def test_return_token_ids_are_the_prompt_and_output_transformers_sees_and_makes(
     inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
     assert reply.model_extra["prompt_token_ids"] == list(inputs.token_ids)
     assert reply.choices[0].model_extra["token_ids"] == list(oracle.generate(inputs, 12).token_ids)
+
+
+def test_completions_echo_prepends_the_prompt_text_or_its_detokenized_ids(stack):
+    client = client_for(stack)
+    plain = client.completions.create(model="tiny", prompt="The sky is", max_tokens=4, temperature=0)
+    echoed = client.completions.create(model="tiny", prompt="The sky is", max_tokens=4, temperature=0, echo=True)
+    assert echoed.choices[0].text == "The sky is" + plain.choices[0].text
+    ids = httpx.post(root_url(stack) + "/tokenize", json={"model": "tiny", "prompt": "The sky is"}).json()["tokens"]
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0, echo=True)
+    assert by_ids.choices[0].text == echoed.choices[0].text
