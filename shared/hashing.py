@@ -96,26 +96,6 @@ def mm_hash_of_pixels(
     return MmHash(hasher.hexdigest())
 
 
-def mm_hash_of_stable_id(
-    *,
-    model_id: str,
-    modality: str,
-    stable_id: str,
-    processor_kwargs: Mapping[str, object],
-) -> MmHash:
-    """mm_hash of an item named by a client-supplied stable id instead of its pixels."""
-    return MmHash(
-        digest_hex(
-            {
-                "model_id": model_id,
-                "modality": modality,
-                "content": {"kind": "stable_id", "id": stable_id},
-                "processor_kwargs": dict(processor_kwargs),
-            }
-        )
-    )
-
-
 def mm_hash_of_video(
     *,
     model_id: str,
@@ -124,7 +104,7 @@ def mm_hash_of_video(
     decoder: str,
 ) -> MmHash:
     """A video clip's identity before it is decoded: the model, its source (``{"kind": "file",
-    "digest": blake3 of the encoded bytes}`` or a client's ``{"kind": "stable_id", "id": ...}``),
+    "digest": blake3 of the encoded bytes}``, also for a clip named by a client uuid bound to them),
     every sampler and processor setting, and the decoder that turns the bytes into frames. It
     names the clip's list of temporal groups; each group's own mm_hash (``mm_hash_of_pixels`` of
     its processed pixels) is what caches and the index hold."""

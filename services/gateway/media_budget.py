@@ -101,7 +101,7 @@ class MediaBudget:
         return self.tokens_per_encoder * max(1, self._num_encoders())
 
     async def admit(self, prompts: list[pb.PromptInput]) -> MediaTicket:
-        if not self.tokens_per_encoder or not any(any(True for _ in prompt_images(p)) for p in prompts):
+        if not self.tokens_per_encoder or all(next(prompt_images(p), None) is None for p in prompts):
             return MediaTicket(None, 0)
         if self._cost is None:  # once; a failure here fails over like any preprocess call
             self._cost = cost_model_from_json(await self._fetch_cost_json())

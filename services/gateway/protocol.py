@@ -7,9 +7,10 @@ names them in the ``tessera-ignored-fields`` response header (ignored_fields.py)
 but whose value it cannot honour is a 400 that says so.
 
 Image content parts are OpenAI's ``image_url`` (a URL string or ``{"url": ...}``) and the bare
-base64 ``image`` part; either may carry a client ``uuid`` that names the image instead of its
-pixels. Video parts are vLLM's ``video_url`` (media_fields.py). The preprocess role checks what
-only it can: media only in user messages, their limits, the images and videos themselves.
+base64 ``image`` part; either may carry a client ``uuid``, an alias bound to the bytes first sent
+with it (``image_url`` null: the bound image; services/preprocess/media_uuids.py). Video parts
+are vLLM's ``video_url`` (media_fields.py). The preprocess role checks what only it can: media
+only in user messages, their limits, the images and videos themselves.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ class Role(StrEnum):
 @dataclass(frozen=True, slots=True)
 class ImageInput:
     """One image: its encoded bytes, or a reference (a data: URL, http(s), file:// or an
-    absolute path, bare base64); ``uuid``, when given, is its identity (nothing is decoded to name
-    it)."""
+    absolute path, bare base64), or neither with a ``uuid`` alone; a ``uuid`` is an alias bound to
+    the bytes first sent with it (media_uuids.py)."""
 
     data: bytes | None = None
     url: str | None = None
@@ -35,7 +35,7 @@ class ImageInput:
 @dataclass(frozen=True, slots=True)
 class VideoInput:
     """One video clip: its encoded bytes, or a reference (a data: URL, http(s), file:// or an
-    absolute path); ``uuid``, when given, names the clip in place of its bytes' digest."""
+    absolute path), or neither with a ``uuid`` alone, bound as an image's is (media_uuids.py)."""
 
     data: bytes | None = None
     url: str | None = None

@@ -91,7 +91,7 @@ class VideoPipeline:
         else:
             data = self.read(video, fetched)
             digest = blake3.blake3(data).hexdigest()
-            if video.uuid is not None and self.uuids.bound_to(video.uuid, digest, "video") is None:
+            if video.uuid is not None:  # one call: binds a free uuid, raises the conflict of a bound one
                 self.uuids.bind(video.uuid, ContentBinding(digest, len(data)), "video")
         content = {"kind": "file", "digest": digest}
         return mm_hash_of_video(model_id=self.model_id, content=content, processor_kwargs=kwargs, decoder=DECODER_NAME), data

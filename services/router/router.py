@@ -129,7 +129,8 @@ class Router:
         holders = snapshot.mm_holders
         held = frozenset(h for h, _ in snapshot.images if encoder in holders.get(h, ()))
         on_prefill = frozenset(h for h, _ in snapshot.images if prefill in holders.get(h, ()))
-        new = [h for h, _ in snapshot.images if h not in held | on_prefill | covered and h not in shipped]
+        skipped = held | on_prefill | covered | shipped.keys()
+        new = [h for h, _ in snapshot.images if h not in skipped]
         local = self._local_encode(new, snapshot.image_tokens, _find(snapshot.encoders, encoder), _find(snapshot.prefills, prefill))
         self.num_images_covered += len(covered)
         prefix = dict(snapshot.prefix_tokens)

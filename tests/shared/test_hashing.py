@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from shared.hashing import canonical_bytes, digest_hex, mm_hash_of_pixels, mm_hash_of_stable_id
+from shared.hashing import canonical_bytes, digest_hex, mm_hash_of_pixels
 
 KWARGS = {"min_pixels": 3136, "max_pixels": 12845056, "merge_size": 2}
 
@@ -51,14 +51,6 @@ def test_mm_hash_differs_for_different_pixels_model_kwargs_mode_or_size():
     assert _pixels_hash(pixels, kwargs={**KWARGS, "max_pixels": 1003520}) != base
     assert _pixels_hash(pixels, size=(2, 4)) != base
     assert _pixels_hash(pixels, mode="RGBX", size=(3, 2)) != base
-
-
-def test_stable_id_hash_is_distinct_from_pixel_hash_and_per_id():
-    a = mm_hash_of_stable_id(model_id="m", modality="image", stable_id="img-1", processor_kwargs=KWARGS)
-    b = mm_hash_of_stable_id(model_id="m", modality="image", stable_id="img-2", processor_kwargs=KWARGS)
-    assert a != b
-    assert a == mm_hash_of_stable_id(model_id="m", modality="image", stable_id="img-1", processor_kwargs=KWARGS)
-    assert len(a) == 64 and int(a, 16) >= 0
 
 
 _CHILD = """
