@@ -138,10 +138,7 @@ class ReferenceOracle:
         out = out.pooler_output if hasattr(out, "pooler_output") else out
         return torch.cat(list(out)) if isinstance(out, (list, tuple)) else out
 
-    @torch.inference_mode()
-    def generate(self, inputs: OracleInputs, max_new_tokens: int, **generate_kwargs) -> OracleOutput:
-        """Greedy; ``generate_kwargs`` add transformers' logits processors (repetition_penalty)."""
-        assert self.model is not None
+    def _model_kwargs(self, inputs: OracleInputs) -> dict:
         kwargs = {"input_ids": inputs.input_ids, "attention_mask": torch.ones_like(inputs.input_ids)}
         if inputs.pixel_values is not None and self.model_type == "gemma3":
             kwargs.update(pixel_values=inputs.pixel_values, token_type_ids=inputs.mm_token_type_ids)
@@ -151,6 +148,21 @@ class ReferenceOracle:
                 image_grid_thw=inputs.image_grid_thw,
                 mm_token_type_ids=inputs.mm_token_type_ids,
             )
+        return kwargs
+
+    @torch.inference_mode()
+    def prompt_logprobs(self, inputs: OracleInputs) -> torch.Tensor:
+        """(L - 1, vocab): row i is the log-softmax of the float32 logits that predict prompt
+        token i + 1, from one forward pass over the prompt."""
+        assert self.model is not None
+        logits = self.model(**self._model_kwargs(inputs)).logits[0, :-1].float()
+        return torch.log_softmax(logits, dim=-1)
+
+    @torch.inference_mode()
+    def generate(self, inputs: OracleInputs, max_new_tokens: int, **generate_kwargs) -> OracleOutput:
+        """Greedy; ``generate_kwargs`` add transformers' logits processors (repetition_penalty)."""
+        assert self.model is not None
+        kwargs = self._model_kwargs(inputs)
         out = self.model.generate(
             **kwargs,
             max_new_tokens=max_new_tokens,

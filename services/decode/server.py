@@ -5,7 +5,6 @@ as busy (services/transport/node_admission.py)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 
 from protos.gen import pb, rpc
 from services.decode.job import DecodeFailedError, DecodeJob
@@ -14,7 +13,7 @@ from services.engine.connector import KVPagesExhaustedError
 from services.engine.engine import RequestRejectedError
 from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem
-from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
+from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, token_texts
 from services.transport.convert import item_from_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
@@ -29,11 +28,7 @@ class DecodeServicer(rpc.DecodeServicer):
     def __init__(self, node: DecodeNode, admission: NodeAdmission) -> None:
         self.node = node
         self.admission = admission
-
-    @functools.lru_cache(maxsize=65536)  # noqa: B019 - one servicer per process, lives as long
-    def token_text(self, token_id: int) -> str:
-        """A token's own text, for logprobs (U+FFFD when the token is part of a character)."""
-        return self.node.engine.outputs.tokenizer.decode([token_id])
+        self.token_text = token_texts(node.engine.outputs.tokenizer)
 
     async def Decode(self, request: pb.DecodeRequest, context):
         # Refused as busy: the pages the prefill node already pushed for it are not wanted here.

@@ -18,6 +18,7 @@ from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.model_runner import ModelRunner
 from services.engine.output_processor import OutputProcessor, RequestOutput
+from services.engine.prompt_logprobs import record_prompt_logprobs
 from services.engine.request import MmFeature, Request, RequestStatus
 from services.engine.sampling import Sampler, SamplingError
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
@@ -118,6 +119,8 @@ class Engine:
         masks = self.grammars.start_masks([item.request.request_id for item in plan.scheduled])  # beside the forward pass
         allowed_for = functools.cache(masks.result) if masks is not None else None
         sampling = self.runner.execute(plan, self.kv)
+        for rows in sampling.prompt_rows:
+            record_prompt_logprobs(rows, self.runner.decoder.compute_logits)
         chosen = self.sampler.choose(sampling.hidden, sampling.requests, self.runner.decoder, allowed_for)
         token_for, logprobs_for = chosen.token_for, chosen.logprobs_for
         outputs = []

@@ -6,7 +6,7 @@ the Sampler chooses its token, services/engine/sampling.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,6 +16,7 @@ from services.engine.attention_inputs import layer_attention_inputs, new_kv_stor
 from services.engine.config import EngineConfig
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.kv.layout import KVLayout
+from services.engine.prompt_logprobs import PromptRows, prompt_rows_of
 from services.engine.request import Request
 from services.engine.scheduler import SchedulerOutput
 from services.models.checkpoint import COMPUTE_DTYPE, load_weights
@@ -28,6 +29,7 @@ from shared.types import MmHash
 class StepHidden:
     requests: list[Request]  # those that sample this step
     hidden: torch.Tensor  # [len(requests), hidden_size]: each one's last row
+    prompt_rows: list[PromptRows] = field(default_factory=list)  # of requests that ask for prompt logprobs
 
 
 class ModelRunner:
@@ -68,6 +70,7 @@ class ModelRunner:
         positions: list[torch.Tensor | range] = []
         merges: list[tuple[int, torch.Tensor]] = []  # (row in batch, embedding rows)
         sample_rows, sample_requests = [], []
+        prompt_spans: list[tuple[Request, range, int]] = []  # (request, positions predicting a prompt token, first one's row)
         for item in step.scheduled:
             request, start = item.request, item.request.num_computed_tokens
             end = start + item.num_new_tokens
@@ -83,15 +86,18 @@ class ModelRunner:
             if end == request.num_tokens:
                 sample_rows.append(len(token_ids) - 1)
                 sample_requests.append(request)
+            if predicting := prompt_rows_of(request, start, end):
+                prompt_spans.append((request, predicting, row0))
 
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         inputs = self.decoder.prepare_inputs(ids, merges)
         spans = self._image_spans(step) if self.family.bidirectional_images else None
         layer_kv = layer_attention_inputs(step, kv, self.kv_caches, self.backend, self.checkpoint.shape, spans)
         hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
+        prompt_rows = [PromptRows(request, span.start, hidden[row0 : row0 + len(span)]) for request, span, row0 in prompt_spans]
         if not sample_rows:
-            return StepHidden([], torch.empty(0))
-        return StepHidden(sample_requests, hidden[torch.tensor(sample_rows, device=self.device)])
+            return StepHidden([], torch.empty(0), prompt_rows)
+        return StepHidden(sample_requests, hidden[torch.tensor(sample_rows, device=self.device)], prompt_rows)
 
     @staticmethod
     def _image_spans(step: SchedulerOutput) -> list[list[tuple[int, int]]]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from services.engine.detokenizer import IncrementalDetokenizer
 from services.engine.request import Request, RequestStatus
-from services.engine.sampling_params import TokenLogprobs
+from services.engine.sampling_params import PromptTokenLogprobs, TokenLogprobs
 from shared.holdback import num_held_back
 
 
@@ -33,6 +33,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, when asked for
+    # With the first output token, when the sampling asks for them: prompt token i + 1's at i.
+    prompt_logprobs: list[PromptTokenLogprobs] | None = None
 
 
 class OutputProcessor:
@@ -84,11 +86,18 @@ class OutputProcessor:
             num_prompt_tokens=request.num_prompt_tokens,
             num_cached_tokens=request.num_cached_tokens or 0,
             new_logprobs=list(new_logprobs or ()),
+            prompt_logprobs=_first_output_prompt_logprobs(request),
         )
 
     def _decode(self, request: Request) -> str:
         """The output's text without EOS and special tokens, decoded incrementally."""
         return self.detokenizer.text(request.detokenizer, request.output_token_ids)
+
+
+def _first_output_prompt_logprobs(request: Request) -> list[PromptTokenLogprobs] | None:
+    if request.sampling.prompt_logprobs is None or len(request.output_token_ids) != 1:
+        return None
+    return list(request.prompt_logprobs)
 
 
 def releasable(text: str) -> str:

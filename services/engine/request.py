@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.engine.detokenizer import DetokenizerState
-from services.engine.sampling_params import SamplingParams
+from services.engine.sampling_params import PromptTokenLogprobs, SamplingParams
 from shared.hashing import MmSpan, extend_block_hashes
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
@@ -63,6 +63,9 @@ class Request:
     # The item computed elsewhere whose embeddings the scheduler last stopped before, not yet
     # imported (services/prefill/embedding_feed.py brings it); None while nothing is awaited.
     awaiting_import: MmHash | None = None
+    # Entry i: prompt token i + 1's logprobs, filled while the prompt is computed, when the
+    # sampling asks for them (prompt_logprobs.py).
+    prompt_logprobs: list[PromptTokenLogprobs] = field(default_factory=list)
 
     @property
     def num_prompt_tokens(self) -> int:

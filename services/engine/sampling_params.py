@@ -24,6 +24,17 @@ class TokenLogprobs:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptTokenLogprobs:
+    """A prompt token's logprob given the tokens before it, its rank in the vocabulary (1: the
+    most likely) and the most likely alternatives, most likely first."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class StructuredOutput:
     """A constraint on the output's text (compiled in structured_output.py), named as vLLM
     names them: ``json`` (a JSON Schema), ``regex``, ``choice`` (one of a list of strings) and
@@ -45,6 +56,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the sampled token's logprob and the k most likely
+    # None: none; k: each prompt token's logprob (from the second on) and the k most likely. The
+    # prompt is then computed whole: a cached prefix's logits were never kept (as vLLM).
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # 1 disables
@@ -66,6 +80,8 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
                 raise ValueError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {getattr(self, name)}")

@@ -4,8 +4,11 @@ know the engine."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from protos.gen import pb
-from services.engine.sampling_params import SamplingParams, StructuredOutput, TokenLogprobs
+from services.engine.sampling_params import PromptTokenLogprobs, SamplingParams, StructuredOutput, TokenLogprobs
 
 
 def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
@@ -34,6 +37,8 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
         msg.seed = params.seed
     if params.logprobs is not None:
         msg.logprobs = params.logprobs
+    if params.prompt_logprobs is not None:
+        msg.prompt_logprobs = params.prompt_logprobs
     return msg
 
 
@@ -48,6 +53,7 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         stop_token_ids=tuple(msg.stop_token_ids),
         ignore_eos=msg.ignore_eos,
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         presence_penalty=msg.presence_penalty,
         frequency_penalty=msg.frequency_penalty,
         repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
@@ -80,3 +86,25 @@ def logprobs_to_pb(logprobs: TokenLogprobs, token_text=None) -> pb.TokenLogprob:
 
 def logprobs_from_pb(msg: pb.TokenLogprob) -> TokenLogprobs:
     return TokenLogprobs(msg.token_id, msg.logprob, tuple(zip(msg.top_token_ids, msg.top_logprobs)))
+
+
+def prompt_logprobs_to_pb(logprobs: PromptTokenLogprobs, token_text: Callable[[int], str]) -> pb.PromptLogprob:
+    return pb.PromptLogprob(
+        token_id=logprobs.token_id,
+        logprob=logprobs.logprob,
+        rank=logprobs.rank,
+        top_token_ids=[t for t, _ in logprobs.top],
+        top_logprobs=[v for _, v in logprobs.top],
+        token=token_text(logprobs.token_id),
+        top_tokens=[token_text(t) for t, _ in logprobs.top],
+    )
+
+
+def token_texts(tokenizer) -> Callable[[int], str]:
+    """A token's own text, for logprobs (U+FFFD when the token is part of a character); cached,
+    as a node reports the same tokens again and again."""
+    return functools.lru_cache(maxsize=65536)(lambda token_id: tokenizer.decode([token_id]))
+
+
+def prompt_logprobs_from_pb(msg: pb.PromptLogprob) -> PromptTokenLogprobs:
+    return PromptTokenLogprobs(msg.token_id, msg.logprob, msg.rank, tuple(zip(msg.top_token_ids, msg.top_logprobs)))

@@ -107,7 +107,8 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         ticket = admission.admit(len(api_request.generations))
         media = await _admit_media(state, api_request, ticket)
         echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
-        response = await respond(state, api_request, CompletionFormatter(api_request.return_token_ids, echoes), ticket, media)
+        formatter = CompletionFormatter(api_request.return_token_ids, echoes, echo_only=request.echo_only)
+        response = await respond(state, api_request, formatter, ticket, media)
         response.headers.update(ignored)
         return response
 

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from services.gateway.media_fields import MmProcessorKwargs, VideoRef, needs_source_or_uuid
+from services.gateway.prompt_logprobs import PromptLogprobsWire
 from services.gateway.protocol import INT32_MAX, MAX_LOGPROBS, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
 
 MAX_PROMPTS = 16
@@ -54,21 +55,34 @@ class CompletionRequest(SamplingFields):
     )
     multi_modal_data: MultiModalData | None = None
     mm_processor_kwargs: MmProcessorKwargs | None = Field(None, description="the video sampler's and processor's settings")
-    max_tokens: int | None = Field(16, ge=1, le=INT32_MAX, description="16 by default, as in OpenAI's API")
-    echo: bool = Field(False, description="each choice's text starts with its prompt (as vLLM: token ids detokenized)")
+    max_tokens: int | None = Field(16, ge=0, le=INT32_MAX, description="16 by default, as in OpenAI's API; 0 only with echo")
+    echo: bool = Field(
+        False, description="each choice's text starts with its prompt (as vLLM: token ids detokenized), and with logprobs its logprobs"
+    )
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="the sampled token's logprob and this many alternatives")
     suffix: None = Field(None, description="not supported")
 
     @model_validator(mode="after")
     def _images_need_one_prompt(self) -> CompletionRequest:
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported yet (it needs the prompt's logprobs)")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 needs echo=true (it scores the prompt and generates nothing)")
         if self.multi_modal_data is not None and len(self.prompts()) != 1:
             raise ValueError("multi_modal_data needs a single prompt (its images fill that prompt's placeholders)")
         return self
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        """As vLLM: ``prompt_logprobs``, or with ``echo`` the logprobs count."""
+        if self.prompt_logprobs is not None or not self.echo:
+            return self.prompt_logprobs
+        return self.logprobs
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with max_tokens 0: the prompt (and its logprobs) alone, nothing generated."""
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         """The batch: one entry per prompt."""
@@ -82,8 +96,8 @@ class CompletionRequest(SamplingFields):
 # -- responses ---------------------------------------------------------------------------------
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
+    token_logprobs: list[float | None]  # None: an echoed prompt's first token
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
 
 
@@ -94,6 +108,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids (a stream's first chunk of the choice)
     token_ids: list[int] | None = None  # return_token_ids: the choice's (a stream's: the chunk's)
+    prompt_logprobs: PromptLogprobsWire | None = None
 
 
 class CompletionResponse(BaseModel):

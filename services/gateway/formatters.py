@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pydantic import BaseModel
 
 from services.gateway.chat_chunks import ChatCompletionChunk, ChunkChoice, ChunkDelta, DeltaFunction, DeltaToolCall
 from services.gateway.completion_protocol import CompletionChoice, CompletionLogprobs, CompletionResponse
+from services.gateway.prompt_logprobs import echoed_logprobs, prompt_logprobs_wire
 from services.gateway.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -25,11 +27,8 @@ from services.gateway.protocol import (
     TopLogprob,
     Usage,
 )
-from services.gateway.token_events import TokenLogprob
+from services.gateway.token_events import PromptLogprobs, TokenLogprob, finite_logprob
 from services.gateway.tool_calls import ToolMode, new_call_id
-
-# JSON has no -inf; OpenAI reports a token the model gives no chance as -9999.
-MIN_LOGPROB = -9999.0
 
 
 @dataclass(slots=True)
@@ -48,6 +47,7 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: tuple[int, ...] = ()
     num_ids_sent: int = 0  # of token_ids, in a stream's chunks so far (return_token_ids)
+    prompt_logprobs: PromptLogprobs | None = None  # when the sampling asked for them
 
     def new_ids(self, asked: bool) -> tuple[list[int] | None, list[int] | None]:
         """(the prompt's ids on the choice's first chunk, the ids since the last chunk), when
@@ -124,8 +124,16 @@ class ChatFormatter:
             logprobs, ids = _chat_logprobs(c, len(c.logprobs or ())), c.token_ids if self.return_token_ids else None
             out.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason, logprobs=logprobs, token_ids=ids))
         prompt_ids = list(choices[0].prompt_token_ids) if self.return_token_ids and choices else None
-        created = int(time.time())
-        return ChatCompletionResponse(id=request_id, created=created, model=model, choices=out, usage=usage, prompt_token_ids=prompt_ids)
+        scored = next((c.prompt_logprobs for c in choices if c.prompt_logprobs is not None), None)
+        return ChatCompletionResponse(
+            id=request_id,
+            created=int(time.time()),
+            model=model,
+            choices=out,
+            usage=usage,
+            prompt_token_ids=prompt_ids,
+            prompt_logprobs=prompt_logprobs_wire(scored) if scored is not None else None,
+        )
 
     def _tool_delta(self, result: ChoiceResult) -> tuple[ChunkDelta, str | None]:
         """What of the output may go out now: content, a named call's arguments, and at the end
@@ -154,13 +162,16 @@ class ChatFormatter:
 
 
 class CompletionFormatter:
-    """``echoes``: each prompt's text, by prompt index, that its choices start with (``echo``)."""
+    """``echoes``: each prompt's text, by prompt index, that its choices start with (``echo``),
+    with its tokens' logprobs first when logprobs are asked for; ``echo_only`` (max_tokens 0):
+    the echo alone, the one token sampled to score the prompt left out."""
 
     id_prefix = "cmpl"
 
-    def __init__(self, return_token_ids: bool = False, echoes: Sequence[str] = ()) -> None:
+    def __init__(self, return_token_ids: bool = False, echoes: Sequence[str] = (), echo_only: bool = False) -> None:
         self.return_token_ids = return_token_ids
         self.echoes = echoes
+        self.echo_only = echo_only
         self._echoed: set[int] = set()  # choices whose stream carried their echo
 
     def _echo(self, result: ChoiceResult) -> str:
@@ -171,9 +182,13 @@ class CompletionFormatter:
 
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> CompletionResponse:
         prompt_ids, ids = result.new_ids(self.return_token_ids)
-        logprobs = _completion_logprobs(result, num_new_logprobs)
-        if self.echoes and result.index not in self._echoed:
+        echoing = bool(self.echoes) and result.index not in self._echoed
+        if echoing:
             self._echoed.add(result.index)
+        if self.echo_only:
+            text, num_new_logprobs = "", 0
+        logprobs = self._logprobs(result, num_new_logprobs, echoing)
+        if echoing:
             text = self._echo(result) + text
         choice = CompletionChoice(
             index=result.index, text=text, finish_reason=result.finish_reason, logprobs=logprobs, prompt_token_ids=prompt_ids, token_ids=ids
@@ -188,15 +203,32 @@ class CompletionFormatter:
         out = [
             CompletionChoice(
                 index=c.index,
-                text=self._echo(c) + c.text,
+                text=self._echo(c) + ("" if self.echo_only else c.text),
                 finish_reason=c.finish_reason or "stop",
-                logprobs=_completion_logprobs(c, len(c.logprobs or ())),
+                logprobs=self._logprobs(c, 0 if self.echo_only else len(c.logprobs or ()), bool(self.echoes)),
                 prompt_token_ids=list(c.prompt_token_ids) if asked else None,
                 token_ids=c.token_ids if asked else None,
+                prompt_logprobs=prompt_logprobs_wire(c.prompt_logprobs) if c.prompt_logprobs is not None else None,
             )
             for c in choices
         ]
         return CompletionResponse(id=request_id, created=int(time.time()), model=model, choices=out, usage=usage)
+
+    def _logprobs(self, result: ChoiceResult, num_last: int, echoing: bool) -> CompletionLogprobs | None:
+        """The last ``num_last`` output logprobs, after the echoed prompt's when ``echoing``."""
+        output = _completion_logprobs(result, num_last)
+        if not echoing or output is None or result.prompt_logprobs is None:
+            return output
+        tokens, values, tops = echoed_logprobs(result.prompt_logprobs)
+        offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0))
+        shift = len(self._echo(result))
+        output_tops = output.top_logprobs or [None] * len(output.tokens)
+        return CompletionLogprobs(
+            tokens=tokens + output.tokens,
+            token_logprobs=values + output.token_logprobs,
+            top_logprobs=tops + [top or {t: v} for top, t, v in zip(output_tops, output.tokens, output.token_logprobs)],
+            text_offset=offsets + [shift + offset for offset in output.text_offset],
+        )
 
 
 def usage_of(choices: list[ChoiceResult]) -> Usage:
@@ -226,9 +258,9 @@ def _chat_logprobs(result: ChoiceResult, num_last: int) -> ChatLogprobs | None:
     content = [
         ChatTokenLogprob(
             token=lp.token,
-            logprob=_finite(lp.logprob),
+            logprob=finite_logprob(lp.logprob),
             bytes=list(lp.token.encode()),
-            top_logprobs=[TopLogprob(token=t, logprob=_finite(v), bytes=list(t.encode())) for t, v in lp.top],
+            top_logprobs=[TopLogprob(token=t, logprob=finite_logprob(v), bytes=list(t.encode())) for t, v in lp.top],
         )
         for lp in picked
     ]
@@ -243,11 +275,7 @@ def _completion_logprobs(result: ChoiceResult, num_last: int) -> CompletionLogpr
     wants_top = any(lp.top for lp in picked)
     return CompletionLogprobs(
         tokens=[lp.token for lp in picked],
-        token_logprobs=[_finite(lp.logprob) for lp in picked],
-        top_logprobs=[{t: _finite(v) for t, v in lp.top} for lp in picked] if wants_top else None,
+        token_logprobs=[finite_logprob(lp.logprob) for lp in picked],
+        top_logprobs=[{t: finite_logprob(v) for t, v in lp.top} for lp in picked] if wants_top else None,
         text_offset=result.text_offsets[start:],
     )
-
-
-def _finite(logprob: float) -> float:
-    return max(logprob, MIN_LOGPROB)

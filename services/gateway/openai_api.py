@@ -101,7 +101,7 @@ def to_completion_request(
         request,
         model,
         prompts,
-        request.max_tokens or 16,
+        16 if request.max_tokens is None else max(request.max_tokens, 1),  # echo alone still runs one step
         tenant,
         fit_max_tokens=request.max_tokens is None,
         structured=request.structured_output(),
@@ -193,6 +193,7 @@ def _sampling(
             stop=request.stop_strings(),
             ignore_eos=request.ignore_eos,
             logprobs=request.num_logprobs(),
+            prompt_logprobs=request.num_prompt_logprobs(),
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             repetition_penalty=given.get("repetition_penalty", request.repetition_penalty),

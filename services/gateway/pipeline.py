@@ -206,7 +206,8 @@ class Pipeline:
                 run.sampling = replace(run.sampling, max_tokens=room)
             param = "messages" if run.prompt.WhichOneof("prompt") == "chat" else "prompt"
             check_context_length(num_prompt_tokens, run.sampling.max_tokens, self.max_model_len, param=param)
-        route, lacking = await self._route(run.prep, run.cache_salt, run.attempts.excluded, number)
+        reuse_prefix = run.sampling.prompt_logprobs is None
+        route, lacking = await self._route(run.prep, run.cache_salt, run.attempts.excluded, number, reuse_prefix)
         return Attempt(run, number, route, run.preprocess_address, run.prep), lacking
 
     async def tokenize(self, prompt: pb.PromptInput) -> pb.PreprocessResponse:
@@ -266,15 +267,21 @@ class Pipeline:
         return nodes[next(self._turns) % len(nodes)].info.grpc_address
 
     async def _route(
-        self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str], attempt: int
+        self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str], attempt: int, reuse_prefix: bool
     ) -> tuple[Route, list[MmHash]]:
         """The route, and the request's images no node it names holds (their pixels must be
-        pushed)."""
+        pushed). ``reuse_prefix``: whether the request can use a cached prefix at all."""
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
         with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
             route = await self.router.route(
-                list(prep.prompt_token_ids), images, cache_salt, block_hashes=hashes, exclude=frozenset(excluded), reserve=True
+                list(prep.prompt_token_ids),
+                images,
+                cache_salt,
+                block_hashes=hashes,
+                exclude=frozenset(excluded),
+                reserve=True,
+                reuse_prefix=reuse_prefix,
             )
             num_prompt_tokens = len(prep.prompt_token_ids)
             span.set_attributes(

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, StringConstraints, field_validator, model
 
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS
 from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart, needs_source_or_uuid
+from services.gateway.prompt_logprobs import PromptLogprobFields, PromptLogprobsWire
 from services.gateway.structured_fields import StructuredRequestFields
 from services.gateway.unserved_fields import UnservedFields
 from services.gateway.wire_base import NonEmptyStr, WireModel
@@ -123,7 +124,7 @@ class StreamOptions(WireModel):
     continuous_usage_stats: bool = Field(False, description="usage (so far) on every chunk, as vLLM sends it")
 
 
-class SamplingFields(StructuredRequestFields, UnservedFields):
+class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobFields):
     """What chat and text completions share: sampling, structured output, streaming and caching
     fields (and vLLM's not served yet, refused: unserved_fields.py)."""
 
@@ -222,6 +223,12 @@ class ChatCompletionRequest(SamplingFields):
         """How many alternatives the sampling reports per token; None: no logprobs."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def num_prompt_logprobs(self) -> int | None:
+        """As vLLM: ``prompt_logprobs``, or with ``echo`` the top_logprobs count."""
+        if self.prompt_logprobs is not None or not self.echo:
+            return self.prompt_logprobs
+        return self.top_logprobs
+
 
 # -- responses ---------------------------------------------------------------------------------
 class PromptTokensDetails(BaseModel):
@@ -271,6 +278,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     prompt_token_ids: list[int] | None = None  # return_token_ids
+    prompt_logprobs: PromptLogprobsWire | None = None
 
 
 class ModelCard(BaseModel):

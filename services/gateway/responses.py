@@ -146,6 +146,8 @@ def _accumulate(result: ChoiceResult, event: TokenEvent) -> None:
     result.text = max(result.text, event.text, key=len)
     result.prompt_tokens, result.cached_tokens = event.prompt_tokens, event.cached_tokens
     result.add_logprobs(event.logprobs)
+    if result.prompt_logprobs is None:
+        result.prompt_logprobs = event.prompt_logprobs
     if event.finished:
         result.finish_reason = event.finish_reason or "stop"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
 import grpc
 from opentelemetry import trace
@@ -23,7 +24,7 @@ from services.gateway.call_watchdog import CallWatchdog
 from services.gateway.errors import GatewayError
 from services.gateway.failures import NodeFailure, classify_rpc_error, remaining_s
 from services.gateway.request_run import Attempt, PixelTarget
-from services.gateway.token_events import TokenEvent, TokenLogprob
+from services.gateway.token_events import PromptLogprobs, PromptTokenLogprob, TokenEvent, TokenLogprob
 from services.router.route import Route
 from services.router.router import Router
 from services.transport.node_error import ErrorKind, node_error_of
@@ -95,7 +96,8 @@ class Stages:
             mm_items=prep.mm_items,
             cache_salt=run.cache_salt or "",
             decode_data_address=await self.data_address("decode", route.decode),
-            sampling=sampling_to_pb(run.sampling),
+            # A migrated request's prompt logprobs were reported with its first token.
+            sampling=sampling_to_pb(replace(run.sampling, prompt_logprobs=None) if run.emitted else run.sampling),
             encoder_address=route.encoder,
             kv_sources=[pb.KVSource(grpc_address=a, num_tokens=n) for a, n in kv_sources(route)],
             prior_output_token_ids=run.emitted,
@@ -145,6 +147,7 @@ class Stages:
             decode_request, timeout=self.remaining_s(run.deadline), metadata=outgoing_metadata()
         )
         prompt_tokens, prompt_token_ids = len(prep.prompt_token_ids), tuple(prep.prompt_token_ids)
+        scored = prompt_logprobs_of(prefill)
         number = 0
         try:
             with self.watchdog.watching(chunks, route.decode) as watch:
@@ -165,6 +168,7 @@ class Stages:
                         cached_tokens,
                         logprobs,
                         prompt_token_ids,
+                        scored if number == 1 else None,
                     )
         except asyncio.CancelledError:
             if watch.fired_alone():  # the watchdog's doing: the node left the cluster
@@ -210,3 +214,14 @@ def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:
     own = route.prefix_tokens_by_node.get(route.prefill, 0)
     better = [(a, n) for a, n in route.prefix_tokens_by_node.items() if a != route.prefill and n > own]
     return sorted(better, key=lambda item: (-item[1], item[0]))[:limit]
+
+
+def prompt_logprobs_of(prefill: pb.PrefillResponse) -> PromptLogprobs | None:
+    """The prompt logprobs a prefill reported (when its sampling asked for them)."""
+    if not prefill.HasField("first_prompt_token"):
+        return None
+    entries = tuple(
+        PromptTokenLogprob(e.token_id, e.token, e.logprob, e.rank, tuple(zip(e.top_token_ids, e.top_tokens, e.top_logprobs)))
+        for e in prefill.prompt_logprobs
+    )
+    return PromptLogprobs(prefill.first_prompt_token, entries)

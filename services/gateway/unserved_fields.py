@@ -12,11 +12,10 @@ from services.gateway.wire_base import WireModel
 
 class UnservedFields(WireModel):
     use_beam_search: bool = Field(False, description="not served yet: true is a 400")
-    prompt_logprobs: int | None = Field(None, description="not served yet: a value is a 400")
 
     @model_validator(mode="after")
     def _unserved(self) -> UnservedFields:
-        asked = {"use_beam_search": self.use_beam_search, "prompt_logprobs": self.prompt_logprobs is not None}
+        asked = {"use_beam_search": self.use_beam_search}
         unserved = [name for name, on in asked.items() if on]
         if unserved:
             raise ValueError(f"{unserved[0]} is not supported by this server yet")

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from services.engine.remote_request import PositionsFn, PromptItem, build_request
 from services.engine.request import Request
-from services.engine.sampling_params import SamplingParams, TokenLogprobs
+from services.engine.sampling_params import PromptTokenLogprobs, SamplingParams, TokenLogprobs
 from services.prefill.kv_pull import KVSource
 from services.transport.addresses import AdvertisedAddress
 from shared.types import BlockHash, MmHash
@@ -50,6 +50,7 @@ class PrefillResult:
     mrope_delta: int
     first_token_logprobs: TokenLogprobs | None = None
     num_pulled_tokens: int = 0  # prompt tokens whose KV came from a peer
+    prompt_logprobs: Sequence[PromptTokenLogprobs] = ()  # when the sampling asked: prompt token i + 1's at i
 
 
 class Upstream(Protocol):

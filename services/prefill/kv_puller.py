@@ -81,7 +81,7 @@ class KVPuller:
         """The pull worth making for ``request``, if any: from the source holding the longest
         prefix beyond ours, when the cost model says pulling beats recomputing."""
         hashes = request.update_block_hashes(self.block_size)
-        if not sources:
+        if not sources or request.sampling.prompt_logprobs is not None:  # it computes its whole prompt
             return None
         source = max(sources, key=lambda s: s.num_tokens)  # a shorter prefix could only save less
         num_local = await asyncio.wrap_future(self.loop.call(lambda engine: connector.num_cached_blocks(engine, hashes)))

@@ -174,7 +174,8 @@ class PrefillNode(EngineNode):
         self.metrics.num_tokens_computed.inc(num_computed)
         self.kv_puller.observe_prefill(time.perf_counter() - launch.started_at, num_computed)
         logprobs = output.new_logprobs[0] if output.new_logprobs else None
-        return PrefillResult(output.new_token_ids[0], output.num_cached_tokens, request.mrope_delta, logprobs, launch.num_pulled)
+        first_token, prompt_logprobs = output.new_token_ids[0], output.prompt_logprobs or ()
+        return PrefillResult(first_token, output.num_cached_tokens, request.mrope_delta, logprobs, launch.num_pulled, prompt_logprobs)
 
     def _count_ready(self, change: int) -> None:
         self.num_ready += change

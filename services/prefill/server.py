@@ -12,7 +12,7 @@ request; a node at its limit of calls refuses new ones as busy (services/transpo
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -20,7 +20,7 @@ from protos.gen import pb, rpc
 from services.engine.engine import RequestRejectedError
 from services.engine.remote_request import PromptItem
 from services.engine.sampling import SamplingError
-from services.engine.sampling_wire import logprobs_to_pb, sampling_from_pb
+from services.engine.sampling_wire import logprobs_to_pb, prompt_logprobs_to_pb, sampling_from_pb, token_texts
 from services.prefill.embeddings import EmbeddingsUnavailableError
 from services.prefill.job import PrefillJob, PrefillResult
 from services.prefill.kv_pull import KVSource
@@ -45,6 +45,7 @@ class PrefillServicer(rpc.PrefillServicer):
         self.node = node
         self.admission = admission
         self.upstream = GrpcUpstream(auth)  # encoders and peers are dialled with the cluster's credentials
+        self.token_text = token_texts(node.engine.outputs.tokenizer)  # for prompt logprobs
 
     async def Prefill(self, request: pb.PrefillRequest, context) -> pb.PrefillResponse:
         async with self.admission.admitted(context):
@@ -66,7 +67,10 @@ class PrefillServicer(rpc.PrefillServicer):
             await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, str(exc)))
         except SamplingError as exc:  # this request's own failure; the batch beside it went on
             await abort_with(context, NodeError(ErrorKind.REQUEST_FAILED, str(exc)))
-        return result_to_pb(result)
+        response = result_to_pb(result, self.token_text)
+        if request.sampling.HasField("prompt_logprobs") and request.prompt_token_ids:
+            response.first_prompt_token = self.token_text(request.prompt_token_ids[0])
+        return response
 
     async def Stats(self, request, context) -> pb.StatsResponse:
         return stats_response("prefill", node_snapshot(self.node.metrics, self.admission.metrics), self.node.data_address)
@@ -90,7 +94,7 @@ def job_from_pb(request: pb.PrefillRequest, deadline: float | None = None) -> Pr
     )
 
 
-def result_to_pb(result: PrefillResult) -> pb.PrefillResponse:
+def result_to_pb(result: PrefillResult, token_text: Callable[[int], str]) -> pb.PrefillResponse:
     response = pb.PrefillResponse(
         first_token_id=result.first_token_id,
         num_cached_tokens=result.num_cached_tokens,
@@ -99,6 +103,7 @@ def result_to_pb(result: PrefillResult) -> pb.PrefillResponse:
     )
     if result.first_token_logprobs is not None:
         response.first_token_logprob.CopyFrom(logprobs_to_pb(result.first_token_logprobs))
+    response.prompt_logprobs.extend(prompt_logprobs_to_pb(lp, token_text) for lp in result.prompt_logprobs)
     return response
 
 

@@ -75,17 +75,22 @@ class Router:
         exclude: frozenset[str] = frozenset(),
         *,
         reserve: bool = False,
+        reuse_prefix: bool = True,
     ) -> Route:
         """``block_hashes``: the prompt's (shared.hashing.block_hashes of the same tokens, images and
         salt at this block_size) when the caller has them. ``exclude``: addresses that failed this
         request. ``reserve``: count the route's work on its nodes (``Route.reservation``) in the
-        same step as the decision. Raises NoLiveNodeError when a role has no candidate left."""
+        same step as the decision. ``reuse_prefix``: False when the request computes its whole
+        prompt (it asks for prompt logprobs): no node's cached prefix is worth anything to it or
+        covers its images. Raises NoLiveNodeError when a role has no candidate left."""
         started = time.perf_counter()
         turn = next(self._turns)
         hashes = block_hashes or []
         if self.index is not None and block_hashes is None:
             hashes = compute_block_hashes(token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt)
         mm_holders, prefix_tokens = await self._holdings([h for h, _ in images], hashes)
+        if not reuse_prefix:
+            prefix_tokens = {}
         # Decide and count the work in one step, so the requests of a burst each see the load and
         # the pending encodes of those routed before them (counted later, all saw one idle encoder).
         # From here on nothing is awaited: on the one event loop the step runs whole, with no lock.

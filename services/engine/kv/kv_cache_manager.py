@@ -101,7 +101,9 @@ class KVCacheManager:
 
     # -- prefix lookup ---------------------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> CachedPrefix:
-        if not self.pool.enable_caching:
+        # A request that asks for prompt logprobs computes its whole prompt: a cached prefix's
+        # logits were never kept.
+        if not self.pool.enable_caching or request.sampling.prompt_logprobs is not None:
             return CachedPrefix(0, [[] for _ in range(self._num_groups)])
         hashes = request.update_block_hashes(self.block_size)
         return self.cached_prefix(hashes[: (request.num_tokens - 1) // self.block_size])

@@ -120,7 +120,10 @@ def test_malformed_requests_get_a_400_in_openai_error_json(raw, param, text):
     [
         ({"stream_options": {"include_usage": True}}, "stream_options can only be set with stream=true"),
         ({"use_beam_search": True, "n": 2}, "use_beam_search is not supported"),
-        ({"prompt_logprobs": 1}, "prompt_logprobs is not supported"),
+        ({"prompt_logprobs": -1}, "the whole vocabulary (-1); this server reports at most 20"),
+        ({"prompt_logprobs": 21}, "at most 20"),
+        ({"prompt_logprobs": -2}, "must be a non-negative integer or -1"),
+        ({"prompt_logprobs": 2, "stream": True}, "not available when stream=true"),
     ],
 )
 def test_fields_whose_meaning_is_not_served_are_refused_never_ignored(route, fields, text):

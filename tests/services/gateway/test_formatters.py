@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from services.gateway.formatters import ChatFormatter, ChoiceResult, CompletionFormatter, usage_of
-from services.gateway.token_events import TokenLogprob
+from services.gateway.prompt_logprobs import prompt_logprobs_wire
+from services.gateway.token_events import PromptLogprobs, PromptTokenLogprob, TokenLogprob
 
 
 def test_usage_counts_each_prompt_once_and_every_choice_completion():
@@ -65,3 +66,43 @@ def test_completion_logprobs_carry_text_offsets():
     assert choice.logprobs.tokens == ["Hi", " there"] and choice.logprobs.text_offset == [0, 2]
     assert choice.logprobs.top_logprobs == [{"Hi": -0.5, "Yo": -1.5}, {" there": -0.1, " you": -2.0}]
     assert ChoiceResult(index=0, prompt_index=0).logprobs is None  # not asked for: null in the response
+
+
+def scored_prompt() -> PromptLogprobs:
+    """"The sky" scored: " sky" given "The", its rank 2, with the two most likely tokens."""
+    entry = PromptTokenLogprob(901, " sky", -1.25, 2, ((902, " sea", -0.5), (901, " sky", -1.25)))
+    return PromptLogprobs("The", (entry,))
+
+
+def test_prompt_logprobs_in_vllms_shape_the_token_first_then_the_top_ones():
+    wire = prompt_logprobs_wire(scored_prompt())
+    assert wire[0] is None  # the first token has nothing before it
+    assert [(token_id, e.logprob, e.rank, e.decoded_token) for token_id, e in wire[1].items()] == [
+        (901, -1.25, 2, " sky"),
+        (902, -0.5, 1, " sea"),
+    ]
+    result = with_logprobs()
+    result.prompt_logprobs = scored_prompt()
+    body = ChatFormatter().response("id1", "tiny", [result], usage_of([result])).model_dump()
+    assert body["prompt_logprobs"][1][901] == {"logprob": -1.25, "rank": 2, "decoded_token": " sky"}
+    [choice] = CompletionFormatter().response("id1", "tiny", [result], usage_of([result])).choices
+    assert choice.prompt_logprobs == wire
+
+
+def test_completion_echo_with_logprobs_scores_the_prompt_then_the_output():
+    result = with_logprobs()
+    result.prompt_logprobs = scored_prompt()
+    formatter = CompletionFormatter(echoes=["The sky"])
+    [choice] = formatter.response("id1", "tiny", [result], usage_of([result])).choices
+    assert choice.text == "The skyHi there"
+    assert choice.logprobs.tokens == ["The", " sky", "Hi", " there"]
+    assert choice.logprobs.token_logprobs == [None, -1.25, -0.5, -9999.0]
+    assert choice.logprobs.top_logprobs[:2] == [None, {" sky": -1.25, " sea": -0.5}]
+    assert choice.logprobs.text_offset == [0, 3, 7, 9]
+    # max_tokens 0: the prompt alone, scored
+    [alone] = CompletionFormatter(echoes=["The sky"], echo_only=True).response("id1", "tiny", [result], usage_of([result])).choices
+    assert alone.text == "The sky" and alone.logprobs.tokens == ["The", " sky"] and alone.logprobs.token_logprobs == [None, -1.25]
+    streamed = CompletionFormatter(echoes=["The sky"], echo_only=True)
+    first, later = streamed.delta("id1", "tiny", result, "Hi", 1), streamed.delta("id1", "tiny", result, " there", 1)
+    assert first.choices[0].text == "The sky" and first.choices[0].logprobs.tokens == ["The", " sky"]
+    assert later.choices[0].text == "" and later.choices[0].logprobs.tokens == []

@@ -103,7 +103,7 @@ def test_completion_prompts_become_prompt_inputs_numbered_prompt_major():
 @pytest.mark.parametrize(
     "body,param,text",
     [
-        ({"prompt": "a", "echo": True, "logprobs": 1}, None, "echo with logprobs is not supported"),
+        ({"prompt": "a", "max_tokens": 0}, None, "max_tokens 0 needs echo=true"),
         ({"prompt": "a", "logprobs": 21}, "logprobs", "less than or equal to 20"),
         ({"prompt": ["a", "b"], "multi_modal_data": {"image": "data:x"}}, None, "single prompt"),
         ({"prompt": [-1]}, None, "greater than or equal to 0"),
@@ -197,7 +197,17 @@ def test_logprobs_flags_map_to_the_number_of_alternatives():
     with pytest.raises(GatewayError, match="top_logprobs needs logprobs=true"):
         parse(top_logprobs=2)
     [generation] = completion_request(prompt="a", logprobs=3).generations
-    assert generation.sampling.logprobs == 3
+    assert generation.sampling.logprobs == 3 and generation.sampling.prompt_logprobs is None
+
+
+def test_prompt_logprobs_are_asked_for_or_implied_by_echo_as_vllm_does():
+    assert sampling(prompt_logprobs=2).prompt_logprobs == 2
+    assert sampling(logprobs=True, top_logprobs=1, echo=True).prompt_logprobs == 1  # chat: echo takes top_logprobs
+    assert sampling(logprobs=True, echo=True).prompt_logprobs is None  # ... only when given
+    [echoed] = completion_request(prompt="a", logprobs=2, echo=True).generations
+    assert (echoed.sampling.prompt_logprobs, echoed.sampling.logprobs) == (2, 2)
+    [scored] = completion_request(prompt="a", logprobs=0, echo=True, max_tokens=0).generations
+    assert scored.sampling.max_tokens == 1 and scored.sampling.prompt_logprobs == 0  # one step scores the prompt
 
 
 def test_unknown_fields_are_ignored_and_named():

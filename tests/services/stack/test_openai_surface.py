@@ -264,3 +264,50 @@ def test_completions_echo_prepends_the_prompt_text_or_its_detokenized_ids(stack)
     ids = httpx.post(root_url(stack) + "/tokenize", json={"model": "tiny", "prompt": "The sky is"}).json()["tokens"]
     by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=4, temperature=0, echo=True)
     assert by_ids.choices[0].text == echoed.choices[0].text
+
+
+def assert_prompt_logprobs_equal(wire: list, expected, token_ids: list[int], k: int) -> None:
+    """vLLM's shape: null first, then {token id: {logprob, rank, decoded_token}}, the prompt
+    token first and the k most likely after it."""
+    assert wire[0] is None and len(wire) == len(token_ids)
+    for position, entry in enumerate(wire[1:], start=1):
+        row, token_id = expected[position - 1], token_ids[position]
+        ids = [int(key) for key in entry]
+        assert ids[0] == token_id and len(ids) - (token_id in ids[1:]) in (k, k + 1)
+        for key, value in entry.items():
+            assert abs(value["logprob"] - row[int(key)].item()) < 1e-4, position
+            assert value["rank"] >= 1 and isinstance(value["decoded_token"], str)
+        assert ids[1:] == row.topk(k).indices.tolist() or k == 0
+
+
+def test_prompt_logprobs_equal_transformers_cold_and_on_a_prefix_hit(stack, oracle):
+    case = chat_case(png(64, 48, 31), "Score every token of this question about the picture, twice.")
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    expected = oracle.prompt_logprobs(inputs)
+    client = client_for(stack)
+
+    def ask(**extra):
+        return client.chat.completions.create(model="tiny", messages=case.body["messages"], temperature=0, max_tokens=2, **extra)
+
+    cold = ask(extra_body={"prompt_logprobs": 2})
+    assert_prompt_logprobs_equal(cold.model_extra["prompt_logprobs"], expected, inputs.token_ids, 2)
+    assert ask().usage.prompt_tokens_details.cached_tokens > 0  # the prompt's prefix is cached now ...
+    hit = ask(extra_body={"prompt_logprobs": 2})
+    assert hit.usage.prompt_tokens_details.cached_tokens == 0  # ... yet recomputed for its logprobs
+    assert_prompt_logprobs_equal(hit.model_extra["prompt_logprobs"], expected, inputs.token_ids, 2)
+    assert ask().model_extra.get("prompt_logprobs") is None  # not asked for
+
+
+def test_completions_echo_with_logprobs_and_no_tokens_scores_the_prompt(stack, oracle):
+    prompt = "The quick brown fox jumps over the lazy dog"
+    inputs = oracle.process(prompt, [])
+    expected = oracle.prompt_logprobs(inputs)
+    scored = client_for(stack).completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    choice = scored.choices[0]
+    assert choice.text == prompt
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(inputs.token_ids) and "".join(logprobs.tokens) == prompt
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    for position, value in enumerate(logprobs.token_logprobs[1:], start=1):
+        assert abs(value - expected[position - 1][inputs.token_ids[position]].item()) < 1e-4, position
+    assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs[1:])

@@ -1,0 +1,69 @@
+"""vLLM's ``prompt_logprobs`` at the HTTP edge: the request field and its limits, and the
+response's shape (one entry per prompt token; the first is null, having nothing before it).
+
+Each entry maps token ids to ``{logprob, rank, decoded_token}``: the prompt token itself first,
+then the ``prompt_logprobs`` most likely tokens (ranks 1..k), as vLLM reports them. The logprobs
+are exact on a prefix-cache hit too: a request that asks for them computes its whole prompt
+(services/engine/prompt_logprobs.py).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, model_validator
+
+from services.engine.sampling_params import MAX_LOGPROBS
+from services.gateway.token_events import PromptLogprobs, finite_logprob
+from services.gateway.wire_base import WireModel
+
+
+class PromptLogprobFields(WireModel):
+    prompt_logprobs: int | None = Field(
+        None, description=f"each prompt token's logprob and this many alternatives (at most {MAX_LOGPROBS}); not with stream"
+    )
+
+    @model_validator(mode="after")
+    def _prompt_logprobs_limits(self) -> PromptLogprobFields:
+        asked = self.prompt_logprobs
+        if asked is None:
+            return self
+        if asked < -1:
+            raise ValueError(f"prompt_logprobs must be a non-negative integer or -1, got {asked}")
+        if asked == -1 or asked > MAX_LOGPROBS:
+            what = "the whole vocabulary (-1)" if asked == -1 else f"{asked} alternatives"
+            raise ValueError(f"prompt_logprobs asks for {what}; this server reports at most {MAX_LOGPROBS}")
+        if getattr(self, "stream", False) and asked > 0:
+            raise ValueError("prompt_logprobs are not available when stream=true")
+        return self
+
+
+class PromptLogprobEntry(BaseModel):
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobsWire = list[dict[int, PromptLogprobEntry] | None]
+
+
+def prompt_logprobs_wire(logprobs: PromptLogprobs) -> PromptLogprobsWire:
+    out: PromptLogprobsWire = [None]
+    for entry in logprobs.entries:
+        by_id = {entry.token_id: PromptLogprobEntry(logprob=finite_logprob(entry.logprob), rank=entry.rank, decoded_token=entry.token)}
+        for rank, (token_id, token, logprob) in enumerate(entry.top, start=1):
+            by_id.setdefault(token_id, PromptLogprobEntry(logprob=finite_logprob(logprob), rank=rank, decoded_token=token))
+        out.append(by_id)
+    return out
+
+
+def echoed_logprobs(logprobs: PromptLogprobs) -> tuple[list[str], list[float | None], list[dict[str, float] | None]]:
+    """The prompt's part of a completion's ``echo`` with ``logprobs``: each prompt token, its
+    logprob (null for the first) and its top tokens (itself first, as vLLM)."""
+    tokens = [logprobs.first_token] + [e.token for e in logprobs.entries]
+    values: list[float | None] = [None] + [finite_logprob(e.logprob) for e in logprobs.entries]
+    tops: list[dict[str, float] | None] = [None]
+    for entry in logprobs.entries:
+        top = {entry.token: finite_logprob(entry.logprob)}
+        for _, token, logprob in entry.top:
+            top.setdefault(token, finite_logprob(logprob))
+        tops.append(top)
+    return tokens, values, tops
