@@ -69,7 +69,7 @@ def test_completion_logprobs_carry_text_offsets():
 
 
 def scored_prompt() -> PromptLogprobs:
-    """"The sky" scored: " sky" given "The", its rank 2, with the two most likely tokens."""
+    """ "The sky" scored: " sky" given "The", its rank 2, with the two most likely tokens."""
     entry = PromptTokenLogprob(901, " sky", -1.25, 2, ((902, " sea", -0.5), (901, " sky", -1.25)))
     return PromptLogprobs("The", (entry,))
 
