@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, model_validator
 from services.gateway.media_fields import MmProcessorKwargs, VideoRef, needs_source_or_uuid
 from services.gateway.prompt_logprobs import PromptLogprobsWire
 from services.gateway.protocol import INT32_MAX, MAX_LOGPROBS, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
+from services.gateway.unserved_fields import CompletionUnservedFields
 
 MAX_PROMPTS = 16
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
@@ -46,7 +47,7 @@ def _as_list(value):
     return [] if value is None else value if isinstance(value, list) else [value]
 
 
-class CompletionRequest(SamplingFields):
+class CompletionRequest(SamplingFields, CompletionUnservedFields):
     prompt: (
         NonEmptyStr
         | TokenIds

@@ -191,6 +191,7 @@ def _sampling(
             top_k=max(int(given.get("top_k", request.top_k)), 0),
             seed=seed,
             stop=request.stop_strings(),
+            stop_token_ids=tuple(request.stop_token_ids or ()),
             ignore_eos=request.ignore_eos,
             logprobs=request.num_logprobs(),
             prompt_logprobs=request.num_prompt_logprobs(),

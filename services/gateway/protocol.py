@@ -23,7 +23,7 @@ from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS
 from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart, needs_source_or_uuid
 from services.gateway.prompt_logprobs import PromptLogprobFields, PromptLogprobsWire
 from services.gateway.structured_fields import StructuredRequestFields
-from services.gateway.unserved_fields import UnservedFields
+from services.gateway.unserved_fields import ChatUnservedFields, UnservedFields
 from services.gateway.wire_base import NonEmptyStr, WireModel
 
 INT32_MAX = 2**31 - 1
@@ -136,6 +136,9 @@ class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobField
     top_k: int = Field(0, ge=-1, le=INT32_MAX, description="0 or -1 disables top-k")
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="choice i of n samples with seed + i")
     stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
+        None, description="vLLM's: these token ids end the output too (not included in it)"
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES, description="choices per prompt; they share the prompt's cached prefix")
@@ -175,7 +178,7 @@ class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobField
         return tuple(stop)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ChatUnservedFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False

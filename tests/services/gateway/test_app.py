@@ -119,7 +119,7 @@ def test_malformed_requests_get_a_400_in_openai_error_json(raw, param, text):
     "fields,text",
     [
         ({"stream_options": {"include_usage": True}}, "stream_options can only be set with stream=true"),
-        ({"use_beam_search": True, "n": 2}, "use_beam_search is not supported"),
+        ({"use_beam_search": True, "n": 2}, "use_beam_search=True is not supported"),
         ({"prompt_logprobs": -1}, "the whole vocabulary (-1); this server reports at most 20"),
         ({"prompt_logprobs": 21}, "at most 20"),
         ({"prompt_logprobs": -2}, "must be a non-negative integer or -1"),
@@ -136,6 +136,59 @@ def test_fields_whose_meaning_is_not_served_are_refused_never_ignored(route, fie
     # Their defaults, and an empty stream_options without a stream (as vLLM takes it), are fine.
     defaults = {"use_beam_search": False, "prompt_logprobs": None, "return_token_ids": False, "stream_options": {}}
     assert http.post(route, json={**body, **defaults}).status_code == 200
+
+
+# A value that asks something of each field refused (unserved_fields.py), by endpoint.
+ASKING = {
+    "use_beam_search": True,
+    "length_penalty": 0.5,
+    "include_stop_str_in_output": True,
+    "skip_special_tokens": False,
+    "spaces_between_special_tokens": False,
+    "truncate_prompt_tokens": 4,
+    "truncation_side": "left",
+    "allowed_token_ids": [1],
+    "logprob_token_ids": [1],
+    "bad_words": ["x"],
+    "priority": 1,
+    "return_tokens_as_token_ids": True,
+    "return_token_offsets": True,
+    "mm_payload": "base64",
+    "return_mm_kwargs": True,
+    "watermarking": {"key": 1},
+    "repetition_detection": {"window": 3},
+    "thinking_token_budget": 10,
+    "vllm_xargs": {"a": 1},
+}
+CHAT_ASKING = {
+    "add_special_tokens": True,
+    "reasoning_effort": "low",
+    "documents": [{"text": "x"}],
+    "chat_template": "{{ 1 }}",
+    "media_io_kwargs": {"video": {"num_frames": 2}},
+    "return_prompt_text": True,
+}
+COMPLETION_ASKING = {"add_special_tokens": False, "prompt_embeds": "AAAA"}
+
+
+def test_every_vllm_field_not_served_is_refused_by_name_and_its_default_passes():
+    from services.gateway.unserved_fields import CHAT_DEFAULTS, COMPLETION_DEFAULTS, SHARED_DEFAULTS
+
+    assert ASKING.keys() == SHARED_DEFAULTS.keys() and CHAT_ASKING.keys() == CHAT_DEFAULTS.keys()
+    assert COMPLETION_ASKING.keys() == COMPLETION_DEFAULTS.keys()
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline)
+    for route, body, asking, defaults in (
+        ("/v1/chat/completions", {"messages": MESSAGES}, {**ASKING, **CHAT_ASKING}, {**SHARED_DEFAULTS, **CHAT_DEFAULTS}),
+        ("/v1/completions", {"prompt": "hi"}, {**ASKING, **COMPLETION_ASKING}, {**SHARED_DEFAULTS, **COMPLETION_DEFAULTS}),
+    ):
+        for name, value in asking.items():
+            response = http.post(route, json={**body, name: value})
+            assert response.status_code == 400 and f"{name}=" in response.json()["error"]["message"], (route, name, response.text)
+        for idle in zip(*(values + values[:1] * (2 - len(values)) for values in defaults.values())):
+            response = http.post(route, json={**body, **dict(zip(defaults, idle))})
+            assert response.status_code == 200 and "tessera-ignored-fields" not in response.headers, (route, response.text)
+    assert len(pipeline.calls) == 4
 
 
 def test_chat_echo_starts_the_reply_with_the_continued_assistant_message_and_the_template_is_told():

@@ -322,3 +322,11 @@ def test_the_checkpoints_sampling_defaults_fill_only_the_fields_a_request_leaves
     [generation] = completion.generations
     assert (generation.sampling.top_p, generation.sampling.repetition_penalty) == (0.9, 1.05)
     assert sampling() == parse_chat_request({"messages": MESSAGES}, served_names=("tiny",), default_max_tokens=256).generations[0].sampling
+
+
+def test_stop_token_ids_reach_the_sampling_on_both_endpoints():
+    assert sampling(stop_token_ids=[7, 5]).stop_token_ids == (7, 5) and sampling().stop_token_ids == ()
+    [generation] = completion_request(prompt="a", stop_token_ids=[9]).generations
+    assert generation.sampling.stop_token_ids == (9,)
+    with pytest.raises(GatewayError, match="stop_token_ids"):
+        parse(stop_token_ids=[-1])
