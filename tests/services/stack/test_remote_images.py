@@ -54,7 +54,8 @@ def loopback_stack(tmp_path_factory, repo_root):
 def test_an_image_url_with_no_allow_list_is_fetched_and_answered_exactly(loopback_stack, image_host, oracle):
     case = chat_case(PNG, "What is in this photo?")
     expected, _ = oracle_text(oracle, case)
-    by_url = [{"type": "image_url", "image_url": {"url": image_host + "/photos/cat.png"}}, {"type": "text", "text": "What is in this photo?"}]
+    question = {"type": "text", "text": "What is in this photo?"}
+    by_url = [{"type": "image_url", "image_url": {"url": image_host + "/photos/cat.png"}}, question]
     reply = client_for(loopback_stack).chat.completions.create(model="tiny", messages=[{"role": "user", "content": by_url}], **GREEDY)
     assert reply.choices[0].message.content == expected
     inline = client_for(loopback_stack).chat.completions.create(model="tiny", messages=case.body["messages"], **GREEDY)
