@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.encoder.batching import BatchMetrics
+from services.encoder.calibration import measure_seconds_per_token
 from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.models.checkpoint import COMPUTE_DTYPE, dtype_name, load_weights
 from services.models.family import VisionEncoder
@@ -78,6 +79,9 @@ class EncoderMetrics:
     cache: CacheGauges = cache_gauges("encoder", "rows")
     cache_rows: Gauge = gauge("encoder_cache_rows", "Embedding rows cached (encoder_cache_used_rows)")
     num_embedding_bytes_sent: Counter = counter("encoder_embedding_bytes_sent_total", "Bytes of embeddings sent to prefill nodes")
+    tower_seconds_per_token: Gauge = gauge(
+        "encoder_tower_seconds_per_token", "The vision tower's seconds per embedding row, measured at start-up (calibration.py)"
+    )
 
     def __post_init__(self) -> None:
         self.cache_misses.read_from(lambda: self.num_items_encoded.value)
@@ -98,9 +102,11 @@ class EncoderNode:
         publisher: IndexPublisher | None = None,
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
+        calibrate: bool = True,
     ) -> None:
         self.compute = ComputeThread("encoder-compute", liveness=liveness)  # builds the tower and runs every encode
         self.vision = self.compute.run(_build_vision, model, device, prepack)
+        self.seconds_per_token = self.compute.run(measure_seconds_per_token, model, self.vision) if calibrate else 0.0
         self.cache = EncoderCacheManager(cache_tokens)
         self.store: dict[MmHash, torch.Tensor] = {}
         self.inbox = TensorInbox(data_bind, advertise_host=advertise_host, auth=channel_auth)
@@ -120,6 +126,7 @@ class EncoderNode:
         metrics.cache.read_from(lambda: cache.cache_size - cache.num_free_slots, lambda: cache.cache_size)
         metrics.cache_rows.read_from(lambda: cache.cache_size - cache.num_free_slots)
         metrics.num_embedding_bytes_sent.read_from(lambda: self.sender.num_bytes_sent)
+        metrics.tower_seconds_per_token.read_from(lambda: self.seconds_per_token)
         return metrics
 
     @property

@@ -11,14 +11,16 @@ from services.gateway.errors import GatewayError
 RETRY_AFTER_S = 1
 
 
-def rate_limited(message: str) -> GatewayError:
-    """A 429 in OpenAI's rate-limit shape, with ``Retry-After``: the gateway or a node is full."""
+def rate_limited(message: str, retry_after_s: int | None = None) -> GatewayError:
+    """A 429 in OpenAI's rate-limit shape, with ``Retry-After`` (RETRY_AFTER_S unless the caller
+    knows better): the gateway or a node is full."""
+    wait = RETRY_AFTER_S if retry_after_s is None else retry_after_s
     return GatewayError(
         429,
-        f"{message}; retry after {RETRY_AFTER_S} s",
+        f"{message}; retry after {wait} s",
         error_type="requests",
         code="rate_limit_exceeded",
-        headers={"Retry-After": str(RETRY_AFTER_S)},
+        headers={"Retry-After": str(wait)},
     )
 
 

@@ -10,6 +10,11 @@ them in flight, from admission to the request's first token (by then its images 
   * larger than the whole budget: 413 naming the limit, before any image is decoded.
 A request without images passes free. Video clips are not priced yet (their frame count is in
 the container, which the gateway does not open).
+
+Tokens become expected tower seconds at the rate the encoders measured at start-up
+(services/encoder/calibration.py; the slowest's, asked again every TOWER_RATE_TTL_S): a 429's
+Retry-After is how long the encoders need for what is in flight, and the seconds in flight are
+exported beside the tokens. The budget itself stays in tokens, which every node agrees on.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterator
 
 from PIL import Image, UnidentifiedImageError
@@ -30,6 +37,7 @@ from services.models.media_cost import MediaCostModel, cost_model_from_json
 # (rarely past this); an image whose size is not in its first bytes is decoded from base64 whole.
 HEADER_BYTES = 256 * 1024
 UNKNOWN_SIZE = (1024, 1024)  # the price of an image the gateway has no bytes of
+TOWER_RATE_TTL_S = 60.0  # encoders come and go: their measured rate is asked again after this
 
 
 def image_size(url: str) -> tuple[int, int] | None:
@@ -85,13 +93,24 @@ class MediaTicket:
 
 
 class MediaBudget:
-    def __init__(self, tokens_per_encoder: int, num_encoders: Callable[[], int], fetch_cost_json: Callable[[], Awaitable[str]]) -> None:
+    def __init__(
+        self,
+        tokens_per_encoder: int,
+        num_encoders: Callable[[], int],
+        fetch_cost_json: Callable[[], Awaitable[str]],
+        fetch_tower_rate: Callable[[], Awaitable[float | None]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if tokens_per_encoder < 0:
             raise ValueError("max_media_tokens_per_encoder must be >= 0 (0: no budget)")
         self.tokens_per_encoder = tokens_per_encoder
         self._num_encoders = num_encoders
         self._fetch_cost_json = fetch_cost_json
+        self._fetch_tower_rate = fetch_tower_rate
+        self._clock = clock
         self._cost: MediaCostModel | None = None
+        self.seconds_per_token: float | None = None  # the encoders' measured rate, once known
+        self._rate_asked_at: float | None = None
         self.num_in_flight = 0
         self.num_refused = 0  # 429s
         self.num_too_large = 0  # 413s
@@ -105,7 +124,31 @@ class MediaBudget:
             return MediaTicket(None, 0)
         if self._cost is None:  # once; a failure here fails over like any preprocess call
             self._cost = cost_model_from_json(await self._fetch_cost_json())
+        await self._refresh_tower_rate()
         return self.take(media_tokens(prompts, self._cost))
+
+    @property
+    def tower_seconds_in_flight(self) -> float:
+        """Expected vision-tower seconds of the tokens in flight (0 while no rate is known)."""
+        return self.num_in_flight * (self.seconds_per_token or 0.0)
+
+    async def _refresh_tower_rate(self) -> None:
+        now = self._clock()
+        if self._fetch_tower_rate is None or (self._rate_asked_at is not None and now - self._rate_asked_at < TOWER_RATE_TTL_S):
+            return
+        self._rate_asked_at = now
+        self.seconds_per_token = await self._fetch_tower_rate() or self.seconds_per_token
+
+    def _tower_time(self, num_tokens: int) -> str:
+        if self.seconds_per_token is None:
+            return ""
+        return f" (about {num_tokens * self.seconds_per_token:.1f} s of vision tower at the encoders' measured rate)"
+
+    def _retry_after_s(self) -> int | None:
+        """How long the encoders need for what is in flight, shared among them; None: unknown."""
+        if self.seconds_per_token is None:
+            return None
+        return max(1, math.ceil(self.tower_seconds_in_flight / max(1, self._num_encoders())))
 
     def take(self, num_tokens: int) -> MediaTicket:
         capacity = self.capacity
@@ -113,13 +156,15 @@ class MediaBudget:
             self.num_too_large += 1
             raise GatewayError(
                 413,
-                f"the request's images come to about {num_tokens} vision tokens; the gateway admits at most {capacity} in flight "
+                f"the request's images come to about {num_tokens} vision tokens{self._tower_time(num_tokens)}; the gateway admits "
+                f"at most {capacity} in flight "
                 f"(max_media_tokens_per_encoder {self.tokens_per_encoder} x {max(1, self._num_encoders())} encoders): send fewer or "
                 "smaller images",
                 code="media_too_large",
             )
         if self.num_in_flight + num_tokens > capacity:
             self.num_refused += 1
-            raise rate_limited(f"the encoders have {self.num_in_flight} of {capacity} vision tokens in flight")
+            in_flight = f"the encoders have {self.num_in_flight} of {capacity} vision tokens in flight"
+            raise rate_limited(in_flight + self._tower_time(self.num_in_flight), self._retry_after_s())
         self.num_in_flight += num_tokens
         return MediaTicket(self, num_tokens)

@@ -121,6 +121,17 @@ class Pipeline:
         )
         return [(role, address, answer) for (role, address), answer in zip(nodes, answers) if isinstance(answer, pb.StatsResponse)]
 
+    async def tower_seconds_per_token(self) -> float | None:
+        """The live encoders' vision-tower seconds per token, as each measured at start-up
+        (services/encoder/calibration.py): the slowest's, None while none reports one."""
+        encoders = [n.info.grpc_address for n in self.membership.nodes("encoder")]
+        calls = (
+            self.stub("encoder", a).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s, metadata=outgoing_metadata()) for a in encoders
+        )
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        rates = [a.gauges.get("encoder_tower_seconds_per_token", 0.0) for a in answers if isinstance(a, pb.StatsResponse)]
+        return max((r for r in rates if r > 0), default=None)
+
     async def data_address(self, role: str, address: str) -> str:
         state = self.membership.find(address)
         if state is not None and state.info.data_address:

@@ -34,6 +34,9 @@ class GatewayNodeMetrics:
     )
     index_breaker_open: Gauge = gauge("gateway_index_breaker_open", "1 while the index's breaker holds calls back (no cache lookups)")
     media_cost_inflight: Gauge = gauge("media_cost_inflight", "Vision tokens admitted and not yet encoded (the media budget's use)")
+    media_tower_seconds_inflight: Gauge = gauge(
+        "media_tower_seconds_inflight", "Expected vision-tower seconds of the media in flight, at the encoders' measured rate"
+    )
     num_media_refusals: Counter = counter("media_budget_refusals_total", "Requests refused with a 429: the media budget was spent")
     num_media_too_large: Counter = counter("media_too_large_total", "Requests refused with a 413: more media than the whole budget")
 
@@ -68,9 +71,13 @@ class GatewayState:
         own.num_cover_fallbacks.read_from(lambda: pipeline.stages.num_cover_fallbacks)
         own.index_breaker_open.read_from(self._index_breaker_open)
         media = self.media = MediaBudget(
-            self.max_media_tokens_per_encoder, lambda: len(pipeline.membership.nodes("encoder")), lambda: pipeline.media_cost_json()
+            self.max_media_tokens_per_encoder,
+            lambda: len(pipeline.membership.nodes("encoder")),
+            lambda: pipeline.media_cost_json(),
+            lambda: pipeline.tower_seconds_per_token(),
         )
         own.media_cost_inflight.read_from(lambda: media.num_in_flight)
+        own.media_tower_seconds_inflight.read_from(lambda: media.tower_seconds_in_flight)
         own.num_media_refusals.read_from(lambda: media.num_refused)
         own.num_media_too_large.read_from(lambda: media.num_too_large)
 

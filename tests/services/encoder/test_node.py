@@ -78,3 +78,10 @@ def test_a_call_larger_than_one_pass_is_encoded_in_passes_each_within_the_bound(
         assert all(sinks[0].wait(item.mm_hash, 5).tensors["embeds"].shape[0] == item.num_embeds for item in items)
     finally:
         encoder.close()
+
+
+def test_the_tower_rate_is_measured_at_start_up_and_counts_as_no_traffic(setup):
+    encoder, _, _ = setup
+    assert encoder.seconds_per_token > 0
+    assert encoder.metrics.tower_seconds_per_token.value == encoder.seconds_per_token
+    assert encoder.metrics.num_items_encoded.value == 0 and encoder.metrics.tower_seconds.value == 0

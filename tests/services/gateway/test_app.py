@@ -59,6 +59,9 @@ class FakePipeline:
     async def stats(self):
         return []
 
+    async def tower_seconds_per_token(self):
+        return None  # no encoder has measured its tower
+
     async def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True, fit_max_tokens=False):
         self.calls.append((body, sampling, cache_salt, stream))
         text = ""

@@ -12,7 +12,7 @@ import pytest
 
 from protos.gen import pb
 from services.gateway.errors import GatewayError
-from services.gateway.media_budget import MediaBudget, image_size, media_tokens
+from services.gateway.media_budget import TOWER_RATE_TTL_S, MediaBudget, image_size, media_tokens
 from services.models.media_cost import ResizeCost, cost_model_to_json
 from tests.factories import encode_image, image_data_url, make_image
 from tests.services.gateway.test_app import FakePipeline, client_for
@@ -84,6 +84,34 @@ def test_requests_without_images_pass_free_and_the_cost_model_is_fetched_once():
     assert fetched == [1]
     off, off_fetched = budget(0)
     assert asyncio.run(off.admit([chat_prompt(image)])).num_tokens == 0 and off_fetched == []
+
+
+def test_the_encoders_measured_rate_sets_retry_after_and_is_asked_again_after_its_ttl():
+    now, rates = [0.0], [0.01, 0.02]
+
+    async def rate() -> float | None:
+        return rates.pop(0)
+
+    async def fetch() -> str:
+        return cost_model_to_json(COST)
+
+    media = MediaBudget(1000, lambda: 2, fetch, rate, clock=lambda: now[0])
+    image = image_data_url(make_image(280, 280, seed=3))  # 100 tokens
+    held = [asyncio.run(media.admit([chat_prompt(image)])) for _ in range(3)]
+    assert media.seconds_per_token == 0.01 and rates == [0.02]  # asked once within its TTL
+    assert media.tower_seconds_in_flight == pytest.approx(3.0)
+    with pytest.raises(GatewayError) as info:
+        media.take(1800)
+    assert info.value.headers["Retry-After"] == "2"  # 3 s of tower over 2 encoders, rounded up
+    assert "about 3.0 s of vision tower" in info.value.message
+    with pytest.raises(GatewayError) as too_large:
+        media.take(2001)
+    assert "about 20.0 s of vision tower" in too_large.value.message
+    now[0] = TOWER_RATE_TTL_S + 1
+    asyncio.run(media.admit([chat_prompt(image)]))
+    assert media.seconds_per_token == 0.02 and rates == []
+    for ticket in held:
+        ticket.release()
 
 
 class CostingPipeline(FakePipeline):
