@@ -8,8 +8,11 @@ megapixel image. The gateway holds at most ``max_media_tokens_per_encoder`` x li
 them in flight, from admission to the request's first token (by then its images are encoded):
   * over what is left of the budget: 429 with Retry-After, at once; smaller requests still pass;
   * larger than the whole budget: 413 naming the limit, before any image is decoded.
-A request without images passes free. Video clips are not priced yet (their frame count is in
-the container, which the gateway does not open).
+A clip is priced the same way, from its header: frame count, frame rate and frame size read
+from an MP4 / QuickTime file's boxes (clip_header.py; nothing is decoded), through the family's
+sampler and resize rule with the request's video settings. A clip whose header the gateway cannot
+read (another container, a URL, a uuid alone) is priced as UNKNOWN_CLIP. A request without media
+passes free.
 
 Tokens become expected tower seconds at the rate the encoders measured at start-up
 (services/encoder/calibration.py; the slowest's, asked again every TOWER_RATE_TTL_S): a 429's
@@ -30,13 +33,15 @@ from PIL import Image, UnidentifiedImageError
 
 from protos.gen import pb
 from services.gateway.admission import rate_limited
+from services.gateway.clip_header import ClipHeader, clip_header
 from services.gateway.errors import GatewayError
-from services.models.media_cost import MediaCostModel, cost_model_from_json
+from services.models.media_cost import MediaCosts, media_costs_from_json
 
 # Enough of an encoded image for its header: PNG's IHDR is first, a JPEG's SOF follows its EXIF
 # (rarely past this); an image whose size is not in its first bytes is decoded from base64 whole.
 HEADER_BYTES = 256 * 1024
 UNKNOWN_SIZE = (1024, 1024)  # the price of an image the gateway has no bytes of
+UNKNOWN_CLIP = ClipHeader(num_frames=600, fps=30.0, width=640, height=360)  # ... and of a clip: 20 s of 360p
 TOWER_RATE_TTL_S = 60.0  # encoders come and go: their measured rate is asked again after this
 
 
@@ -68,13 +73,43 @@ def prompt_images(prompt: pb.PromptInput) -> Iterator[pb.ImageInput]:
             yield from (part.image for part in message.parts.parts if part.HasField("image"))
 
 
-def media_tokens(prompts: list[pb.PromptInput], cost: MediaCostModel) -> int:
+def prompt_videos(prompt: pb.PromptInput) -> Iterator[pb.VideoInput]:
+    yield from prompt.videos
+    if prompt.WhichOneof("prompt") == "chat":
+        for message in prompt.chat.messages:
+            yield from (part.video for part in message.parts.parts if part.HasField("video"))
+
+
+def has_media(prompt: pb.PromptInput) -> bool:
+    return next(prompt_images(prompt), None) is not None or next(prompt_videos(prompt), None) is not None
+
+
+def clip_of(video: pb.VideoInput) -> ClipHeader | None:
+    """An inline clip's header; None for a URL, a path, a uuid alone or another container."""
+    source = video.WhichOneof("source")
+    if source == "data":
+        return clip_header(video.data)
+    if source != "url" or not video.url.startswith("data:"):
+        return None
+    try:
+        return clip_header(base64.b64decode(video.url.split(",", 1)[-1]))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def media_tokens(prompts: list[pb.PromptInput], costs: MediaCosts) -> int:
     total = 0
     for prompt in prompts:
         for image in prompt_images(prompt):
             source = image.WhichOneof("source")
             size = image_size(image.url) if source == "url" else bytes_size(image.data) if source == "data" else None
-            total += cost.image_tokens(*(size or UNKNOWN_SIZE))
+            total += costs.image.image_tokens(*(size or UNKNOWN_SIZE))
+        if costs.video is None:
+            continue  # the family takes no video: preprocessing refuses it
+        options = {field.name: value for field, value in prompt.video_options.ListFields()}
+        for video in prompt_videos(prompt):
+            clip = clip_of(video) or UNKNOWN_CLIP
+            total += costs.video.clip_tokens(clip.num_frames, clip.fps, clip.width, clip.height, options)
     return total
 
 
@@ -108,7 +143,7 @@ class MediaBudget:
         self._fetch_cost_json = fetch_cost_json
         self._fetch_tower_rate = fetch_tower_rate
         self._clock = clock
-        self._cost: MediaCostModel | None = None
+        self._cost: MediaCosts | None = None
         self.seconds_per_token: float | None = None  # the encoders' measured rate, once known
         self._rate_asked_at: float | None = None
         self.num_in_flight = 0
@@ -120,10 +155,10 @@ class MediaBudget:
         return self.tokens_per_encoder * max(1, self._num_encoders())
 
     async def admit(self, prompts: list[pb.PromptInput]) -> MediaTicket:
-        if not self.tokens_per_encoder or all(next(prompt_images(p), None) is None for p in prompts):
+        if not self.tokens_per_encoder or not any(has_media(p) for p in prompts):
             return MediaTicket(None, 0)
         if self._cost is None:  # once; a failure here fails over like any preprocess call
-            self._cost = cost_model_from_json(await self._fetch_cost_json())
+            self._cost = media_costs_from_json(await self._fetch_cost_json())
         await self._refresh_tower_rate()
         return self.take(media_tokens(prompts, self._cost))
 

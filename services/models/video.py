@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from services.models.family import ProcessedImage
+from services.models.media_cost import ClipCost
 from shared.types import GroupPlacement
 
 if TYPE_CHECKING:
@@ -121,6 +122,10 @@ class VideoProcessor(Protocol):
         """The sampled frames (in ``clip.indices`` order) as temporal groups."""
 
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int: ...
+
+    def clip_cost(self, defaults: VideoOptions) -> ClipCost:
+        """How the gateway prices a clip before admitting it (media_cost.py), under the
+        deployment's ``defaults``."""
 
 
 def group_rows(frame_rows: Sequence[torch.Tensor], temporal_patch_size: int, channels: int) -> list[torch.Tensor]:

@@ -31,6 +31,7 @@ from PIL import Image
 
 from services.models.family import ImageOptions, PlaceholderCountError, ProcessedImage
 from services.models.hf_config import chat_template
+from services.models.media_cost import MediaCosts
 from services.models.registry import ModelRef
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import InvalidRequestError, InvalidVideoDataError, PlaceholderMismatchError, PromptTooLongError
@@ -201,6 +202,11 @@ class Preprocessor:
         ranges, grids = [item.placeholder for item in items], [item.image.grid_thw for item in items]
         positions, delta = self.family.positions(self.model_config, len(expanded), ranges, grids, [item.placement for item in items])
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
+
+    def media_costs(self) -> MediaCosts:
+        """How the gateway prices this model's media before admitting them (media_cost.py)."""
+        video = self._videos.processor.clip_cost(self._videos.defaults) if self._videos is not None else None
+        return MediaCosts(self.image_processor.cost_model(), video)
 
     @property
     def videos(self) -> VideoPipeline:

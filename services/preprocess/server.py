@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from protos.gen import pb, rpc
-from services.models.media_cost import cost_model_to_json
+from services.models.media_cost import media_costs_to_json
 from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
 from services.preprocess.prompt_wire import prompt_from_wire
@@ -75,7 +75,7 @@ class PreprocessServicer(rpc.PreprocessServicer):
         return pb.DetokenizeResponse(text=text)
 
     async def MediaCost(self, request: pb.MediaCostRequest, context) -> pb.MediaCostResponse:
-        return pb.MediaCostResponse(cost_model_json=cost_model_to_json(self.node.preprocessor.image_processor.cost_model()))
+        return pb.MediaCostResponse(cost_model_json=media_costs_to_json(self.node.preprocessor.media_costs()))
 
     async def Stats(self, request, context) -> pb.StatsResponse:
         return stats_response("preprocess", node_snapshot(self.node.metrics, self.admission.metrics))

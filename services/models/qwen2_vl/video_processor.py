@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 
 from services.models.family import ProcessedImage
+from services.models.media_cost import ClipCost
 from services.models.video import ProcessedVideo, SampledClip, VideoMetadata, VideoOptions, VideoProcessingError, group_rows
 from shared.types import GroupPlacement
 
@@ -63,6 +64,8 @@ def read_video_settings(model_dir: Path, defaults: dict[str, object]) -> dict[st
 
 
 class Qwen2VLVideoProcessor:
+    clip_pixel_budget = False  # max_pixels bounds each frame (Qwen3-VL: the whole clip)
+
     def __init__(self, model_dir: Path, image_processor, hf_config, defaults: dict[str, object] = QWEN2_VL_VIDEO_DEFAULTS) -> None:
         self._settings = read_video_settings(model_dir, defaults)
         self._image_processor = image_processor  # our Qwen2VLImageProcessor: its PIL processor normalizes frames
@@ -99,6 +102,23 @@ class Qwen2VLVideoProcessor:
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         t, h, w = grid_thw
         return t * h * w // self.merge_size**2
+
+    def clip_cost(self, defaults: VideoOptions) -> ClipCost:
+        settings, (min_pixels, max_pixels) = self._settings, self._size_bounds(defaults)
+        fps = defaults.fps if defaults.fps is not None else settings["fps"] if defaults.num_frames is None else None
+        num_frames = defaults.num_frames if defaults.num_frames is not None else settings["num_frames"] if defaults.fps is None else None
+        return ClipCost(
+            patch_size=self.patch_size,
+            merge_size=self.merge_size,
+            temporal_patch_size=self.temporal_patch_size,
+            fps=fps,
+            num_frames=num_frames,
+            min_frames=defaults.min_frames or int(settings["min_frames"]),
+            max_frames=defaults.max_frames or int(settings["max_frames"]),
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+            clip_pixel_budget=self.clip_pixel_budget,
+        )
 
     # -- per family -----------------------------------------------------------------------
 

@@ -25,6 +25,8 @@ def qwen3_vl_video_defaults() -> dict[str, object]:
 
 
 class Qwen3VLVideoProcessor(Qwen2VLVideoProcessor):
+    clip_pixel_budget = True
+
     def __init__(self, model_dir, image_processor, hf_config) -> None:
         super().__init__(model_dir, image_processor, hf_config, qwen3_vl_video_defaults())
 

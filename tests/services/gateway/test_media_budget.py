@@ -13,11 +13,13 @@ import pytest
 from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.media_budget import TOWER_RATE_TTL_S, MediaBudget, image_size, media_tokens
-from services.models.media_cost import ResizeCost, cost_model_to_json
-from tests.factories import encode_image, image_data_url, make_image
+from services.models.media_cost import ClipCost, MediaCosts, ResizeCost, media_costs_to_json
+from tests.factories import data_url, encode_image, image_data_url, make_clip, make_image
 from tests.services.gateway.test_app import FakePipeline, client_for
 
 COST = ResizeCost(patch_size=14, merge_size=2, min_pixels=3136, max_pixels=12845056)
+CLIP_COST = ClipCost(14, 2, 2, fps=None, num_frames=None, min_frames=4, max_frames=768, min_pixels=3136, max_pixels=602112)
+COSTS = MediaCosts(COST, CLIP_COST)
 
 
 def chat_prompt(*urls: str) -> pb.PromptInput:
@@ -37,8 +39,19 @@ def test_an_inline_images_size_is_read_from_its_header():
 
 def test_a_prompts_images_are_priced_by_the_models_resize_rule():
     small, remote = image_data_url(make_image(280, 280, seed=2)), "https://example.com/cat.png"
-    tokens = media_tokens([chat_prompt(small, remote), pb.PromptInput(text="x", images=[pb.ImageInput(url=small)])], COST)
+    tokens = media_tokens([chat_prompt(small, remote), pb.PromptInput(text="x", images=[pb.ImageInput(url=small)])], COSTS)
     assert tokens == 2 * COST.image_tokens(280, 280) + COST.image_tokens(1024, 1024) == 2 * 100 + 1369
+
+
+def test_a_clip_is_priced_from_its_mp4_header_and_an_unreadable_one_as_a_typical_clip():
+    clip = make_clip(40, 10, 96, 64)  # 4 s: 8 frames at 2 per second, 4 groups of one 96x64 frame
+    video = pb.PromptInput(text="x", videos=[pb.VideoInput(url=data_url(clip, "video/mp4"))])
+    assert media_tokens([video], COSTS) == 4 * COST.image_tokens(96, 64)
+    faster = pb.PromptInput(text="x", videos=[pb.VideoInput(data=clip)], video_options=pb.VideoOptions(fps=4.0))
+    assert media_tokens([faster], COSTS) == 8 * COST.image_tokens(96, 64)
+    unknown = pb.PromptInput(text="x", videos=[pb.VideoInput(url="https://example.com/clip.webm")])
+    assert media_tokens([unknown], COSTS) == 20 * COST.image_tokens(640, 360)  # 20 s of 360p at 2 frames per second
+    assert media_tokens([video], MediaCosts(COST)) == 0  # no video rule: the family refuses clips itself
 
 
 def budget(tokens_per_encoder: int, num_encoders: int = 1) -> tuple[MediaBudget, list]:
@@ -46,7 +59,7 @@ def budget(tokens_per_encoder: int, num_encoders: int = 1) -> tuple[MediaBudget,
 
     async def fetch() -> str:
         fetched.append(1)
-        return cost_model_to_json(COST)
+        return media_costs_to_json(COSTS)
 
     return MediaBudget(tokens_per_encoder, lambda: num_encoders, fetch), fetched
 
@@ -93,7 +106,7 @@ def test_the_encoders_measured_rate_sets_retry_after_and_is_asked_again_after_it
         return rates.pop(0)
 
     async def fetch() -> str:
-        return cost_model_to_json(COST)
+        return media_costs_to_json(COSTS)
 
     media = MediaBudget(1000, lambda: 2, fetch, rate, clock=lambda: now[0])
     image = image_data_url(make_image(280, 280, seed=3))  # 100 tokens
@@ -116,7 +129,7 @@ def test_the_encoders_measured_rate_sets_retry_after_and_is_asked_again_after_it
 
 class CostingPipeline(FakePipeline):
     async def media_cost_json(self) -> str:
-        return cost_model_to_json(COST)
+        return media_costs_to_json(COSTS)
 
 
 def test_through_the_api_an_oversized_request_is_a_413_before_any_work_and_the_budget_frees():

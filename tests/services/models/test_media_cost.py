@@ -7,7 +7,14 @@ from __future__ import annotations
 import pytest
 
 from services.models.family import ImageOptions
-from services.models.media_cost import ResizeCost, ViewCost, cost_model_from_json, cost_model_to_json
+from services.models.media_cost import (
+    ResizeCost,
+    ViewCost,
+    cost_model_from_json,
+    cost_model_to_json,
+    media_costs_from_json,
+    media_costs_to_json,
+)
 from services.models.registry import resolve_model
 from tests.factories import make_image
 
@@ -46,3 +53,48 @@ def test_gemma3_with_pan_and_scan_prices_wide_images_at_their_most_crops():
     for width, height in [(64, 64), (400, 100), (100, 900)]:
         assert cost.image_tokens(width, height) >= processor.process(make_image(width, height)).num_tokens
     assert cost.image_tokens(64, 64) == cost.tokens_per_view
+
+
+# (frames, fps, width, height, the request's video settings)
+CLIPS = [
+    (30, 10, 64, 48, {}),
+    (9, 3, 96, 40, {}),
+    (40, 20, 56, 56, {"fps": 4.0}),
+    (24, 8, 64, 64, {"num_frames": 6}),
+    (50, 25, 120, 90, {"max_frames": 4, "max_pixels": 8000}),
+]
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen3vl-tiny"])
+def test_the_clip_cost_read_from_the_header_bounds_the_tokens_processing_gives(name):
+    """Exact for Qwen2-VL's sampler where the frames fill whole groups; never below."""
+    from services.gateway.clip_header import clip_header
+    from services.preprocess.config import PreprocessConfig
+    from services.preprocess.preprocessor import Preprocessor
+    from tests.factories import Video, chat_case, make_clip
+
+    model = resolve_model(name, progress=lambda _m: None)
+    preprocessor = Preprocessor(model, PreprocessConfig())
+    costs = media_costs_from_json(media_costs_to_json(preprocessor.media_costs()))
+    assert costs.video is not None and costs.video.clip_pixel_budget == (name == "qwen3vl-tiny")
+    for frames, fps, width, height, options in CLIPS:
+        data = make_clip(frames, fps, width, height)
+        header = clip_header(data)
+        assert header is not None and (header.num_frames, header.width, header.height) == (frames, width, height)
+        assert header.fps == pytest.approx(fps)
+        processed = preprocessor.preprocess(chat_case(Video(data), "?", mm_processor_kwargs=options).prompt)
+        actual = sum(item.placeholder.length for item in processed.mm_items)
+        priced = costs.video.clip_tokens(header.num_frames, header.fps, header.width, header.height, options)
+        group = priced // max(1, len(processed.mm_items))
+        assert actual <= priced <= actual + group, (frames, fps, width, height, options, priced, actual)
+
+
+def test_a_header_is_read_only_from_iso_media_files():
+    from services.gateway.clip_header import clip_header
+    from tests.factories import make_clip
+
+    assert clip_header(b"") is None and clip_header(b"\x00\x00\x00\x08moov") is None
+    assert clip_header(make_clip(4, 2, container="matroska", codec="ffv1")) is None
+    truncated = make_clip(8, 4)
+    for cut in range(0, len(truncated), 97):  # a cut file never raises: it has no header, or a whole one
+        clip_header(truncated[:cut])

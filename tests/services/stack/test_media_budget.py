@@ -67,3 +67,20 @@ def test_a_burst_past_the_budget_gets_429s_while_a_small_request_is_answered(bud
     assert small == 200
     assert statuses.count(429) >= 1 and statuses.count(200) >= 2 and set(statuses) <= {200, 429}, statuses
     assert budget_stack.metrics().get("tessera_media_cost_inflight", 0.0) == 0
+
+
+@pytest.mark.slow
+def test_a_clip_over_the_whole_budget_is_a_413_from_its_header_and_the_tower_rate_is_reported(budget_stack):
+    """An MP4 clip's price comes from its header (frames, rate, size): 8 s at 2 frames per second
+    of 448x448 frames is 8 groups of 256 tokens, over the budget of 600."""
+    from tests.factories import data_url, make_clip
+
+    clip = data_url(make_clip(16, 2, 448, 448), "video/mp4")
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": clip}}, {"type": "text", "text": "?"}]}]
+    before = budget_stack.metrics()
+    with pytest.raises(APIStatusError) as info:
+        client_for(budget_stack).chat.completions.create(model="tiny", messages=messages, max_tokens=4)
+    assert info.value.status_code == 413 and "about 2048 vision tokens" in info.value.message, info.value.message
+    assert "s of vision tower at the encoders' measured rate" in info.value.message  # the encoders calibrated at start-up
+    after = budget_stack.metrics()
+    assert after.get("tessera_preprocess_requests_total", 0.0) == before.get("tessera_preprocess_requests_total", 0.0)
