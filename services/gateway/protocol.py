@@ -163,9 +163,9 @@ class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobField
     @field_validator("logit_bias")
     @classmethod
     def _token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        for key in bias or {}:
-            if not key.isdigit() or int(key) > INT32_MAX:
-                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key!r}")
+        bad = [key for key in bias or {} if not key.isdigit() or int(key) > INT32_MAX]
+        if bad:
+            raise ValueError(f"keys must be token ids (non-negative integers as strings), got {', '.join(map(repr, bad))}")
         return bias
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:

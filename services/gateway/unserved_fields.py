@@ -7,9 +7,9 @@ list) passes.
 The audit against vLLM's request models (chat and text completions): every field is served,
 refused here, or changes nothing in the output and is ignored by name: ``request_id``,
 ``session_id``, ``stream_interval`` (how tokens are grouped into chunks, not which),
-``include_reasoning`` (no served model has a reasoning parser), ``routed_experts_prompt_start``
-(mixture-of-experts only) and ``kv_transfer_params`` / ``ec_transfer_params`` (vLLM's own
-disaggregation hand-offs).
+``include_reasoning`` (no served model has a reasoning parser) and ``routed_experts_prompt_start``
+(mixture-of-experts only). vLLM's disaggregation hand-offs (``kv_transfer_params``,
+``ec_transfer_params``) are refused: vLLM takes a prompt's token ids from them.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ SHARED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "repetition_detection": (None,),
     "thinking_token_budget": (None,),
     "vllm_xargs": (None, {}),
+    "kv_transfer_params": (None,),
+    "ec_transfer_params": (None,),
 }
 CHAT_DEFAULTS: dict[str, tuple[object, ...]] = {
     "add_special_tokens": (False,),  # the template writes any BOS itself
@@ -90,6 +92,8 @@ class UnservedFields(WireModel):
     repetition_detection: Any = _off("repetition_detection")
     thinking_token_budget: int | None = _off("thinking_token_budget")
     vllm_xargs: dict[str, Any] | None = _off("vllm_xargs")
+    kv_transfer_params: dict[str, Any] | None = _off("kv_transfer_params")
+    ec_transfer_params: dict[str, Any] | None = _off("ec_transfer_params")
 
     @model_validator(mode="after")
     def _unserved(self) -> UnservedFields:

@@ -162,6 +162,8 @@ ASKING = {
     "repetition_detection": {"window": 3},
     "thinking_token_budget": 10,
     "vllm_xargs": {"a": 1},
+    "kv_transfer_params": {"prompt_token_ids": [1, 2]},
+    "ec_transfer_params": {"x": 1},
 }
 CHAT_ASKING = {
     "add_special_tokens": True,

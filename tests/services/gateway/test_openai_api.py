@@ -141,6 +141,7 @@ def test_invalid_completion_requests(body, param, text):
         ({"stop": [1]}, 400, "stop[0]", "string"),
         ({"stop": ["a"] * 5}, 400, "stop", "at most 4"),
         ({"logit_bias": {"a": 1.0}}, 400, "logit_bias", "token ids"),
+        ({"logit_bias": {"bad1": 1.0, "5": 1.0, "bad2": 2.0}}, 400, "logit_bias", "got 'bad1', 'bad2'"),
         ({"presence_penalty": 2.5}, 400, "presence_penalty", "less than or equal to 2"),
         ({"repetition_penalty": 0.0}, 400, "repetition_penalty", "greater than 0"),
         ({"min_p": -0.1}, 400, "min_p", "greater than or equal to 0"),
