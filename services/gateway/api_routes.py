@@ -4,7 +4,7 @@ the caller's tenant (``tenant_of``: API keys, when they are on)."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime, and
 # the dependency they name (``tenant``) is a local, invisible to string lookups.
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header
@@ -90,6 +90,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             tool_parser=model.tool_parser,
             sampling_defaults=model.sampling_defaults,
         )
+        api_request = _forced_usage(state, api_request)
         ticket = admission.admit(len(api_request.generations))
         media = await _admit_media(state, api_request, ticket)
         formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids)
@@ -104,6 +105,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         api_request = openai_api.to_completion_request(
             request, served_names=state.served_names, tenant=caller, sampling_defaults=model.sampling_defaults
         )
+        api_request = _forced_usage(state, api_request)
         ticket = admission.admit(len(api_request.generations))
         media = await _admit_media(state, api_request, ticket)
         echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
@@ -113,6 +115,13 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         return response
 
     return router
+
+
+def _forced_usage(state: GatewayState, request: openai_api.ApiRequest) -> openai_api.ApiRequest:
+    """With --enable-force-include-usage, a stream reports its usage on every chunk."""
+    if not state.force_include_usage or not request.stream:
+        return request
+    return replace(request, include_usage=True, continuous_usage=True)
 
 
 async def _admit_media(state: GatewayState, request: openai_api.ApiRequest, ticket: Ticket) -> MediaTicket:

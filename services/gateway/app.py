@@ -47,10 +47,12 @@ def create_app(
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     vllm_metric_names: bool = False,
     max_media_tokens_per_encoder: int = 0,
+    force_include_usage: bool = False,
 ) -> tuple[FastAPI, GatewayState]:
     """The app: its probes (probe_routes.py) and its API (api_routes.py), behind the body limit
     and OpenAI-shaped errors. ``model_root``, ``tool_parser``, ``sampling_defaults``: as
-    api_routes.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``: GatewayState's."""
+    api_routes.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``,
+    ``force_include_usage``: GatewayState's."""
     if not served_names:
         raise ValueError("the gateway needs at least one served model name")
     state = GatewayState(
@@ -60,6 +62,7 @@ def create_app(
         int(time.time()),
         vllm_metric_names=vllm_metric_names,
         max_media_tokens_per_encoder=max_media_tokens_per_encoder,
+        force_include_usage=force_include_usage,
     )
     app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version=TESSERA_VERSION)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))

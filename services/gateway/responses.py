@@ -98,6 +98,9 @@ async def _sse(
         for generation in request.generations:
             opening = formatter.opening(rid, model, generation.index)
             if opening is not None:
+                if request.continuous_usage:  # nothing generated yet: the prompt's usage
+                    prompt = ChoiceResult(0, 0, prompt_tokens=first[1].prompt_tokens, cached_tokens=first[1].cached_tokens)
+                    opening.usage = usage_of([prompt])
                 yield _event(opening)
         item: tuple[Generation, TokenEvent] | None = first
         while item is not None:

@@ -63,6 +63,9 @@ class Settings(InternalPlaneSettings):
     # Serve the metric families named as vLLM's under vllm: as well as tessera: (dashboards,
     # KEDA triggers and endpoint pickers that read vllm:num_requests_waiting, unchanged).
     vllm_metric_names: bool = False
+    # vLLM's --enable-force-include-usage: every stream's chunks carry the usage so far, asked
+    # for or not (as stream_options.continuous_usage_stats).
+    enable_force_include_usage: bool = False
     # Sampling defaults for the fields a request leaves unset: "auto", the checkpoint's
     # generation_config.json (as vLLM's --generation-config auto), or "vllm", none.
     generation_config: str = "auto"
@@ -184,6 +187,7 @@ async def _serve(
         sampling_defaults=sampling_defaults,
         vllm_metric_names=config.vllm_metric_names,
         max_media_tokens_per_encoder=config.max_media_tokens_per_encoder,
+        force_include_usage=config.enable_force_include_usage,
     )
     servicer = GenerateServicer(
         pipeline,

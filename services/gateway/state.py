@@ -52,6 +52,7 @@ class GatewayState:
     vllm_metric_names: bool = False  # the vLLM-named families under vllm: too (metrics.py)
     num_in_flight: int = 0  # choices whose pipeline run is in progress
     max_media_tokens_per_encoder: int = 0  # the media budget (media_budget.py); 0: none
+    force_include_usage: bool = False  # every stream carries the usage on every chunk (vLLM's flag)
     media: MediaBudget = field(init=False)
     own_metrics: GatewayNodeMetrics = field(init=False, default_factory=GatewayNodeMetrics)
     _scraped: RoleStats = field(default_factory=dict)  # the metrics the next render reports

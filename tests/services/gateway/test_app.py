@@ -443,3 +443,15 @@ def test_completions_echo_starts_each_choice_with_its_prompt_streamed_or_not():
         for choice in chunk["choices"]:
             streamed[choice["index"]] = streamed.get(choice["index"], "") + choice["text"]
     assert [streamed[i] for i in sorted(streamed)] == texts
+
+
+def test_forced_usage_puts_the_usage_so_far_on_every_chunk_of_every_stream():
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline, force_include_usage=True)
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http)
+    chunks = list(client.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
+    assert chunks and all(c.usage is not None for c in chunks)
+    assert [c.usage.completion_tokens for c in chunks if c.choices] == [0, 1, 2, 3] and chunks[-1].choices == []  # the role first
+    plain, _ = client_for(FakePipeline())
+    unforced = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=plain)
+    assert all(c.usage is None for c in unforced.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
