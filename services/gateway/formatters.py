@@ -222,11 +222,10 @@ class CompletionFormatter:
         tokens, values, tops = echoed_logprobs(result.prompt_logprobs)
         offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0))
         shift = len(self._echo(result))
-        output_tops = output.top_logprobs or [None] * len(output.tokens)
         return CompletionLogprobs(
             tokens=tokens + output.tokens,
             token_logprobs=values + output.token_logprobs,
-            top_logprobs=tops + [top or {t: v} for top, t, v in zip(output_tops, output.tokens, output.token_logprobs)],
+            top_logprobs=tops + list(output.top_logprobs or ()),
             text_offset=offsets + [shift + offset for offset in output.text_offset],
         )
 
@@ -272,10 +271,18 @@ def _completion_logprobs(result: ChoiceResult, num_last: int) -> CompletionLogpr
         return None
     start = len(result.logprobs) - num_last
     picked = result.logprobs[start:]
-    wants_top = any(lp.top for lp in picked)
     return CompletionLogprobs(
         tokens=[lp.token for lp in picked],
         token_logprobs=[finite_logprob(lp.logprob) for lp in picked],
-        top_logprobs=[{t: finite_logprob(v) for t, v in lp.top} for lp in picked] if wants_top else None,
+        top_logprobs=[_top_with_sampled(lp) for lp in picked],
         text_offset=result.text_offsets[start:],
     )
+
+
+def _top_with_sampled(logprob: TokenLogprob) -> dict[str, float]:
+    """The sampled token first, then the most likely ones (k or k + 1 entries), as vLLM and the
+    legacy OpenAI API give them."""
+    top = {logprob.token: finite_logprob(logprob.logprob)}
+    for token, value in logprob.top:
+        top.setdefault(token, finite_logprob(value))
+    return top

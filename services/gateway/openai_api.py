@@ -165,7 +165,7 @@ def _fan_out(
         generations=generations,
         stream=request.stream,
         include_usage=bool(options and options.include_usage),
-        continuous_usage=bool(options and options.continuous_usage_stats),
+        continuous_usage=bool(options and options.include_usage and options.continuous_usage_stats),  # as vLLM: only with usage
         tool_mode=tool_mode,
         return_token_ids=request.return_token_ids,
     )

@@ -64,7 +64,11 @@ def test_completion_logprobs_carry_text_offsets():
     result = with_logprobs()
     [choice] = CompletionFormatter().response("id1", "tiny", [result], usage_of([result])).choices
     assert choice.logprobs.tokens == ["Hi", " there"] and choice.logprobs.text_offset == [0, 2]
-    assert choice.logprobs.top_logprobs == [{"Hi": -0.5, "Yo": -1.5}, {" there": -0.1, " you": -2.0}]
+    # The sampled token first (its own logprob), then the alternatives, as vLLM gives them.
+    assert choice.logprobs.top_logprobs == [{"Hi": -0.5, "Yo": -1.5}, {" there": -9999.0, " you": -2.0}]
+    alone = ChoiceResult(index=0, prompt_index=0, text="Hi", logprobs=[])
+    alone.add_logprobs([TokenLogprob("Hi", -0.5, ())])  # logprobs=0: the sampled token only
+    assert CompletionFormatter().response("id1", "tiny", [alone], usage_of([alone])).choices[0].logprobs.top_logprobs == [{"Hi": -0.5}]
     assert ChoiceResult(index=0, prompt_index=0).logprobs is None  # not asked for: null in the response
 
 
