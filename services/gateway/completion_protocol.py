@@ -63,6 +63,13 @@ class CompletionRequest(SamplingFields, CompletionUnservedFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="the sampled token's logprob and this many alternatives")
     suffix: None = Field(None, description="not supported")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _prompt_given(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("prompt") in (None, "", []):
+            raise ValueError("Either prompt or prompt_embeds must be provided and non-empty.")  # vLLM's words
+        return data
+
     @model_validator(mode="after")
     def _images_need_one_prompt(self) -> CompletionRequest:
         if self.max_tokens == 0 and not self.echo:

@@ -240,7 +240,8 @@ class Preprocessor:
     def _check_vocabulary(self, token_ids: Sequence[int], what: str) -> None:
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
-            raise InvalidRequestError(f"{what} {bad[0]}, outside the vocabulary of {self.vocab_size}")
+            # "out of vocabulary", as vLLM words it (clients match on it)
+            raise InvalidRequestError(f"{what} {bad[0]}, out of vocabulary: outside the vocabulary of {self.vocab_size}")
 
     def render_prompt(self, messages: Sequence[dict], *, tools: list[dict] | None = None, template_kwargs: dict | None = None) -> str:
         """The chat template's text. A template that refuses the conversation (Gemma3's asks

@@ -107,8 +107,9 @@ def test_completion_prompts_become_prompt_inputs_numbered_prompt_major():
         ({"prompt": "a", "logprobs": 21}, "logprobs", "less than or equal to 20"),
         ({"prompt": ["a", "b"], "multi_modal_data": {"image": "data:x"}}, None, "single prompt"),
         ({"prompt": [-1]}, None, "greater than or equal to 0"),
-        ({"prompt": ""}, None, "at least 1"),
-        ({}, "prompt", "Field required"),
+        ({"prompt": ""}, None, "Either prompt or prompt_embeds must be provided and non-empty"),
+        ({"prompt": None}, None, "Either prompt or prompt_embeds must be provided and non-empty"),
+        ({}, None, "Either prompt or prompt_embeds must be provided and non-empty"),
     ],
 )
 def test_invalid_completion_requests(body, param, text):
