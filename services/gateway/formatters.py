@@ -47,6 +47,7 @@ class ChoiceResult:
     token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: tuple[int, ...] = ()
     num_ids_sent: int = 0  # of token_ids, in a stream's chunks so far (return_token_ids)
+    prompt_ids_sent: bool = False  # a stream's prompt_token_ids went out (on its first chunk)
     prompt_logprobs: PromptLogprobs | None = None  # when the sampling asked for them
 
     def new_ids(self, asked: bool) -> tuple[list[int] | None, list[int] | None]:
@@ -54,7 +55,8 @@ class ChoiceResult:
         ``asked`` (return_token_ids); (None, None) otherwise."""
         if not asked:
             return None, None
-        prompt = list(self.prompt_token_ids) if self.num_ids_sent == 0 else None
+        prompt = None if self.prompt_ids_sent else list(self.prompt_token_ids)
+        self.prompt_ids_sent = True
         new, self.num_ids_sent = self.token_ids[self.num_ids_sent :], len(self.token_ids)
         return prompt, new
 

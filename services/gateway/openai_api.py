@@ -16,6 +16,7 @@ from protos.gen import pb
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS, SamplingParams, StructuredOutput
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
+from services.gateway.media_budget import has_media
 from services.gateway.prompt_wire import chat_prompt, raw_prompt
 from services.gateway.protocol import INT64_MIN, ChatCompletionRequest
 from services.gateway.tenants import Tenant, request_cache_salt
@@ -68,6 +69,10 @@ def to_chat_request(
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
     fit = request.max_completion_tokens is None and request.max_tokens is None
     prompt = chat_prompt(request.messages, request.tools, request.template_kwargs(), tenant, request.mm_processor_kwargs)
+    if (forwarded := request.forwarded_prompt_ids()) is not None:
+        if has_media(prompt):
+            raise GatewayError(400, "kv_transfer_params.prompt_token_ids cannot stand for messages with images or videos")
+        prompt = raw_prompt(forwarded, [], tenant)
     structured = request.structured_output()
     forced = tools.constraint() if tools is not None else None
     if forced is not None and structured is not None:

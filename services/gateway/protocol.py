@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, StringConstraints, field_validator, model_validator
 
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS
+from services.gateway.kv_transfer_fields import KVTransferFields
 from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart, needs_source_or_uuid
 from services.gateway.prompt_logprobs import PromptLogprobFields, PromptLogprobsWire
 from services.gateway.structured_fields import StructuredRequestFields
@@ -178,7 +179,7 @@ class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobField
         return tuple(stop)
 
 
-class ChatCompletionRequest(SamplingFields, ChatUnservedFields):
+class ChatCompletionRequest(SamplingFields, ChatUnservedFields, KVTransferFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False

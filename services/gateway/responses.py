@@ -101,6 +101,9 @@ async def _sse(
                 if request.continuous_usage:  # nothing generated yet: the prompt's usage
                     prompt = ChoiceResult(0, 0, prompt_tokens=first[1].prompt_tokens, cached_tokens=first[1].cached_tokens)
                     opening.usage = usage_of([prompt])
+                if request.return_token_ids:  # the prompt's ids on the choice's first chunk, as vLLM
+                    opening.prompt_token_ids = list(first[1].prompt_token_ids)
+                    results[generation.index].prompt_ids_sent = True
                 yield _event(opening)
         item: tuple[Generation, TokenEvent] | None = first
         while item is not None:

@@ -8,8 +8,8 @@ The audit against vLLM's request models (chat and text completions): every field
 refused here, or changes nothing in the output and is ignored by name: ``request_id``,
 ``session_id``, ``stream_interval`` (how tokens are grouped into chunks, not which),
 ``include_reasoning`` (no served model has a reasoning parser) and ``routed_experts_prompt_start``
-(mixture-of-experts only). vLLM's disaggregation hand-offs (``kv_transfer_params``,
-``ec_transfer_params``) are refused: vLLM takes a prompt's token ids from them.
+(mixture-of-experts only). vLLM's disaggregation hand-offs are served on chat where they decide
+the output (``kv_transfer_params.prompt_token_ids``: kv_transfer_fields.py) and refused otherwise.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ SHARED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "repetition_detection": (None,),
     "thinking_token_budget": (None,),
     "vllm_xargs": (None, {}),
-    "kv_transfer_params": (None,),
     "ec_transfer_params": (None,),
 }
 CHAT_DEFAULTS: dict[str, tuple[object, ...]] = {
@@ -56,6 +55,7 @@ CHAT_DEFAULTS: dict[str, tuple[object, ...]] = {
 COMPLETION_DEFAULTS: dict[str, tuple[object, ...]] = {
     "add_special_tokens": (True,),
     "prompt_embeds": (None,),
+    "kv_transfer_params": (None,),  # a raw prompt's ids are its prompt already (chat: kv_transfer_fields.py)
 }
 
 
@@ -92,7 +92,6 @@ class UnservedFields(WireModel):
     repetition_detection: Any = _off("repetition_detection")
     thinking_token_budget: int | None = _off("thinking_token_budget")
     vllm_xargs: dict[str, Any] | None = _off("vllm_xargs")
-    kv_transfer_params: dict[str, Any] | None = _off("kv_transfer_params")
     ec_transfer_params: dict[str, Any] | None = _off("ec_transfer_params")
 
     @model_validator(mode="after")
@@ -118,6 +117,7 @@ class ChatUnservedFields(WireModel):
 class CompletionUnservedFields(WireModel):
     add_special_tokens: bool = _off("add_special_tokens", COMPLETION_DEFAULTS)
     prompt_embeds: Any = _off("prompt_embeds", COMPLETION_DEFAULTS)
+    kv_transfer_params: dict[str, Any] | None = _off("kv_transfer_params", COMPLETION_DEFAULTS)
 
     @model_validator(mode="after")
     def _unserved_in_completions(self) -> CompletionUnservedFields:

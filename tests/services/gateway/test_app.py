@@ -162,7 +162,6 @@ ASKING = {
     "repetition_detection": {"window": 3},
     "thinking_token_budget": 10,
     "vllm_xargs": {"a": 1},
-    "kv_transfer_params": {"prompt_token_ids": [1, 2]},
     "ec_transfer_params": {"x": 1},
 }
 CHAT_ASKING = {
@@ -173,7 +172,7 @@ CHAT_ASKING = {
     "media_io_kwargs": {"video": {"num_frames": 2}},
     "return_prompt_text": True,
 }
-COMPLETION_ASKING = {"add_special_tokens": False, "prompt_embeds": "AAAA"}
+COMPLETION_ASKING = {"add_special_tokens": False, "prompt_embeds": "AAAA", "kv_transfer_params": {"prompt_token_ids": [1]}}
 
 
 def test_every_vllm_field_not_served_is_refused_by_name_and_its_default_passes():
@@ -455,3 +454,28 @@ def test_forced_usage_puts_the_usage_so_far_on_every_chunk_of_every_stream():
     plain, _ = client_for(FakePipeline())
     unforced = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=plain)
     assert all(c.usage is None for c in unforced.chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
+
+
+def test_forwarded_prompt_ids_are_the_prompt_and_other_transfer_keys_are_refused():
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline)
+    forwarded = {"kv_transfer_params": {"prompt_token_ids": [5, 6, 7]}}
+    assert http.post("/v1/chat/completions", json={"messages": MESSAGES, **forwarded}).status_code == 200
+    assert pipeline.calls[-1][0].token_ids.ids == [5, 6, 7]  # the messages were not rendered
+    for params, text in (
+        ({"do_remote_decode": True}, "do_remote_decode is not supported"),
+        ({"prompt_token_ids": []}, "non-empty list of token ids"),
+        ({"prompt_token_ids": [1, True]}, "non-empty list of token ids"),
+    ):
+        refused = http.post("/v1/chat/completions", json={"messages": MESSAGES, "kv_transfer_params": params})
+        assert refused.status_code == 400 and text in refused.json()["error"]["message"]
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}
+    with_media = http.post("/v1/chat/completions", json={"messages": [image], **forwarded})
+    assert with_media.status_code == 400 and "images or videos" in with_media.json()["error"]["message"]
+
+
+def test_a_streams_prompt_ids_come_once_on_its_first_chunk():
+    http, _ = client_for(FakePipeline())
+    lines = http.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True, "return_token_ids": True}).text.splitlines()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert chunks[0]["prompt_token_ids"] == list(PROMPT_IDS) and all(c.get("prompt_token_ids") is None for c in chunks[1:])
