@@ -183,9 +183,7 @@ class Engine:
         if token_ids and not 0 <= min(token_ids) <= max(token_ids) < vocab_size:
             bad = next(t for t in token_ids if not 0 <= t < vocab_size)
             raise RequestRejectedError(f"token id {bad} is outside the vocabulary of {vocab_size}")
-        biased = [token for token, _ in request.sampling.logit_bias if not 0 <= token < vocab_size]
-        if biased:
-            raise RequestRejectedError(f"logit_bias names token id {biased[0]}, outside the vocabulary of {vocab_size}")
+        _check_named_tokens(request.sampling, vocab_size)
         total = request.num_prompt_tokens + request.sampling.max_tokens
         if total > self.config.max_model_len:
             raise RequestRejectedError(
@@ -203,3 +201,16 @@ class Engine:
                     f"an image spans {feature.num_embeds} tokens, more than max_num_batched_tokens "
                     f"({self.config.max_num_batched_tokens}), and disable_chunked_mm_input forbids splitting it"
                 )
+
+
+def _check_named_tokens(sampling: SamplingParams, vocab_size: int) -> None:
+    """The token ids the sampling names index the logits row: each must be in the vocabulary."""
+    named = {
+        "logit_bias": [token for token, _ in sampling.logit_bias],
+        "allowed_token_ids": sampling.allowed_token_ids or (),
+        "logprob_token_ids": sampling.logprob_token_ids or (),
+    }
+    for field, tokens in named.items():
+        outside = [token for token in tokens if not 0 <= token < vocab_size]
+        if outside:
+            raise RequestRejectedError(f"{field} names token id {outside[0]}, outside the vocabulary of {vocab_size}")

@@ -1,6 +1,7 @@
 """Per-request logits processors, with vLLM's semantics and in vLLM's order.
 
 Order, on one request's raw float32 logits row:
+  0. allowed_token_ids: every other token gets -inf.
   1. min_tokens: while fewer than ``min_tokens`` tokens are out, the stop tokens (EOS unless
      ignore_eos, and stop_token_ids) get -inf.
   2. logit_bias: added to the logits of the named tokens.
@@ -38,6 +39,10 @@ def process_logits(
     if not params.has_logits_processors:
         return logits
     logits = logits.float().clone()
+    if params.allowed_token_ids is not None:
+        allowed = torch.full_like(logits, float("-inf"))
+        ids = torch.tensor(params.allowed_token_ids, dtype=torch.long)
+        logits = allowed.index_copy_(0, ids, logits[ids])
     if len(output_token_ids) < params.min_tokens:
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         in_vocab = [t for t in stop_ids if 0 <= t < logits.numel()]

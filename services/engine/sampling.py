@@ -169,17 +169,21 @@ class Sampler:
 
     @staticmethod
     def logprobs(logits: torch.Tensor, token_ids: list[int], params: list[SamplingParams]) -> list[TokenLogprobs | None]:
-        """For each row whose request asked for logprobs: the sampled token's and the top ones."""
+        """For each row whose request asked for logprobs: the sampled token's and the top ones
+        (or, with ``logprob_token_ids``, those ids' after the sampled token's)."""
         wanted = [i for i, p in enumerate(params) if p.logprobs is not None]
         out: list[TokenLogprobs | None] = [None] * len(params)
         if not wanted:
             return out
         logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)
-        k = max(params[i].logprobs or 0 for i in wanted)
+        k = max((params[i].logprobs or 0 for i in wanted if params[i].logprob_token_ids is None), default=0)
         top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
         for row, i in enumerate(wanted):
             top: tuple[tuple[int, float], ...] = ()
-            if params[i].logprobs:
+            if (named := params[i].logprob_token_ids) is not None:
+                ids = list(dict.fromkeys((token_ids[i], *named)))
+                top = tuple(zip(ids, logprobs[row, ids].tolist()))
+            elif params[i].logprobs:
                 pairs = zip(top_ids[row].tolist(), top_values[row].tolist())
                 top = tuple(sorted(pairs, key=lambda pair: (-pair[1], pair[0]))[: params[i].logprobs])
             out[i] = TokenLogprobs(token_ids[i], float(logprobs[row, token_ids[i]]), top)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 MAX_LOGPROBS = 20
+MAX_LOGPROB_TOKEN_IDS = 128  # ids a request may name for logprobs (vLLM's bound)
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI and vLLM require
 # Below this a temperature is greedy (argmax), as in vLLM: dividing logits by a denormal-sized
 # temperature overflows to inf, and no race or softmax can draw from that.
@@ -16,7 +17,8 @@ GREEDY_TEMPERATURE_EPS = 1e-5
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprobs:
-    """A sampled token's logprob and the most likely alternatives, most likely first."""
+    """A sampled token's logprob and the most likely alternatives, most likely first; or, when
+    the sampling names ``logprob_token_ids``, the sampled token and those ids, in that order."""
 
     token_id: int
     logprob: float
@@ -65,6 +67,10 @@ class SamplingParams:
     min_p: float = 0.0  # 0 disables
     min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids unique
+    allowed_token_ids: tuple[int, ...] | None = None  # None: any token; else only these are sampled
+    # None: the logprobs' alternatives are the k most likely; else the sampled token and these
+    # ids, whatever their rank (vLLM's logprob_token_ids). Needs ``logprobs``.
+    logprob_token_ids: tuple[int, ...] | None = None
     structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
@@ -93,6 +99,18 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if len({token for token, _ in self.logit_bias}) != len(self.logit_bias):
             raise ValueError("logit_bias names a token twice")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids is empty: no token could be sampled")
+        self._check_logprob_token_ids()
+
+    def _check_logprob_token_ids(self) -> None:
+        ids = self.logprob_token_ids
+        if ids is None:
+            return
+        if not 0 < len(ids) <= MAX_LOGPROB_TOKEN_IDS:
+            raise ValueError(f"logprob_token_ids must name 1 to {MAX_LOGPROB_TOKEN_IDS} token ids, got {len(ids)}")
+        if self.logprobs is None:
+            raise ValueError("when using `logprob_token_ids`, `logprobs` must be set.")  # vLLM's words
 
     @property
     def is_greedy(self) -> bool:
@@ -100,7 +118,7 @@ class SamplingParams:
 
     @property
     def has_logits_processors(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_tokens or self.logit_bias)
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_tokens or self.logit_bias or self.allowed_token_ids)
 
     @property
     def has_grammar(self) -> bool:

@@ -25,6 +25,8 @@ def sampling_to_pb(params: SamplingParams) -> pb.SamplingParams:
         min_p=params.min_p,
         min_tokens=params.min_tokens,
         logit_bias=dict(params.logit_bias),
+        allowed_token_ids=list(params.allowed_token_ids or ()),
+        logprob_token_ids=list(params.logprob_token_ids or ()),
     )
     if params.structured is not None:
         structured = params.structured
@@ -60,6 +62,8 @@ def sampling_from_pb(msg: pb.SamplingParams) -> SamplingParams:
         min_p=msg.min_p,
         min_tokens=msg.min_tokens,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
+        allowed_token_ids=tuple(msg.allowed_token_ids) or None,
+        logprob_token_ids=tuple(msg.logprob_token_ids) or None,
         structured=_structured_from_pb(msg.structured) if msg.HasField("structured") else None,
     )
 

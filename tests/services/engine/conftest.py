@@ -17,5 +17,5 @@ def make_llm(tiny_model):
     return factory
 
 
-def oracle_tokens(oracle, case, max_new_tokens: int = 16):
-    return oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), max_new_tokens)
+def oracle_tokens(oracle, case, max_new_tokens: int = 16, **generate_kwargs):
+    return oracle.generate(oracle.process(oracle.chat_text(case.oracle_messages), case.images), max_new_tokens, **generate_kwargs)
