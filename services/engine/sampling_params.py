@@ -118,7 +118,14 @@ class SamplingParams:
 
     @property
     def has_logits_processors(self) -> bool:
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0 or self.min_tokens or self.logit_bias or self.allowed_token_ids)
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.min_tokens
+            or self.logit_bias
+            or self.allowed_token_ids
+        )
 
     @property
     def has_grammar(self) -> bool:

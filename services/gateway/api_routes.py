@@ -93,7 +93,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         api_request = _forced_usage(state, api_request)
         ticket = admission.admit(len(api_request.generations))
         media = await _admit_media(state, api_request, ticket)
-        formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids)
+        formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids, api_request.tokens_as_ids)
         response = await respond(state, api_request, formatter, ticket, media)
         response.headers.update(ignored)
         return response
@@ -109,7 +109,9 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         ticket = admission.admit(len(api_request.generations))
         media = await _admit_media(state, api_request, ticket)
         echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
-        formatter = CompletionFormatter(api_request.return_token_ids, echoes, echo_only=request.echo_only)
+        formatter = CompletionFormatter(
+            api_request.return_token_ids, echoes, echo_only=request.echo_only, tokens_as_ids=api_request.tokens_as_ids
+        )
         response = await respond(state, api_request, formatter, ticket, media)
         response.headers.update(ignored)
         return response

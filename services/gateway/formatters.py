@@ -27,7 +27,7 @@ from services.gateway.protocol import (
     TopLogprob,
     Usage,
 )
-from services.gateway.token_events import PromptLogprobs, TokenLogprob, finite_logprob
+from services.gateway.token_events import PromptLogprobs, TokenLogprob, finite_logprob, token_name
 from services.gateway.tool_calls import ToolMode, new_call_id
 
 
@@ -73,7 +73,7 @@ class ChoiceResult:
 class Formatter(Protocol):
     id_prefix: str
 
-    def opening(self, request_id: str, model: str, index: int) -> BaseModel | None:
+    def opening(self, request_id: str, model: str, index: int, prompt_index: int = 0) -> BaseModel | None:
         """The chunk that opens a choice's stream, if the endpoint has one."""
 
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> BaseModel:
@@ -86,21 +86,34 @@ class Formatter(Protocol):
 
 class ChatFormatter:
     """``tool_mode``: how the output becomes tool calls (tool_calls.py); None: plain content.
-    ``echo``: text each reply starts with (chat ``echo``), streamed with the role."""
+    ``echo``: text each reply starts with (chat ``echo``), streamed with the role; one per prompt
+    (the batch endpoint's conversations), or one for all. ``tokens_as_ids``: logprobs name tokens
+    ``token_id:<id>`` (vLLM's return_tokens_as_token_ids)."""
 
     id_prefix = "chatcmpl"
 
-    def __init__(self, tool_mode: ToolMode | None = None, echo: str = "", return_token_ids: bool = False) -> None:
+    def __init__(
+        self,
+        tool_mode: ToolMode | None = None,
+        echo: str | Sequence[str] = "",
+        return_token_ids: bool = False,
+        tokens_as_ids: bool = False,
+    ) -> None:
         self.tool_mode = tool_mode
-        self.echo = echo
+        self.echoes = echo
         self.return_token_ids = return_token_ids
+        self.tokens_as_ids = tokens_as_ids
         self._num_sent: dict[int, int] = {}  # choice -> characters of its text streamed so far
 
-    def opening(self, request_id: str, model: str, index: int) -> ChatCompletionChunk:
-        return _chat_chunk(request_id, model, [ChunkChoice(index=index, delta=ChunkDelta(role="assistant", content=self.echo))])
+    def echo(self, prompt_index: int) -> str:
+        return self.echoes if isinstance(self.echoes, str) else self.echoes[prompt_index]
+
+    def opening(self, request_id: str, model: str, index: int, prompt_index: int = 0) -> ChatCompletionChunk:
+        delta = ChunkDelta(role="assistant", content=self.echo(prompt_index))
+        return _chat_chunk(request_id, model, [ChunkChoice(index=index, delta=delta)])
 
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> ChatCompletionChunk:
-        logprobs = _chat_logprobs(result, num_new_logprobs)
+        logprobs = _chat_logprobs(result, num_new_logprobs, self.tokens_as_ids)
         delta, finish_reason = ChunkDelta(content=text or None), result.finish_reason
         if self.tool_mode is not None:
             delta, finish_reason = self._tool_delta(result)
@@ -116,14 +129,16 @@ class ChatFormatter:
     def response(self, request_id: str, model: str, choices: list[ChoiceResult], usage: Usage) -> ChatCompletionResponse:
         out = []
         for c in choices:
-            message, finish_reason = AssistantMessage(content=self.echo + c.text), c.finish_reason or "stop"
+            echo = self.echo(c.prompt_index)
+            message, finish_reason = AssistantMessage(content=echo + c.text), c.finish_reason or "stop"
             if self.tool_mode is not None:
                 parsed = self.tool_mode.parse(c.text, finish_reason)
                 calls = [ToolCall(id=p.id, function=ToolCallFunction(name=p.name, arguments=p.arguments)) for p in parsed.calls]
-                content = self.echo + parsed.content if parsed.content is not None else self.echo or None
+                content = echo + parsed.content if parsed.content is not None else echo or None
                 message = AssistantMessage(content=content, tool_calls=calls)
                 finish_reason = parsed.finish_reason or finish_reason
-            logprobs, ids = _chat_logprobs(c, len(c.logprobs or ())), c.token_ids if self.return_token_ids else None
+            logprobs = _chat_logprobs(c, len(c.logprobs or ()), self.tokens_as_ids)
+            ids = c.token_ids if self.return_token_ids else None
             out.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason, logprobs=logprobs, token_ids=ids))
         prompt_ids = list(choices[0].prompt_token_ids) if self.return_token_ids and choices else None
         scored = next((c.prompt_logprobs for c in choices if c.prompt_logprobs is not None), None)
@@ -170,16 +185,19 @@ class CompletionFormatter:
 
     id_prefix = "cmpl"
 
-    def __init__(self, return_token_ids: bool = False, echoes: Sequence[str] = (), echo_only: bool = False) -> None:
+    def __init__(
+        self, return_token_ids: bool = False, echoes: Sequence[str] = (), echo_only: bool = False, tokens_as_ids: bool = False
+    ) -> None:
         self.return_token_ids = return_token_ids
         self.echoes = echoes
         self.echo_only = echo_only
+        self.tokens_as_ids = tokens_as_ids
         self._echoed: set[int] = set()  # choices whose stream carried their echo
 
     def _echo(self, result: ChoiceResult) -> str:
         return self.echoes[result.prompt_index] if self.echoes else ""
 
-    def opening(self, request_id: str, model: str, index: int) -> None:
+    def opening(self, request_id: str, model: str, index: int, prompt_index: int = 0) -> None:
         return None
 
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> CompletionResponse:
@@ -218,14 +236,14 @@ class CompletionFormatter:
 
     def _logprobs(self, result: ChoiceResult, num_last: int, echoing: bool) -> CompletionLogprobs | None:
         """The last ``num_last`` output logprobs, after the echoed prompt's when ``echoing``."""
-        output = _completion_logprobs(result, num_last)
+        output = _completion_logprobs(result, num_last, self.tokens_as_ids)
         if not echoing or output is None or result.prompt_logprobs is None:
             return output
-        tokens, values, tops = echoed_logprobs(result.prompt_logprobs)
-        offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0))
+        texts, names, values, tops = echoed_logprobs(result.prompt_logprobs, self.tokens_as_ids)
+        offsets = list(itertools.accumulate((len(t) for t in texts[:-1]), initial=0))
         shift = len(self._echo(result))
         return CompletionLogprobs(
-            tokens=tokens + output.tokens,
+            tokens=names + output.tokens,
             token_logprobs=values + output.token_logprobs,
             top_logprobs=tops + list(output.top_logprobs or ()),
             text_offset=offsets + [shift + offset for offset in output.text_offset],
@@ -252,39 +270,39 @@ def _chat_chunk(request_id: str, model: str, choices: list[ChunkChoice], usage: 
     return ChatCompletionChunk(id=request_id, created=int(time.time()), model=model, choices=choices, usage=usage)
 
 
-def _chat_logprobs(result: ChoiceResult, num_last: int) -> ChatLogprobs | None:
+def _chat_logprobs(result: ChoiceResult, num_last: int, as_ids: bool) -> ChatLogprobs | None:
     if result.logprobs is None:
         return None
     picked = result.logprobs[len(result.logprobs) - num_last :]
-    content = [
-        ChatTokenLogprob(
-            token=lp.token,
-            logprob=finite_logprob(lp.logprob),
-            bytes=list(lp.token.encode()),
-            top_logprobs=[TopLogprob(token=t, logprob=finite_logprob(v), bytes=list(t.encode())) for t, v in lp.top],
-        )
-        for lp in picked
-    ]
+    content = []
+    for lp in picked:
+        name = token_name(lp.token_id, lp.token, as_ids)
+        top = [_top_logprob(token_name(i, t, as_ids), v) for i, t, v in lp.top]
+        content.append(ChatTokenLogprob(token=name, logprob=finite_logprob(lp.logprob), bytes=list(name.encode()), top_logprobs=top))
     return ChatLogprobs(content=content)
 
 
-def _completion_logprobs(result: ChoiceResult, num_last: int) -> CompletionLogprobs | None:
+def _top_logprob(name: str, value: float) -> TopLogprob:
+    return TopLogprob(token=name, logprob=finite_logprob(value), bytes=list(name.encode()))
+
+
+def _completion_logprobs(result: ChoiceResult, num_last: int, as_ids: bool) -> CompletionLogprobs | None:
     if result.logprobs is None:
         return None
     start = len(result.logprobs) - num_last
     picked = result.logprobs[start:]
     return CompletionLogprobs(
-        tokens=[lp.token for lp in picked],
+        tokens=[token_name(lp.token_id, lp.token, as_ids) for lp in picked],
         token_logprobs=[finite_logprob(lp.logprob) for lp in picked],
-        top_logprobs=[_top_with_sampled(lp) for lp in picked],
+        top_logprobs=[_top_with_sampled(lp, as_ids) for lp in picked],
         text_offset=result.text_offsets[start:],
     )
 
 
-def _top_with_sampled(logprob: TokenLogprob) -> dict[str, float]:
+def _top_with_sampled(logprob: TokenLogprob, as_ids: bool) -> dict[str, float]:
     """The sampled token first, then the most likely ones (k or k + 1 entries), as vLLM and the
     legacy OpenAI API give them."""
-    top = {logprob.token: finite_logprob(logprob.logprob)}
-    for token, value in logprob.top:
-        top.setdefault(token, finite_logprob(value))
+    top = {token_name(logprob.token_id, logprob.token, as_ids): finite_logprob(logprob.logprob)}
+    for token_id, token, value in logprob.top:
+        top.setdefault(token_name(token_id, token, as_ids), finite_logprob(value))
     return top

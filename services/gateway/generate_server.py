@@ -123,18 +123,19 @@ class GenerateServicer(rpc.GenerateServicer):
                 finish_reason=event.finish_reason or "",
                 usage=usage,
                 index=index,
-                logprobs=[_logprob_to_pb(token_id, lp) for token_id, lp in zip(event.token_ids, event.logprobs)],
+                logprobs=[_logprob_to_pb(lp) for lp in event.logprobs],
                 request_id=request_id,
             )
 
 
-def _logprob_to_pb(token_id: int, logprob: TokenLogprob) -> pb.TokenLogprob:
+def _logprob_to_pb(logprob: TokenLogprob) -> pb.TokenLogprob:
     return pb.TokenLogprob(
-        token_id=token_id,
+        token_id=logprob.token_id,
         logprob=logprob.logprob,
         token=logprob.token,
-        top_tokens=[token for token, _ in logprob.top],
-        top_logprobs=[value for _, value in logprob.top],
+        top_token_ids=[top_id for top_id, _, _ in logprob.top],
+        top_tokens=[token for _, token, _ in logprob.top],
+        top_logprobs=[value for _, _, value in logprob.top],
     )
 
 

@@ -51,6 +51,7 @@ class ApiRequest:
     tool_mode: ToolMode | None = None  # chat only: how the output becomes tool calls
     echo: str = ""  # chat only: text each choice's reply starts with (ChatCompletionRequest.echoed_text)
     return_token_ids: bool = False  # vLLM's: prompt and output token ids in the response
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens by id
 
 
 def to_chat_request(
@@ -173,6 +174,7 @@ def _fan_out(
         continuous_usage=bool(options and options.include_usage and options.continuous_usage_stats),  # as vLLM: only with usage
         tool_mode=tool_mode,
         return_token_ids=request.return_token_ids,
+        tokens_as_ids=bool(request.return_tokens_as_token_ids),
     )
 
 
@@ -188,6 +190,7 @@ def _sampling(
     # The checkpoint's defaults fill the fields the request did not send (vLLM's rule).
     given = {name: value for name, value in defaults.as_dict().items() if name not in request.model_fields_set}
     temperature = given.get("temperature", request.temperature)
+    allowed_token_ids, logprob_token_ids = request.named_token_ids()
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -206,6 +209,8 @@ def _sampling(
             min_p=given.get("min_p", request.min_p),
             min_tokens=request.min_tokens,
             logit_bias=request.bias_pairs(),
+            allowed_token_ids=allowed_token_ids,
+            logprob_token_ids=logprob_token_ids,
             structured=structured,
         )
     except ValueError as exc:  # a combination the fields alone cannot check (min_tokens > max_tokens)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, model_validator
 
 from services.engine.sampling_params import MAX_LOGPROBS
-from services.gateway.token_events import PromptLogprobs, finite_logprob
+from services.gateway.token_events import PromptLogprobs, finite_logprob, token_name
 from services.gateway.wire_base import WireModel
 
 
@@ -55,15 +55,20 @@ def prompt_logprobs_wire(logprobs: PromptLogprobs) -> PromptLogprobsWire:
     return out
 
 
-def echoed_logprobs(logprobs: PromptLogprobs) -> tuple[list[str], list[float | None], list[dict[str, float] | None]]:
-    """The prompt's part of a completion's ``echo`` with ``logprobs``: each prompt token, its
-    logprob (null for the first) and its top tokens (itself first, as vLLM)."""
-    tokens = [logprobs.first_token] + [e.token for e in logprobs.entries]
+def echoed_logprobs(
+    logprobs: PromptLogprobs, as_ids: bool = False
+) -> tuple[list[str], list[str], list[float | None], list[dict[str, float] | None]]:
+    """The prompt's part of a completion's ``echo`` with ``logprobs``: each prompt token's text,
+    its name (its text, or ``token_id:<id>`` with ``as_ids``), its logprob (null for the first)
+    and its top tokens by name (itself first, as vLLM)."""
+    texts = [logprobs.first_token] + [e.token for e in logprobs.entries]
+    names = [token_name(logprobs.first_token_id, logprobs.first_token, as_ids)]
+    names += [token_name(e.token_id, e.token, as_ids) for e in logprobs.entries]
     values: list[float | None] = [None] + [finite_logprob(e.logprob) for e in logprobs.entries]
     tops: list[dict[str, float] | None] = [None]
-    for entry in logprobs.entries:
-        top = {entry.token: finite_logprob(entry.logprob)}
-        for _, token, logprob in entry.top:
-            top.setdefault(token, finite_logprob(logprob))
+    for name, entry in zip(names[1:], logprobs.entries):
+        top = {name: finite_logprob(entry.logprob)}
+        for token_id, token, logprob in entry.top:
+            top.setdefault(token_name(token_id, token, as_ids), finite_logprob(logprob))
         tops.append(top)
-    return tokens, values, tops
+    return texts, names, values, tops

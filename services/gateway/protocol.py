@@ -24,6 +24,7 @@ from services.gateway.kv_transfer_fields import KVTransferFields
 from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart, needs_source_or_uuid
 from services.gateway.prompt_logprobs import PromptLogprobFields, PromptLogprobsWire
 from services.gateway.structured_fields import StructuredRequestFields
+from services.gateway.token_id_fields import TokenIdFields
 from services.gateway.unserved_fields import ChatUnservedFields, UnservedFields
 from services.gateway.wire_base import NonEmptyStr, WireModel
 
@@ -125,7 +126,7 @@ class StreamOptions(WireModel):
     continuous_usage_stats: bool = Field(False, description="usage (so far) on every chunk, as vLLM sends it")
 
 
-class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobFields):
+class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobFields, TokenIdFields):
     """What chat and text completions share: sampling, structured output, streaming and caching
     fields (and vLLM's not served yet, refused: unserved_fields.py)."""
 

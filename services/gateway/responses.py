@@ -96,7 +96,7 @@ async def _sse(
     last_token_at = time.monotonic()
     try:
         for generation in request.generations:
-            opening = formatter.opening(rid, model, generation.index)
+            opening = formatter.opening(rid, model, generation.index, generation.prompt_index)
             if opening is not None:
                 if request.continuous_usage:  # nothing generated yet: the prompt's usage
                     prompt = ChoiceResult(0, 0, prompt_tokens=first[1].prompt_tokens, cached_tokens=first[1].cached_tokens)

@@ -147,7 +147,7 @@ class Stages:
             decode_request, timeout=self.remaining_s(run.deadline), metadata=outgoing_metadata()
         )
         prompt_tokens, prompt_token_ids = len(prep.prompt_token_ids), tuple(prep.prompt_token_ids)
-        scored = prompt_logprobs_of(prefill)
+        scored = prompt_logprobs_of(prefill, prompt_token_ids[0])
         number = 0
         try:
             with self.watchdog.watching(chunks, route.decode) as watch:
@@ -155,7 +155,8 @@ class Stages:
                     if number == 0:
                         trace.get_current_span().add_event("first_decode_chunk")
                     logprobs = tuple(
-                        TokenLogprob(lp.token, lp.logprob, tuple(zip(lp.top_tokens, lp.top_logprobs))) for lp in chunk.logprobs
+                        TokenLogprob(lp.token_id, lp.token, lp.logprob, tuple(zip(lp.top_token_ids, lp.top_tokens, lp.top_logprobs)))
+                        for lp in chunk.logprobs
                     )
                     finish_reason = chunk.finish_reason or None
                     number += 1
@@ -216,12 +217,13 @@ def kv_sources(route: Route, limit: int = 1) -> list[tuple[str, int]]:
     return sorted(better, key=lambda item: (-item[1], item[0]))[:limit]
 
 
-def prompt_logprobs_of(prefill: pb.PrefillResponse) -> PromptLogprobs | None:
-    """The prompt logprobs a prefill reported (when its sampling asked for them)."""
+def prompt_logprobs_of(prefill: pb.PrefillResponse, first_token_id: int) -> PromptLogprobs | None:
+    """The prompt logprobs a prefill reported (when its sampling asked for them);
+    ``first_token_id``: the prompt's first token."""
     if not prefill.HasField("first_prompt_token"):
         return None
     entries = tuple(
         PromptTokenLogprob(e.token_id, e.token, e.logprob, e.rank, tuple(zip(e.top_token_ids, e.top_tokens, e.top_logprobs)))
         for e in prefill.prompt_logprobs
     )
-    return PromptLogprobs(prefill.first_prompt_token, entries)
+    return PromptLogprobs(first_token_id, prefill.first_prompt_token, entries)

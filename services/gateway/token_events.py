@@ -12,11 +12,21 @@ def finite_logprob(logprob: float) -> float:
     return max(logprob, MIN_LOGPROB)
 
 
+def token_name(token_id: int, text: str, as_id: bool) -> str:
+    """How a logprobs entry names its token: its text, or with vLLM's
+    ``return_tokens_as_token_ids`` ``token_id:<id>`` (a token that is part of a character has no
+    text of its own)."""
+    return f"token_id:{token_id}" if as_id else text
+
+
 @dataclass(frozen=True, slots=True)
 class TokenLogprob:
+    token_id: int
     token: str
     logprob: float
-    top: tuple[tuple[str, float], ...]  # most likely first
+    # (token id, text, logprob), most likely first; or the sampled token and the ids the request
+    # named (logprob_token_ids)
+    top: tuple[tuple[int, str, float], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +43,8 @@ class PromptTokenLogprob:
 
 @dataclass(frozen=True, slots=True)
 class PromptLogprobs:
-    first_token: str  # the first prompt token's text: nothing precedes it, so it has no logprob
+    first_token_id: int  # the first prompt token: nothing precedes it, so it has no logprob
+    first_token: str  # its text
     entries: tuple[PromptTokenLogprob, ...]  # the second prompt token's on
 
 

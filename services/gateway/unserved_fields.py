@@ -30,11 +30,8 @@ SHARED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "spaces_between_special_tokens": (True,),
     "truncate_prompt_tokens": (None,),
     "truncation_side": (None,),
-    "allowed_token_ids": (None, []),
-    "logprob_token_ids": (None, []),
     "bad_words": (None, []),
     "priority": (0,),  # as vLLM without priority scheduling
-    "return_tokens_as_token_ids": (None, False),
     "return_token_offsets": (False,),
     "mm_payload": ("tensors",),
     "return_mm_kwargs": (None, False),
@@ -80,11 +77,8 @@ class UnservedFields(WireModel):
     spaces_between_special_tokens: bool = _off("spaces_between_special_tokens")
     truncate_prompt_tokens: int | None = _off("truncate_prompt_tokens")
     truncation_side: str | None = _off("truncation_side")
-    allowed_token_ids: list[int] | None = _off("allowed_token_ids")
-    logprob_token_ids: list[int] | None = _off("logprob_token_ids")
     bad_words: list[str] | None = _off("bad_words")
     priority: int = _off("priority")
-    return_tokens_as_token_ids: bool | None = _off("return_tokens_as_token_ids")
     return_token_offsets: bool = _off("return_token_offsets")
     mm_payload: str = _off("mm_payload")
     return_mm_kwargs: bool | None = _off("return_mm_kwargs")

@@ -44,8 +44,8 @@ def test_completion_shapes():
 
 def with_logprobs() -> ChoiceResult:
     result = ChoiceResult(index=0, prompt_index=0, text="Hi there", finish_reason="stop", logprobs=[])
-    result.add_logprobs([TokenLogprob("Hi", -0.5, (("Hi", -0.5), ("Yo", -1.5)))])
-    result.add_logprobs([TokenLogprob(" there", float("-inf"), ((" there", -0.1), (" you", -2.0)))])
+    result.add_logprobs([TokenLogprob(10, "Hi", -0.5, ((10, "Hi", -0.5), (11, "Yo", -1.5)))])
+    result.add_logprobs([TokenLogprob(12, " there", float("-inf"), ((12, " there", -0.1), (13, " you", -2.0)))])
     return result
 
 
@@ -67,15 +67,29 @@ def test_completion_logprobs_carry_text_offsets():
     # The sampled token first (its own logprob), then the alternatives, as vLLM gives them.
     assert choice.logprobs.top_logprobs == [{"Hi": -0.5, "Yo": -1.5}, {" there": -9999.0, " you": -2.0}]
     alone = ChoiceResult(index=0, prompt_index=0, text="Hi", logprobs=[])
-    alone.add_logprobs([TokenLogprob("Hi", -0.5, ())])  # logprobs=0: the sampled token only
+    alone.add_logprobs([TokenLogprob(10, "Hi", -0.5, ())])  # logprobs=0: the sampled token only
     assert CompletionFormatter().response("id1", "tiny", [alone], usage_of([alone])).choices[0].logprobs.top_logprobs == [{"Hi": -0.5}]
     assert ChoiceResult(index=0, prompt_index=0).logprobs is None  # not asked for: null in the response
+
+
+def test_tokens_as_ids_name_every_logprobs_token_by_id_and_keep_text_offsets():
+    result = with_logprobs()
+    [chat] = ChatFormatter(tokens_as_ids=True).response("id1", "tiny", [result], usage_of([result])).choices
+    first = chat.logprobs.content[0]
+    assert (first.token, first.bytes) == ("token_id:10", list(b"token_id:10"))
+    assert [t.token for t in first.top_logprobs] == ["token_id:10", "token_id:11"]
+    result.prompt_logprobs = scored_prompt()
+    fmt = CompletionFormatter(echoes=["The sky"], tokens_as_ids=True)
+    [text] = fmt.response("id1", "tiny", [result], usage_of([result])).choices
+    assert text.logprobs.tokens == ["token_id:900", "token_id:901", "token_id:10", "token_id:12"]
+    assert text.logprobs.top_logprobs[1] == {"token_id:901": -1.25, "token_id:902": -0.5}
+    assert text.logprobs.text_offset == [0, 3, 7, 9]  # offsets count the text, not the names
 
 
 def scored_prompt() -> PromptLogprobs:
     """ "The sky" scored: " sky" given "The", its rank 2, with the two most likely tokens."""
     entry = PromptTokenLogprob(901, " sky", -1.25, 2, ((902, " sea", -0.5), (901, " sky", -1.25)))
-    return PromptLogprobs("The", (entry,))
+    return PromptLogprobs(900, "The", (entry,))
 
 
 def test_prompt_logprobs_in_vllms_shape_the_token_first_then_the_top_ones():

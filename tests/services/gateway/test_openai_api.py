@@ -212,6 +212,25 @@ def test_prompt_logprobs_are_asked_for_or_implied_by_echo_as_vllm_does():
     assert scored.sampling.max_tokens == 1 and scored.sampling.prompt_logprobs == 0  # one step scores the prompt
 
 
+def test_named_token_ids_reach_the_sampling_with_vllms_rules():
+    params = sampling(logprobs=True, allowed_token_ids=[5, 9], logprob_token_ids=[100, 7])
+    assert (params.allowed_token_ids, params.logprob_token_ids, params.logprobs) == ((5, 9), (100, 7), 0)
+    assert sampling(logprob_token_ids=[], allowed_token_ids=None).logprob_token_ids is None  # empty asks for nothing
+    assert parse(logprobs=True, return_tokens_as_token_ids=True).tokens_as_ids
+    [generation] = completion_request(prompt="a", logprobs=5, logprob_token_ids=[3]).generations
+    assert generation.sampling.logprob_token_ids == (3,)
+    for body, text in (
+        ({"allowed_token_ids": []}, "allowed_token_ids is empty"),
+        ({"logprob_token_ids": [3]}, "`logprobs` must be set"),
+        ({"logprobs": True, "logprob_token_ids": list(range(129))}, "at most 128"),
+        ({"logprobs": True, "allowed_token_ids": [-1]}, "greater than or equal to 0"),
+    ):
+        with pytest.raises(GatewayError, match=text):
+            parse(**body)
+    with pytest.raises(ValueError, match="no output tokens are generated"):
+        completion_request(prompt="a", echo=True, max_tokens=0, logprobs=1, logprob_token_ids=[3])
+
+
 def test_unknown_fields_are_ignored_and_named():
     from services.gateway.openai_api import pop_ignored_fields
     from services.gateway.protocol import ChatCompletionRequest

@@ -11,6 +11,7 @@ import re
 
 import httpx
 import jsonschema
+import torch
 
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
@@ -311,3 +312,32 @@ def test_completions_echo_with_logprobs_and_no_tokens_scores_the_prompt(stack, o
     for position, value in enumerate(logprobs.token_logprobs[1:], start=1):
         assert abs(value - expected[position - 1][inputs.token_ids[position]].item()) < 1e-4, position
     assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs[1:])
+
+
+def test_allowed_and_named_logprob_token_ids_as_transformers_with_tokens_named_by_id(stack, oracle):
+    case = chat_case("Pick one of the allowed tokens.")
+    allowed, named = [40, 97, 311, 1000], [7, 1000]
+    extra = {"allowed_token_ids": allowed, "logprob_token_ids": named, "return_tokens_as_token_ids": True, "ignore_eos": True}
+    reply = greedy_chat(stack, case.body["messages"], max_tokens=4, logprobs=True, extra_body=extra)
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    reference = oracle.generate(inputs, 4, prefix_allowed_tokens_fn=lambda batch, ids: allowed)
+    content = reply.choices[0].logprobs.content
+    assert [int(entry.token.removeprefix("token_id:")) for entry in content] == reference.token_ids
+    for entry, logits in zip(content, reference.step_logits):
+        expected = torch.log_softmax(logits, dim=-1)  # the raw model's: a token outside the set stays finite
+        sampled = int(entry.token.removeprefix("token_id:"))
+        assert [t.token for t in entry.top_logprobs] == [f"token_id:{t}" for t in dict.fromkeys([sampled, *named])]
+        assert all(abs(t.logprob - expected[int(t.token[9:])].item()) < 1e-4 for t in entry.top_logprobs)
+    stream = client_for(stack).completions.create(
+        model="tiny",
+        prompt="Hello",
+        max_tokens=1,
+        temperature=0,
+        logprobs=5,
+        stream=True,
+        extra_body={**extra, "logprob_token_ids": [5000]},
+    )
+    tops = [
+        top for chunk in stream for top in (chunk.choices[0].logprobs.top_logprobs or []) if chunk.choices and chunk.choices[0].logprobs
+    ]
+    assert len(tops) == 1 and len(tops[0]) == 2 and "token_id:5000" in tops[0]
