@@ -1,5 +1,6 @@
 """The gateway's OpenAI-compatible routes: /v1/chat/completions and /v1/completions (JSON, or
-server-sent events when ``stream``), /v1/models, /tokenize and /detokenize. Every one depends on
+server-sent events when ``stream``), vLLM's /v1/chat/completions/batch (batch_chat.py),
+/v1/models, /tokenize and /detokenize. Every one depends on
 the caller's tenant (``tenant_of``: API keys, when they are on)."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime, and
@@ -11,11 +12,12 @@ from fastapi import APIRouter, Depends, Header
 
 from services.gateway import openai_api
 from services.gateway.admission import Admission, Ticket
+from services.gateway.batch_chat import BatchChatCompletionRequest, to_batch_chat_request
 from services.gateway.completion_protocol import CompletionRequest, CompletionResponse
 from services.gateway.errors import GatewayError
-from services.gateway.formatters import ChatFormatter, CompletionFormatter
+from services.gateway.formatters import ChatFormatter, CompletionFormatter, Formatter
 from services.gateway.media_budget import MediaTicket
-from services.gateway.openai_api import report_ignored_fields
+from services.gateway.openai_api import ignored_header, report_ignored_fields
 from services.gateway.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelCard, ModelList
 from services.gateway.responses import respond
 from services.gateway.state import GatewayState
@@ -57,6 +59,54 @@ def tenant_of(api_keys: ApiKeys | None):
 
 def api_routes(state: GatewayState, admission: Admission, model: ServedModel, tenant) -> APIRouter:
     router = APIRouter()
+    _info_routes(router, state, model, tenant)
+
+    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)
+    async def chat_completions(request: ChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
+        refuse_if_draining(state)
+        ignored = report_ignored_fields(request, "/v1/chat/completions")
+        api_request = openai_api.to_chat_request(
+            request,
+            served_names=state.served_names,
+            default_max_tokens=state.default_max_tokens,
+            tenant=caller,
+            tool_parser=model.tool_parser,
+            sampling_defaults=model.sampling_defaults,
+        )
+        formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids, api_request.tokens_as_ids)
+        return await _serve(state, admission, api_request, formatter, ignored)
+
+    @router.post("/v1/chat/completions/batch", response_model=ChatCompletionResponse, responses=RESPONSES)
+    async def batch_chat_completions(request: BatchChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
+        refuse_if_draining(state)
+        api_request, echoes, names = to_batch_chat_request(
+            request,
+            served_names=state.served_names,
+            default_max_tokens=state.default_max_tokens,
+            tenant=caller,
+            sampling_defaults=model.sampling_defaults,
+        )
+        formatter = ChatFormatter(None, echoes, api_request.return_token_ids, api_request.tokens_as_ids)
+        return await _serve(state, admission, api_request, formatter, ignored_header(names, "/v1/chat/completions/batch"))
+
+    @router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
+    async def completions(request: CompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
+        refuse_if_draining(state)
+        ignored = report_ignored_fields(request, "/v1/completions")
+        api_request = openai_api.to_completion_request(
+            request, served_names=state.served_names, tenant=caller, sampling_defaults=model.sampling_defaults
+        )
+        echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
+        formatter = CompletionFormatter(
+            api_request.return_token_ids, echoes, echo_only=request.echo_only, tokens_as_ids=api_request.tokens_as_ids
+        )
+        return await _serve(state, admission, api_request, formatter, ignored)
+
+    return router
+
+
+def _info_routes(router: APIRouter, state: GatewayState, model: ServedModel, tenant) -> None:
+    """/v1/models, /tokenize and /detokenize."""
     max_model_len = state.pipeline.max_model_len
 
     @router.get("/v1/models", response_model=ModelList, dependencies=[Depends(tenant)])
@@ -78,45 +128,15 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         openai_api.check_model(request.model, state.served_names)
         return DetokenizeResponse(prompt=await state.pipeline.detokenize(request.tokens))
 
-    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)
-    async def chat_completions(request: ChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
-        refuse_if_draining(state)
-        ignored = report_ignored_fields(request, "/v1/chat/completions")
-        api_request = openai_api.to_chat_request(
-            request,
-            served_names=state.served_names,
-            default_max_tokens=state.default_max_tokens,
-            tenant=caller,
-            tool_parser=model.tool_parser,
-            sampling_defaults=model.sampling_defaults,
-        )
-        api_request = _forced_usage(state, api_request)
-        ticket = admission.admit(len(api_request.generations))
-        media = await _admit_media(state, api_request, ticket)
-        formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids, api_request.tokens_as_ids)
-        response = await respond(state, api_request, formatter, ticket, media)
-        response.headers.update(ignored)
-        return response
 
-    @router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
-    async def completions(request: CompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
-        refuse_if_draining(state)
-        ignored = report_ignored_fields(request, "/v1/completions")
-        api_request = openai_api.to_completion_request(
-            request, served_names=state.served_names, tenant=caller, sampling_defaults=model.sampling_defaults
-        )
-        api_request = _forced_usage(state, api_request)
-        ticket = admission.admit(len(api_request.generations))
-        media = await _admit_media(state, api_request, ticket)
-        echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
-        formatter = CompletionFormatter(
-            api_request.return_token_ids, echoes, echo_only=request.echo_only, tokens_as_ids=api_request.tokens_as_ids
-        )
-        response = await respond(state, api_request, formatter, ticket, media)
-        response.headers.update(ignored)
-        return response
-
-    return router
+async def _serve(state: GatewayState, admission: Admission, request: openai_api.ApiRequest, formatter: Formatter, ignored: dict[str, str]):
+    """Admit the request and its media, run it, and answer (with the ignored-fields header)."""
+    request = _forced_usage(state, request)
+    ticket = admission.admit(len(request.generations))
+    media = await _admit_media(state, request, ticket)
+    response = await respond(state, request, formatter, ticket, media)
+    response.headers.update(ignored)
+    return response
 
 
 def _forced_usage(state: GatewayState, request: openai_api.ApiRequest) -> openai_api.ApiRequest:

@@ -140,8 +140,10 @@ class ChatFormatter:
             logprobs = _chat_logprobs(c, len(c.logprobs or ()), self.tokens_as_ids)
             ids = c.token_ids if self.return_token_ids else None
             out.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason, logprobs=logprobs, token_ids=ids))
-        prompt_ids = list(choices[0].prompt_token_ids) if self.return_token_ids and choices else None
-        scored = next((c.prompt_logprobs for c in choices if c.prompt_logprobs is not None), None)
+        # One prompt's ids and logprobs go on the response; the batch endpoint's several have none.
+        one_prompt = len({c.prompt_index for c in choices}) == 1
+        prompt_ids = list(choices[0].prompt_token_ids) if self.return_token_ids and one_prompt else None
+        scored = next((c.prompt_logprobs for c in choices if c.prompt_logprobs is not None and one_prompt), None)
         return ChatCompletionResponse(
             id=request_id,
             created=int(time.time()),

@@ -266,7 +266,11 @@ def _walk(value: object, path: str) -> list[str]:
 def report_ignored_fields(model: BaseModel, route: str) -> dict[str, str]:
     """Takes the unknown fields out of ``model``, logs them once, and returns the header naming
     them (empty when there were none)."""
-    names = pop_ignored_fields(model)
+    return ignored_header(pop_ignored_fields(model), route)
+
+
+def ignored_header(names: list[str], route: str) -> dict[str, str]:
+    """The header naming the ignored fields ``names`` (empty when there are none), logged once."""
     if not names:
         return {}
     log.warning("%s: ignored fields the server does not know: %s", route, ", ".join(names))

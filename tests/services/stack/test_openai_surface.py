@@ -341,3 +341,20 @@ def test_allowed_and_named_logprob_token_ids_as_transformers_with_tokens_named_b
         top for chunk in stream for top in (chunk.choices[0].logprobs.top_logprobs or []) if chunk.choices and chunk.choices[0].logprobs
     ]
     assert len(tops) == 1 and len(tops[0]) == 2 and "token_id:5000" in tops[0]
+
+
+def test_batch_chat_answers_each_conversation_as_transformers_and_counts_every_prompt(stack, oracle):
+    cases = [chat_case("Reply with the word alpha."), chat_case(png(40, 40, 5), "And this one?")]
+    body = {"model": "tiny", "messages": [c.body["messages"] for c in cases], "temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    reply = httpx.post(stack.base_url + "/chat/completions/batch", json={**body, "return_token_ids": True}, timeout=120)
+    assert reply.status_code == 200, reply.text
+    choices, usage = reply.json()["choices"], reply.json()["usage"]
+    assert [c["index"] for c in choices] == [0, 1]
+    num_prompt_tokens = 0
+    for case, choice in zip(cases, choices):
+        inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+        assert choice["token_ids"] == oracle.generate(inputs, 6).token_ids
+        num_prompt_tokens += len(inputs.token_ids)
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (num_prompt_tokens, 12)
+    streamed = httpx.post(stack.base_url + "/chat/completions/batch", json={**body, "stream": True}, timeout=60)
+    assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]
