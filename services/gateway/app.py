@@ -15,6 +15,7 @@ import time
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.admission import Admission
@@ -31,7 +32,7 @@ from shared.version import tessera_version
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 TESSERA_VERSION = tessera_version()
-API_PATHS = ("/v1/chat/completions", "/v1/completions")  # counted in tessera_requests_total
+API_PATHS = ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions")  # counted in tessera_requests_total
 
 
 def create_app(
@@ -48,11 +49,13 @@ def create_app(
     vllm_metric_names: bool = False,
     max_media_tokens_per_encoder: int = 0,
     force_include_usage: bool = False,
+    root_path: str = "",
 ) -> tuple[FastAPI, GatewayState]:
     """The app: its probes (probe_routes.py) and its API (api_routes.py), behind the body limit
     and OpenAI-shaped errors. ``model_root``, ``tool_parser``, ``sampling_defaults``: as
     api_routes.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``,
-    ``force_include_usage``: GatewayState's."""
+    ``force_include_usage``: GatewayState's. ``root_path``: vLLM's --root-path, the prefix a
+    path-routing proxy serves the API under; the routes answer with and without it, as vLLM's."""
     if not served_names:
         raise ValueError("the gateway needs at least one served model name")
     state = GatewayState(
@@ -65,6 +68,8 @@ def create_app(
         force_include_usage=force_include_usage,
     )
     app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version=TESSERA_VERSION)
+    if root_path:
+        app.add_middleware(RootPathMiddleware, root_path=root_path)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
     _add_error_handlers(app, state)
     app.include_router(probe_routes(state, TESSERA_VERSION))
@@ -73,9 +78,23 @@ def create_app(
     return app, state
 
 
+class RootPathMiddleware:
+    """Gives every request the API's ``root_path``. Starlette routes a path under it as the path
+    without it, and any other path as it is, so both spellings reach the routes (as vLLM's
+    --root-path does); uvicorn's own root_path would prefix every path instead."""
+
+    def __init__(self, app, root_path: str) -> None:
+        self.app, self.root_path = app, root_path
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            scope = {**scope, "root_path": self.root_path}
+        await self.app(scope, receive, send)
+
+
 def _add_error_handlers(app: FastAPI, state: GatewayState) -> None:
     def respond_with(exc: GatewayError, request: Request) -> JSONResponse:
-        if request.url.path in API_PATHS:
+        if get_route_path(request.scope) in API_PATHS:
             state.metrics.record_request(exc.status)
         return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
 

@@ -50,6 +50,9 @@ class Settings(InternalPlaneSettings):
     http_port: int = 8000
     http_backlog: int = 4096  # pending connections the kernel queues before refusing
     http_keep_alive_s: float = 30.0  # an idle client connection is closed after this
+    # vLLM's --root-path: the path prefix a path-routing proxy serves the API under ("/llm"); the
+    # routes answer with and without it.
+    root_path: str = ""
     generate_address: str = "127.0.0.1:50051"
     # Where nodes are discovered (their records are the cluster), and the cache lookups' index.
     index_url: str = ""
@@ -94,6 +97,8 @@ class Settings(InternalPlaneSettings):
                 "the gateway needs --index-url (nodes are discovered there), or all of --preprocess-address, "
                 "--encoder-address, --prefill-address and --decode-address (comma-separated lists)"
             )
+        if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
+            raise ValueError(f"root_path must start with '/' and not end with one (as '/llm'), got {self.root_path!r}")
         if self.generation_config not in GENERATION_CONFIG_MODES:
             raise ValueError(f"generation_config must be one of {', '.join(GENERATION_CONFIG_MODES)}, got {self.generation_config!r}")
         make_policy(self.routing_policy)  # raises for an unknown name, naming the known ones
@@ -188,6 +193,7 @@ async def _serve(
         vllm_metric_names=config.vllm_metric_names,
         max_media_tokens_per_encoder=config.max_media_tokens_per_encoder,
         force_include_usage=config.enable_force_include_usage,
+        root_path=config.root_path,
     )
     servicer = GenerateServicer(
         pipeline,

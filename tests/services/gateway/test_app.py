@@ -476,3 +476,15 @@ def test_a_streams_prompt_ids_come_once_on_its_first_chunk():
     lines = http.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True, "return_token_ids": True}).text.splitlines()
     chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert chunks[0]["prompt_token_ids"] == list(PROMPT_IDS) and all(c.get("prompt_token_ids") is None for c in chunks[1:])
+
+
+def test_a_root_path_serves_the_api_under_the_prefix_and_without_it_and_counts_both():
+    http, state = client_for(FakePipeline(), root_path="/llm")
+    for base in ("http://testserver/v1", "http://testserver/llm/v1"):
+        client = openai.OpenAI(base_url=base, api_key="none", http_client=http)
+        assert client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3).choices[0].message.content
+    assert http.get("/llm/v1/models").json()["data"][0]["id"] == "tiny"
+    assert http.get("/other/v1/models").status_code == 404
+    families = text_string_to_metric_families(http.get("/metrics").text)
+    counted = {s.labels["status"]: s.value for f in families if f.name == "tessera_requests" for s in f.samples if s.name.endswith("_total")}
+    assert counted.get("200") == 2, counted
