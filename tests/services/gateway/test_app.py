@@ -486,5 +486,6 @@ def test_a_root_path_serves_the_api_under_the_prefix_and_without_it_and_counts_b
     assert http.get("/llm/v1/models").json()["data"][0]["id"] == "tiny"
     assert http.get("/other/v1/models").status_code == 404
     families = text_string_to_metric_families(http.get("/metrics").text)
-    counted = {s.labels["status"]: s.value for f in families if f.name == "tessera_requests" for s in f.samples if s.name.endswith("_total")}
+    requests = next(f for f in families if f.name == "tessera_requests")
+    counted = {s.labels["status"]: s.value for s in requests.samples if s.name.endswith("_total")}
     assert counted.get("200") == 2, counted
