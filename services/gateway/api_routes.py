@@ -72,6 +72,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             tenant=caller,
             tool_parser=model.tool_parser,
             sampling_defaults=model.sampling_defaults,
+            max_model_len=state.pipeline.max_model_len,
         )
         formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids, api_request.tokens_as_ids)
         return await _serve(state, admission, api_request, formatter, ignored)
@@ -85,6 +86,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             default_max_tokens=state.default_max_tokens,
             tenant=caller,
             sampling_defaults=model.sampling_defaults,
+            max_model_len=state.pipeline.max_model_len,
         )
         formatter = ChatFormatter(None, echoes, api_request.return_token_ids, api_request.tokens_as_ids)
         return await _serve(state, admission, api_request, formatter, ignored_header(names, "/v1/chat/completions/batch"))
@@ -94,7 +96,11 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
         refuse_if_draining(state)
         ignored = report_ignored_fields(request, "/v1/completions")
         api_request = openai_api.to_completion_request(
-            request, served_names=state.served_names, tenant=caller, sampling_defaults=model.sampling_defaults
+            request,
+            served_names=state.served_names,
+            tenant=caller,
+            sampling_defaults=model.sampling_defaults,
+            max_model_len=state.pipeline.max_model_len,
         )
         echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
         formatter = CompletionFormatter(

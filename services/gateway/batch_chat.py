@@ -73,6 +73,7 @@ def to_batch_chat_request(
     default_max_tokens: int,
     tenant: Tenant | None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+    max_model_len: int | None = None,
 ) -> tuple[ApiRequest, list[str], list[str]]:
     """(the conversations as one request, choice i for conversation i; each one's echo; the
     fields no conversation's model knows, by name)."""
@@ -80,7 +81,12 @@ def to_batch_chat_request(
     ignored = list(dict.fromkeys(name for request in requests for name in pop_ignored_fields(request)))
     singles = [
         to_chat_request(
-            r, served_names=served_names, default_max_tokens=default_max_tokens, tenant=tenant, sampling_defaults=sampling_defaults
+            r,
+            served_names=served_names,
+            default_max_tokens=default_max_tokens,
+            tenant=tenant,
+            sampling_defaults=sampling_defaults,
+            max_model_len=max_model_len,
         )
         for r in requests
     ]

@@ -88,6 +88,7 @@ class GenerateServicer(rpc.GenerateServicer):
             tenant=tenant,
             tool_parser=self.tool_parser,
             sampling_defaults=self.sampling_defaults,
+            max_model_len=self.pipeline.max_model_len,
         )
         return parsed.generations
 

@@ -62,9 +62,11 @@ def to_chat_request(
     tenant: Tenant | None = None,
     tool_parser: str | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+    max_model_len: int | None = None,
 ) -> ApiRequest:
     """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one;
-    ``sampling_defaults``: the checkpoint's, for the sampling fields the request leaves unset."""
+    ``sampling_defaults``: the checkpoint's, for the sampling fields the request leaves unset;
+    ``max_model_len``: what ``truncate_prompt_tokens: -1`` keeps (None: -1 is refused)."""
     model = check_model(request.model, served_names)
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
@@ -88,6 +90,7 @@ def to_chat_request(
         structured=forced or structured,
         tool_mode=tools,
         sampling_defaults=sampling_defaults,
+        max_model_len=max_model_len,
     )
     return replace(fanned, echo=request.echoed_text())
 
@@ -98,6 +101,7 @@ def to_completion_request(
     served_names: tuple[str, ...],
     tenant: Tenant | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+    max_model_len: int | None = None,
 ) -> ApiRequest:
     model = check_model(request.model, served_names)
     media = request.multi_modal_data
@@ -112,6 +116,7 @@ def to_completion_request(
         fit_max_tokens=request.max_tokens is None,
         structured=request.structured_output(),
         sampling_defaults=sampling_defaults,
+        max_model_len=max_model_len,
     )
 
 
@@ -123,6 +128,7 @@ def parse_chat_request(
     tenant: Tenant | None = None,
     tool_parser: str | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+    max_model_len: int | None = None,
 ) -> ApiRequest:
     """A raw JSON body (the Generate API's request_json) through the same model as HTTP."""
     try:
@@ -137,6 +143,7 @@ def parse_chat_request(
         tenant=tenant,
         tool_parser=tool_parser,
         sampling_defaults=sampling_defaults,
+        max_model_len=max_model_len,
     )
 
 
@@ -151,8 +158,12 @@ def _fan_out(
     structured: StructuredOutput | None,
     tool_mode: ToolMode | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+    max_model_len: int | None = None,
 ) -> ApiRequest:
     cache_salt = request_cache_salt(tenant, request.cache_salt)
+    if (truncation := request.truncation(max_model_len)) is not None:
+        for prompt in prompts:
+            prompt.truncation.CopyFrom(truncation)
     generations = tuple(
         Generation(
             index=prompt_index * request.n + i,

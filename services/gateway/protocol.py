@@ -25,6 +25,7 @@ from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart, needs
 from services.gateway.prompt_logprobs import PromptLogprobFields, PromptLogprobsWire
 from services.gateway.structured_fields import StructuredRequestFields
 from services.gateway.token_id_fields import TokenIdFields
+from services.gateway.truncation_fields import TruncationFields
 from services.gateway.unserved_fields import ChatUnservedFields, UnservedFields
 from services.gateway.wire_base import NonEmptyStr, WireModel
 
@@ -126,7 +127,7 @@ class StreamOptions(WireModel):
     continuous_usage_stats: bool = Field(False, description="usage (so far) on every chunk, as vLLM sends it")
 
 
-class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobFields, TokenIdFields):
+class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobFields, TokenIdFields, TruncationFields):
     """What chat and text completions share: sampling, structured output, streaming and caching
     fields (and vLLM's not served yet, refused: unserved_fields.py)."""
 

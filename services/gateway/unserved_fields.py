@@ -28,8 +28,6 @@ SHARED_DEFAULTS: dict[str, tuple[object, ...]] = {
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
-    "truncate_prompt_tokens": (None,),
-    "truncation_side": (None,),
     "bad_words": (None, []),
     "priority": (0,),  # as vLLM without priority scheduling
     "return_token_offsets": (False,),
@@ -75,8 +73,6 @@ class UnservedFields(WireModel):
     include_stop_str_in_output: bool = _off("include_stop_str_in_output")
     skip_special_tokens: bool = _off("skip_special_tokens")
     spaces_between_special_tokens: bool = _off("spaces_between_special_tokens")
-    truncate_prompt_tokens: int | None = _off("truncate_prompt_tokens")
-    truncation_side: str | None = _off("truncation_side")
     bad_words: list[str] | None = _off("bad_words")
     priority: int = _off("priority")
     return_token_offsets: bool = _off("return_token_offsets")

@@ -41,6 +41,7 @@ from services.preprocess.media_uuids import MediaUuids
 from services.preprocess.processor_cache import BoundedMemo, ProcessorCache
 from services.preprocess.prompt import ImageInput, Prompt
 from services.preprocess.prompt_input import CheckedPrompt, check_prompt
+from services.preprocess.truncation import truncated
 from services.preprocess.video_items import DecodedClip, VideoPipeline
 from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.hashing import mm_hash_of_part
@@ -183,6 +184,7 @@ class Preprocessor:
             )
         except PlaceholderCountError as exc:
             raise PlaceholderMismatchError(str(exc)) from None
+        expanded = truncated(expanded, prompt.truncation, self.tokenizer.truncation_side, has_media=bool(ranges))
         if len(expanded) > self.config.max_prompt_tokens:
             raise PromptTooLongError(
                 f"prompt is {len(expanded)} tokens after image and video expansion; the limit is {self.config.max_prompt_tokens}"

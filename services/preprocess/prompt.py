@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from services.models.video import VideoOptions
+from services.preprocess.truncation import Truncation
 
 
 class Role(StrEnum):
@@ -99,3 +100,4 @@ class Prompt:
     videos: tuple[VideoInput, ...] = ()  # likewise
     # The request's video processor settings (mm_processor_kwargs: fps, num_frames, ...).
     video_options: VideoOptions = VideoOptions()
+    truncation: Truncation | None = None  # vLLM's truncate_prompt_tokens (truncation.py)

@@ -9,6 +9,7 @@ from protos.gen import pb
 from services.models.video import VIDEO_OPTION_NAMES, VideoOptions
 from services.preprocess.errors import InvalidRequestError
 from services.preprocess.prompt import ChatMessage, ChatPrompt, ContentPart, ImageInput, Prompt, Role, Tool, ToolCall, VideoInput
+from services.preprocess.truncation import Truncation
 
 _WIRE_ROLES = {
     pb.ChatMessage.SYSTEM: Role.SYSTEM,
@@ -25,6 +26,7 @@ def prompt_from_wire(prompt: pb.PromptInput) -> Prompt:
         "images": tuple(image_from_wire(image) for image in prompt.images),
         "videos": tuple(video_from_wire(video) for video in prompt.videos),
         "video_options": video_options_from_wire(prompt.video_options),
+        "truncation": truncation_from_wire(prompt.truncation) if prompt.HasField("truncation") else None,
     }
     kind = prompt.WhichOneof("prompt")
     if kind == "chat":
@@ -36,6 +38,13 @@ def prompt_from_wire(prompt: pb.PromptInput) -> Prompt:
     if kind == "token_ids":
         return Prompt(token_ids=tuple(prompt.token_ids.ids), **media)
     return Prompt(**media)
+
+
+_SIDES = {pb.Truncation.TOKENIZER: None, pb.Truncation.LEFT: "left", pb.Truncation.RIGHT: "right"}
+
+
+def truncation_from_wire(truncation: pb.Truncation) -> Truncation:
+    return Truncation(truncation.num_tokens, _SIDES.get(truncation.side))
 
 
 def video_from_wire(video: pb.VideoInput) -> VideoInput:

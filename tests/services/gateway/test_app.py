@@ -148,8 +148,6 @@ ASKING = {
     "include_stop_str_in_output": True,
     "skip_special_tokens": False,
     "spaces_between_special_tokens": False,
-    "truncate_prompt_tokens": 4,
-    "truncation_side": "left",
     "bad_words": ["x"],
     "priority": 1,
     "return_token_offsets": True,

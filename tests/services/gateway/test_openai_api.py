@@ -351,3 +351,17 @@ def test_stop_token_ids_reach_the_sampling_on_both_endpoints():
     assert generation.sampling.stop_token_ids == (9,)
     with pytest.raises(GatewayError, match="stop_token_ids"):
         parse(stop_token_ids=[-1])
+
+
+def test_truncation_reaches_every_prompt_and_minus_one_is_the_model_length_less_one():
+    [generation] = parse(truncate_prompt_tokens=5, truncation_side="right").generations
+    assert (generation.prompt.truncation.num_tokens, generation.prompt.truncation.side) == (5, pb.Truncation.RIGHT)
+    request = to_completion_request(
+        CompletionRequest.model_validate({"prompt": ["a", "b"], "truncate_prompt_tokens": -1}), served_names=("tiny",), max_model_len=64
+    )
+    assert [(g.prompt.truncation.num_tokens, g.prompt.truncation.side) for g in request.generations] == [(63, pb.Truncation.TOKENIZER)] * 2
+    assert not parse().generations[0].prompt.HasField("truncation")
+    with pytest.raises(GatewayError, match="at least 1"):
+        parse(truncate_prompt_tokens=0)
+    with pytest.raises(GatewayError, match="truncation_side"):
+        parse(truncate_prompt_tokens=3, truncation_side="middle")

@@ -11,12 +11,14 @@ import re
 
 import httpx
 import jsonschema
+import openai
 import torch
 
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
 from services.engine.sampling_params import SamplingParams
 from tests.factories import chat_case, tool_call_history
+from tests.oracle import OracleInputs
 from tests.services.stack.e2e_helpers import GREEDY, client_for, png
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
@@ -358,3 +360,20 @@ def test_batch_chat_answers_each_conversation_as_transformers_and_counts_every_p
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (num_prompt_tokens, 12)
     streamed = httpx.post(stack.base_url + "/chat/completions/batch", json={**body, "stream": True}, timeout=60)
     assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]
+
+
+def test_truncate_prompt_tokens_keeps_the_side_asked_and_generates_as_transformers_on_what_is_kept(stack, oracle):
+    client = client_for(stack)
+    ids = httpx.post(root_url(stack) + "/tokenize", json={"model": "tiny", "prompt": "one two three four five six seven"}).json()["tokens"]
+    for side, kept in (("left", ids[-4:]), ("right", ids[:4])):
+        extra = {"return_token_ids": True, "truncate_prompt_tokens": 4, "truncation_side": side, "ignore_eos": True}
+        reply = client.completions.create(model="tiny", prompt=ids, max_tokens=5, temperature=0, extra_body=extra)
+        assert reply.choices[0].model_extra["prompt_token_ids"] == kept and reply.usage.prompt_tokens == 4
+        reference = oracle.generate(OracleInputs(torch.tensor([kept]), None, None, None), 5)
+        assert reply.choices[0].model_extra["token_ids"] == reference.token_ids
+    case = chat_case(png(40, 40, 2), "Describe it.")
+    try:
+        greedy_chat(stack, case.body["messages"], extra_body={"truncate_prompt_tokens": 8})
+        raise AssertionError("a prompt with an image was cut")
+    except openai.BadRequestError as exc:
+        assert "images or videos" in str(exc)
