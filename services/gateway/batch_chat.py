@@ -57,6 +57,7 @@ def _refuse_batch_only(shared: dict[str, Any]) -> None:
     """What vLLM's batch endpoint refuses, though one conversation may ask it."""
     refused = {
         "stream": shared.get("stream") not in (None, False),
+        "use_beam_search": shared.get("use_beam_search") not in (None, False),
         "tools": bool(shared.get("tools")),
         "n": shared.get("n") not in (None, 1),
         "kv_transfer_params": (shared.get("kv_transfer_params") or {}).get("prompt_token_ids") is not None,

@@ -90,6 +90,8 @@ class GenerateServicer(rpc.GenerateServicer):
             sampling_defaults=self.sampling_defaults,
             max_model_len=self.pipeline.max_model_len,
         )
+        if parsed.beam is not None:
+            raise GatewayError(400, "use_beam_search is served on /v1/chat/completions and /v1/completions, not on Generate")
         return parsed.generations
 
     async def _chunks(self, request_id: str, generations: tuple[Generation, ...]) -> AsyncIterator[pb.GenerateChunk]:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from protos.gen import pb
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS, SamplingParams, StructuredOutput
+from services.gateway.beam_fields import BeamSearch
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.media_budget import has_media
@@ -52,6 +53,7 @@ class ApiRequest:
     echo: str = ""  # chat only: text each choice's reply starts with (ChatCompletionRequest.echoed_text)
     return_token_ids: bool = False  # vLLM's: prompt and output token ids in the response
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens by id
+    beam: BeamSearch | None = None  # use_beam_search: the choices are the best beams (beam_search.py)
 
 
 def to_chat_request(
@@ -186,6 +188,7 @@ def _fan_out(
         tool_mode=tool_mode,
         return_token_ids=request.return_token_ids,
         tokens_as_ids=bool(request.return_tokens_as_token_ids),
+        beam=request.beam_search(max_tokens, fit_max_tokens=fit_max_tokens),
     )
 
 

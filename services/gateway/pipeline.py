@@ -103,6 +103,7 @@ class Pipeline:
         self.num_retries = 0
         self.num_migrations = 0
         self.num_busy_refusals = 0  # calls a busy node refused (tried elsewhere, or a 429)
+        self._model_info: pb.ModelInfoResponse | None = None  # model_info(), once asked
         self.route_observers: list[Callable[[Route], None]] = []  # e.g. the routing-latency histogram
         self.stages = Stages(router, self.stub, self.data_address, self.watchdog, clock)
 
@@ -242,6 +243,18 @@ class Pipeline:
             return (await self.stages.call("preprocess", address, stub.MediaCost, pb.MediaCostRequest(), deadline)).cost_model_json
 
         return await self._on_preprocess(call)
+
+    async def model_info(self) -> pb.ModelInfoResponse:
+        """The served model's stop ids and vocabulary size, asked of a preprocess node once: they
+        are the checkpoint's, the same on every node."""
+        if self._model_info is None:
+
+            async def call(address: str, deadline: float) -> pb.ModelInfoResponse:
+                stub = self.stub("preprocess", address)
+                return await self.stages.call("preprocess", address, stub.ModelInfo, pb.ModelInfoRequest(), deadline)
+
+            self._model_info = await self._on_preprocess(call)
+        return self._model_info
 
     async def _on_preprocess(self, call: Callable[[str, float], Awaitable]):
         """``call(address, deadline)`` on a preprocess node, failing over as a request does."""

@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, StringConstraints, field_validator, model_validator
 
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS
+from services.gateway.beam_fields import BeamSearchFields
 from services.gateway.kv_transfer_fields import KVTransferFields
 from services.gateway.media_fields import MmProcessorKwargs, VideoUrlPart, needs_source_or_uuid
 from services.gateway.prompt_logprobs import PromptLogprobFields, PromptLogprobsWire
@@ -127,7 +128,7 @@ class StreamOptions(WireModel):
     continuous_usage_stats: bool = Field(False, description="usage (so far) on every chunk, as vLLM sends it")
 
 
-class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobFields, TokenIdFields, TruncationFields):
+class SamplingFields(StructuredRequestFields, UnservedFields, PromptLogprobFields, TokenIdFields, TruncationFields, BeamSearchFields):
     """What chat and text completions share: sampling, structured output, streaming and caching
     fields (and vLLM's not served yet, refused: unserved_fields.py)."""
 

@@ -20,6 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from services.gateway.admission import Ticket
+from services.gateway.beam_search import beam_events
 from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChoiceResult, Formatter, usage_of
@@ -48,7 +49,7 @@ async def respond(
 async def _complete(state: GatewayState, request: ApiRequest, formatter: Formatter, media: MediaTicket) -> JSONResponse:
     started = time.monotonic()
     results = _results(request)
-    async for generation, event in merged_events(lambda g: state.events(g, stream=False), request.generations):
+    async for generation, event in _choice_events(state, request, stream=False):
         media.release()
         if not any(r.num_tokens for r in results.values()):
             state.metrics.record_ttft(time.monotonic() - started)
@@ -66,7 +67,7 @@ async def _start_stream(
     state: GatewayState, request: ApiRequest, formatter: Formatter, ticket: Ticket, media: MediaTicket
 ) -> EventStreamResponse:
     started = time.monotonic()
-    events = merged_events(lambda g: state.events(g, stream=True), request.generations)
+    events = _choice_events(state, request, stream=True)
     try:
         first = await anext(events)  # errors before the first token still get a proper status code
     except BaseException:
@@ -132,6 +133,21 @@ async def _sse(
     finally:
         ticket.release()
         await events.aclose()  # on disconnect too: stops the request's work on every node
+
+
+def _choice_events(state: GatewayState, request: ApiRequest, *, stream: bool) -> AsyncIterator[tuple[Generation, TokenEvent]]:
+    """Every choice's token events, interleaved as they come; a beam search's choices at its end."""
+    if request.beam is None:
+        return merged_events(lambda g: state.events(g, stream=stream), request.generations)
+    return _beam_events(state, request)
+
+
+async def _beam_events(state: GatewayState, request: ApiRequest) -> AsyncIterator[tuple[Generation, TokenEvent]]:
+    pipeline = state.pipeline
+    stop_ids = frozenset((await pipeline.model_info()).eos_token_ids)
+    events = beam_events(request, lambda g: state.events(g, stream=False), pipeline.detokenize, stop_ids, pipeline.max_model_len)
+    async for item in events:
+        yield item
 
 
 def _record_finished(state: GatewayState, usage: Usage, choices: list[ChoiceResult]) -> None:

@@ -20,11 +20,8 @@ from pydantic import Field, model_validator
 
 from services.gateway.wire_base import WireModel
 
-# Field -> the values that ask for nothing. Beam search and its length penalty are refused until
-# beam search is served.
+# Field -> the values that ask for nothing.
 SHARED_DEFAULTS: dict[str, tuple[object, ...]] = {
-    "use_beam_search": (False,),
-    "length_penalty": (1.0, 1),
     "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
@@ -68,8 +65,6 @@ def _off(name: str, defaults: dict[str, tuple[object, ...]] = SHARED_DEFAULTS):
 
 
 class UnservedFields(WireModel):
-    use_beam_search: bool = _off("use_beam_search")
-    length_penalty: float = _off("length_penalty")
     include_stop_str_in_output: bool = _off("include_stop_str_in_output")
     skip_special_tokens: bool = _off("skip_special_tokens")
     spaces_between_special_tokens: bool = _off("spaces_between_special_tokens")

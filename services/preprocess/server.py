@@ -77,6 +77,10 @@ class PreprocessServicer(rpc.PreprocessServicer):
     async def MediaCost(self, request: pb.MediaCostRequest, context) -> pb.MediaCostResponse:
         return pb.MediaCostResponse(cost_model_json=media_costs_to_json(self.node.preprocessor.media_costs()))
 
+    async def ModelInfo(self, request: pb.ModelInfoRequest, context) -> pb.ModelInfoResponse:
+        preprocessor = self.node.preprocessor
+        return pb.ModelInfoResponse(eos_token_ids=list(preprocessor.model_config.eos_token_ids), vocab_size=preprocessor.vocab_size)
+
     async def Stats(self, request, context) -> pb.StatsResponse:
         return stats_response("preprocess", node_snapshot(self.node.metrics, self.admission.metrics))
 

@@ -122,7 +122,8 @@ def test_malformed_requests_get_a_400_in_openai_error_json(raw, param, text):
     "fields,text",
     [
         ({"stream_options": {"include_usage": True}}, "stream_options can only be set with stream=true"),
-        ({"use_beam_search": True, "n": 2}, "use_beam_search=True is not supported"),
+        ({"use_beam_search": True, "n": 2, "stop": "x"}, "stop is not supported with beam search"),
+        ({"length_penalty": 0.5}, "length_penalty only applies with use_beam_search=true"),
         ({"prompt_logprobs": -1}, "the whole vocabulary (-1); this server reports at most 20"),
         ({"prompt_logprobs": 21}, "at most 20"),
         ({"prompt_logprobs": -2}, "must be a non-negative integer or -1"),
@@ -143,8 +144,6 @@ def test_fields_whose_meaning_is_not_served_are_refused_never_ignored(route, fie
 
 # A value that asks something of each field refused (unserved_fields.py), by endpoint.
 ASKING = {
-    "use_beam_search": True,
-    "length_penalty": 0.5,
     "include_stop_str_in_output": True,
     "skip_special_tokens": False,
     "spaces_between_special_tokens": False,

@@ -377,3 +377,29 @@ def test_truncate_prompt_tokens_keeps_the_side_asked_and_generates_as_transforme
         raise AssertionError("a prompt with an image was cut")
     except openai.BadRequestError as exc:
         assert "images or videos" in str(exc)
+
+
+def test_beam_search_choices_are_transformers_beams_best_first(stack, oracle):
+    case = chat_case("Search for the best continuation.")
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    with torch.inference_mode():
+        beams = oracle.model.generate(
+            input_ids=inputs.input_ids, num_beams=3, num_return_sequences=3, do_sample=False, max_new_tokens=5, min_new_tokens=0
+        )
+    expected = [row[len(inputs.token_ids) :].tolist() for row in beams]
+    reply = greedy_chat(stack, case.body["messages"], max_tokens=5, n=3, extra_body={"use_beam_search": True, "return_token_ids": True})
+    assert [c.model_extra["token_ids"] for c in reply.choices] == expected
+    assert reply.usage.completion_tokens == 15 and {c.finish_reason for c in reply.choices} == {"length"}
+    client = client_for(stack)
+    batch = client.completions.create(
+        model="tiny", prompt=["Hello, my name is"] * 2, n=2, max_tokens=5, temperature=0, extra_body={"use_beam_search": True}
+    )
+    texts = [c.text for c in batch.choices]
+    assert len(texts) == 4 and texts[0] != texts[1] and texts[:2] == texts[2:]
+    stream = client.completions.create(
+        model="tiny", prompt="Hello, my name is", n=2, max_tokens=5, temperature=0, stream=True, extra_body={"use_beam_search": True}
+    )
+    streamed = ["", ""]
+    for chunk in stream:
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert streamed == texts[:2]
