@@ -214,3 +214,6 @@ def _check_named_tokens(sampling: SamplingParams, vocab_size: int) -> None:
         outside = [token for token in tokens if not 0 <= token < vocab_size]
         if outside:
             raise RequestRejectedError(f"{field} names token id {outside[0]}, outside the vocabulary of {vocab_size}")
+    for field in ("logprobs", "prompt_logprobs"):
+        if (asked := getattr(sampling, field)) is not None and asked > vocab_size:
+            raise RequestRejectedError(f"{field} asks for {asked} alternatives; the vocabulary has {vocab_size}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.engine.logprob_ranking import top_alternatives
 from services.engine.request import Request
 from services.engine.sampling_params import PromptTokenLogprobs
 
@@ -59,12 +60,8 @@ def _records(logprobs: torch.Tensor, targets: list[int], k: int) -> list[PromptT
     target_ids = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
     chosen = logprobs.gather(1, target_ids[:, None])[:, 0]
     ranks = (logprobs > chosen[:, None]).sum(dim=1) + 1
-    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
-    out = []
-    for row, token_id in enumerate(targets):
-        top: tuple[tuple[int, float], ...] = ()
-        if k:
-            pairs = zip(top_ids[row].tolist(), top_values[row].tolist())
-            top = tuple(sorted(pairs, key=lambda pair: (-pair[1], pair[0])))
-        out.append(PromptTokenLogprobs(token_id, float(chosen[row]), int(ranks[row]), top))
-    return out
+    tops = top_alternatives(logprobs, k)
+    return [
+        PromptTokenLogprobs(token_id, value, rank, top)
+        for token_id, value, rank, top in zip(targets, chosen.tolist(), ranks.tolist(), tops)
+    ]

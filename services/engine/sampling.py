@@ -35,6 +35,7 @@ import torch
 
 from kernels.race import Race, gumbel_from_uniform, race_scores
 from services.engine.logits_processors import apply_min_p, process_logits
+from services.engine.logprob_ranking import top_alternatives
 from services.engine.request import Request
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
 
@@ -177,15 +178,12 @@ class Sampler:
             return out
         logprobs = torch.log_softmax(logits[wanted].float(), dim=-1)
         k = max((params[i].logprobs or 0 for i in wanted if params[i].logprob_token_ids is None), default=0)
-        top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
+        tops = top_alternatives(logprobs, k)
         for row, i in enumerate(wanted):
-            top: tuple[tuple[int, float], ...] = ()
+            top = tops[row][: params[i].logprobs or 0]
             if (named := params[i].logprob_token_ids) is not None:
                 ids = list(dict.fromkeys((token_ids[i], *named)))
                 top = tuple(zip(ids, logprobs[row, ids].tolist()))
-            elif params[i].logprobs:
-                pairs = zip(top_ids[row].tolist(), top_values[row].tolist())
-                top = tuple(sorted(pairs, key=lambda pair: (-pair[1], pair[0]))[: params[i].logprobs])
             out[i] = TokenLogprobs(token_ids[i], float(logprobs[row, token_ids[i]]), top)
         return out
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-MAX_LOGPROBS = 20
 MAX_LOGPROB_TOKEN_IDS = 128  # ids a request may name for logprobs (vLLM's bound)
 MAX_PENALTY = 2.0  # presence and frequency penalties lie in [-2, 2], as OpenAI and vLLM require
 # Below this a temperature is greedy (argmax), as in vLLM: dividing logits by a denormal-sized
@@ -84,10 +83,11 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
+        # The most alternatives is the gateway's --max-logprobs; the vocabulary bounds them here
+        # (services/engine/engine.py).
+        for name in ("logprobs", "prompt_logprobs"):
+            if (value := getattr(self, name)) is not None and value < 0:
+                raise ValueError(f"{name} must be at least 0, got {value}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
                 raise ValueError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {getattr(self, name)}")

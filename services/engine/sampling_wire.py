@@ -106,8 +106,9 @@ def prompt_logprobs_to_pb(logprobs: PromptTokenLogprobs, token_text: Callable[[i
 
 def token_texts(tokenizer) -> Callable[[int], str]:
     """A token's own text, for logprobs (U+FFFD when the token is part of a character); cached,
-    as a node reports the same tokens again and again."""
-    return functools.lru_cache(maxsize=65536)(lambda token_id: tokenizer.decode([token_id]))
+    as a node reports the same tokens again and again: at most one entry per vocabulary token, so
+    whole-vocabulary logprobs (--max-logprobs -1) decode each token once."""
+    return functools.lru_cache(maxsize=max(65536, len(tokenizer)))(lambda token_id: tokenizer.decode([token_id]))
 
 
 def prompt_logprobs_from_pb(msg: pb.PromptLogprob) -> PromptTokenLogprobs:

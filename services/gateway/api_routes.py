@@ -19,6 +19,7 @@ from services.gateway.formatters import ChatFormatter, CompletionFormatter, Form
 from services.gateway.media_budget import MediaTicket
 from services.gateway.openai_api import ignored_header, report_ignored_fields
 from services.gateway.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelCard, ModelList
+from services.gateway.request_limits import RequestLimits
 from services.gateway.responses import respond
 from services.gateway.state import GatewayState
 from services.gateway.tenants import ApiKeys, Tenant
@@ -72,7 +73,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             tenant=caller,
             tool_parser=model.tool_parser,
             sampling_defaults=model.sampling_defaults,
-            max_model_len=state.pipeline.max_model_len,
+            limits=await _limits(state, request.top_logprobs, request.prompt_logprobs),
         )
         formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids, api_request.tokens_as_ids)
         return await _serve(state, admission, api_request, formatter, ignored)
@@ -86,7 +87,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             default_max_tokens=state.default_max_tokens,
             tenant=caller,
             sampling_defaults=model.sampling_defaults,
-            max_model_len=state.pipeline.max_model_len,
+            limits=await _limits(state, *((request.model_extra or {}).get(name) for name in ("top_logprobs", "prompt_logprobs"))),
         )
         formatter = ChatFormatter(None, echoes, api_request.return_token_ids, api_request.tokens_as_ids)
         return await _serve(state, admission, api_request, formatter, ignored_header(names, "/v1/chat/completions/batch"))
@@ -100,7 +101,7 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             served_names=state.served_names,
             tenant=caller,
             sampling_defaults=model.sampling_defaults,
-            max_model_len=state.pipeline.max_model_len,
+            limits=await _limits(state, request.logprobs, request.prompt_logprobs),
         )
         echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
         formatter = CompletionFormatter(
@@ -143,6 +144,15 @@ async def _serve(state: GatewayState, admission: Admission, request: openai_api.
     response = await respond(state, request, formatter, ticket, media)
     response.headers.update(ignored)
     return response
+
+
+async def _limits(state: GatewayState, *asked: object) -> RequestLimits:
+    """The deployment's limits; the vocabulary's size (asked of a node once) when a request asks
+    for the whole vocabulary (-1) or the cap is the vocabulary."""
+    vocab_size = None
+    if state.max_logprobs == -1 or -1 in asked:
+        vocab_size = (await state.pipeline.model_info()).vocab_size
+    return RequestLimits(state.pipeline.max_model_len, state.max_logprobs, vocab_size)
 
 
 def _forced_usage(state: GatewayState, request: openai_api.ApiRequest) -> openai_api.ApiRequest:

@@ -24,6 +24,7 @@ from services.gateway.body_limit import BodyLimitMiddleware
 from services.gateway.errors import GatewayError
 from services.gateway.pipeline import Pipeline
 from services.gateway.probe_routes import probe_routes
+from services.gateway.request_limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.state import GatewayState
 from services.gateway.tenants import ApiKeys
 from services.gateway.validation_errors import validation_error
@@ -50,11 +51,12 @@ def create_app(
     max_media_tokens_per_encoder: int = 0,
     force_include_usage: bool = False,
     root_path: str = "",
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS,
 ) -> tuple[FastAPI, GatewayState]:
     """The app: its probes (probe_routes.py) and its API (api_routes.py), behind the body limit
     and OpenAI-shaped errors. ``model_root``, ``tool_parser``, ``sampling_defaults``: as
     api_routes.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``,
-    ``force_include_usage``: GatewayState's. ``root_path``: vLLM's --root-path, the prefix a
+    ``force_include_usage``, ``max_logprobs``: GatewayState's. ``root_path``: vLLM's --root-path, the prefix a
     path-routing proxy serves the API under; the routes answer with and without it, as vLLM's."""
     if not served_names:
         raise ValueError("the gateway needs at least one served model name")
@@ -66,6 +68,7 @@ def create_app(
         vllm_metric_names=vllm_metric_names,
         max_media_tokens_per_encoder=max_media_tokens_per_encoder,
         force_include_usage=force_include_usage,
+        max_logprobs=max_logprobs,
     )
     app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version=TESSERA_VERSION)
     if root_path:

@@ -17,6 +17,7 @@ from pydantic import Field, ValidationError
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import ApiRequest, pop_ignored_fields, to_chat_request
 from services.gateway.protocol import MAX_CHOICES, ChatCompletionRequest
+from services.gateway.request_limits import NO_LIMITS, RequestLimits
 from services.gateway.tenants import Tenant
 from services.gateway.validation_errors import validation_error
 from services.gateway.wire_base import WireModel
@@ -74,7 +75,7 @@ def to_batch_chat_request(
     default_max_tokens: int,
     tenant: Tenant | None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
-    max_model_len: int | None = None,
+    limits: RequestLimits = NO_LIMITS,
 ) -> tuple[ApiRequest, list[str], list[str]]:
     """(the conversations as one request, choice i for conversation i; each one's echo; the
     fields no conversation's model knows, by name)."""
@@ -87,7 +88,7 @@ def to_batch_chat_request(
             default_max_tokens=default_max_tokens,
             tenant=tenant,
             sampling_defaults=sampling_defaults,
-            max_model_len=max_model_len,
+            limits=limits,
         )
         for r in requests
     ]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from services.gateway.media_fields import MmProcessorKwargs, VideoRef, needs_source_or_uuid
 from services.gateway.prompt_logprobs import PromptLogprobsWire
-from services.gateway.protocol import INT32_MAX, MAX_LOGPROBS, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
+from services.gateway.protocol import INT32_MAX, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
 from services.gateway.unserved_fields import CompletionUnservedFields
 
 MAX_PROMPTS = 16
@@ -60,7 +60,9 @@ class CompletionRequest(SamplingFields, CompletionUnservedFields):
     echo: bool = Field(
         False, description="each choice's text starts with its prompt (as vLLM: token ids detokenized), and with logprobs its logprobs"
     )
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="the sampled token's logprob and this many alternatives")
+    logprobs: int | None = Field(
+        None, ge=-1, description="the sampled token's logprob and this many alternatives (at most --max-logprobs, 20; -1: the vocabulary)"
+    )
     suffix: None = Field(None, description="not supported")
 
     @model_validator(mode="before")

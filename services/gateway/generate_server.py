@@ -18,6 +18,7 @@ from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import Generation, parse_chat_request
 from services.gateway.pipeline import Pipeline
+from services.gateway.request_limits import RequestLimits
 from services.gateway.request_task import events_in_task
 from services.gateway.tenants import ApiKeys
 from services.gateway.token_events import TokenEvent, TokenLogprob
@@ -88,7 +89,7 @@ class GenerateServicer(rpc.GenerateServicer):
             tenant=tenant,
             tool_parser=self.tool_parser,
             sampling_defaults=self.sampling_defaults,
-            max_model_len=self.pipeline.max_model_len,
+            limits=RequestLimits(max_model_len=self.pipeline.max_model_len),
         )
         if parsed.beam is not None:
             raise GatewayError(400, "use_beam_search is served on /v1/chat/completions and /v1/completions, not on Generate")

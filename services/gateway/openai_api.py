@@ -20,6 +20,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.media_budget import has_media
 from services.gateway.prompt_wire import chat_prompt, raw_prompt
 from services.gateway.protocol import INT64_MIN, ChatCompletionRequest
+from services.gateway.request_limits import NO_LIMITS, RequestLimits
 from services.gateway.tenants import Tenant, request_cache_salt
 from services.gateway.tool_calls import ToolMode, tool_mode_of
 from services.gateway.validation_errors import validation_error
@@ -64,11 +65,11 @@ def to_chat_request(
     tenant: Tenant | None = None,
     tool_parser: str | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
-    max_model_len: int | None = None,
+    limits: RequestLimits = NO_LIMITS,
 ) -> ApiRequest:
     """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one;
     ``sampling_defaults``: the checkpoint's, for the sampling fields the request leaves unset;
-    ``max_model_len``: what ``truncate_prompt_tokens: -1`` keeps (None: -1 is refused)."""
+    ``limits``: the deployment's (request_limits.py)."""
     model = check_model(request.model, served_names)
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
@@ -92,7 +93,7 @@ def to_chat_request(
         structured=forced or structured,
         tool_mode=tools,
         sampling_defaults=sampling_defaults,
-        max_model_len=max_model_len,
+        limits=limits,
     )
     return replace(fanned, echo=request.echoed_text())
 
@@ -103,7 +104,7 @@ def to_completion_request(
     served_names: tuple[str, ...],
     tenant: Tenant | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
-    max_model_len: int | None = None,
+    limits: RequestLimits = NO_LIMITS,
 ) -> ApiRequest:
     model = check_model(request.model, served_names)
     media = request.multi_modal_data
@@ -118,7 +119,7 @@ def to_completion_request(
         fit_max_tokens=request.max_tokens is None,
         structured=request.structured_output(),
         sampling_defaults=sampling_defaults,
-        max_model_len=max_model_len,
+        limits=limits,
     )
 
 
@@ -130,7 +131,7 @@ def parse_chat_request(
     tenant: Tenant | None = None,
     tool_parser: str | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
-    max_model_len: int | None = None,
+    limits: RequestLimits = NO_LIMITS,
 ) -> ApiRequest:
     """A raw JSON body (the Generate API's request_json) through the same model as HTTP."""
     try:
@@ -145,7 +146,7 @@ def parse_chat_request(
         tenant=tenant,
         tool_parser=tool_parser,
         sampling_defaults=sampling_defaults,
-        max_model_len=max_model_len,
+        limits=limits,
     )
 
 
@@ -160,10 +161,10 @@ def _fan_out(
     structured: StructuredOutput | None,
     tool_mode: ToolMode | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
-    max_model_len: int | None = None,
+    limits: RequestLimits = NO_LIMITS,
 ) -> ApiRequest:
     cache_salt = request_cache_salt(tenant, request.cache_salt)
-    if (truncation := request.truncation(max_model_len)) is not None:
+    if (truncation := request.truncation(limits.max_model_len)) is not None:
         for prompt in prompts:
             prompt.truncation.CopyFrom(truncation)
     generations = tuple(
@@ -171,7 +172,7 @@ def _fan_out(
             index=prompt_index * request.n + i,
             prompt_index=prompt_index,
             prompt=prompt,
-            sampling=_sampling(request, max_tokens, choice=i, structured=structured, defaults=sampling_defaults),
+            sampling=_sampling(request, max_tokens, choice=i, structured=structured, defaults=sampling_defaults, limits=limits),
             cache_salt=cache_salt,
             fit_max_tokens=fit_max_tokens,
         )
@@ -199,6 +200,7 @@ def _sampling(
     choice: int,
     structured: StructuredOutput | None,
     defaults: SamplingDefaults,
+    limits: RequestLimits,
 ) -> SamplingParams:
     seed = None if request.seed is None else choice_seed(request.seed, choice)
     # The checkpoint's defaults fill the fields the request did not send (vLLM's rule).
@@ -215,8 +217,8 @@ def _sampling(
             stop=request.stop_strings(),
             stop_token_ids=tuple(request.stop_token_ids or ()),
             ignore_eos=request.ignore_eos,
-            logprobs=request.num_logprobs(),
-            prompt_logprobs=request.num_prompt_logprobs(),
+            logprobs=limits.logprobs(request.num_logprobs(), "sample logprobs", "logprobs"),
+            prompt_logprobs=limits.logprobs(request.num_prompt_logprobs(), "prompt logprobs", "prompt_logprobs"),
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             repetition_penalty=given.get("repetition_penalty", request.repetition_penalty),

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, model_validator
 
-from services.engine.sampling_params import MAX_LOGPROBS
 from services.gateway.token_events import PromptLogprobs, finite_logprob, token_name
 from services.gateway.wire_base import WireModel
 
 
 class PromptLogprobFields(WireModel):
     prompt_logprobs: int | None = Field(
-        None, description=f"each prompt token's logprob and this many alternatives (at most {MAX_LOGPROBS}); not with stream"
+        None,
+        description="each prompt token's logprob and this many alternatives (at most --max-logprobs, 20; -1: all); not with stream",
     )
 
     @model_validator(mode="after")
@@ -28,9 +28,6 @@ class PromptLogprobFields(WireModel):
             return self
         if asked < -1:
             raise ValueError(f"prompt_logprobs must be a non-negative integer or -1, got {asked}")
-        if asked == -1 or asked > MAX_LOGPROBS:
-            what = "the whole vocabulary (-1)" if asked == -1 else f"{asked} alternatives"
-            raise ValueError(f"prompt_logprobs asks for {what}; this server reports at most {MAX_LOGPROBS}")
         if getattr(self, "stream", False) and asked > 0:
             raise ValueError("prompt_logprobs are not available when stream=true")
         return self

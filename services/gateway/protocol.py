@@ -34,7 +34,6 @@ INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_STOP_STRINGS = 4
 MAX_CHOICES = 16  # n: each choice is a full request on the decode tier
-MAX_LOGPROBS = 20  # alternatives per token, as OpenAI allows
 MAX_LOGIT_BIAS = 100.0
 
 ImageUuid = Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -186,7 +185,7 @@ class ChatCompletionRequest(SamplingFields, ChatUnservedFields, KVTransferFields
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="needs logprobs=true")
+    top_logprobs: int | None = Field(None, ge=-1, description="needs logprobs=true; at most --max-logprobs (20), -1: the vocabulary")
     tools: list[Tool] | None = Field(None, description="rendered by the model's chat template")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="'auto' (the default with tools) needs the model family's tool-call parser; see tool_calls.py"

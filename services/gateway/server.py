@@ -69,6 +69,9 @@ class Settings(InternalPlaneSettings):
     # vLLM's --enable-force-include-usage: every stream's chunks carry the usage so far, asked
     # for or not (as stream_options.continuous_usage_stats).
     enable_force_include_usage: bool = False
+    # vLLM's --max-logprobs: the most alternatives a request may ask per token (output and prompt
+    # tokens alike); -1: the vocabulary, so a request's -1 (all of it) is served.
+    max_logprobs: int = 20
     # Sampling defaults for the fields a request leaves unset: "auto", the checkpoint's
     # generation_config.json (as vLLM's --generation-config auto), or "vllm", none.
     generation_config: str = "auto"
@@ -97,6 +100,8 @@ class Settings(InternalPlaneSettings):
                 "the gateway needs --index-url (nodes are discovered there), or all of --preprocess-address, "
                 "--encoder-address, --prefill-address and --decode-address (comma-separated lists)"
             )
+        if self.max_logprobs < -1:
+            raise ValueError(f"max_logprobs must be -1 (the vocabulary) or at least 0, got {self.max_logprobs}")
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
             raise ValueError(f"root_path must start with '/' and not end with one (as '/llm'), got {self.root_path!r}")
         if self.generation_config not in GENERATION_CONFIG_MODES:
@@ -194,6 +199,7 @@ async def _serve(
         max_media_tokens_per_encoder=config.max_media_tokens_per_encoder,
         force_include_usage=config.enable_force_include_usage,
         root_path=config.root_path,
+        max_logprobs=config.max_logprobs,
     )
     servicer = GenerateServicer(
         pipeline,

@@ -10,6 +10,7 @@ from services.gateway.media_budget import MediaBudget
 from services.gateway.metrics import GatewayMetrics, RoleStats
 from services.gateway.openai_api import Generation
 from services.gateway.pipeline import Pipeline
+from services.gateway.request_limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.request_task import events_in_task
 from services.gateway.token_events import TokenEvent
 from services.transport.stats_wire import snapshot_of
@@ -53,6 +54,7 @@ class GatewayState:
     num_in_flight: int = 0  # choices whose pipeline run is in progress
     max_media_tokens_per_encoder: int = 0  # the media budget (media_budget.py); 0: none
     force_include_usage: bool = False  # every stream carries the usage on every chunk (vLLM's flag)
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # vLLM's --max-logprobs (request_limits.py); -1: the vocabulary
     media: MediaBudget = field(init=False)
     own_metrics: GatewayNodeMetrics = field(init=False, default_factory=GatewayNodeMetrics)
     _scraped: RoleStats = field(default_factory=dict)  # the metrics the next render reports

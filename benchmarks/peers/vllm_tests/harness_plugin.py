@@ -6,7 +6,7 @@ Here the model is our built-in, served under the name the test uses:
   * target ``vllm``: ``vllm serve`` itself, as the test asks, on the built-in's vLLM-loadable copy,
     in float32 and without the multimodal profile (benchmarks/peers/README.md);
   * target ``tessera``: ``tessera serve --model BUILTIN --served-model-name MODEL_NAME``, with the
-    test's ``--max-model-len``, ``--enable-force-include-usage``, ``--root-path`` and API key
+    test's ``--max-model-len``, ``--enable-force-include-usage``, ``--max-logprobs``, ``--root-path`` and API key
     (``VLLM_API_KEY``) where it gives them; its other vLLM flags have no Tessera meaning.
 Nothing else of the tests changes.
 """
@@ -54,6 +54,8 @@ def pytest_configure(config) -> None:
             command += ["--max-model-len", max_model_len]
         if "--enable-force-include-usage" in vllm_serve_args:
             command += ["--enable-force-include-usage", "true"]
+        if (max_logprobs := _flag(vllm_serve_args, "--max-logprobs")) is not None:
+            command += ["--max-logprobs", max_logprobs]
         if (root_path := _flag(vllm_serve_args, "--root-path")) is not None:
             command += ["--root-path", root_path]
         if api_key := (env_dict or {}).get("VLLM_API_KEY"):  # vLLM's key from its environment

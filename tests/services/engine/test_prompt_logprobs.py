@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from services.engine.logprob_ranking import top_alternatives
 from services.engine.prompt_logprobs import LOGIT_ROWS_PER_PASS
 from services.engine.sampling_params import PromptTokenLogprobs, SamplingParams
 from tests.factories import chat_case, encode_image, make_image
@@ -78,3 +79,24 @@ def test_the_rank_counts_the_tokens_more_likely():
     logprobs = torch.log_softmax(torch.tensor([[0.0, 3.0, 1.0, 2.0]]), dim=-1)
     [record] = _records(logprobs, [2], 2)
     assert record.rank == 3 and [t for t, _ in record.top] == [1, 3]
+
+
+def test_whole_vocabulary_prompt_logprobs_rank_every_token_as_transformers(make_llm, oracle):
+    """--max-logprobs -1 lets a request ask for every token's logprob at every prompt position."""
+    llm = make_llm()
+    case = chat_case("Hi")
+    vocab = llm.engine.runner.checkpoint.shape.vocab_size
+    got, _ = prompt_logprobs_of(llm, case, SamplingParams(max_tokens=1, prompt_logprobs=vocab))
+    expected = oracle.prompt_logprobs(oracle.process(oracle.chat_text(case.oracle_messages), case.images))
+    for i in (0, len(got) // 2, len(got) - 1):
+        ids, values = zip(*got[i].top)
+        assert len(ids) == vocab and sorted(ids) == list(range(vocab))
+        assert torch.allclose(torch.tensor(values), expected[i][list(ids)], atol=1e-4)
+        assert list(values) == sorted(values, reverse=True)
+
+
+def test_the_ranking_orders_ties_by_token_id_for_a_few_and_for_many():
+    row = torch.tensor([[0.0, -1.0, 0.0, -1.0, -2.0] + [-5.0] * 100])
+    assert top_alternatives(row, 3) == [((0, 0.0), (2, 0.0), (1, -1.0))]
+    assert top_alternatives(row, 70)[0][:5] == ((0, 0.0), (2, 0.0), (1, -1.0), (3, -1.0), (4, -2.0))
+    assert [t for t, _ in top_alternatives(row, 70)[0][5:]] == list(range(5, 70))

@@ -62,6 +62,9 @@ class FakePipeline:
     async def tower_seconds_per_token(self):
         return None  # no encoder has measured its tower
 
+    async def model_info(self):
+        return pb.ModelInfoResponse(eos_token_ids=[0], vocab_size=1000)
+
     async def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True, fit_max_tokens=False):
         self.calls.append((body, sampling, cache_salt, stream))
         text = ""
@@ -124,8 +127,8 @@ def test_malformed_requests_get_a_400_in_openai_error_json(raw, param, text):
         ({"stream_options": {"include_usage": True}}, "stream_options can only be set with stream=true"),
         ({"use_beam_search": True, "n": 2, "stop": "x"}, "stop is not supported with beam search"),
         ({"length_penalty": 0.5}, "length_penalty only applies with use_beam_search=true"),
-        ({"prompt_logprobs": -1}, "the whole vocabulary (-1); this server reports at most 20"),
-        ({"prompt_logprobs": 21}, "at most 20"),
+        ({"prompt_logprobs": -1}, "Requested prompt logprobs of 1000, which is greater than max allowed: 20"),
+        ({"prompt_logprobs": 21}, "Requested prompt logprobs of 21, which is greater than max allowed: 20"),
         ({"prompt_logprobs": -2}, "must be a non-negative integer or -1"),
         ({"prompt_logprobs": 2, "stream": True}, "not available when stream=true"),
     ],
@@ -473,6 +476,18 @@ def test_a_streams_prompt_ids_come_once_on_its_first_chunk():
     lines = http.post("/v1/chat/completions", json={"messages": MESSAGES, "stream": True, "return_token_ids": True}).text.splitlines()
     chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert chunks[0]["prompt_token_ids"] == list(PROMPT_IDS) and all(c.get("prompt_token_ids") is None for c in chunks[1:])
+
+
+def test_max_logprobs_caps_the_alternatives_and_minus_one_opens_the_vocabulary():
+    pipeline = FakePipeline()
+    http, _ = client_for(pipeline, max_logprobs=-1)
+    body = {"messages": MESSAGES, "logprobs": True, "top_logprobs": 50, "prompt_logprobs": -1}
+    assert http.post("/v1/chat/completions", json=body).status_code == 200
+    assert (pipeline.calls[-1][1].logprobs, pipeline.calls[-1][1].prompt_logprobs) == (50, 1000)
+    capped, _ = client_for(FakePipeline(), max_logprobs=30)
+    refused = capped.post("/v1/completions", json={"prompt": "hi", "logprobs": 31})
+    assert refused.status_code == 400 and "Requested sample logprobs of 31, which is greater than max allowed: 30" in refused.text
+    assert capped.post("/v1/completions", json={"prompt": "hi", "logprobs": 30}).status_code == 200
 
 
 def test_a_root_path_serves_the_api_under_the_prefix_and_without_it_and_counts_both():

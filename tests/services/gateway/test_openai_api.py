@@ -12,6 +12,7 @@ from protos.gen import pb
 from services.gateway.completion_protocol import CompletionRequest
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import parse_chat_request, to_completion_request
+from services.gateway.request_limits import RequestLimits
 from services.models.sampling_defaults import SamplingDefaults
 from tests.factories import tool_call_history
 
@@ -104,7 +105,7 @@ def test_completion_prompts_become_prompt_inputs_numbered_prompt_major():
     "body,param,text",
     [
         ({"prompt": "a", "max_tokens": 0}, None, "max_tokens 0 needs echo=true"),
-        ({"prompt": "a", "logprobs": 21}, "logprobs", "less than or equal to 20"),
+        ({"prompt": "a", "logprobs": -2}, "logprobs", "greater than or equal to -1"),
         ({"prompt": ["a", "b"], "multi_modal_data": {"image": "data:x"}}, None, "single prompt"),
         ({"prompt": [-1]}, None, "greater than or equal to 0"),
         ({"prompt": ""}, None, "Either prompt or prompt_embeds must be provided and non-empty"),
@@ -353,11 +354,20 @@ def test_stop_token_ids_reach_the_sampling_on_both_endpoints():
         parse(stop_token_ids=[-1])
 
 
+def test_logprobs_past_the_cap_are_refused_in_vllms_words_as_the_request_becomes_sampling():
+    with pytest.raises(GatewayError, match="Requested sample logprobs of 21, which is greater than max allowed: 20"):
+        completion_request(prompt="a", logprobs=21)
+    with pytest.raises(GatewayError, match="the whole vocabulary"):
+        parse(logprobs=True, top_logprobs=-1)  # no vocabulary size known: -1 cannot be served
+
+
 def test_truncation_reaches_every_prompt_and_minus_one_is_the_model_length_less_one():
     [generation] = parse(truncate_prompt_tokens=5, truncation_side="right").generations
     assert (generation.prompt.truncation.num_tokens, generation.prompt.truncation.side) == (5, pb.Truncation.RIGHT)
     request = to_completion_request(
-        CompletionRequest.model_validate({"prompt": ["a", "b"], "truncate_prompt_tokens": -1}), served_names=("tiny",), max_model_len=64
+        CompletionRequest.model_validate({"prompt": ["a", "b"], "truncate_prompt_tokens": -1}),
+        served_names=("tiny",),
+        limits=RequestLimits(max_model_len=64),
     )
     assert [(g.prompt.truncation.num_tokens, g.prompt.truncation.side) for g in request.generations] == [(63, pb.Truncation.TOKENIZER)] * 2
     assert not parse().generations[0].prompt.HasField("truncation")
