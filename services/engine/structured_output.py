@@ -8,8 +8,9 @@ After a token is drawn the matcher consumes it; a request whose grammar can take
 finishes there as "stop", so output that ends by stop or EOS is always complete.
 
 Grammar kinds, as vLLM names them: ``json`` (a JSON Schema), ``regex``, ``choice`` (one of a
-list of strings) and ``grammar`` (Lark, or GBNF converted to Lark). A grammar that does not
-compile rejects its request at admission with llguidance's message.
+list of strings) and ``grammar`` (Lark, or GBNF converted to Lark). A JSON Schema's open objects
+are closed first, as vLLM's default engine reads them (json_schema_defaults.py). A grammar that
+does not compile rejects its request at admission with llguidance's message.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from llguidance.gbnf_to_lark import gbnf_to_lark
 # Not llguidance.torch: it imports torch's compiler when loaded (docs/benchmarks.md, "A stack's start").
 from llguidance.numpy import fill_next_token_bitmask
 
+from services.engine.json_schema_defaults import closed_objects
 from services.engine.sampling_params import StructuredOutput
 
 
@@ -36,7 +38,7 @@ class GrammarError(ValueError):
 def compile_grammar(structured: StructuredOutput, tokenizer: llguidance.LLTokenizer) -> str:
     """llguidance's grammar text for the constraint, checked against ``tokenizer``."""
     if structured.kind == "json":
-        schema = json.loads(structured.spec)
+        schema = closed_objects(json.loads(structured.spec))
         if structured.compact_whitespace and isinstance(schema, dict):
             schema = {**schema, "x-guidance": {**schema.get("x-guidance", {}), "whitespace_flexible": False}}
         return _checked(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema)), tokenizer)

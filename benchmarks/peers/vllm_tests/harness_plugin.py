@@ -7,7 +7,8 @@ Here the model is our built-in, served under the name the test uses:
     in float32 and without the multimodal profile (benchmarks/peers/README.md);
   * target ``tessera``: ``tessera serve --model BUILTIN --served-model-name MODEL_NAME``, with the
     test's ``--max-model-len``, ``--enable-force-include-usage``, ``--max-logprobs``, ``--root-path`` and API key
-    (``VLLM_API_KEY``) where it gives them; its other vLLM flags have no Tessera meaning.
+    (``VLLM_API_KEY``) where it gives them, and vLLM's default max_tokens (the context the prompt
+    leaves); its other vLLM flags have no Tessera meaning.
 Nothing else of the tests changes.
 """
 
@@ -52,6 +53,9 @@ def pytest_configure(config) -> None:
         command += ["--served-model-name", self.served_name]
         if (max_model_len := _flag(vllm_serve_args, "--max-model-len")) is not None:
             command += ["--max-model-len", max_model_len]
+        # vLLM's default max_tokens is what the prompt leaves of the context; Tessera's default
+        # (256) shrinks to that, so a default as long as any context is vLLM's.
+        command += ["--default-max-tokens", str(2**31 - 1)]
         if "--enable-force-include-usage" in vllm_serve_args:
             command += ["--enable-force-include-usage", "true"]
         if (max_logprobs := _flag(vllm_serve_args, "--max-logprobs")) is not None:

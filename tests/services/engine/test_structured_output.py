@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from services.engine.engine import RequestRejectedError
+from services.engine.json_schema_defaults import closed_objects
 from services.engine.sampling_params import SamplingParams, StructuredOutput
 from tests.factories import chat_case
 
@@ -91,3 +92,27 @@ def test_plain_requests_beside_a_constrained_one_are_unchanged(llm):
     together = llm.generate([BODY, other, BODY], [plain, plain, SamplingParams(max_tokens=64, structured=spec)])
     assert [r.token_ids for r in together[:2]] == alone
     jsonschema.validate(json.loads(together[2].text), PERSON)
+
+
+def test_an_open_object_schema_is_closed_as_vllms_default_engine_reads_it(llm):
+    """No additionalProperties: only the listed keys (vLLM's xgrammar strict mode), so a random
+    model ends the object instead of writing keys of its own."""
+    answer = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}}, "required": ["answer"]}
+    spec = StructuredOutput("json", json.dumps(answer), compact_whitespace=True)
+    [result] = llm.generate([BODY], SamplingParams(max_tokens=48, structured=spec))
+    assert result.finish_reason == "stop", result.text
+    assert result.text in ('{"answer":"yes"}', '{"answer":"no"}')
+
+
+def test_closing_reaches_nested_objects_and_keeps_what_the_schema_says():
+    schema = {
+        "type": "object",
+        "properties": {"inner": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+        "$defs": {"open": {"type": "object", "properties": {}, "additionalProperties": True}},
+        "anyOf": [{"properties": {"y": {}}}],
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False and closed["properties"]["inner"]["additionalProperties"] is False
+    assert closed["$defs"]["open"]["additionalProperties"] is True and closed["anyOf"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the input is untouched
+    assert closed_objects({"type": "object"}) == {"type": "object"}  # json_object: any object

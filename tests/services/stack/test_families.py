@@ -115,3 +115,23 @@ def test_a_decode_node_killed_mid_stream_migrates_and_stays_exact(family_stack):
     assert not errors, (errors, stack.log_tail())
     assert texts == expected
     assert _counter(stack, "gateway_migrations_total") > migrations
+
+
+def test_beam_search_equals_transformers_num_beams(family_stack):
+    stack, oracle = family_stack
+    case = chat_case(INTRO, "Name three colours.")
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    import torch
+
+    with torch.inference_mode():
+        rows = oracle.model.generate(input_ids=inputs.input_ids, num_beams=3, num_return_sequences=3, do_sample=False, max_new_tokens=6)
+    expected = [row[len(inputs.token_ids) :].tolist() for row in rows]
+    reply = client_for(stack).chat.completions.create(
+        model=stack.served_model,
+        messages=case.body["messages"],
+        n=3,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"use_beam_search": True, "return_token_ids": True},
+    )
+    assert [c.model_extra["token_ids"] for c in reply.choices] == expected
