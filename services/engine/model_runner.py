@@ -1,7 +1,9 @@
 """Executes one scheduled step: run the vision tower for newly scheduled images, merge image
 embeddings into the token embeddings, run the decoder over the packed batch, and return the final
 hidden state of every request whose scheduled range reaches its last token (it samples this step:
-the Sampler chooses its token, services/engine/sampling.py).
+the Sampler chooses its token, services/engine/sampling.py), and, for a request that asks for
+prompt logprobs, the hidden states of the prompt positions the step computed (``StepHidden.prompt_rows``:
+services/engine/prompt_logprobs.py scores them).
 """
 
 from __future__ import annotations
