@@ -27,6 +27,7 @@ from services.gateway.probe_routes import probe_routes
 from services.gateway.request_limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.state import GatewayState
 from services.gateway.tenants import ApiKeys
+from services.gateway.unexpected_errors import UnexpectedErrorMiddleware
 from services.gateway.validation_errors import validation_error
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from shared.version import tessera_version
@@ -54,7 +55,7 @@ def create_app(
     max_logprobs: int = DEFAULT_MAX_LOGPROBS,
 ) -> tuple[FastAPI, GatewayState]:
     """The app: its probes (probe_routes.py) and its API (api_routes.py), behind the body limit
-    and OpenAI-shaped errors. ``model_root``, ``tool_parser``, ``sampling_defaults``: as
+    and OpenAI-shaped errors (a fault of its own too: unexpected_errors.py). ``model_root``, ``tool_parser``, ``sampling_defaults``: as
     api_routes.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``,
     ``force_include_usage``, ``max_logprobs``: GatewayState's. ``root_path``: vLLM's --root-path, the prefix a
     path-routing proxy serves the API under; the routes answer with and without it, as vLLM's."""
@@ -75,6 +76,8 @@ def create_app(
         app.add_middleware(RootPathMiddleware, root_path=root_path)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
     _add_error_handlers(app, state)
+    # Added last, so outermost of ours: a fault anywhere below is a 500 on a connection that stays usable.
+    app.add_middleware(UnexpectedErrorMiddleware, on_error=lambda scope: _count_api_request(state, scope, 500))
     app.include_router(probe_routes(state, TESSERA_VERSION))
     model = ServedModel(model_root, tool_parser, sampling_defaults)
     app.include_router(api_routes(state, Admission(max_num_requests), model, tenant_of(api_keys)))
@@ -95,10 +98,14 @@ class RootPathMiddleware:
         await self.app(scope, receive, send)
 
 
+def _count_api_request(state: GatewayState, scope, status: int) -> None:
+    if get_route_path(scope) in API_PATHS:
+        state.metrics.record_request(status)
+
+
 def _add_error_handlers(app: FastAPI, state: GatewayState) -> None:
     def respond_with(exc: GatewayError, request: Request) -> JSONResponse:
-        if get_route_path(request.scope) in API_PATHS:
-            state.metrics.record_request(exc.status)
+        _count_api_request(state, request.scope, exc.status)
         return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(GatewayError)

@@ -4,7 +4,10 @@ decoding anything: what the media budget prices a clip by (media_budget.py).
 ISO base media files keep these in the ``moov`` box: per track, ``tkhd`` (the frame size, 16.16
 fixed point), ``mdia/hdlr`` (``vide`` for the video track), ``mdia/mdhd`` (its timescale and
 duration) and ``mdia/minf/stbl/stsz`` (its number of samples: frames). Other containers (WebM,
-Matroska, AVI) and malformed files give None; the budget then prices a typical clip.
+Matroska, AVI) and malformed files give None; the budget then prices a typical clip. So does a
+header that states no usable clip (no frames, no duration, a zero side): every read here is
+bounds-checked, so no bytes make it raise, and the preprocess node, which decodes the clip, owns
+the 4xx for a damaged one.
 """
 
 from __future__ import annotations
@@ -45,10 +48,10 @@ def _video_track(data: bytes, trak: Span) -> ClipHeader | None:
     stsz = _child(data, stbl, b"stsz") if stbl else None
     if tkhd is None or mdhd is None or stsz is None:
         return None
-    try:
-        wide = data[tkhd[0]] == 1
+    try:  # a box's version is its payload's first byte (1: 64-bit times and a longer layout)
+        wide = data[tkhd[0] : tkhd[0] + 1] == b"\x01"
         width, height = struct.unpack_from(">II", data, tkhd[0] + (88 if wide else 76))
-        if data[mdhd[0]] == 1:
+        if data[mdhd[0] : mdhd[0] + 1] == b"\x01":
             timescale, duration = struct.unpack_from(">IQ", data, mdhd[0] + 20)
         else:
             timescale, duration = struct.unpack_from(">II", data, mdhd[0] + 12)

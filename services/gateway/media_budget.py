@@ -27,15 +27,17 @@ import binascii
 import io
 import math
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Iterator
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from protos.gen import pb
 from services.gateway.admission import rate_limited
 from services.gateway.clip_header import ClipHeader, clip_header
 from services.gateway.errors import GatewayError
 from services.models.media_cost import MediaCosts, media_costs_from_json
+from services.preprocess.image_decode import SUPPORTED_FORMATS
 
 # Enough of an encoded image for its header: PNG's IHDR is first, a JPEG's SOF follows its EXIF
 # (rarely past this); an image whose size is not in its first bytes is decoded from base64 whole.
@@ -47,7 +49,7 @@ TOWER_RATE_TTL_S = 60.0  # encoders come and go: their measured rate is asked ag
 
 def image_size(url: str) -> tuple[int, int] | None:
     """An inline image's (width, height) from its header; None for a URL, a path or an image
-    whose header is not readable (preprocessing reports a bad one)."""
+    whose header gives no usable size (preprocessing reports a bad one)."""
     if url.startswith(("http://", "https://", "file:", "/")):
         return None
     encoded = url.split(",", 1)[1] if url.startswith("data:") else url
@@ -59,11 +61,21 @@ def image_size(url: str) -> tuple[int, int] | None:
 
 
 def bytes_size(data: bytes) -> tuple[int, int] | None:
+    """The size an image's header states, or None where it states none worth pricing: an
+    unreadable, truncated or lying header, a zero side, or a decompression bomb. None is never a
+    verdict: the image is then priced as UNKNOWN_SIZE and the preprocess node, which owns the
+    4xx and its message, refuses it. Pricing must never raise: an exception here is a 500 for a
+    client's bad bytes."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
-    except (UnidentifiedImageError, OSError, ValueError):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=SUPPORTED_FORMATS) as image:
+                width, height = image.size
+    # PIL's plugins raise many kinds on hostile headers (DecompressionBombError, SyntaxError,
+    # struct.error, IndexError, ...): none of them is the gateway's to report.
+    except Exception:
         return None
+    return (width, height) if width > 0 and height > 0 else None
 
 
 def prompt_images(prompt: pb.PromptInput) -> Iterator[pb.ImageInput]:

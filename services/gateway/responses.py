@@ -29,6 +29,7 @@ from services.gateway.openai_api import ApiRequest, Generation
 from services.gateway.protocol import Usage
 from services.gateway.state import GatewayState
 from services.gateway.token_events import TokenEvent
+from services.gateway.unexpected_errors import unexpected_error
 
 
 async def respond(
@@ -130,6 +131,8 @@ async def _sse(
         yield b"data: [DONE]\n\n"
     except GatewayError as exc:
         yield f"data: {json.dumps(exc.to_json())}\n\n".encode()
+    except Exception as exc:  # a fault of the gateway's own: the stream still ends with an error event
+        yield f"data: {json.dumps(unexpected_error(exc, 'streaming a response').to_json())}\n\n".encode()
     finally:
         ticket.release()
         await events.aclose()  # on disconnect too: stops the request's work on every node

@@ -95,7 +95,8 @@ class ClipCost:
         min_pixels = int(request.get("min_pixels", self.min_pixels))
         max_pixels = int(request.get("max_pixels", self.max_pixels))
         if self.clip_pixel_budget:  # the bounds are the clip's: a frame's share, by the frames sampled
-            min_pixels, max_pixels = int(min_pixels // frames), int(max_pixels // frames)
+            # (at least a pixel each: a price, never a division by zero)
+            min_pixels, max_pixels = int(min_pixels // frames), max(1, int(max_pixels // frames))
         frame = ResizeCost(self.patch_size, self.merge_size, min_pixels, max_pixels)  # max first, as transformers checks it
         return math.ceil(frames / self.temporal_patch_size) * frame.image_tokens(width, height)
 

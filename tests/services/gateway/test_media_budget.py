@@ -1,19 +1,25 @@
 """The pre-admission media budget (services/gateway/media_budget.py): images priced from their
 headers alone, a 429 past the budget while smaller requests pass, a 413 for a request over the
-whole of it before anything runs, and the budget handed back at the first token."""
+whole of it before anything runs, and the budget handed back at the first token. Hostile headers
+(bombs, zero sides, lying or mutated MP4 boxes) are priced or given way, never raised on."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from protos.gen import pb
+from services.gateway.clip_header import clip_header
 from services.gateway.errors import GatewayError
-from services.gateway.media_budget import TOWER_RATE_TTL_S, MediaBudget, image_size, media_tokens
+from services.gateway.media_budget import TOWER_RATE_TTL_S, MediaBudget, bytes_size, image_size, media_tokens
 from services.models.media_cost import ClipCost, MediaCosts, ResizeCost, media_costs_to_json
+from tests.damaged_media import damaged_clips, damaged_images, lying_clip_headers, mp4_clip
 from tests.factories import data_url, encode_image, image_data_url, make_clip, make_image
 from tests.services.gateway.test_app import FakePipeline, client_for
 
@@ -145,3 +151,73 @@ def test_through_the_api_an_oversized_request_is_a_413_before_any_work_and_the_b
     client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": small}], max_tokens=3)
     assert len(pipeline.calls) == 1 and state.media.num_in_flight == 0
     assert state.own_metrics.num_media_too_large.value == 1
+
+
+# --- Hostile headers: pricing gives a size or gives way to preprocessing, and never raises ---
+
+
+def test_a_bomb_a_zero_side_and_every_damaged_image_are_given_way_to_preprocessing():
+    for name, data in damaged_images().items():
+        size = bytes_size(data)
+        assert size is None or (size[0] > 0 and size[1] > 0), name
+        assert image_size(data_url(data)) == size, name
+    for lying in ("png bomb 60000x60000", "png 0x0", "png 0x48", "jpeg 0x0", "gif 0x0", "webp bomb 16384x16384"):
+        assert bytes_size(damaged_images()[lying]) is None, lying
+    urls = [data_url(data) for data in damaged_images().values()]
+    priced = sum(COST.image_tokens(*(bytes_size(data) or (1024, 1024))) for data in damaged_images().values())
+    assert media_tokens([chat_prompt(*urls)], COSTS) == priced
+
+
+def test_a_clip_header_that_states_no_usable_clip_is_priced_as_a_typical_clip():
+    clips = {**damaged_clips(), **lying_clip_headers()}
+    for name in ("no frames", "zero timescale", "zero duration", "0x0 track", "truncated", "moov type flipped", "all ones"):
+        assert clip_header(clips[name]) is None, name
+    assert clip_header(clips["65535x65535 track"]).width == 65535  # a size, priced within the family's pixel bound
+    for name, clip in clips.items():
+        prompt = pb.PromptInput(text="x", videos=[pb.VideoInput(data=clip)], video_options=pb.VideoOptions(max_pixels=1))
+        assert media_tokens([prompt], COSTS) > 0, name
+        assert media_tokens([prompt], MediaCosts(COST, dataclasses.replace(CLIP_COST, clip_pixel_budget=True))) > 0, name
+
+
+EXTREMES = (b"\x00\x00\x00\x00", b"\xff\xff\xff\xff", b"\x80\x00\x00\x00", b"\x00\x00\x00\x01")  # 0, -1, 2^31, 1
+
+
+def _mutated(seed: bytes, data: st.DataObject) -> bytes:
+    """``seed`` with a few bytes flipped, overwritten with extreme values, cut short or repeated."""
+    out = bytearray(seed)
+    for _ in range(data.draw(st.integers(1, 6))):
+        if not out:
+            break
+        at = data.draw(st.integers(0, len(out) - 1))
+        kind = data.draw(st.sampled_from(("flip", "extreme", "cut", "repeat")))
+        if kind == "flip":
+            out[at] ^= data.draw(st.integers(1, 255))
+        elif kind == "extreme":
+            out[at : at + 4] = data.draw(st.sampled_from(EXTREMES))
+        elif kind == "cut":
+            del out[at:]
+        else:
+            out[at:at] = out[at : at + data.draw(st.integers(1, 64))]
+    return bytes(out)
+
+
+def _seeds() -> list[bytes]:
+    image = make_image(40, 30, seed=5)
+    formats = [encode_image(image, fmt) for fmt in ("PNG", "JPEG", "WEBP", "GIF")]
+    return [*formats, *damaged_images().values(), mp4_clip(), *damaged_clips().values(), *lying_clip_headers().values()]
+
+
+SEEDS = _seeds()
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_mutated_headers_are_priced_or_given_way_and_pricing_never_raises(data):
+    blob = _mutated(data.draw(st.sampled_from(SEEDS)), data) if data.draw(st.booleans()) else data.draw(st.binary(max_size=512))
+    size = bytes_size(blob)
+    assert size is None or (size[0] > 0 and size[1] > 0)
+    clip = clip_header(blob)
+    assert clip is None or (clip.num_frames > 0 and clip.fps > 0 and clip.width > 0 and clip.height > 0)
+    as_url = data_url(blob)
+    prompt = pb.PromptInput(text="x", images=[pb.ImageInput(url=as_url), pb.ImageInput(data=blob)], videos=[pb.VideoInput(data=blob)])
+    assert media_tokens([prompt], COSTS) > 0
