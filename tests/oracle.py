@@ -1,5 +1,6 @@
-"""The reference oracle: transformers' own processor and ``generate`` (greedy, float32), for
-every family (Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Gemma3).
+"""The reference oracle: transformers' own ``AutoProcessor`` as users run it, with real torchvision
+(tests/reference_processors.py, in an environment of its own), and transformers' ``generate``
+(greedy, float32), for every family (Qwen2-VL / Qwen2.5-VL, Qwen3-VL, Gemma3).
 
 Every correctness test compares Tessera against this. Comparison rule: token ids must be equal;
 at the first divergence the test still passes only if the oracle's top-2 logit margin at that
@@ -48,49 +49,16 @@ class OracleOutput:
         return (top[0] - top[1]).item()
 
 
-def _make_hf_processor(tokenizer, image_processor, model_type: str = "qwen2_vl", chat_template: str | None = None):
-    from transformers import Qwen2VLProcessor, Qwen3VLProcessor
-
-    # Qwen3-VL's processor expands images as Qwen2-VL's does, over the same image processor class.
-    base = Qwen3VLProcessor if model_type == "qwen3_vl" else Qwen2VLProcessor
-
-    class _ImagesOnlyProcessor(base):
-        # transformers requires a torchvision video processor at construction; images don't use it.
-        def check_argument_for_proper_class(self, argument_name, argument):
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-
-    return _ImagesOnlyProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None, chat_template=chat_template)
-
-
-def _load_qwen_processor(model_dir: Path, tokenizer, model_type: str):
-    """The image processor as AutoImageProcessor loads it, in the processor transformers builds
-    (AutoProcessor itself needs torchvision for the Qwen families' video processor), with the
-    processor's chat template (chat_template.json or .jinja) where the checkpoint ships one."""
-    from transformers import AutoImageProcessor, ProcessorMixin
-
-    image_processor = AutoImageProcessor.from_pretrained(str(model_dir))
-    template = ProcessorMixin.get_processor_dict(str(model_dir))[0].get("chat_template")
-    return image_processor, _make_hf_processor(tokenizer, image_processor, model_type, template)
-
-
 class ReferenceOracle:
     def __init__(self, model_dir: Path, *, load_model: bool = True, do_pan_and_scan: bool = False) -> None:
-        from transformers import AutoModelForImageTextToText, AutoTokenizer
+        from transformers import AutoModelForImageTextToText, AutoTokenizer, ProcessorMixin
 
         self.model_dir = Path(model_dir)
         self.model_type = json.loads((self.model_dir / "config.json").read_text())["model_type"]
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.processor_kwargs: dict = {}
-        if self.model_type == "gemma3":
-            from transformers import AutoProcessor
-
-            self.processor = AutoProcessor.from_pretrained(str(model_dir))  # as transformers loads it
-            self.image_processor = self.processor.image_processor
-            self.processor_kwargs = {"do_pan_and_scan": do_pan_and_scan}
-        else:
-            self.image_processor, self.processor = _load_qwen_processor(self.model_dir, self.tokenizer, self.model_type)
+        # The processor's chat template (chat_template.json or .jinja) where the checkpoint ships one.
+        self.chat_template = ProcessorMixin.get_processor_dict(str(model_dir))[0].get("chat_template")
+        self.processor_kwargs: dict = {"do_pan_and_scan": do_pan_and_scan} if self.model_type == "gemma3" else {}
         self.model = None
         if load_model:
             # Qwen2-VL or Qwen2.5-VL, whichever the checkpoint declares.
@@ -98,19 +66,15 @@ class ReferenceOracle:
 
     def chat_text(self, messages: list[dict]) -> str:
         """The processor's template where the checkpoint ships one, else the tokenizer's."""
-        template = self.processor.chat_template or self.tokenizer.chat_template
+        template = self.chat_template or self.tokenizer.chat_template
         return self.tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
 
     def process(self, text: str, images: list[Image.Image]) -> OracleInputs:
-        # The rendered chat template already holds any BOS: tokenize the text as it stands.
-        out = self.processor(
-            text=[text],
-            images=images or None,
-            return_tensors="pt",
-            return_mm_token_type_ids=True,
-            add_special_tokens=False,
-            **(self.processor_kwargs if images else {}),
-        )
+        """The rendered prompt and its images through transformers' AutoProcessor (torchvision)."""
+        from tests.reference_processors import reference_processors
+
+        kwargs = self.processor_kwargs if images else {}
+        out = reference_processors().process(self.model_dir, text, list(images), **kwargs)
         return OracleInputs(
             input_ids=out["input_ids"],
             pixel_values=out.get("pixel_values"),

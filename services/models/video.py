@@ -8,19 +8,19 @@ group (their ``cu_seqlens`` restart at each), and a group's rotary positions dep
 height and width, so each group is encoded alone and is its own cache unit: a ProcessedImage of
 grid (1, h, w), whose rows are the rows transformers' video patchify gives that group.
 
-How a group's rows are made, and why they are transformers' own: the image processor (PIL, as
-for images) runs on each resized frame with its resize off, which gives that frame's patches with
-the frame repeated in every temporal slot, in the same patch order as the video patchify; a group
-takes temporal slot 0 of each of its frames. The frames are resized with PIL's bicubic, the call
-the image processor itself makes (transformers' video processors resize with torchvision instead,
-which this machine cannot install; tests/services/models/test_video.py checks the image
-processor's own resize gives the same pixels, frame by frame).
+How a group's rows are made, and why they are transformers' own: the clip's frames are resized
+as one batch (torchvision's resize, services/models/tensor_pixels.py), rescaled, normalized and
+patchified as an image batch, which gives each frame's patches with the frame repeated in every
+temporal slot, in the same patch order as the video patchify; a group takes temporal slot 0 of
+each of its frames (tests/services/models/test_reference_pixels.py holds the groups equal to
+transformers' own video processors, with torchvision).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from services.models.family import ProcessedImage
@@ -126,6 +126,30 @@ class VideoProcessor(Protocol):
     def clip_cost(self, defaults: VideoOptions) -> ClipCost:
         """How the gateway prices a clip before admitting it (media_cost.py), under the
         deployment's ``defaults``."""
+
+
+def transformers_video_processor(model_dir: Path, default: str) -> str:
+    """The video processor class transformers' AutoVideoProcessor builds for this checkpoint, by
+    name, found as it finds it: the video processor file's ``video_processor_type``; else the
+    image processor's type renamed (a checkpoint with only preprocessor_config.json gets the
+    video processor of its image processor's name, a Qwen3-VL one Qwen2VLVideoProcessor); else
+    the model config's; else ``default``, the model type's own."""
+    from transformers import AutoConfig
+    from transformers.video_processing_utils import BaseVideoProcessor
+
+    found, _ = BaseVideoProcessor.get_video_processor_dict(str(model_dir))
+    if found.get("video_processor_type"):
+        return str(found["video_processor_type"])
+    image_type = str(found.get("image_processor_type") or "")
+    if image_type.removesuffix("Pil").endswith("ImageProcessor"):
+        inferred = image_type.removesuffix("Pil").replace("ImageProcessor", "VideoProcessor")
+        if inferred in KNOWN_VIDEO_PROCESSORS:
+            return inferred
+    return str(getattr(AutoConfig.from_pretrained(str(model_dir)), "video_processor_type", None) or default)
+
+
+# The transformers video processors whose sampler and size rule Tessera follows.
+KNOWN_VIDEO_PROCESSORS = ("Qwen2VLVideoProcessor", "Qwen3VLVideoProcessor")
 
 
 def group_rows(frame_rows: Sequence[torch.Tensor], temporal_patch_size: int, channels: int) -> list[torch.Tensor]:

@@ -44,7 +44,7 @@ class Qwen2VLFamily:
         return Qwen2VLImageProcessor(path, min_pixels=options.min_pixels, max_pixels=options.max_pixels)
 
     def video_processor(self, path: Path, config: ModelConfig, image_processor: Qwen2VLImageProcessor) -> Qwen2VLVideoProcessor:
-        return Qwen2VLVideoProcessor(path, image_processor, config.hf)
+        return Qwen2VLVideoProcessor(path, config.hf)
 
     def expand_prompt(
         self,

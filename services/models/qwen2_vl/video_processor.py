@@ -1,12 +1,12 @@
-"""Qwen2-VL / Qwen2.5-VL video processing without torchvision: transformers' sampler, per-frame
-size and patch layout (services/models/video.py says how the groups are made).
+"""Qwen2-VL / Qwen2.5-VL video processing as transformers' Qwen2VLVideoProcessor does it: its
+sampler, per-frame size, torchvision's resize of the frames (services/models/tensor_pixels.py) and
+patch layout (services/models/video.py says how the groups are made).
 
 Settings are read as transformers' video processor reads them: ``processor_config.json``, else
 ``video_preprocessor_config.json``, else ``preprocessor_config.json`` (BaseVideoProcessor's own
 lookup), over the class's defaults. Transformers' Qwen2VLVideoProcessor cannot be imported here
 (its module imports torchvision), so its defaults are written below;
-tests/services/models/qwen2_vl/test_video_processor.py reads them from transformers' source and
-fails if they drift.
+tests/services/models/test_reference_pixels.py checks them against the class itself.
 
 Sampling: transformers' Qwen2-VL sampler (frames at ``fps`` per second within [min_frames,
 max_frames], a multiple of temporal_patch_size, spread by ``arange(0, n, n / k)``). Where
@@ -25,6 +25,8 @@ from PIL import Image
 
 from services.models.family import ProcessedImage
 from services.models.media_cost import ClipCost
+from services.models.qwen2_vl.image_processor import patch_rows
+from services.models.tensor_pixels import PIXEL_BACKEND, PixelSettings, image_tensor, rescale_and_normalize, resize, stacked
 from services.models.video import ProcessedVideo, SampledClip, VideoMetadata, VideoOptions, VideoProcessingError, group_rows
 from shared.types import GroupPlacement
 
@@ -34,6 +36,11 @@ QWEN2_VL_VIDEO_DEFAULTS: dict[str, object] = {
     "image_mean": [0.48145466, 0.4578275, 0.40821073],
     "image_std": [0.26862954, 0.26130258, 0.27577711],
     "rescale_factor": 1 / 255,
+    "resample": 3,  # bicubic
+    "do_resize": True,
+    "do_rescale": True,
+    "do_normalize": True,
+    "do_convert_rgb": True,
     "patch_size": 14,
     "temporal_patch_size": 2,
     "merge_size": 2,
@@ -64,11 +71,12 @@ def read_video_settings(model_dir: Path, defaults: dict[str, object]) -> dict[st
 
 
 class Qwen2VLVideoProcessor:
+    rule = "Qwen2VLVideoProcessor"  # the transformers class whose sampler and size rule apply
     clip_pixel_budget = False  # max_pixels bounds each frame (Qwen3-VL: the whole clip)
 
-    def __init__(self, model_dir: Path, image_processor, hf_config, defaults: dict[str, object] = QWEN2_VL_VIDEO_DEFAULTS) -> None:
+    def __init__(self, model_dir: Path, hf_config, defaults: dict[str, object] = QWEN2_VL_VIDEO_DEFAULTS) -> None:
         self._settings = read_video_settings(model_dir, defaults)
-        self._image_processor = image_processor  # our Qwen2VLImageProcessor: its PIL processor normalizes frames
+        self._pixels = PixelSettings.of(self._settings.__getitem__)
         self.patch_size = int(self._settings["patch_size"])
         self.temporal_patch_size = int(self._settings["temporal_patch_size"])
         self.merge_size = int(self._settings["merge_size"])
@@ -77,7 +85,8 @@ class Qwen2VLVideoProcessor:
     # -- the protocol ---------------------------------------------------------------------
 
     def kwargs_for_hash(self, options: VideoOptions) -> dict[str, object]:
-        return {**self._settings, "request": options.as_dict(), "serving_fps": SERVING_FPS}
+        settings = {**self._settings, "pixels": PIXEL_BACKEND, "rule": self.rule}
+        return {**settings, "request": options.as_dict(), "serving_fps": SERVING_FPS}
 
     def sample(self, metadata: VideoMetadata, options: VideoOptions) -> SampledClip:
         num_frames = self._num_sampled(metadata, options)
@@ -93,8 +102,11 @@ class Qwen2VLVideoProcessor:
 
     def process(self, frames: Sequence[Image.Image], clip: SampledClip, options: VideoOptions) -> ProcessedVideo:
         height, width = self._target_size(clip, options)
-        rows = self._frame_rows([frame.convert("RGB").resize((width, height), Image.Resampling.BICUBIC) for frame in frames])
-        groups = group_rows(rows, self.temporal_patch_size, channels=3)
+        video = stacked([image_tensor(frame, convert_rgb=self._pixels.do_convert_rgb) for frame in frames])
+        if self._pixels.do_resize:  # the frames as one batch, as transformers resizes a clip
+            video = resize(video, height, width, self._pixels.resample)
+        rows, _, _ = patch_rows(rescale_and_normalize(video, self._pixels), self.patch_size, self.merge_size, self.temporal_patch_size)
+        groups = group_rows(list(rows), self.temporal_patch_size, channels=3)
         grid = (1, height // self.patch_size, width // self.patch_size)
         processed = tuple(ProcessedImage(pixel_values=g, grid_thw=grid, num_tokens=self.num_tokens(grid)) for g in groups)
         return ProcessedVideo(processed, self._placements(clip, len(groups)), self._timestamps(clip))
@@ -170,10 +182,3 @@ class Qwen2VLVideoProcessor:
 
     def _timestamps(self, clip: SampledClip) -> tuple[float, ...]:
         return ()
-
-    def _frame_rows(self, frames: list[Image.Image]) -> list[torch.Tensor]:
-        """Resized frames through the image processor (its resize off): each one's patch rows."""
-        settings = self._settings
-        return self._image_processor.rows_of_resized(
-            frames, image_mean=settings["image_mean"], image_std=settings["image_std"], rescale_factor=settings["rescale_factor"]
-        )

@@ -18,7 +18,7 @@ from services.models.qwen3_vl.config import read_config
 from services.models.qwen3_vl.decoder import TextDecoder
 from services.models.qwen3_vl.video_processor import Qwen3VLVideoProcessor
 from services.models.qwen3_vl.vision import VisionEncoder, build_vision_tower
-from services.models.video import ProcessedVideo
+from services.models.video import KNOWN_VIDEO_PROCESSORS, ProcessedVideo, transformers_video_processor
 
 
 class Qwen3VLFamily(Qwen2VLFamily):
@@ -40,7 +40,10 @@ class Qwen3VLFamily(Qwen2VLFamily):
         return read_config(path)
 
     def video_processor(self, path: Path, config: ModelConfig, image_processor) -> Qwen3VLVideoProcessor:
-        return Qwen3VLVideoProcessor(path, image_processor, config.hf)
+        rule = transformers_video_processor(path, default="Qwen3VLVideoProcessor")
+        if rule not in KNOWN_VIDEO_PROCESSORS:
+            raise ValueError(f"{path}: its video processor {rule} is not one Tessera follows ({', '.join(KNOWN_VIDEO_PROCESSORS)})")
+        return Qwen3VLVideoProcessor(path, config.hf, rule)
 
     def _video_spans(self, config: ModelConfig, tokenizer, video: ProcessedVideo) -> list[Span]:
         """Qwen3-VL: each group is written ``<t seconds><|vision_start|>`` pads ``<|vision_end|>``

@@ -1,14 +1,19 @@
-"""Qwen3-VL video processing: Qwen2-VL's frames-to-groups step with Qwen3-VL's sampler (frames
-spread by ``linspace`` over the clip), its whole-clip pixel budget, and the ``<t seconds>`` each
-group is written after. Transformers' Qwen3VLVideoProcessor imports without torchvision, so its
-class defaults, its size rule and its processor's timestamps are transformers' own code.
+"""Qwen3-VL video processing: Qwen2-VL's frames-to-groups step, the ``<t seconds>`` each group is
+written after (the processor's own timestamps), and the sampler and size rule of the video
+processor transformers builds for the checkpoint (services/models/video.py,
+``transformers_video_processor``): Qwen3VLVideoProcessor's (frames spread by ``linspace`` over the
+clip, a whole-clip pixel budget) where the checkpoint names it, as the Hub's Qwen3-VL checkpoints
+do; Qwen2VLVideoProcessor's where transformers infers that one from the image processor's type
+(a checkpoint without a video processor file). Transformers' Qwen3VLVideoProcessor imports
+without torchvision, so its class defaults, its size rule and its processor's timestamps are
+transformers' own code.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from services.models.qwen2_vl.video_processor import Qwen2VLVideoProcessor
+from services.models.qwen2_vl.video_processor import QWEN2_VL_VIDEO_DEFAULTS, Qwen2VLVideoProcessor
 from services.models.video import SampledClip, VideoMetadata, VideoOptions, VideoProcessingError
 
 
@@ -16,7 +21,8 @@ def qwen3_vl_video_defaults() -> dict[str, object]:
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor as HFProcessor
 
     names = ("image_mean", "image_std", "patch_size", "temporal_patch_size", "merge_size", "min_frames", "max_frames")
-    names += ("do_sample_frames", "fps", "num_frames", "cap_pixels_per_frame", "max_video_tokens")
+    names += ("do_sample_frames", "fps", "num_frames", "cap_pixels_per_frame", "max_video_tokens", "resample")
+    names += ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
     defaults = {name: getattr(HFProcessor, name) for name in names}
     defaults["image_mean"], defaults["image_std"] = list(defaults["image_mean"]), list(defaults["image_std"])
     defaults["size"] = dict(HFProcessor.size)
@@ -25,14 +31,16 @@ def qwen3_vl_video_defaults() -> dict[str, object]:
 
 
 class Qwen3VLVideoProcessor(Qwen2VLVideoProcessor):
-    clip_pixel_budget = True
-
-    def __init__(self, model_dir, image_processor, hf_config) -> None:
-        super().__init__(model_dir, image_processor, hf_config, qwen3_vl_video_defaults())
+    def __init__(self, model_dir, hf_config, rule: str = "Qwen3VLVideoProcessor") -> None:
+        self.rule = rule
+        self.clip_pixel_budget = rule == "Qwen3VLVideoProcessor"
+        super().__init__(model_dir, hf_config, qwen3_vl_video_defaults() if self.clip_pixel_budget else QWEN2_VL_VIDEO_DEFAULTS)
 
     def sample(self, metadata: VideoMetadata, options: VideoOptions) -> SampledClip:
         """Qwen3VLVideoProcessor.sample_frames, with the request's frame bounds in place of the
         processor's own (as a processor built with them would sample)."""
+        if not self.clip_pixel_budget:
+            return super().sample(metadata, options)
         settings, total = self._settings, metadata.num_frames
         min_frames = options.min_frames if options.min_frames is not None else settings["min_frames"]
         max_frames = options.max_frames if options.max_frames is not None else settings["max_frames"]
@@ -52,6 +60,8 @@ class Qwen3VLVideoProcessor(Qwen2VLVideoProcessor):
 
     def _target_size(self, clip: SampledClip, options: VideoOptions) -> tuple[int, int]:
         """transformers' Qwen3-VL rule: the whole clip's pixels within the budget."""
+        if not self.clip_pixel_budget:
+            return super()._target_size(clip, options)
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
 
         min_pixels, max_pixels = self._size_bounds(options)
