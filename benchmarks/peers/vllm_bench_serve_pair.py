@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # this checkout's 
 
 from services.bench.local_stack import start_stack, stop_stack
 from services.bench.peer_vllm import start_vllm, stop_vllm, vllm_venv
+from services.bench.portable import rewrite_json
 from services.bench.serve_metrics import table
 from services.models.qwen2_vl.video_processor import QWEN2_VL_VIDEO_DEFAULTS
 from services.models.registry import ensure_builtin
@@ -66,6 +67,7 @@ def serve_bench(
     if args.detailed:
         command.append("--save-detailed")
     subprocess.run(command, check=True)
+    rewrite_json(args.out / f"{name}.json")  # vLLM's client writes the tokenizer's path
     return args.out / f"{name}.json"
 
 

@@ -3,13 +3,13 @@ and writing it."""
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shlex
 import sys
 from pathlib import Path
 
+from services.bench import portable
 from services.bench.workloads import image_size
 
 __all__ = ["RESULTS", "command", "image_size", "machine", "ms", "usage_error", "write_json"]
@@ -28,8 +28,8 @@ def machine(**extra) -> dict:
 
 
 def write_json(path: Path, result: dict, indent: int = 2) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=indent) + "\n")
+    """The result, with no path of this machine in it (services/bench/portable.py)."""
+    portable.write_json(path, result, indent)
     print(f"wrote {path}")
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import resource
 import time
@@ -35,6 +34,7 @@ import openai
 from benchmarks.suites.common import RESULTS, ms
 from services.bench.local_stack import scrape_metrics, start_stack, stop_stack
 from services.bench.peer_vllm import start_vllm, stop_vllm
+from services.bench.portable import write_json
 from services.bench.report import percentile
 
 
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     print_table(summaries)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     settings = {key: value for key, value in vars(args).items() if key not in ("suite", "suite_argv")}
-    args.out.write_text(json.dumps({"args": {**settings, "out": str(args.out)}, "summaries": summaries}, indent=1))
+    write_json(args.out, {"args": {**settings, "out": str(args.out)}, "summaries": summaries}, indent=1)
     return 0
 
 

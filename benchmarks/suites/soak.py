@@ -40,6 +40,7 @@ from benchmarks.suites.common import RESULTS, command, machine, usage_error
 from benchmarks.suites.soak_monitor import Monitor, Sample
 from benchmarks.suites.soak_traffic import Outcome, TrafficConfig, run_traffic
 from services.bench.local_stack import scrape_metrics, start_stack, stop_stack
+from services.bench.portable import write_json
 from services.bench.runner import served_model
 from services.transport.internal_auth import SECRET_ENV
 
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     }
     stem = f"soak-{model if stack is not None else 'endpoint'}-{args.minutes:g}min-{started_at:%Y%m%d-%H%M%S}"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out / f"{stem}.json", result, indent=1)
     title = f"soak: {args.minutes:g} min, {args.concurrency} clients, {model}"
     plot = report.write_plot(samples, result["warmup_s"], args.out / f"{stem}.png", title)
     print(f"wrote {args.out / f'{stem}.json'} and {plot}")

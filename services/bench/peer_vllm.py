@@ -26,7 +26,7 @@ SERVED_NAME = "peer"
 STARTUP_TIMEOUT_S = 900.0  # torch.compile and the multimodal profile take minutes on 2 cores
 
 # Arguments every peer gets. --skip-mm-profiling: vLLM otherwise profiles the largest image the
-# processor admits (4096x4096 for Qwen3-VL), which exhausts this machine's memory; on CPU the KV
+# processor admits (4096x4096 for Qwen3-VL), which exhausts 24 GiB of memory; on CPU the KV
 # space is fixed by VLLM_CPU_KVCACHE_SPACE anyway, so the profile decides nothing.
 SERVE_ARGS = ("--max-model-len", "4096", "--seed", "0", "--dtype", "float32", "--skip-mm-profiling")
 

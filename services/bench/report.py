@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from services.bench import serve_metrics
+from services.bench.portable import write_json
 from services.bench.runner import RequestRecord
 
 # Workloads whose first-touch requests each bring one image no earlier request had.
@@ -112,8 +113,7 @@ class Run:
 
 
 def save(run: Run, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(run.to_json(), indent=1))
+    write_json(path, run.to_json())
 
 
 def load(path: Path) -> Run:

@@ -271,7 +271,7 @@ class Stack:
         return variable in os.environ or any(arg.split("=", 1)[0] in (flag, f"--no-{flag[2:]}") for arg in self.config.passthrough)
 
     def _cpu_share(self, role: RoleProcess) -> CpuShare:
-        """``role``'s share of this machine's CPUs (shared/colocation/cpu_budget.py has the rule)."""
+        """``role``'s share of the host's CPUs (shared/colocation/cpu_budget.py has the rule)."""
         self._plan_cpus()
         return self.cpu_shares.get(role.role, CpuShare(num_threads=1))
 

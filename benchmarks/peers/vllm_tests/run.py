@@ -13,7 +13,6 @@ weights), a LoRA adapter, or neither (a real failure).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from services.bench.peer_vllm import _serve_env, peers_home, prepare_model, vllm_venv  # noqa: E402
+from services.bench.portable import write_json  # noqa: E402
 from services.models.registry import ensure_builtin  # noqa: E402
 
 VLLM_VERSION = "0.32.0"
@@ -160,7 +160,7 @@ def main() -> None:
         rows = summarize(args.out, args.files, args.targets)
         for row in rows:
             print_row(row)
-        (args.out / "summary.json").write_text(json.dumps({"vllm_version": VLLM_VERSION, "rows": rows}, indent=1))
+        write_json(args.out / "summary.json", {"vllm_version": VLLM_VERSION, "rows": rows})
         return
     tests = vllm_tests()
     ensure_pytest()
@@ -171,7 +171,7 @@ def main() -> None:
             row = run_file(target, models[target], tests, name, args.budget_s, args.out)
             rows.append(row)
             print_row(row)
-            (args.out / "summary.json").write_text(json.dumps({"vllm_version": VLLM_VERSION, "rows": rows}, indent=1))
+            write_json(args.out / "summary.json", {"vllm_version": VLLM_VERSION, "rows": rows})
 
 
 if __name__ == "__main__":
