@@ -14,5 +14,8 @@ if ! command -v ip >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2) >/dev/null 2>&1 \
     || echo "note: could not install iproute2; the multi-host tests will be skipped" >&2
 fi
+# The oracle tests compare with transformers' own processors running with real torchvision, in
+# an environment of their own (built once, then reused).
+source "$root/deploy/reference-venv.sh"
 cd "$root"
 exec python -m pytest --durations=25 "$@"

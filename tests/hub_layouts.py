@@ -255,7 +255,32 @@ def _qwen3_layout(out: Path, *, tie: bool, num_shards: int, template_in: str, dt
     for name in ("do_convert_rgb", "do_normalize", "do_rescale", "do_resize", "resample", "rescale_factor"):
         preprocessor.pop(name, None)  # the Hub's file leaves them to the class
     _write_json(out / "preprocessor_config.json", {**preprocessor, "processor_class": "Qwen3VLProcessor"})
+    _write_json(out / "video_preprocessor_config.json", QWEN3_VL_HUB_VIDEO)
     _copy_tokenizer(src, out, template_in)
+
+
+# The Hub's Qwen3-VL video_preprocessor_config.json: it names Qwen3VLVideoProcessor, whose
+# sampler and whole-clip pixel budget then apply (a checkpoint without it gets Qwen2VL's).
+QWEN3_VL_HUB_VIDEO = {
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "do_sample_frames": True,
+    "fps": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "max_frames": 768,
+    "merge_size": 2,
+    "min_frames": 4,
+    "patch_size": 16,
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "return_metadata": False,
+    "size": {"longest_edge": 25165824, "shortest_edge": 4096},
+    "temporal_patch_size": 2,
+    "video_processor_type": "Qwen3VLVideoProcessor",
+}
 
 
 def write_qwen3_vl_2b(out: Path) -> None:

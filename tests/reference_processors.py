@@ -1,6 +1,6 @@
 """The reference users compare with: transformers' own processors with real torchvision, run in a
 virtual environment of their own (deploy/reference-venv.sh) by tests/reference_worker.py, one
-worker per test session. Images travel as PNG (lossless in every mode a decoder gives), clips as
+worker per test session. Images travel losslessly (PNG; TIFF for CMYK), clips as
 their bytes; the answers are transformers' tensors as they came.
 
 The project's environment holds the CPU torch wheel, beside which the registry's torchvision
@@ -36,8 +36,9 @@ def reference_python() -> Path:
 
 
 def png_bytes(image: Image.Image) -> bytes:
+    """The image losslessly: PNG, or TIFF for the modes PNG cannot hold (CMYK)."""
     buffer = io.BytesIO()
-    image.save(buffer, "PNG")
+    image.save(buffer, "TIFF" if image.mode == "CMYK" else "PNG")
     return buffer.getvalue()
 
 
@@ -75,6 +76,17 @@ class ReferenceProcessors:
         """AutoVideoProcessor's output for the clips, sampled by its own sampler (plus the
         indices it picked, ``frames_indices``)."""
         return self._call({"op": "video", "model_dir": str(model_dir), "videos": clips, "video_kwargs": video_kwargs})
+
+    def sample(self, model_dir: Path, total: int, clip_fps: float, *, processor_kwargs=None, **sample_kwargs) -> list[int]:
+        """The frame indices the checkpoint's video processor (built with ``processor_kwargs``)
+        samples from a clip of ``total`` frames at ``clip_fps``, called with ``sample_kwargs``."""
+        request = {"op": "sample", "model_dir": str(model_dir), "total": total, "fps": clip_fps}
+        answer = self._call({**request, "kwargs": processor_kwargs or {}, "video_kwargs": sample_kwargs})
+        return answer["indices"]
+
+    def class_defaults(self, class_name: str, names: list[str]) -> dict:
+        """Attributes of the transformers class ``class_name``, as the class defines them."""
+        return self._call({"op": "class_defaults", "model_dir": "", "class_name": class_name, "names": names})
 
     def process(
         self, model_dir: Path, text: str, images: list[Image.Image] = (), clips: list[bytes] = (), *, video_kwargs=None, **kwargs

@@ -4,7 +4,7 @@ processors) as users run them, with real torchvision, in a virtual environment o
 starts it and sends it requests.
 
 Protocol, over stdin and stdout: each message is an 8-byte big-endian length and a pickle. A
-request is a dict (``op`` one of "process", "images", "video"); the answer is ``{"ok": outputs}``
+request is a dict (``op`` one of "process", "images", "video", "sample", "class_defaults"); the answer is ``{"ok": outputs}``
 with every tensor as it came from transformers, or ``{"error": text}``.
 
 Videos are decoded whole with transformers' ``load_video(backend="pyav")``, then handed to the
@@ -71,6 +71,18 @@ def handle(request: dict) -> dict:
         frames, metadata = _videos(request["videos"])
         out = processor(videos=frames, video_metadata=metadata, do_sample_frames=True, return_tensors="pt", **video_kwargs)
         return {"backend": type(processor).__name__, "frames_indices": [list(m.frames_indices) for m in metadata], **_outputs(out)}
+    if op == "class_defaults":  # a transformers class's own defaults, by name: an instance built with none
+        import transformers
+
+        made = getattr(transformers, request["class_name"])()
+        plain = lambda v: {k: x for k, x in dict(v).items() if x is not None} if hasattr(v, "shortest_edge") else v  # noqa: E731
+        return {name: plain(getattr(made, name)) for name in request["names"]}
+    if op == "sample":  # the video processor's own sampler, built with the request's bounds
+        from transformers.video_utils import VideoMetadata
+
+        processor = AutoVideoProcessor.from_pretrained(model_dir, **kwargs)
+        metadata = VideoMetadata(total_num_frames=request["total"], fps=request["fps"], width=64, height=48)
+        return {"indices": [int(i) for i in processor.sample_frames(metadata, **video_kwargs)], "backend": type(processor).__name__}
     if op == "process":
         processor = _cached(AutoProcessor, model_dir)
         extra = {}

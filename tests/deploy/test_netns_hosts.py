@@ -161,7 +161,7 @@ def test_video_across_hosts_equals_the_oracle_and_each_group_is_encoded_once(dep
         text = deployment.oracle.tokenizer.decode(expected.token_ids, skip_special_tokens=True)
         assert deployment.ask(case) == text, (f"sight {i}", deployment.logs())
     oracle = deployment.oracle
-    num_groups = oracle_video(clip.data, oracle.model_type, oracle.model_dir, oracle.image_processor).video_grid_thw[0]
+    num_groups = oracle_video(clip.data, oracle.model_dir).video_grid_thw[0]
     # Round robin puts the sights on encoders A, B, A: each encoder runs each group once, the
     # third sight none (the cache-aware policy's 1.00 per group: docs/benchmarks.md).
     assert sum(deployment.counter(name) for name in towers) - before == 2 * num_groups

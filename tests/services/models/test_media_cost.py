@@ -65,18 +65,21 @@ CLIPS = [
 ]
 
 
-@pytest.mark.parametrize("name", ["tiny", "qwen3vl-tiny"])
-def test_the_clip_cost_read_from_the_header_bounds_the_tokens_processing_gives(name):
-    """Exact for Qwen2-VL's sampler where the frames fill whole groups; never below."""
+@pytest.mark.parametrize("name", ["tiny", "qwen3vl-tiny", "qwen3-vl-2b"])
+def test_the_clip_cost_read_from_the_header_bounds_the_tokens_processing_gives(name, tmp_path):
+    """Exact for Qwen2-VL's sampler where the frames fill whole groups; never below. The Qwen3-VL
+    built-in has no video processor file, so transformers gives it Qwen2-VL's rule; the Hub's
+    Qwen3-VL layout names Qwen3VLVideoProcessor, whose whole-clip budget the cost follows."""
     from services.gateway.clip_header import clip_header
     from services.preprocess.config import PreprocessConfig
     from services.preprocess.preprocessor import Preprocessor
     from tests.factories import Video, chat_case, make_clip
+    from tests.hub_layouts import write_layout
 
-    model = resolve_model(name, progress=lambda _m: None)
+    model = resolve_model(str(write_layout(name, tmp_path / name)) if name == "qwen3-vl-2b" else name, progress=lambda _m: None)
     preprocessor = Preprocessor(model, PreprocessConfig())
     costs = media_costs_from_json(media_costs_to_json(preprocessor.media_costs()))
-    assert costs.video is not None and costs.video.clip_pixel_budget == (name == "qwen3vl-tiny")
+    assert costs.video is not None and costs.video.clip_pixel_budget == (name == "qwen3-vl-2b")
     for frames, fps, width, height, options in CLIPS:
         data = make_clip(frames, fps, width, height)
         header = clip_header(data)

@@ -1,19 +1,21 @@
-"""Video processing against transformers: the samplers' frame indices, the settings' defaults,
-and each clip's pixels, grids, timestamps and positions (tests/video_oracle.py says how the
-oracle is computed without torchvision)."""
+"""Video processing against transformers' own video processors as AutoVideoProcessor builds them
+from each checkpoint, with real torchvision (tests/video_oracle.py): the samplers' frame indices,
+the settings' defaults, and each clip's pixels, grids, timestamps and positions. Three
+checkpoints: the Qwen2-VL built-in; the Qwen3-VL built-in, which ships no video processor file and
+so gets Qwen2VLVideoProcessor; the Qwen3-VL Hub layout, whose file names Qwen3VLVideoProcessor."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers.video_utils import VideoMetadata as HFMetadata
 
 from services.models.qwen2_vl.video_processor import QWEN2_VL_VIDEO_DEFAULTS, SERVING_FPS
 from services.models.video import VideoMetadata, VideoOptions, VideoProcessingError
 from services.preprocess.video_decode import decode_frames
 from shared.types import GroupPlacement
 from tests.factories import make_clip
-from tests.video_oracle import hf_video_processor, oracle_video, qwen2_vl_video_processor_class
+from tests.reference_processors import reference_processors
+from tests.video_oracle import oracle_video
 
 # (frames in the clip, its frame rate): short and long, integral and NTSC rates.
 GOLDEN_CLIPS = [(4, 2.0), (8, 30.0), (30, 10.0), (95, 24.0), (150, 29.97), (301, 25.0), (900, 60.0), (1799, 23.976)]
@@ -31,29 +33,42 @@ def _processor(model: str):
     return family.video_processor(ref.path, config, family.image_processor(ref.path, ImageOptions())), ref
 
 
-def _hf_indices(model_type: str, total: int, fps: float, options: VideoOptions) -> list[int]:
-    """transformers' own sample_frames for the same metadata and request."""
-    metadata = HFMetadata(total_num_frames=total, fps=fps, width=64, height=48)
+@pytest.fixture(scope="module", params=["tiny", "qwen3vl-tiny", "qwen3-vl-2b"])
+def checkpoint(request, tmp_path_factory) -> str:
+    """A built-in's name, or a Hub layout's directory."""
+    if request.param.startswith("qwen3-vl"):
+        from tests.hub_layouts import write_layout
+
+        return str(write_layout(request.param, tmp_path_factory.mktemp("layout")))
+    return request.param
+
+
+def _hf_indices(model_dir, rule: str, total: int, fps: float, options: VideoOptions) -> list[int]:
+    """transformers' own sample_frames for the same metadata and request, the processor built
+    with the request's frame bounds."""
     bounds = {k: v for k, v in (("min_frames", options.min_frames), ("max_frames", options.max_frames)) if v is not None}
-    if model_type == "qwen3_vl":  # its sampler reads the processor's own bounds
-        hf = hf_video_processor("qwen3_vl", **bounds)
-        picked = hf.sample_frames(metadata, num_frames=options.num_frames, fps=options.fps)
-    else:
-        hf = hf_video_processor("qwen2_vl")
-        rate = None if options.num_frames is not None else options.fps or SERVING_FPS
-        picked = hf.sample_frames(metadata, num_frames=options.num_frames, fps=rate, **bounds)
-    return [int(i) for i in picked]
+    rate = options.fps
+    if rule == "Qwen2VLVideoProcessor" and options.num_frames is None:
+        rate = options.fps or SERVING_FPS  # Tessera's serving rate where nothing names one
+    return reference_processors().sample(model_dir, total, fps, processor_kwargs=bounds, num_frames=options.num_frames, fps=rate)
 
 
-@pytest.mark.parametrize("model_name,model_type", [("tiny", "qwen2_vl"), ("qwen3vl-tiny", "qwen3_vl")])
-def test_frame_indices_equal_transformers_sampler_on_every_golden_clip(model_name, model_type):
-    processor, _ = _processor(model_name)
+def test_each_checkpoint_gets_the_video_processor_transformers_builds(checkpoint):
+    processor, ref = _processor(checkpoint)
+    built = oracle_video(make_clip(8, fps=4, width=64, height=48), ref.path).processor
+    assert processor.rule == built
+    expected = {"tiny": "Qwen2VLVideoProcessor", "qwen3vl-tiny": "Qwen2VLVideoProcessor"}.get(checkpoint, "Qwen3VLVideoProcessor")
+    assert built == expected
+
+
+def test_frame_indices_equal_transformers_sampler_on_every_golden_clip(checkpoint):
+    processor, ref = _processor(checkpoint)
     for total, fps in GOLDEN_CLIPS:
         for options in REQUESTS:
             metadata = VideoMetadata(total, fps, 64, 48)
             try:
-                expected = _hf_indices(model_type, total, fps, options)
-            except (ValueError, ZeroDivisionError):
+                expected = _hf_indices(ref.path, processor.rule, total, fps, options)
+            except RuntimeError:  # transformers refused: so does Tessera
                 with pytest.raises(VideoProcessingError):
                     processor.sample(metadata, options)
                 continue
@@ -64,50 +79,26 @@ def test_frame_indices_equal_transformers_sampler_on_every_golden_clip(model_nam
             assert list(processor.sample(metadata, options).indices) == expected, (total, fps, options)
 
 
-def test_qwen2_vl_defaults_are_transformers_class_defaults():
-    hf = qwen2_vl_video_processor_class()()  # a processor with no settings of its own: the class's defaults
-    for name, value in QWEN2_VL_VIDEO_DEFAULTS.items():
-        theirs = getattr(hf, name)
-        if name == "size":
-            theirs = {"shortest_edge": theirs.shortest_edge, "longest_edge": theirs.longest_edge}
-        assert (list(theirs) if isinstance(theirs, tuple) else theirs) == value, name
+def test_video_defaults_are_transformers_class_defaults():
+    names = [name for name in QWEN2_VL_VIDEO_DEFAULTS if name != "size"]
+    theirs = reference_processors().class_defaults("Qwen2VLVideoProcessor", [*names, "size"])
+    for name in names:
+        value = theirs[name]
+        assert (list(value) if isinstance(value, tuple) else value) == QWEN2_VL_VIDEO_DEFAULTS[name], name
+    assert {k: theirs["size"][k] for k in ("shortest_edge", "longest_edge")} == QWEN2_VL_VIDEO_DEFAULTS["size"]
 
 
-@pytest.mark.parametrize("model_name", ["tiny", "qwen3vl-tiny"])
-@pytest.mark.parametrize("frames,fps,size", [(30, 10, (64, 48)), (13, 5, (100, 40)), (60, 24, (30, 90))])
-def test_groups_are_transformers_video_rows_bitwise(model_name, frames, fps, size):
-    processor, ref = _processor(model_name)
+@pytest.mark.parametrize("frames,fps,size", [(30, 10, (64, 48)), (13, 5, (100, 40)), (60, 24, (30, 90)), (16, 4, (112, 112))])
+def test_groups_are_transformers_video_rows_bitwise(checkpoint, frames, fps, size):
+    processor, ref = _processor(checkpoint)
     data = make_clip(frames, fps=fps, width=size[0], height=size[1], seed=frames)
-    from transformers import AutoImageProcessor
-
-    model_type = ref.family.read_config(ref.path).model_type
-    oracle = oracle_video(data, model_type, ref.path, AutoImageProcessor.from_pretrained(str(ref.path)))
+    oracle = oracle_video(data, ref.path)
     clip = processor.sample(VideoMetadata(frames, float(fps), size[0], size[1]), VideoOptions())
     assert list(clip.indices) == oracle.indices
     video = processor.process(decode_frames(data, clip.indices), clip, VideoOptions())
     grid_t, grid_h, grid_w = oracle.video_grid_thw
     assert [g.grid_thw for g in video.groups] == [(1, grid_h, grid_w)] * grid_t
     assert torch.equal(torch.cat([g.pixel_values for g in video.groups]), oracle.pixel_values_videos)
-
-
-def test_qwen2_vl_frames_resize_as_the_image_processor_resizes_them():
-    """The proof frame by frame: transformers' image processor, resize on, with the video's
-    per-frame bounds, gives each frame the rows our group holds for it in its temporal slot."""
-    processor, ref = _processor("tiny")
-    from transformers import AutoImageProcessor
-
-    image_processor = AutoImageProcessor.from_pretrained(str(ref.path))
-    data = make_clip(8, fps=4, width=150, height=70, seed=5)
-    clip = processor.sample(VideoMetadata(8, 4.0, 150, 70), VideoOptions())
-    frames = decode_frames(data, clip.indices)
-    video = processor.process(frames, clip, VideoOptions())
-    bounds = processor.kwargs_for_hash(VideoOptions())["size"]
-    for k, frame in enumerate(frames):
-        rows = image_processor(images=[frame], size=bounds, return_tensors="pt")["pixel_values"]
-        group = video.groups[k // 2].pixel_values
-        slot = k % 2
-        ours = group.view(group.shape[0], 3, 2, -1)[:, :, slot]
-        assert torch.equal(ours, rows.view(rows.shape[0], 3, 2, -1)[:, :, 0]), k
 
 
 def test_qwen3_vl_timestamps_are_the_processors():
