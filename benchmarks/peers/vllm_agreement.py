@@ -107,7 +107,7 @@ def run_model(model: str) -> list[dict]:
         tessera = [ask(client, SERVED_NAME, parts) for _, parts in cases]
     finally:
         stop_stack(process)
-    peer = start_vllm(model)
+    peer = start_vllm(model, "--trust-request-mm-kwargs")  # the clips' fps, per request, as Tessera takes it
     try:
         client = openai.OpenAI(base_url=peer.base_url, api_key="unused", max_retries=0, timeout=300)
         vllm = [ask(client, SERVED_NAME, parts) for _, parts in cases]

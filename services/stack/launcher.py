@@ -1,11 +1,12 @@
 """``tessera serve``: start the whole local stack and supervise it.
 
-Order: embedded Valkey (the index server, unless --index-url names one) -> every node -> gateway.
+Order: embedded Valkey (the index server, unless --index-url names one) -> every role at once.
 Each role is its own OS process, wired exactly as in a real deployment: every node registers its
 advertised addresses in the index and the gateway discovers them there (no address lists are
 passed around), so a node started later by hand with the same --index-url joins by itself. The
-launcher waits for each node's gRPC health check to answer SERVING before starting the gateway. A role that dies is restarted (with a short
-backoff) on the same ports, so service resumes by itself; requests in the gap fail fast with 503.
+launcher starts every role at once, the gateway too, and waits for each one's gRPC health check to
+answer SERVING; the gateway reports not ready until a node of every role has registered. A role
+that dies is restarted (with a short backoff) on the same ports, so service resumes by itself; requests in the gap fail fast with 503.
 So is the embedded Valkey, on the same port and empty: meanwhile the nodes serve from their local
 caches, and once it is back each node registers under a new epoch and republishes what it holds.
 Ctrl-C (SIGINT) or SIGTERM stops the roles in reverse order, then Valkey.
@@ -117,10 +118,6 @@ class Stack:
         self.roles.extend(self.node_processes(base))
         self._plan_cpus()
         self._leave_idle_towers_unloaded()
-        for role in self.roles:  # independent roles load their models in parallel
-            self._spawn(role)
-        for role in self.roles:
-            self._wait_started(role)
         generate_address = f"{host}:{self.config.generate_port}"
         gateway = RoleProcess(
             "gateway",
@@ -142,8 +139,12 @@ class Stack:
             generate_address,
         )
         self.roles.append(gateway)
-        self._spawn(gateway)
-        self._wait_started(gateway)
+        # Every role starts at once, the gateway too: it reports not ready (/ready, /health: 503)
+        # until a node of every role has registered in the index, so nothing waits in turn.
+        for role in self.roles:
+            self._spawn(role)
+        for role in self.roles:
+            self._wait_started(role)
         self._write_state()
         print(
             f"tessera is serving {self.config.model} at http://{host}:{self.config.http_port}/v1 (gRPC Generate on {generate_address})",

@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.transport.internal_auth import InternalAuth, add_port, server_interceptors
+from shared.process_age import seconds_since_start
 from shared.liveness import Liveness
 from shared.startup_heap import freeze_startup_heap
 
@@ -91,7 +92,9 @@ async def serve_forever(server: grpc.aio.Server, address: str, service_names: li
             if lifecycle.on_stop is not None:
                 lifecycle.on_stop()
             raise
-    log.info("serving %s on %s (%d start-up objects frozen)", ", ".join(service_names), address, freeze_startup_heap())
+    age = seconds_since_start()
+    after = f", {age:.2f} s after its process started" if age is not None else ""
+    log.info("serving %s on %s (%d start-up objects frozen%s)", ", ".join(service_names), address, freeze_startup_heap(), after)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
