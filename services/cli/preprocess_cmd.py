@@ -7,10 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from services.gateway.prompt_wire import prompt_for_library
-from services.gateway.validation_errors import validation_error
 from services.models.registry import ModelNotFoundError, resolve_model
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import PreprocessError
@@ -26,7 +22,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.preprocess.preprocessor import Preprocessor  # loads torch: only when this command runs
+    # Torch and the request models load only when this command runs, not for every `tessera`.
+    from pydantic import ValidationError
+
+    from services.gateway.prompt_wire import prompt_for_library
+    from services.gateway.validation_errors import validation_error
+    from services.preprocess.preprocessor import Preprocessor
 
     try:
         raw = sys.stdin.read() if args.request == "-" else Path(args.request).read_text()

@@ -24,6 +24,7 @@ _STACK_FLAGS = {
     "--routing-policy",
     "--index-url",
     "--pin-cpus",
+    "--no-zygote",
 }
 
 
@@ -43,6 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stack.add_argument("--decode", type=int, default=1, help="number of decode nodes")
     stack.add_argument(
         "--pin-cpus", action="store_true", help="pin each encoder, prefill and decode node to its own cores (when their shares fit)"
+    )
+    stack.add_argument(
+        "--no-zygote",
+        action="store_true",
+        help="start each node as a new interpreter instead of forking it from one that loaded their common imports (slower)",
     )
     role = cmd.add_argument_group("one role (--role)")
     for name in setting_names():
@@ -94,6 +100,7 @@ def _run_stack(args: argparse.Namespace) -> int:
             num_decode=args.decode,
             routing_policy=args.role_routing_policy or "cache_aware",
             pin_cpus=args.pin_cpus,
+            zygote=not args.no_zygote,
         )
     )
     try:
@@ -115,7 +122,7 @@ def _passthrough(argv: list[str]) -> list[str]:
             continue
         name = arg.split("=", 1)[0]
         if name in _STACK_FLAGS:
-            skip = "=" not in arg and name not in ("--no-restart", "--pin-cpus")
+            skip = "=" not in arg and name not in ("--no-restart", "--pin-cpus", "--no-zygote")
             continue
         out.append(arg)
     return out

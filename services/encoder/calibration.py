@@ -1,4 +1,4 @@
-"""The vision tower's cost per embedding row, measured once at start-up.
+"""The vision tower's cost per embedding row, measured once, on the compute thread after start-up.
 
 The gateway prices media before admitting them (services/gateway/media_budget.py) in vision
 tokens; this rate turns them into expected tower seconds (its Retry-After and its metrics). It

@@ -15,6 +15,8 @@ eviction is LRU over whole items within a row budget.
 from __future__ import annotations
 
 import asyncio
+import logging
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -35,6 +37,8 @@ from shared.index.types import IndexEvents, MmEntry
 from shared.liveness import Liveness
 from shared.node_metrics import Counter, Gauge, counter, gauge
 from shared.types import MmHash
+
+log = logging.getLogger("tessera.encoder")
 
 _OWNER = "encoder"
 
@@ -80,7 +84,8 @@ class EncoderMetrics:
     cache_rows: Gauge = gauge("encoder_cache_rows", "Embedding rows cached (encoder_cache_used_rows)")
     num_embedding_bytes_sent: Counter = counter("encoder_embedding_bytes_sent_total", "Bytes of embeddings sent to prefill nodes")
     tower_seconds_per_token: Gauge = gauge(
-        "encoder_tower_seconds_per_token", "The vision tower's seconds per embedding row, measured at start-up (calibration.py)"
+        "encoder_tower_seconds_per_token",
+        "The vision tower's seconds per embedding row, measured after start-up; 0 until then",
     )
 
     def __post_init__(self) -> None:
@@ -106,7 +111,11 @@ class EncoderNode:
     ) -> None:
         self.compute = ComputeThread("encoder-compute", liveness=liveness)  # builds the tower and runs every encode
         self.vision = self.compute.run(_build_vision, model, device, prepack)
-        self.seconds_per_token = self.compute.run(measure_seconds_per_token, model, self.vision) if calibrate else 0.0
+        # The tower's rate is measured on the compute thread after start-up, not before serving:
+        # it runs ahead of the first encode, which it warms up, and reads 0 (unknown to the
+        # gateway's media budget) until then.
+        self.seconds_per_token = 0.0
+        self.calibrated: Future | None = self.compute.submit(self._calibrate, model) if calibrate else None
         self.cache = EncoderCacheManager(cache_tokens)
         self.store: dict[MmHash, torch.Tensor] = {}
         self.inbox = TensorInbox(data_bind, advertise_host=advertise_host, auth=channel_auth)
@@ -117,6 +126,12 @@ class EncoderNode:
         self.num_batches = 0  # vision-tower passes
         self.max_pass_rows = max_pass_rows
         self.metrics = self._metrics()
+
+    def _calibrate(self, model: ModelRef) -> None:
+        try:
+            self.seconds_per_token = measure_seconds_per_token(model, self.vision)
+        except Exception:  # the rate stays unknown; encoding itself reports its own failures
+            log.exception("measuring the vision tower's rate failed")
 
     def _metrics(self) -> EncoderMetrics:
         metrics, vision, cache = EncoderMetrics(self.inbox.metrics), self.vision, self.cache

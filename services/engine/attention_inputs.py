@@ -5,6 +5,9 @@ the backend and read by every layer of its column."""
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 from kernels.attention import AttentionBackend, AttentionBatch
@@ -17,9 +20,19 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 def new_kv_storage(layout: KVLayout, num_pages: int, block_size: int, shape: TextShape, dtype, device) -> list[KVCache]:
-    """One (K, V) tensor pair per page slot, each (num_pages, block_size, kv_heads, head_dim)."""
+    """One (K, V) tensor pair per page slot, each (num_pages, block_size, kv_heads, head_dim),
+    all zeros. On a CPU they are views of one anonymous mapping: the kernel hands out its pages
+    zeroed as they are first written, so the budget is reserved, not written, at start-up (a
+    zero fill of the whole budget took a node seconds and made it resident at once)."""
     dims = (num_pages, block_size, shape.num_kv_heads, shape.head_dim)
-    return [(torch.zeros(dims, dtype=dtype, device=device), torch.zeros(dims, dtype=dtype, device=device)) for _ in range(layout.num_slots)]
+    num_tensors = 2 * layout.num_slots
+    if torch.device(device).type != "cpu":
+        flat = torch.zeros((num_tensors, *dims), dtype=dtype, device=device)
+    else:
+        item_bytes = torch.empty((), dtype=dtype).element_size()
+        region = mmap.mmap(-1, max(1, num_tensors * math.prod(dims) * item_bytes))
+        flat = torch.frombuffer(region, dtype=torch.uint8).view(dtype).view(num_tensors, *dims)
+    return [(flat[2 * slot], flat[2 * slot + 1]) for slot in range(layout.num_slots)]
 
 
 def layer_attention_inputs(

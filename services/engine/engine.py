@@ -25,6 +25,7 @@ from services.engine.sampling_params import SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
 from services.engine.structured_output import GrammarError, Grammars
 from services.models.registry import ModelRef
+from services.models.tokenizer import load_tokenizer
 from services.preprocess.preprocessor import PreprocessedRequest
 
 
@@ -53,9 +54,7 @@ class Engine:
         eos_token_ids = self.runner.checkpoint.eos_token_ids
         self.sampler = Sampler(frozenset(eos_token_ids), vocab_size=self.runner.checkpoint.shape.vocab_size)
         if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(model.path))
+            tokenizer = load_tokenizer(model.path)
         self.outputs = OutputProcessor(tokenizer, eos_token_ids)
         self.grammars = Grammars(tokenizer, self.runner.checkpoint.shape.vocab_size, eos_token_ids)
         self.requests: dict[str, Request] = {}

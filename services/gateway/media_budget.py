@@ -14,7 +14,7 @@ sampler and resize rule with the request's video settings. A clip whose header t
 read (another container, a URL, a uuid alone) is priced as UNKNOWN_CLIP. A request without media
 passes free.
 
-Tokens become expected tower seconds at the rate the encoders measured at start-up
+Tokens become expected tower seconds at the rate the encoders measured once they started
 (services/encoder/calibration.py; the slowest's, asked again every TOWER_RATE_TTL_S): a 429's
 Retry-After is how long the encoders need for what is in flight, and the seconds in flight are
 exported beside the tokens. The budget itself stays in tokens, which every node agrees on.

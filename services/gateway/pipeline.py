@@ -123,7 +123,7 @@ class Pipeline:
         return [(role, address, answer) for (role, address), answer in zip(nodes, answers) if isinstance(answer, pb.StatsResponse)]
 
     async def tower_seconds_per_token(self) -> float | None:
-        """The live encoders' vision-tower seconds per token, as each measured at start-up
+        """The live encoders' vision-tower seconds per token, as each measured once started
         (services/encoder/calibration.py): the slowest's, None while none reports one."""
         encoders = [n.info.grpc_address for n in self.membership.nodes("encoder")]
         calls = (

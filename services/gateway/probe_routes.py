@@ -3,6 +3,7 @@ person's view of whether it can route), /version and /metrics."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime.
 import logging
+import time
 from collections.abc import Iterable
 
 from fastapi import APIRouter
@@ -15,13 +16,23 @@ from services.gateway.tokenize_protocol import VersionResponse
 from services.router.membership import ROUTED_ROLES
 from shared.index.types import NodeState
 
+PROBE_REFRESH_S = 0.1
+
 
 def probe_routes(state: GatewayState, version: str) -> APIRouter:
     router = APIRouter()
     disagreements = DisagreementLog()
+    last_refresh = [float("-inf")]
 
-    def readiness() -> tuple[str, dict[str, int]]:
+    async def readiness() -> tuple[str, dict[str, int]]:
+        """Probed while a role has no node (starting up, or after a loss), the membership is
+        listed again at once rather than at its next refresh, so readiness is reported as soon
+        as the nodes register; at most every PROBE_REFRESH_S, whatever the probes' rate."""
         membership = state.pipeline.membership
+        now = time.monotonic()
+        if any(not membership.nodes(role) for role in ROUTED_ROLES) and now - last_refresh[0] >= PROBE_REFRESH_S:
+            last_refresh[0] = now
+            await membership.refresh()
         role_to_count = {role: len(membership.nodes(role)) for role in ROUTED_ROLES}
         missing = [role for role, count in role_to_count.items() if not count]
         disagreement = block_size_disagreement(membership.snapshot().values(), state.pipeline.router.block_size)
@@ -41,14 +52,14 @@ def probe_routes(state: GatewayState, version: str) -> APIRouter:
     @router.get("/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
     async def ready() -> JSONResponse:
         """Kubernetes readiness: a node of every role to route to, and not draining."""
-        status, role_to_count = readiness()
+        status, role_to_count = await readiness()
         body = ReadyResponse(status=status, num_nodes=role_to_count)
         return JSONResponse(body.model_dump(), status_code=200 if status == "ok" else 503)
 
     @router.get("/health", response_model=HealthResponse, responses={503: {"model": HealthResponse}})
     async def health() -> JSONResponse:
         """/ready's answer with the live nodes listed (role and id; addresses stay internal)."""
-        status, _ = readiness()
+        status, _ = await readiness()
         nodes = [NodeRecord(role=s.info.role, node_id=s.info.node_id) for s in state.pipeline.membership.snapshot().values()]
         body = HealthResponse(status=status, nodes=nodes)
         return JSONResponse(body.model_dump(), status_code=200 if status == "ok" else 503)

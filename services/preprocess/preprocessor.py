@@ -33,6 +33,7 @@ from services.models.family import ImageOptions, PlaceholderCountError, Processe
 from services.models.hf_config import chat_template
 from services.models.media_cost import MediaCosts
 from services.models.registry import ModelRef
+from services.models.tokenizer import load_tokenizer
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import InvalidRequestError, InvalidVideoDataError, PlaceholderMismatchError, PromptTooLongError
 from services.preprocess.image_decode import decode_image
@@ -109,11 +110,9 @@ class Preprocessor:
     def __init__(self, model: ModelRef, config: PreprocessConfig | None = None, *, bindings: UuidBindings | None = None) -> None:
         """``bindings``: where client media uuids are bound (the cluster's index); by default
         this process's own."""
-        from transformers import AutoTokenizer
-
         self.model = model
         self.config = config or PreprocessConfig()
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model.path))
+        self.tokenizer = load_tokenizer(model.path)
         self.chat_template = chat_template(model.path, self.tokenizer)
         # apply_chat_template's own parameters, which chat_template_kwargs may not set.
         self._template_parameters = frozenset(inspect.signature(self.tokenizer.apply_chat_template).parameters) - {"kwargs"}

@@ -5,7 +5,8 @@ Each role is its own OS process, wired exactly as in a real deployment: every no
 advertised addresses in the index and the gateway discovers them there (no address lists are
 passed around), so a node started later by hand with the same --index-url joins by itself. The
 launcher starts every role at once, the gateway too, and waits for each one's gRPC health check to
-answer SERVING; the gateway reports not ready until a node of every role has registered. A role
+answer SERVING; the gateway reports not ready until a node of every role has registered. Nodes
+are forked by a zygote (zygote.py) that loaded what they all load once, unless --no-zygote. A role
 that dies is restarted (with a short backoff) on the same ports, so service resumes by itself; requests in the gap fail fast with 503.
 So is the embedded Valkey, on the same port and empty: meanwhile the nodes serve from their local
 caches, and once it is back each node registers under a new epoch and republishes what it holds.
@@ -27,6 +28,7 @@ from pathlib import Path
 from services.router.scoring import EncodeDispatch, default_encode_dispatch
 from services.stack.node_process import ServerExitedError, detach_but_die_with_parent, free_port, wait_serving
 from services.stack.roles import ENV_PREFIX
+from services.stack.zygote import ForkedNode, Zygote
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV
 from shared.colocation import host_backlog
@@ -34,6 +36,13 @@ from shared.colocation.cpu_budget import COMPUTE_ROLES, CpuShare, available_cpus
 from shared.index.cluster_config import EXIT_REFUSED
 
 INTERNAL_HOST = "127.0.0.1"  # where the local stack's internal ports listen
+
+
+NO_TOKENIZER_ROLES = frozenset({"encoder"})
+
+
+def _role_of(role: RoleProcess) -> str:
+    return role.role.split("-")[0]
 
 
 def _move_internal_ports(role: RoleProcess) -> None:
@@ -51,7 +60,7 @@ class RoleProcess:
     role: str
     argv: list[str]
     grpc_address: str
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | ForkedNode | None = None
     num_restarts: int = 0
 
 
@@ -72,6 +81,7 @@ class StackConfig:
     routing_policy: str = "cache_aware"
     passthrough: list[str] = field(default_factory=list)  # engine / preprocess flags for the roles
     pin_cpus: bool = False  # pin each compute role to its own cores when their shares fit
+    zygote: bool = True  # fork the nodes from one process that loaded their common imports (zygote.py)
 
 
 DISPATCH_ENV = f"{ENV_PREFIX}ENCODE_DISPATCH"
@@ -99,6 +109,7 @@ class Stack:
         # The embedded Valkey's password, handed to the roles the same way; with --index-url, the
         # roles read the operator's own (TESSERA_INDEX_PASSWORD or --index-password-file).
         self.index_password = os.environ.get(PASSWORD_ENV) or secrets.token_urlsafe(32)
+        self.zygote: Zygote | None = None
 
     def start(self) -> None:
         from services.models.hub import parse_hub_reference, pinned_reference
@@ -140,9 +151,23 @@ class Stack:
         )
         self.roles.append(gateway)
         # Every role starts at once, the gateway too: it reports not ready (/ready, /health: 503)
-        # until a node of every role has registered in the index, so nothing waits in turn.
-        for role in self.roles:
-            self._spawn(role)
+        # until a node of every role has registered in the index, so nothing waits in turn. The
+        # nodes are forked by the zygote once it has loaded what they all load; the gateway, which
+        # loads none of it, starts meanwhile.
+        if self.config.zygote:
+            self.zygote = Zygote(model, self._env_for(self.roles[0]))
+        self._spawn(gateway)
+        if self.zygote is not None and not self.zygote.wait_ready():
+            print(f"the zygote cannot fork nodes ({self.zygote.error}); starting each node on its own", file=sys.stderr, flush=True)
+        nodes = self.roles[:-1]
+        for role in nodes:  # encoders first: they need no tokenizer, and start while it loads
+            if _role_of(role) in NO_TOKENIZER_ROLES:
+                self._spawn(role)
+        if self.zygote is not None and self.zygote.forkable(self._env_for(nodes[0])):
+            self.zygote.preload_tokenizer()
+        for role in nodes:
+            if _role_of(role) not in NO_TOKENIZER_ROLES:
+                self._spawn(role)
         for role in self.roles:
             self._wait_started(role)
         self._write_state()
@@ -227,6 +252,8 @@ class Stack:
                     role.process.wait(timeout=15)
                 except subprocess.TimeoutExpired:
                     role.process.kill()
+        if self.zygote is not None:
+            self.zygote.close()
         if self.backlog_board is not None:
             self.backlog_board.unlink(missing_ok=True)
         if self.valkey is not None and self.valkey.poll() is None:
@@ -240,6 +267,13 @@ class Stack:
         self._stopping = True
 
     def _spawn(self, role: RoleProcess) -> None:
+        env = self._env_for(role)
+        if role.role != "gateway" and self.zygote is not None and self.zygote.forkable(env):
+            role.process = self.zygote.fork(role.argv[3:], env)  # argv without "python -m services.cli.main"
+        else:
+            role.process = subprocess.Popen(role.argv, env=env, preexec_fn=detach_but_die_with_parent)
+
+    def _env_for(self, role: RoleProcess) -> dict[str, str]:
         # The role's CPU share first, so a variable the operator set wins over it.
         env = {**self._cpu_share(role).to_env(), **os.environ, "HF_HUB_OFFLINE": "1"}
         if self.backlog_board is not None and role.role in self.board_slots:
@@ -247,7 +281,7 @@ class Stack:
         env[SECRET_ENV] = self.internal_secret
         if not self.config.index_url:
             env[PASSWORD_ENV] = self.index_password
-        role.process = subprocess.Popen(role.argv, env=env, preexec_fn=detach_but_die_with_parent)
+        return env
 
     def _encode_dispatch_flags(self) -> list[str]:
         """The gateway's --encode-dispatch for this host's CPU plan, unless the operator chose one."""

@@ -26,6 +26,9 @@ ROLE_TO_MODULE = {
     "decode": "services.decode.main",
     "gateway": "services.gateway.server",
 }
+# Where each role's Settings live: its main module, except the gateway's, whose server module
+# imports the HTTP stack.
+ROLE_TO_SETTINGS = {**ROLE_TO_MODULE, "gateway": "services.gateway.settings"}
 ROLES = tuple(ROLE_TO_MODULE)
 ROLES_WITH_INBOX = frozenset({"encoder", "prefill", "decode"})  # they bind a data address for tensors
 EXIT_UNREACHABLE = EXIT_REFUSED  # a node its peers could not dial: a configuration error, like a refusal
@@ -34,7 +37,7 @@ log = logging.getLogger("tessera")
 
 
 def settings_class(role: str) -> type:
-    return importlib.import_module(ROLE_TO_MODULE[role]).Settings
+    return importlib.import_module(ROLE_TO_SETTINGS[role]).Settings
 
 
 def setting_names() -> list[str]:

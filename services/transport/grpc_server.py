@@ -15,8 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.transport.internal_auth import InternalAuth, add_port, server_interceptors
-from shared.process_age import seconds_since_start
 from shared.liveness import Liveness
+from shared.process_age import seconds_since_start
 from shared.startup_heap import freeze_startup_heap
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from protos.gen import pb
+from services.gateway import probe_routes
 from services.gateway.app import create_app
 from services.gateway.errors import GatewayError
 from services.gateway.token_events import TokenEvent
@@ -35,6 +36,13 @@ class FakeMembership:
 
     def snapshot(self):
         return self.states
+
+    async def refresh(self):
+        """What a listing of the index finds: the nodes registered since (``registered``)."""
+        self.num_refreshes = getattr(self, "num_refreshes", 0) + 1
+        self.roles = (*self.roles, *getattr(self, "registered", ()))
+        self.registered = ()
+        return True
 
 
 @dataclass
@@ -257,6 +265,18 @@ def test_health_names_a_role_without_live_nodes():
     http, _ = client_for(FakePipeline(membership=FakeMembership(roles=("preprocess", "encoder", "prefill"))))
     health = http.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "no live decode node"
+
+
+def test_a_probe_while_a_role_has_no_node_lists_the_nodes_again_at_once_but_not_more_often_than_the_limit(monkeypatch):
+    monkeypatch.setattr(probe_routes, "PROBE_REFRESH_S", 3600.0)
+    membership = FakeMembership(roles=("preprocess", "encoder", "prefill"))
+    http, _ = client_for(FakePipeline(membership=membership))
+    assert http.get("/ready").status_code == 503 and membership.num_refreshes == 1
+    membership.registered = ("decode",)  # the decode node registers meanwhile
+    assert http.get("/health").status_code == 503 and membership.num_refreshes == 1  # within the limit: not listed again
+    monkeypatch.setattr(probe_routes, "PROBE_REFRESH_S", 0.0)
+    assert http.get("/ready").status_code == 200 and membership.num_refreshes == 2  # found at once, not at the next refresh
+    assert http.get("/ready").status_code == 200 and membership.num_refreshes == 2  # ready: no listing
 
 
 def test_with_a_tier_down_the_gateway_is_live_but_not_ready():

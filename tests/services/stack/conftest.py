@@ -137,7 +137,7 @@ def launch_stack(
                 return running
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)
     stop_stack(running)
     pytest.fail("the stack did not become healthy in time")
 
