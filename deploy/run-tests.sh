@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# README command 2: install what is needed and run the default test suite (slow tests excluded;
-# run them with: deploy/run-tests.sh -m slow). Extra arguments go to pytest.
+# README command 2: install what is needed and run every test: node kills, multi-host runs per
+# family, the compose file as processes; the podman image test too when the image's inputs changed
+# since its last verified run (docs/testing.md). Extra arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/deploy/bootstrap.sh"
@@ -18,4 +19,8 @@ fi
 # an environment of their own (built once, then reused).
 source "$root/deploy/reference-venv.sh"
 cd "$root"
-exec python -m pytest --durations=25 "$@"
+select=()
+if ! python -m tests.deploy.image_inputs; then
+  select=(-m "image or not image")
+fi
+exec python -m pytest --durations=25 "${select[@]}" "$@"

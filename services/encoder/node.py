@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -124,6 +125,10 @@ class EncoderNode:
         self.publisher = publisher
         self.num_pending = 0  # Encode calls queued or running: this node's load
         self.num_batches = 0  # vision-tower passes
+        # Traffic's tower work, counted here rather than by the tower, which the rate's
+        # measurement also runs (on the compute thread, while metrics may be read).
+        self.num_items_encoded = 0
+        self.tower_seconds = 0.0
         self.max_pass_rows = max_pass_rows
         self.metrics = self._metrics()
 
@@ -134,9 +139,9 @@ class EncoderNode:
             log.exception("measuring the vision tower's rate failed")
 
     def _metrics(self) -> EncoderMetrics:
-        metrics, vision, cache = EncoderMetrics(self.inbox.metrics), self.vision, self.cache
-        metrics.num_items_encoded.read_from(lambda: vision.num_items_encoded)
-        metrics.tower_seconds.read_from(lambda: vision.seconds_encoding)
+        metrics, cache = EncoderMetrics(self.inbox.metrics), self.cache
+        metrics.num_items_encoded.read_from(lambda: self.num_items_encoded)
+        metrics.tower_seconds.read_from(lambda: self.tower_seconds)
         metrics.num_cache_evictions.read_from(lambda: cache.num_evictions)
         metrics.cache.read_from(lambda: cache.cache_size - cache.num_free_slots, lambda: cache.cache_size)
         metrics.cache_rows.read_from(lambda: cache.cache_size - cache.num_free_slots)
@@ -238,7 +243,10 @@ class EncoderNode:
         activations grow with the whole call."""
         encoded: dict[MmHash, torch.Tensor] = {}
         for run in _passes(mm_hashes, lambda h: to_encode[h][0].num_embeds, self.max_pass_rows):
+            started = time.perf_counter()
             outputs = self.vision.encode([to_encode[h][1] for h in run], [to_encode[h][0].grid_thw for h in run])
+            self.tower_seconds += time.perf_counter() - started
+            self.num_items_encoded += len(run)
             self.num_batches += 1
             encoded.update(zip(run, outputs))
         return encoded

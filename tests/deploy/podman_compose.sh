@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The shipped image and compose file, run as a docker-compose user would, with podman and
 # podman-compose (no Docker engine and no image registry here). tests/deploy/test_podman_compose.py
-# (slow) drives it; by hand:
+# drives it when the image's inputs changed (tests/deploy/image_inputs.py); by hand:
 #
 #   bash tests/deploy/podman_compose.sh build   # stand-in base images, then deploy/Dockerfile's cpu target
 #   bash tests/deploy/podman_compose.sh up      # docker-compose.yml as shipped, --scale encoder=2; prints the gateway's URL

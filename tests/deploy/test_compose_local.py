@@ -104,7 +104,6 @@ def test_undeclared_ports_are_refused(tmp_path):
         )
 
 
-@pytest.mark.slow
 def test_compose_deployment_serves_scales_and_drains(tmp_path):
     """The compose file, run as local processes: a request through the gateway, scale-out and
     scale-in of encoders (the removed one drains and exits 0), and a clean `down`."""

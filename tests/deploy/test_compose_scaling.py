@@ -99,7 +99,6 @@ def _num_listed(url: str, role: str) -> int:
     return sum(n["role"] == role for n in httpx.get(url + "/health", timeout=10).json()["nodes"])
 
 
-@pytest.mark.slow  # ~80 s under load; the compose mapping and a local compose run stay in the default suite
 def test_encoders_scale_from_one_to_three_and_back_under_load_without_losing_a_request(tmp_path, oracle):
     out_cases, in_cases = _cases(300, 12), _cases(400, 10)
     expected_out, expected_in = _oracle_texts(oracle, out_cases), _oracle_texts(oracle, in_cases)

@@ -6,13 +6,13 @@ its own host under its service name; preprocess, two encoders, two prefill and t
 and the gateway on one each. On one loopback interface a node that hands peers its bound
 address still reaches the right node; here it reaches itself, so these tests fail on that bug.
 
-For each family (Qwen2-VL's tiny in the default suite, the others with -m slow), image and video
+For each family, image and video
 requests through the gateway (the official openai client) equal transformers' greedy output, each
 temporal group of a clip is encoded once across the hosts, and the
 nodes' counters show embeddings and KV pages crossing hosts (round-robin placement puts the turns
 of one conversation on both prefill nodes). For Qwen2-VL's tiny also: a second gateway that has
 prefill nodes encode images themselves (pixels pushed to a prefill node's advertised address),
-and (with -m slow) a decode node SIGKILLed under 20 streams, whose streams migrate with none
+and a decode node SIGKILLed under 20 streams, whose streams migrate with none
 failing.
 
 Skipped, with the reason, where namespaces cannot be made (not root). Traffic goes only to the
@@ -40,8 +40,7 @@ from tests.oracle import ReferenceOracle
 from tests.services.stack.stack_probes import Streams
 from tests.video_oracle import oracle_case_tokens, oracle_video
 
-# Qwen2-VL's tiny by default; the other families' deployments (a minute or more each) with -m slow.
-FAMILIES = ["tiny", pytest.param("gemma3-tiny", marks=pytest.mark.slow), pytest.param("qwen3vl-tiny", marks=pytest.mark.slow)]
+FAMILIES = ["tiny", "gemma3-tiny", "qwen3vl-tiny"]
 SCALE = {"preprocess": 1, "encoder": 2, "prefill": 2, "decode": 2, "gateway": 1}
 MAX_TOKENS = 12
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
@@ -190,7 +189,6 @@ def _busiest_decode_pid(deployment: Deployment, timeout_s: float = 60.0) -> int:
         time.sleep(0.02)
 
 
-@pytest.mark.slow  # ~110 s; the default suite kills nodes on one host (tests/services/stack/test_failover.py)
 def test_a_decode_host_killed_under_20_streams_fails_none(deployment):
     if deployment.model != "tiny":
         pytest.skip("one family shows migration across hosts")

@@ -1,7 +1,9 @@
 """The image built from deploy/Dockerfile and docker-compose.yml as shipped, run with podman and
 podman-compose (tests/deploy/podman_compose.sh says what stands in for the registry's images),
 scaled to two encoders: every node registers, and image chat requests through the gateway's
-published API equal transformers' greedy output. Slow: building the image takes minutes."""
+published API equal transformers' greedy output. Building the image takes minutes, so the README's
+test command runs this when the packaging it covers changed (image_inputs.py, docs/testing.md);
+a pass records that."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests.deploy.image_inputs import record_pass
 from tests.factories import chat_case, encode_image, make_image
 
 SCRIPT = Path(__file__).with_name("podman_compose.sh")
@@ -27,7 +30,7 @@ def _script(command: str, timeout_s: float) -> dict[str, str]:
     return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and " " not in line.split("=", 1)[0])
 
 
-@pytest.mark.slow
+@pytest.mark.image
 def test_the_shipped_compose_file_serves_image_requests_exactly(oracle):
     if os.geteuid() != 0:
         pytest.skip("podman's bridge networks need root here")
@@ -44,5 +47,6 @@ def test_the_shipped_compose_file_serves_image_requests_exactly(oracle):
             inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
             expected = oracle.tokenizer.decode(oracle.generate(inputs, 12).token_ids, skip_special_tokens=True)
             assert reply.choices[0].message.content == expected, f"case {i}"
+        record_pass()
     finally:
         subprocess.run(["bash", str(SCRIPT), "down"], capture_output=True, timeout=300)

@@ -1,18 +1,15 @@
 """The compute suite on this machine's CPU (tiny model, tiny sizes): its table, its exactness rows
-against transformers and its JSON. Slow: it times every part once (the tokens alone are checked
-in the default suite by tests/services/engine/test_correctness.py). The CUDA runs are in
+against transformers and its JSON; it times every part once (the tokens are also checked in process by
+tests/services/engine/test_correctness.py). The CUDA runs are in
 docs/benchmarks.md."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
 from services.cli.main import main
 
 
-@pytest.mark.slow
 def test_compute_suite_times_decode_and_the_tower_and_matches_transformers(tmp_path, capsys):
     out = tmp_path / "compute.json"
     argv = ["--model", "tiny", "--device", "cpu", "--batches", "1,3", "--steps", "2", "--image-sizes", "64x64"]

@@ -1,16 +1,13 @@
 """The e2e suite against a `tessera serve` it starts (tiny model, tiny sizes) and the engine: its
-table and JSON. Slow: it starts a stack."""
+table and JSON, against a stack it starts."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
 from services.cli.main import main
 
 
-@pytest.mark.slow
 def test_e2e_suite_against_a_stack_it_starts(tmp_path, capsys):
     out = tmp_path / "e2e.json"
     argv = ["--model", "tiny", "--requests", "2", "--max-tokens", "4", "--image-size", "64x64", "--out", str(out)]

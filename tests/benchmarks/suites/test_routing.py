@@ -1,5 +1,5 @@
 """The routing suite's pure parts: its workload (the shared_images workload with N images x Q
-questions), its client summary and server counters, its --policies check; and (slow) one policy
+questions), its client summary and server counters, its --policies check; and one policy
 on a tiny 2/2/2 stack."""
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ def test_policies_are_checked_when_parsed(capsys):
     assert "choose from" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_routing_suite_on_one_policy(tmp_path, capsys):
     out = tmp_path / "routing.json"
     argv = ["--model", "tiny", "--policies", "cache_aware", "--images", "2", "--questions", "2", "--max-tokens", "4"]

@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from tests.factories import image_data_url, make_image
 
 
@@ -42,7 +40,6 @@ def test_preprocess_prints_tokens_ranges_and_hashes(tmp_path, repo_root, tiny_mo
     assert len(out["mrope_positions"]) == 3 and len(out["mrope_positions"][0]) == out["num_prompt_tokens"]
 
 
-@pytest.mark.slow  # ~16 s of subprocesses; the same errors are tested in-process in tests/services/preprocess/test_bad_input.py
 def test_preprocess_reports_bad_input_clearly(tmp_path, repo_root, tiny_model):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": [{"type": "video", "video": "x"}]}]}))

@@ -46,7 +46,6 @@ def test_the_vision_tower_sums_as_transformers_tower_does(make_llm, oracle):
     assert torch.equal(torch.cat(ours), theirs)
 
 
-@pytest.mark.slow
 def test_image_requests_on_the_small_model_match_oracle():
     """The built-in ``small`` amplifies any change in its tower's summation order (a packed tower
     diverged on most of these requests): every one must match."""

@@ -13,8 +13,7 @@ from tests.services.stack.conftest import launch_stack, stop_stack
 from tests.services.stack.e2e_helpers import GREEDY, client_for, oracle_text, png
 
 
-# The default suite runs the Gemma3 stack (the same path, another family); Qwen2-VL's with -m slow.
-@pytest.fixture(scope="module", params=[pytest.param("tiny", marks=pytest.mark.slow), "gemma3-tiny"])
+@pytest.fixture(scope="module", params=["tiny", "gemma3-tiny"])
 def local_stack(request, tmp_path_factory, repo_root):
     running = launch_stack(tmp_path_factory.mktemp("local-encode"), repo_root, "--model", request.param, "--encode-dispatch", "prefill")
     running.served_model = request.param

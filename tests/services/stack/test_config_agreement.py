@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
-
 from services.stack.node_process import start_node
 from shared.index.cluster_config import EXIT_REFUSED
 
 
-@pytest.mark.slow  # the refusal's logic runs in the conformance suite on every backend
 def test_a_node_with_another_block_size_is_refused_with_the_reason(stack, tiny_model, tmp_path):
     prefix = f"tessera:{tiny_model.model_id}:"
     with stack.redis_client() as raw:

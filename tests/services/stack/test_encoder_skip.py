@@ -4,7 +4,7 @@ by the time the request runs costs a pixel push, never output.
 
 Default suite, on the shared stack: a second turn about one image is routed as covered and stays
 exact; a prefix the index claims (forged) but the node lacks takes the fallback and stays exact.
-With -m slow, per Qwen-and-Gemma family, on a 2/2/2 stack whose embedding caches hold one image:
+Per family, on a 2/2/2 stack whose embedding caches hold one image:
 each later turn of a conversation about an image evicted from every embedding cache runs no tower
 and moves no pixels, exact against transformers on every turn."""
 
@@ -94,7 +94,7 @@ def test_a_prefix_the_index_claims_but_the_node_lacks_falls_back_to_encoding_and
     assert after["towers"] - before["towers"] == 1 and after["pixel_bytes"] > before["pixel_bytes"]
 
 
-FAMILIES = ["tiny", pytest.param("qwen3vl-tiny", marks=pytest.mark.slow), pytest.param("gemma3-tiny", marks=pytest.mark.slow)]
+FAMILIES = ["tiny", "qwen3vl-tiny", "gemma3-tiny"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -121,7 +121,6 @@ def _image(seed: int) -> bytes:
     return encode_image(make_image(112, 112, seed=600 + seed))
 
 
-@pytest.mark.slow  # a 2/2/2 stack of its own per family: ~1.5 min each
 def test_turns_about_an_image_every_embedding_cache_let_go_run_no_tower_and_move_no_pixels(one_image_caches):
     stack, model, oracle = one_image_caches
     client, others = client_for(stack), iter(range(1, 100))

@@ -9,8 +9,7 @@ every role) driven by the official openai client and checked against the referen
 * A gateway's SIGTERM lets its open streams finish and refuses new requests (on a 1/1/1/1 stack
   of its own).
 
-The 2/2/2/2 tests run with -m slow; the default suite kills a decode node under streams across
-hosts (tests/deploy/test_netns_hosts.py).
+A decode node is also killed under streams across hosts, per family (tests/deploy/test_netns_hosts.py).
 """
 
 from __future__ import annotations
@@ -96,19 +95,9 @@ def _num_live_nodes(stack: RunningStack) -> int:
     return count
 
 
-# Encoder and preprocess kills take the same failover path as prefill's (NodeFailure -> retry on
-# another node); they run with the slow tests to keep the default suite short. The migration path
-# (a decode node killed under streams) runs in the default suite across hosts instead:
-# tests/deploy/test_netns_hosts.py.
-@pytest.mark.parametrize(
-    "role",
-    [
-        pytest.param("decode", marks=pytest.mark.slow),
-        pytest.param("prefill", marks=pytest.mark.slow),
-        pytest.param("encoder", marks=pytest.mark.slow),
-        pytest.param("preprocess", marks=pytest.mark.slow),
-    ],
-)
+# One node of each role, on the shared 2/2/2/2 cluster: it runs with --no-restart, so each test
+# kills a node of another role and one node of every role is left.
+@pytest.mark.parametrize("role", ["decode", "prefill", "encoder", "preprocess"])
 def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle(cluster, oracle, role):
     """The stack runs with --no-restart, so the dead node stays dead: requests routed after the
     kill still find it listed in the index (until its TTL lapses) and must fail over."""
@@ -137,7 +126,6 @@ def test_killing_a_node_mid_stream_fails_no_request_and_output_equals_the_oracle
         assert num_migrations > 0
 
 
-@pytest.mark.slow  # ~40 s; the scaling path is also covered by the compose scaling test (-m slow)
 def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_request(cluster, oracle, tmp_path):
     num_nodes = _num_live_nodes(cluster)
     _wait_for_all_nodes(cluster, num_nodes)
@@ -168,7 +156,6 @@ def test_a_node_started_by_hand_joins_gets_work_and_drains_without_losing_a_requ
         log.close()
 
 
-@pytest.mark.slow  # ~35 s of waiting on keepalive
 def test_a_frozen_decode_node_is_detected_in_seconds_and_its_streams_migrate(cluster, oracle, tmp_path):
     """SIGSTOP freezes every thread of a decode node, keepalive answers included (a hung host, or
     one whose network vanished): the gateway's keepalive pings go unanswered, the streams fail

@@ -34,10 +34,8 @@ FAMILY_MODELS = ["gemma3-tiny", "qwen3vl-tiny"]
 INTRO = "You are looking at a photograph from our archive; answer briefly and precisely. " * 3
 
 
-# Slow: the default suite runs these families' cache paths across hosts instead, every role on a
-# host of its own (tests/deploy/test_netns_hosts.py); this loopback topology adds the encoder-cache
-# hit on a third prefill node and a migration per family.
-pytestmark = pytest.mark.slow
+# Beside the families' runs across hosts (tests/deploy/test_netns_hosts.py), this loopback
+# topology adds the encoder-cache hit on a third prefill node and a migration per family.
 
 
 @pytest.fixture(scope="module", params=FAMILY_MODELS)

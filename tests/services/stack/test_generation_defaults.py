@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from tests.factories import chat_case, encode_image, make_image
 from tests.hub_layouts import write_layout
 from tests.oracle import ReferenceOracle
@@ -30,7 +28,6 @@ QWEN2_VL_7B_INSTRUCT_GENERATION = {
 }
 
 
-@pytest.mark.slow  # ~40 s: a stack of its own; the gateway's conversion is tested in tests/services/gateway
 def test_the_checkpoints_repetition_penalty_applies_as_in_transformers(repo_root, tmp_path):
     model_dir = write_layout("qwen2-vl-7b", tmp_path / "Qwen2-VL-7B-Instruct")
     (model_dir / "generation_config.json").write_text(json.dumps(QWEN2_VL_7B_INSTRUCT_GENERATION))

@@ -1,14 +1,11 @@
 """``tessera serve --model org/name``: the checkpoint comes through the Hub's HTTP API (a local
 server speaking it: no internet), every role serves the downloaded snapshot exactly as
-transformers does, and a second start with HF_HUB_OFFLINE=1 serves it from the cache (both slow: the
-default suite checks download and the offline cache with ``tessera models download`` in
-test_hub.py, byte-equal to the built-in every other test serves exactly)."""
+transformers does, and a second start with HF_HUB_OFFLINE=1 serves it from the cache (download
+and the offline cache are also checked in process with ``tessera models download`` in test_hub.py)."""
 
 from __future__ import annotations
 
 import os
-
-import pytest
 
 from tests.factories import chat_case
 from tests.hub_server import HubRepo, HubServer
@@ -19,12 +16,10 @@ COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 REPO = "tessera-test/tiny-vl"
 
 
-@pytest.mark.slow  # ~30 s: a stack; the default suite downloads through the same path in test_hub.py
 def test_a_hub_checkpoint_is_downloaded_and_served_exactly(tiny_model, oracle, repo_root, tmp_path):
     serve_from_the_hub(tiny_model, oracle, repo_root, tmp_path, then_offline=False)
 
 
-@pytest.mark.slow  # ~50 s: a second stack
 def test_a_downloaded_checkpoint_is_served_again_offline(tiny_model, oracle, repo_root, tmp_path):
     serve_from_the_hub(tiny_model, oracle, repo_root, tmp_path, then_offline=True)
 

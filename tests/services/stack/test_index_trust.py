@@ -132,7 +132,6 @@ def test_a_real_node_record_names_its_fingerprinted_namespace_in_its_seal(stack,
     assert RecordSealer(key, tiny_model.model_id).rejection(dataclasses.replace(state, epoch=state.epoch + 1)) == "bad_seal"
 
 
-@pytest.mark.slow  # its own two-encoder stack, and waiting out a TTL (~45 s)
 def test_a_replayed_record_of_a_dead_node_goes_stale_and_its_address_gets_no_connection(tmp_path, repo_root, tiny_model, oracle):
     """The replay that matters in a cluster: a node died, its address was handed to someone else,
     who puts the node's last genuine record back. The seal verifies, but it is older than the TTL

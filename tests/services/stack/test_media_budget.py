@@ -1,4 +1,4 @@
-"""The pre-admission media budget through a stack of its own (-m slow), with the official openai
+"""The pre-admission media budget through a stack of its own, with the official openai
 client: a request whose images alone exceed the whole budget is a 413 before any node sees it,
 and a burst of large-image requests past the budget gets 429s while a small-image request beside
 them is answered."""
@@ -33,7 +33,6 @@ def _messages(*urls: str) -> list[dict]:
     return [{"role": "user", "content": [*({"type": "image_url", "image_url": {"url": u}} for u in urls), {"type": "text", "text": "?"}]}]
 
 
-@pytest.mark.slow  # a stack of its own: ~1 min
 def test_a_request_over_the_whole_budget_is_a_413_before_any_node_sees_it(budget_stack):
     before = budget_stack.metrics()
     with pytest.raises(APIStatusError) as info:
@@ -44,7 +43,6 @@ def test_a_request_over_the_whole_budget_is_a_413_before_any_node_sees_it(budget
     assert after.get("tessera_media_too_large_total", 0.0) == before.get("tessera_media_too_large_total", 0.0) + 1
 
 
-@pytest.mark.slow
 def test_a_burst_past_the_budget_gets_429s_while_a_small_request_is_answered(budget_stack):
     client = AsyncOpenAI(base_url=budget_stack.base_url, api_key="unused", max_retries=0, timeout=120)
 
@@ -69,7 +67,6 @@ def test_a_burst_past_the_budget_gets_429s_while_a_small_request_is_answered(bud
     assert budget_stack.metrics().get("tessera_media_cost_inflight", 0.0) == 0
 
 
-@pytest.mark.slow
 def test_a_clip_over_the_whole_budget_is_a_413_from_its_header_and_the_tower_rate_is_reported(budget_stack):
     """An MP4 clip's price comes from its header (frames, rate, size): 8 s at 2 frames per second
     of 448x448 frames is 8 groups of 256 tokens, over the budget of 600."""

@@ -4,7 +4,7 @@ it was first sent with, and nothing else.
 Default suite, on the shared stack: a uuid sent again with other bytes is a 409 naming the
 conflict (never the first image's answer), a uuid alone is answered as its image, and a uuid
 never sent with bytes is a 400 that asks for the image.
-With -m slow, a stack of its own (two preprocess nodes taking turns, two tenants, bindings that
+On a stack of its own (two preprocess nodes taking turns, two tenants, bindings that
 lapse after a few seconds): the same across preprocess nodes, per tenant, and after expiry."""
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ def _tenant_client(stack, key: str) -> OpenAI:
     return OpenAI(base_url=stack.base_url, api_key=key, max_retries=0, timeout=120)
 
 
-@pytest.mark.slow  # a stack of its own: ~1 min
 def test_bindings_hold_across_preprocess_nodes_per_tenant_and_lapse(tenant_stack):
     a, b = _tenant_client(tenant_stack, "key-a"), _tenant_client(tenant_stack, "key-b")
     cat = _ask(a, CAT, "pet")

@@ -9,8 +9,6 @@ import os
 import signal
 import time
 
-import pytest
-
 from services.preprocess.preprocessor import Preprocessor
 from tests.factories import chat_case
 from tests.services.stack.conftest import launch_stack, stop_stack
@@ -22,7 +20,6 @@ SHIPPED_BY_PREFILL = "tessera_prefill_embeddings_shipped_total"
 MAX_IMAGES_TRIED = 12  # each new image lands on either encoder; 12 all on one is a 1-in-2048 chance
 
 
-@pytest.mark.slow  # its own two-encoder stack and a prefill restart (~60 s)
 def test_images_held_by_two_encoders_are_shipped_by_their_holders_not_encoded_again(tmp_path, repo_root, tiny_model, oracle):
     preprocessor = Preprocessor(tiny_model)
     # Images go to the encoder tier only, so each is held by exactly one encoder.
@@ -77,7 +74,6 @@ def _images_on_two_holders(stack, index, preprocessor, oracle, role: str) -> lis
     raise AssertionError(f"every image landed on one {role} node")
 
 
-@pytest.mark.slow  # its own stack with two prefill nodes (~40 s)
 def test_an_image_another_prefill_node_encoded_is_shipped_by_it(tmp_path, repo_root, tiny_model, oracle):
     preprocessor = Preprocessor(tiny_model)
     # Every image is encoded by the prefill node the request lands on, so each is held by one.

@@ -76,7 +76,6 @@ def test_pan_and_scan_crops_are_exact_on_2_2_2(gemma3_hub_dir, repo_root, tmp_pa
         stop_stack(stack)
 
 
-@pytest.mark.slow  # ~40 s: a second stack; 2/2/2 above runs every path this one does
 def test_pan_and_scan_crops_are_exact_on_1_1_1(gemma3_hub_dir, repo_root, tmp_path):
     stack = _serve(tmp_path, repo_root, gemma3_hub_dir, 1)
     try:

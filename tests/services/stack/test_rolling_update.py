@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -29,7 +28,6 @@ def make_v2(v1, directory):
     return directory
 
 
-@pytest.mark.slow
 def test_v1_and_v2_under_one_name_on_one_index_each_stay_exact(tiny_model, repo_root, tmp_path):
     v1 = tmp_path / "v1" / "vlm"
     shutil.copytree(tiny_model.path, v1)

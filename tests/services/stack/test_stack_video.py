@@ -1,7 +1,7 @@
 """Video through every role of the default stack, driven by the official openai client: exact
 against transformers, each temporal group encoded once, /tokenize counting as the chat request
 does, and each kind of bad clip a 4xx that names what was wrong while the stack keeps serving.
-With -m slow, per Qwen family: a decode node killed while video streams run on it, whose streams
+Per Qwen family, on stacks of their own: a decode node killed while video streams run on it, whose streams
 migrate to the other decode node and stay exact, token for token."""
 
 from __future__ import annotations
@@ -144,7 +144,6 @@ def _model_dir(name: str, tmp_path_factory):
     return resolve_model(name, progress=lambda _m: None).path
 
 
-@pytest.mark.slow  # a stack of its own per family, and transformers' 512-token greedy runs: ~2 min each
 def test_a_decode_node_killed_mid_video_stream_migrates_and_stays_exact(two_decode_stack):
     """The killed node is the one running the most streams, each of them a clip of several
     temporal groups; every stream continues elsewhere (its prompt and the tokens already streamed
@@ -187,7 +186,6 @@ def _long_clip() -> bytes:
     return make_clip(48, fps=4, width=80, height=60, seed=70)  # 12 s sampled at 2 fps: 12 groups
 
 
-@pytest.mark.slow  # a stack of its own
 def test_a_clip_four_times_the_embedding_cache_streams_through_prefill_and_stays_exact(tight_cache_stack, oracle):
     """Each node's embedding cache holds three of the clip's twelve groups: the prefill node
     brings them window by window as its engine computes past them (never refused for its size),

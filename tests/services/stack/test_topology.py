@@ -99,7 +99,6 @@ def _run(url: str, cases) -> list[str]:
     ]
 
 
-@pytest.mark.slow  # ~80 s: boots a 2/2/2 stack; cross-node reuse stays in the default suite
 def test_cache_aware_encodes_each_shared_image_once_and_matches_the_oracle(repo_root, tiny_model, oracle):
     cases = _workload()
     process, url = _start(repo_root)
@@ -119,7 +118,6 @@ def _round_robin_encodes(cases) -> int:
     return len(placements)
 
 
-@pytest.mark.slow
 def test_round_robin_without_cache_lookups_encodes_each_image_on_each_encoder_it_lands_on(repo_root, tiny_model, record_property):
     cases = _workload()
     process, url = _start(repo_root, "--routing-policy", "round_robin", "--cache-lookups", "false")

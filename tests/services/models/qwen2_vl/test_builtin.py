@@ -20,7 +20,6 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.slow  # ~30 s: builds the tiny model twice in subprocesses
 def test_build_is_byte_identical_across_processes(tmp_path, tiny_model):
     outs = []
     for name in ("A", "B"):
