@@ -1,15 +1,14 @@
 """``tessera serve``: start the whole local stack and supervise it.
 
-Order: embedded Valkey (the index server, unless --index-url names one) -> every role at once.
-Each role is its own OS process, wired exactly as in a real deployment: every node registers its
-advertised addresses in the index and the gateway discovers them there (no address lists are
-passed around), so a node started later by hand with the same --index-url joins by itself. The
-launcher starts every role at once, the gateway too, and waits for each one's gRPC health check to
-answer SERVING; the gateway reports not ready until a node of every role has registered. Nodes
-are forked by a zygote (zygote.py) that loaded what they all load once, unless --no-zygote. A role
-that dies is restarted (with a short backoff) on the same ports, so service resumes by itself; requests in the gap fail fast with 503.
-So is the embedded Valkey, on the same port and empty: meanwhile the nodes serve from their local
-caches, and once it is back each node registers under a new epoch and republishes what it holds.
+Order: embedded Valkey (the index server, unless --index-url names one) -> every role at once,
+each its own OS process wired as in a real deployment: nodes register their advertised addresses
+in the index and the gateway discovers them there (no address lists are passed around), so a node
+started later by hand with the same --index-url joins by itself. The gateway reports not ready
+until a node of every role has registered; the launcher waits for each role's gRPC health check.
+Nodes are forked by a zygote (zygote.py) that loaded what they all load, unless --no-zygote. A
+role that dies is restarted (short backoff) on the same ports; requests in the gap fail fast with
+503. So is the embedded Valkey, on the same port and empty: the nodes serve from their local
+caches meanwhile, then register under a new epoch and republish what they hold.
 Ctrl-C (SIGINT) or SIGTERM stops the roles in reverse order, then Valkey.
 """
 
@@ -28,7 +27,7 @@ from pathlib import Path
 from services.router.scoring import EncodeDispatch, default_encode_dispatch
 from services.stack.node_process import ServerExitedError, detach_but_die_with_parent, free_port, wait_serving
 from services.stack.roles import ENV_PREFIX
-from services.stack.zygote import ForkedNode, Zygote
+from services.stack.zygote import ForkedNode, Zygote, ZygoteRefusedError
 from services.transport.index_access import PASSWORD_ENV
 from services.transport.internal_auth import SECRET_ENV
 from shared.colocation import host_backlog
@@ -36,8 +35,6 @@ from shared.colocation.cpu_budget import COMPUTE_ROLES, CpuShare, available_cpus
 from shared.index.cluster_config import EXIT_REFUSED
 
 INTERNAL_HOST = "127.0.0.1"  # where the local stack's internal ports listen
-
-
 NO_TOKENIZER_ROLES = frozenset({"encoder"})
 
 
@@ -124,43 +121,37 @@ class Stack:
             self.valkey_url = self.config.index_url
         else:
             self._start_valkey()
-        host = self.config.host
         base = [sys.executable, "-m", "services.cli.main", "serve", "--model", model, "--index-url", self.valkey_url]
         self.roles.extend(self.node_processes(base))
         self._plan_cpus()
         self._leave_idle_towers_unloaded()
-        generate_address = f"{host}:{self.config.generate_port}"
-        gateway = RoleProcess(
-            "gateway",
-            [
-                *base,
-                "--role",
-                "gateway",
-                "--http-host",
-                host,
-                "--http-port",
-                str(self.config.http_port),
-                "--generate-address",
-                generate_address,
-                "--routing-policy",
-                self.config.routing_policy,
-                *self._encode_dispatch_flags(),
-                *self.config.passthrough,
-            ],
-            generate_address,
-        )
+        gateway = self._gateway_process(base)
         self.roles.append(gateway)
-        # Every role starts at once, the gateway too: it reports not ready (/ready, /health: 503)
-        # until a node of every role has registered in the index, so nothing waits in turn. The
-        # nodes are forked by the zygote once it has loaded what they all load; the gateway, which
-        # loads none of it, starts meanwhile.
+        self._spawn_all(model, gateway)
+        for role in self.roles:
+            self._wait_started(role)
+        self._write_state()
+        url = f"http://{self.config.host}:{self.config.http_port}/v1"
+        print(f"tessera is serving {self.config.model} at {url} (gRPC Generate on {gateway.grpc_address})", flush=True)
+
+    def _gateway_process(self, base: list[str]) -> RoleProcess:
+        address = f"{self.config.host}:{self.config.generate_port}"
+        argv = [*base, "--role", "gateway", "--http-host", self.config.host, "--http-port", str(self.config.http_port)]
+        argv += ["--generate-address", address, "--routing-policy", self.config.routing_policy, *self._encode_dispatch_flags()]
+        return RoleProcess("gateway", [*argv, *self.config.passthrough], address)
+
+    def _spawn_all(self, model: str, gateway: RoleProcess) -> None:
+        """Every role at once, the gateway too: it reports not ready (/ready, /health: 503) until a
+        node of every role has registered in the index, so nothing waits in turn. The nodes are
+        forked by the zygote once it has loaded what they all load (encoders before the tokenizer,
+        which they do not need); the gateway, which loads none of it, starts meanwhile."""
+        nodes = [role for role in self.roles if role is not gateway]
         if self.config.zygote:
-            self.zygote = Zygote(model, self._env_for(self.roles[0]))
+            self.zygote = Zygote(model, self._env_for(nodes[0]))
         self._spawn(gateway)
         if self.zygote is not None and not self.zygote.wait_ready():
             print(f"the zygote cannot fork nodes ({self.zygote.error}); starting each node on its own", file=sys.stderr, flush=True)
-        nodes = self.roles[:-1]
-        for role in nodes:  # encoders first: they need no tokenizer, and start while it loads
+        for role in nodes:
             if _role_of(role) in NO_TOKENIZER_ROLES:
                 self._spawn(role)
         if self.zygote is not None and self.zygote.forkable(self._env_for(nodes[0])):
@@ -168,30 +159,18 @@ class Stack:
         for role in nodes:
             if _role_of(role) not in NO_TOKENIZER_ROLES:
                 self._spawn(role)
-        for role in self.roles:
-            self._wait_started(role)
-        self._write_state()
-        print(
-            f"tessera is serving {self.config.model} at http://{host}:{self.config.http_port}/v1 (gRPC Generate on {generate_address})",
-            flush=True,
-        )
 
     def node_processes(self, base: list[str]) -> list[RoleProcess]:
         """The preprocess, encoder, prefill and decode processes to start. Their gRPC and data
         ports bind loopback whatever ``--host`` says: the stack is one machine, and only the
         gateway's public APIs are meant to be reached from outside it."""
-        counts = {
-            "preprocess": self.config.num_preprocess,
-            "encoder": self.config.num_encoders,
-            "decode": self.config.num_decode,
-            "prefill": self.config.num_prefill,
-        }
+        config = self.config
+        counts = dict(preprocess=config.num_preprocess, encoder=config.num_encoders, decode=config.num_decode, prefill=config.num_prefill)
         if min(counts.values()) < 1:
             raise ValueError("every role needs at least one node")
-        processes = []
         # Nothing binds until the nodes start: without this a draw could repeat another's port,
         # or the gateway's (which the caller may have drawn the same way).
-        taken = {self.config.http_port, self.config.generate_port}
+        processes, taken = [], {self.config.http_port, self.config.generate_port}
 
         def draw() -> int:
             port = free_port(taken)
@@ -269,9 +248,12 @@ class Stack:
     def _spawn(self, role: RoleProcess) -> None:
         env = self._env_for(role)
         if role.role != "gateway" and self.zygote is not None and self.zygote.forkable(env):
-            role.process = self.zygote.fork(role.argv[3:], env)  # argv without "python -m services.cli.main"
-        else:
-            role.process = subprocess.Popen(role.argv, env=env, preexec_fn=detach_but_die_with_parent)
+            try:
+                role.process = self.zygote.fork(role.argv[3:], env)  # argv without "python -m services.cli.main"
+                return
+            except ZygoteRefusedError as exc:
+                print(f"the zygote refused to fork {role.role} ({exc}); starting nodes on their own", file=sys.stderr, flush=True)
+        role.process = subprocess.Popen(role.argv, env=env, preexec_fn=detach_but_die_with_parent)
 
     def _env_for(self, role: RoleProcess) -> dict[str, str]:
         # The role's CPU share first, so a variable the operator set wins over it.
@@ -364,6 +346,5 @@ class Stack:
                 for r in self.roles
             },
         }
-        tmp = Path(str(self.config.state_file) + ".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
+        (tmp := Path(str(self.config.state_file) + ".tmp")).write_text(json.dumps(state, indent=2))
         os.replace(tmp, self.config.state_file)

@@ -149,6 +149,9 @@ def serve(model: str, in_fd: int, out_fd: int) -> None:
             if request.get("preload") == "tokenizer":
                 _send(out_fd, {"preloaded": _preload_tokenizer(model_dir)})
                 continue
+            if _num_threads() != 1:  # something preloaded since started a thread
+                _send(out_fd, {"refused": f"the zygote has {_num_threads()} threads; forking it is not safe"})
+                continue
             pid = os.fork()
             if pid == 0:
                 _run_child(request["argv"], request["env"], (in_fd, out_fd))
@@ -167,6 +170,10 @@ def _reap(out_fd: int) -> None:
 
 
 # -- the launcher's side ----------------------------------------------------------------------
+class ZygoteRefusedError(RuntimeError):
+    """The zygote would not fork (it is no longer safe to); start the node as a new process."""
+
+
 class ForkedNode:
     """A node forked by the zygote, with the part of ``subprocess.Popen``'s interface the launcher
     uses. Its exit is learnt from the zygote (its parent), which reaps it."""
@@ -253,7 +260,8 @@ class Zygote:
 
     def forkable(self, env: Mapping[str, str]) -> bool:
         """Whether a node with ``env`` may be forked: it agrees on every load-time variable."""
-        return self.ready and not self._closed and self.alive() and _load_time({**env, **ZYGOTE_ENV}) == _load_time(self.env)
+        usable = self.ready and self.error is None and not self._closed and self.alive()
+        return usable and _load_time({**env, **ZYGOTE_ENV}) == _load_time(self.env)
 
     def preload_tokenizer(self) -> None:
         """Have the zygote load the tokenizer before the forks asked for after this: nodes that
@@ -269,6 +277,9 @@ class Zygote:
                 raise RuntimeError("the zygote did not answer a fork request")
             self.pump(wait_s=0.05)
         reply = self._replies.pop(0)
+        if "refused" in reply:
+            self.error = reply["refused"]
+            raise ZygoteRefusedError(reply["refused"])
         node = ForkedNode(self, reply["pid"])
         self._nodes[node.pid] = node
         self.pump()  # an exit reported before the reply was read
@@ -292,7 +303,7 @@ class Zygote:
                 node = self._nodes.pop(message["exited"], None)
                 if node is not None:
                     node.returncode = message["returncode"]
-            elif "pid" in message:
+            elif "pid" in message or "refused" in message:
                 self._replies.append(message)
             elif "ready" in message:
                 self.ready = True
