@@ -68,6 +68,14 @@ def _preload(model: str) -> Path:
     build_parser()  # what every node's command line imports
     ref = resolve_model(model)
     ref.family.read_config(ref.path)  # transformers' config classes, imported and warm
+    # The processor side (transformers' processing and image-processing modules): seconds of
+    # imports that preprocess nodes, and encoders measuring their tower, would each pay.
+    from transformers import ProcessorMixin
+
+    from services.models.family import ImageOptions
+
+    ProcessorMixin.get_processor_dict(str(ref.path))
+    ref.family.image_processor(ref.path, ImageOptions())
     return ref.path
 
 
