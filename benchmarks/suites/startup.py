@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.suites.common import RESULTS, command, machine, write_json
+from services.bench.local_stack import stop_stack
 from services.stack.node_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,12 +96,7 @@ def _one_start(model: str, counts: dict[str, int], zygote: bool, *, kill: bool) 
     except Exception as exc:  # counted as this start's outcome, never dropped
         result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            launcher.wait()
+        stop_stack(launcher)
     return result
 
 

@@ -54,7 +54,7 @@ def role_settings() -> set[str]:
         ROOT / "services" / "transport" / "internal_auth.py": "InternalPlaneSettings",
         ROOT / "services" / "transport" / "node_runtime.py": "NodeSettings",
         ROOT / "services" / "prefill" / "main.py": "Settings",
-        ROOT / "services" / "gateway" / "server.py": "Settings",
+        ROOT / "services" / "gateway" / "settings.py": "Settings",
     }
     names = set()
     for path, class_name in sources.items():

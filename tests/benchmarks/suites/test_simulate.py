@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from services.bench.portable import portable
 from services.cli.main import main
 
 
@@ -14,7 +15,7 @@ def test_simulate_suite_compares_the_policies_and_loses_no_request(tmp_path, cap
     printed = capsys.readouterr().out
     assert "tower/img" in printed and "growth" in printed and "goals at 12 nodes" in printed and f"wrote {out}" in printed
     result = json.loads(out.read_text())
-    assert result["benchmark"] == "simulate" and result["command"] == f"tessera bench --suite simulate --quick --out {out}"
+    assert result["benchmark"] == "simulate" and result["command"] == portable(f"tessera bench --suite simulate --quick --out {out}")
     rows = {(r["policy"], r["nodes"]): r for r in result["results"]}
     assert set(rows) == {(p, n) for p in ("cache_aware", "round_robin", "llmd") for n in (6, 12)}
     for row in rows.values():
