@@ -23,6 +23,7 @@ from services.preprocess.preprocessor import Preprocessor
 from shared.hashing import MmSpan, block_hashes
 from tests.factories import chat_case, encode_image, make_image
 from tests.services.stack.conftest import launch_stack, stop_stack
+from tests.services.stack.stack_probes import is_serving
 
 BLOCK = 16  # the engine default, used by every node of the stack
 QUESTIONS = ["Describe this image in detail.", "What else can you see?", "Summarise that in one sentence."]
@@ -126,7 +127,13 @@ def test_restarted_preprocess_skips_processing_pixels_an_encoder_holds(reuse_sta
     while running.state()["roles"]["preprocess"]["restarts"] == before["restarts"]:
         assert time.monotonic() < deadline, "the launcher did not restart preprocess"
         time.sleep(0.5)
+    # The gateway's counters are cumulative across a node's restart (it sees the new process's
+    # zeros once it serves): compare from there.
+    while not is_serving(before["grpc_address"]):
+        assert time.monotonic() < deadline, "the restarted preprocess node does not serve"
+        time.sleep(0.1)
     encoded, pixels_sent = _metric(url, "tessera_encoder_items_encoded_total"), _metric(url, "tessera_pixel_bytes_sent_total")
+    skipped, misses = _metric(url, "tessera_preprocess_images_skipped_total"), _metric(url, "tessera_processor_cache_misses_total")
 
     deadline = time.monotonic() + 60  # the gateway answers 503 until the new process serves
     while True:
@@ -137,7 +144,7 @@ def test_restarted_preprocess_skips_processing_pixels_an_encoder_holds(reuse_sta
             assert exc.status_code == 503 and time.monotonic() < deadline, exc
             time.sleep(0.5)
     assert answer == _oracle_text(oracle, case.oracle_messages, case.images)
-    assert _metric(url, "tessera_preprocess_images_skipped_total") == 1
-    assert _metric(url, "tessera_processor_cache_misses_total") == 1  # decoded and hashed, never processed
+    assert _metric(url, "tessera_preprocess_images_skipped_total") - skipped == 1
+    assert _metric(url, "tessera_processor_cache_misses_total") - misses == 1  # decoded and hashed, never processed
     assert _metric(url, "tessera_encoder_items_encoded_total") == encoded
     assert _metric(url, "tessera_pixel_bytes_sent_total") == pixels_sent

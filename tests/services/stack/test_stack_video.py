@@ -25,6 +25,7 @@ from tests.video_oracle import oracle_case_tokens
 # Video streams still decoding once their decode node is found and killed: a tiny model decodes
 # 96 tokens in a fraction of a second, and a loaded machine takes a while to find the node.
 MIGRATION_TOKENS = 512
+MIGRATION_TIE_MARGIN = 1e-3  # a divergence after migration is allowed only at an oracle near-tie
 
 
 def _tower_runs(stack) -> float:
@@ -152,7 +153,7 @@ def test_a_decode_node_killed_mid_video_stream_migrates_and_stays_exact(two_deco
     cases = [
         chat_case(Video(make_clip(16, fps=4, width=64 + 16 * i, height=48, seed=60 + i)), f"What happens in clip {i}?") for i in range(2)
     ]  # 16 frames at 4 fps, sampled at 2 fps: 8 frames, 4 temporal groups each
-    expected = [oracle_case_tokens(oracle, case, MIGRATION_TOKENS).token_ids for case in cases]
+    expected = [oracle_case_tokens(oracle, case, MIGRATION_TOKENS) for case in cases]
     greedy = {**GREEDY, "max_tokens": MIGRATION_TOKENS, "logprobs": True}
     migrations = stack.metrics().get("tessera_gateway_migrations_total", 0.0)
     streams = Streams(stack, cases, greedy, model=stack.served_model)
@@ -160,10 +161,19 @@ def test_a_decode_node_killed_mid_video_stream_migrates_and_stays_exact(two_deco
     os.kill(busiest_decode_node(stack)["pid"], signal.SIGKILL)
     texts, errors = streams.join()
     assert not errors, (errors, stack.log_tail())
-    # Token for token: each streamed token's own text (the decode node's tokenizer.decode([id])).
-    for i, token_ids in enumerate(expected):
-        assert streams.tokens[i] == [oracle.tokenizer.decode([t]) for t in token_ids], f"clip {i}"
-        assert texts[i] == oracle.tokenizer.decode(token_ids, skip_special_tokens=True), f"clip {i}"
+    # Token for token: each streamed token's own text (the decode node's tokenizer.decode([id])),
+    # up to a first divergence only where the oracle's top-2 margin is below MIGRATION_TIE_MARGIN:
+    # the streamed tokens are prefilled again on the new node, whose KV then differs from the
+    # decoded one by float rounding (clip 1's closest call on `tiny` is 3.7e-4 at step 274).
+    for i, out in enumerate(expected):
+        wanted = [oracle.tokenizer.decode([t]) for t in out.token_ids]
+        step = next((s for s, (ours, theirs) in enumerate(zip(streams.tokens[i], wanted)) if ours != theirs), None)
+        if step is None:
+            assert streams.tokens[i] == wanted, f"clip {i}"
+            assert texts[i] == oracle.tokenizer.decode(out.token_ids, skip_special_tokens=True), f"clip {i}"
+        else:
+            margin = out.top2_margin(step)
+            assert margin < MIGRATION_TIE_MARGIN, f"clip {i} diverged at step {step}, where the oracle's margin {margin:.3g} is no tie"
     num_migrated = stack.metrics().get("tessera_gateway_migrations_total", 0.0) - migrations
     print(f"{stack.served_model}: {num_migrated:.0f} video streams migrated")
     assert num_migrated > 0
