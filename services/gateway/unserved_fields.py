@@ -4,12 +4,11 @@ asks for one gets a 400 naming it: an unknown field is accepted and ignored (the
 output. What a client sends when it asks for nothing (the field's vLLM default, null, or an empty
 list) passes.
 
-The audit against vLLM's request models (chat and text completions): every field is served,
-refused here, or changes nothing in the output and is ignored by name: ``request_id``,
-``session_id``, ``stream_interval`` (how tokens are grouped into chunks, not which),
-``include_reasoning`` (no served model has a reasoning parser) and ``routed_experts_prompt_start``
-(mixture-of-experts only). vLLM's disaggregation hand-offs are served on chat where they decide
-the output (``kv_transfer_params.prompt_token_ids``: kv_transfer_fields.py) and refused otherwise.
+The audit against vLLM's request models (chat and text completions, read from vLLM's source as
+committed under benchmarks/peers/vllm_tests/ by tests/services/gateway/test_unserved_fields.py):
+every field is served, refused here, or changes nothing in the output and is ignored by name
+(OUTPUT_NEUTRAL). vLLM's disaggregation hand-offs are served on chat where they decide the output
+(``kv_transfer_params.prompt_token_ids``: kv_transfer_fields.py) and refused otherwise.
 """
 
 from __future__ import annotations
@@ -19,6 +18,16 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from services.gateway.wire_base import WireModel
+
+# vLLM request fields that change nothing in the output, so they are accepted and ignored (and
+# named in the ``tessera-ignored-fields`` header, as every undeclared field is). Field -> why.
+OUTPUT_NEUTRAL: dict[str, str] = {
+    "request_id": "an id for the server's logs",
+    "session_id": "an id for the server's logs",
+    "stream_interval": "how tokens are grouped into chunks, not which",
+    "include_reasoning": "no served model has a reasoning parser",
+    "routed_experts_prompt_start": "mixture-of-experts models only",
+}
 
 # Field -> the values that ask for nothing.
 SHARED_DEFAULTS: dict[str, tuple[object, ...]] = {

@@ -37,7 +37,10 @@ class InProcessIndex:
         self._mm: dict[MmHash, dict[str, tuple[int, MmEntry]]] = {}
         self._kv: dict[BlockHash, dict[str, tuple[int, str]]] = {}
         self.num_round_trips = 0
-        self._membership_version = 0  # bumped by registration, deregistration and prune, as in Redis
+        # Bumped by registration, deregistration and prune. As in Redis, an index starts counting at
+        # the wall clock in microseconds, so no reader takes a new incarnation's log for its
+        # predecessor's continuation (redis_scripts.LOG_CHANGE).
+        self._membership_version = time.time_ns() // 1000
         self._member_log: deque[tuple[int, str]] = deque(maxlen=MEMBER_LOG_LENGTH)  # (version, node id)
         self._agreed: dict[str, str] = {}  # the cluster config record: setting -> value
         self._agreed_until = 0.0  # when it lapses, unless a registration or heartbeat extends it

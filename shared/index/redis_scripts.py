@@ -27,9 +27,18 @@ end
 """
 # log_change: bump the membership version and log which node it was for, in "P member_log"
 # (a sorted set of "{version}|{node}" scored by version, its latest MEMBER_LOG_LENGTH kept).
+# A new (or restarted, emptied) index starts counting at the server's clock in microseconds, so
+# its versions lie above every version an earlier incarnation handed out: a reader that knew one
+# never mistakes the new log for a continuation of the old (CHANGES_SCRIPT then asks for a
+# listing). Versions stay below 2^53, exact as Lua numbers and ZSET scores, but Lua's own
+# number-to-text is 14 digits: versions travel as strings ('%.0f'), never by concatenation.
 LOG_CHANGE = f"""
 local function log_change(members, log, id)
-  local version = redis.call('INCR', members)
+  if redis.call('EXISTS', members) == 0 then
+    local now = redis.call('TIME')
+    redis.call('SET', members, now[1] .. string.format('%06d', tonumber(now[2])))
+  end
+  local version = string.format('%.0f', redis.call('INCR', members))
   redis.call('ZADD', log, version, version .. '|' .. id)
   redis.call('ZREMRANGEBYRANK', log, 0, -{MEMBER_LOG_LENGTH + 1})
 end
@@ -155,7 +164,7 @@ end
 for node, count in pairs(counts) do
   if count == 0 then counts[node] = nil end
 end
-return cjson.encode({nodes = nodes, mm = mm, prefix = counts, version = tonumber(call('GET', prefix .. 'members')) or 0})
+return cjson.encode({nodes = nodes, mm = mm, prefix = counts, version = call('GET', prefix .. 'members') or '0'})
 """
 
 
@@ -254,18 +263,19 @@ return cjson.encode(nodes)
 # ARGV[1]: key prefix; ARGV[2]: the membership version the reader knows. Returns JSON {"version":
 # members, "nodes": {id: fields}, "gone": [id...]} for the nodes logged after that version, each
 # record read once (live and agreeing: in "nodes"; else "gone"); or false when the log does not
-# reach back to it (trimmed, or a restarted index whose versions started again): list instead.
+# reach back to it (trimmed, or a version of an earlier incarnation of the index): list instead.
 CHANGES_SCRIPT = (
     AGREES
     + """
 local call, prefix, since = redis.call, ARGV[1], tonumber(ARGV[2])
-local version = tonumber(call('GET', prefix .. 'members')) or 0
+local current = call('GET', prefix .. 'members') or '0'
+local version = tonumber(current)
 if version < since then return false end
 local nodes, gone, seen = {}, {}, {}
 if version > since then
   local oldest = call('ZRANGE', prefix .. 'member_log', 0, 0, 'WITHSCORES')
   if #oldest == 0 or tonumber(oldest[2]) > since + 1 then return false end
-  for _, entry in ipairs(call('ZRANGEBYSCORE', prefix .. 'member_log', '(' .. since, '+inf')) do
+  for _, entry in ipairs(call('ZRANGEBYSCORE', prefix .. 'member_log', '(' .. ARGV[2], '+inf')) do
     local id = string.sub(entry, string.find(entry, '|', 1, true) + 1)
     if not seen[id] then
       seen[id] = true
@@ -276,6 +286,6 @@ if version > since then
     end
   end
 end
-return cjson.encode({version = version, nodes = nodes, gone = gone})
+return cjson.encode({version = current, nodes = nodes, gone = gone})
 """
 )

@@ -7,6 +7,7 @@ import time
 import uuid
 
 import pytest
+import redis
 
 from shared.index.backend import create_index
 from shared.index.memory_backend import InProcessIndex
@@ -33,8 +34,12 @@ def clock(index_url) -> FakeClock | None:
 
 
 @pytest.fixture()
-def index(index_url, clock):
-    namespace = f"test-{uuid.uuid4().hex[:8]}"
+def namespace() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture()
+def index(index_url, clock, namespace):
     backend = InProcessIndex(namespace=namespace, clock=clock) if clock is not None else create_index(index_url, namespace=namespace)
     yield backend
     backend.close()
@@ -51,3 +56,24 @@ def lapse(clock):
             time.sleep(seconds)
 
     return advance
+
+
+@pytest.fixture()
+def restart(index_url, clock, namespace):
+    """Bring the ``index`` fixture's namespace back empty, as an index server restarted without persistence:
+    a new in-process index, or the namespace's keys deleted on the server."""
+    incarnations = []
+
+    def restart_index():
+        if clock is not None:
+            incarnations.append(InProcessIndex(namespace=namespace, clock=clock))
+        else:
+            client = redis.Redis.from_url(index_url)
+            client.delete(*client.keys(f"tessera:{namespace}:*"))
+            client.close()
+            incarnations.append(create_index(index_url, namespace=namespace))
+        return incarnations[-1]
+
+    yield restart_index
+    for incarnation in incarnations:
+        incarnation.close()

@@ -53,9 +53,23 @@ def test_a_pruned_node_is_gone(index, lapse):
 
 
 def test_a_version_the_log_no_longer_reaches_or_never_had_asks_for_a_listing(index):
+    index.register_node(node("first"), ttl_s=30)
     since = version(index)
     for i in range(MEMBER_LOG_LENGTH + 1):
         index.register_node(node(f"n{i}"), ttl_s=30)
     assert index.membership_changes(since) is None  # its first change was trimmed
     assert index.membership_changes(since + 1) is not None  # the log reaches back exactly that far
-    assert index.membership_changes(version(index) + 10) is None  # a restarted index counts from 0 again
+    assert index.membership_changes(version(index) + 10) is None  # a version it never had
+
+
+def test_a_restarted_index_never_passes_for_the_old_one_s_continuation(index, restart):
+    """A reader that knew version v of the old index asks the restarted one what changed since v:
+    however many nodes registered again, the answer is "list them", never a partial log."""
+    for name in ("a", "b", "c"):
+        index.register_node(node(name), ttl_s=30)
+    known = version(index)
+    again = restart()
+    for i in range(8):  # as many moves as before and more: a counter from 0 would pass `known`
+        again.register_node(node(f"n{i % 3}"), ttl_s=30)
+    assert version(again) > known
+    assert again.membership_changes(known) is None
