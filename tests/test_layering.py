@@ -177,7 +177,9 @@ def test_no_module_or_function_outgrows_its_limit():
     too_long = []
     for package in ("services", "shared", "kernels", "benchmarks"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            if "gen" in path.relative_to(ROOT).parts:  # generated protobuf code
+            parts = path.relative_to(ROOT).parts
+            # Generated protobuf code, and vLLM's own source committed as the field audit's reference.
+            if "gen" in parts or any(part.startswith("vllm-") for part in parts):
                 continue
             source = path.read_text()
             if (num_lines := source.count("\n")) > MAX_MODULE_LINES:

@@ -5,39 +5,27 @@ the caller's tenant (``tenant_of``: API keys, when they are on)."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime, and
 # the dependency they name (``tenant``) is a local, invisible to string lookups.
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header
 
 from services.gateway import openai_api
-from services.gateway.admission import Admission, Ticket
 from services.gateway.batch_chat import BatchChatCompletionRequest, to_batch_chat_request
 from services.gateway.completion_protocol import CompletionRequest, CompletionResponse
 from services.gateway.errors import GatewayError
 from services.gateway.formatters import ChatFormatter, CompletionFormatter, Formatter
-from services.gateway.media_budget import MediaTicket
+from services.gateway.frontend.frontend import Frontend, ServedModel
 from services.gateway.openai_api import ignored_header, report_ignored_fields
 from services.gateway.protocol import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelCard, ModelList
-from services.gateway.request_limits import RequestLimits
 from services.gateway.responses import respond
 from services.gateway.state import GatewayState
 from services.gateway.tenants import ApiKeys, Tenant
 from services.gateway.tokenize_protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from services.transport.api_key_auth import bearer_token
 
 _STREAM = {"content": {"text/event-stream": {}}, "description": "the response, or a stream of chunks when stream=true"}
 RESPONSES = {200: _STREAM, **{status: {"model": ErrorResponse} for status in (400, 401, 404, 413, 429, 500, 503)}}
-
-
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    """What the API says of the model it serves and how it fills a request."""
-
-    model_root: str | None = None  # what --model named (a built-in, a path): /v1/models' root
-    tool_parser: str | None = None  # the family's tool-call parser (tool_calls.py), if it has one
-    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # the checkpoint's generation-config defaults
 
 
 def tenant_of(api_keys: ApiKeys | None):
@@ -58,13 +46,14 @@ def tenant_of(api_keys: ApiKeys | None):
     return tenant
 
 
-def api_routes(state: GatewayState, admission: Admission, model: ServedModel, tenant) -> APIRouter:
+def api_routes(frontend: Frontend, tenant) -> APIRouter:
     router = APIRouter()
+    state, model = frontend.state, frontend.model
     _info_routes(router, state, model, tenant)
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)
     async def chat_completions(request: ChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
-        refuse_if_draining(state)
+        frontend.check_open()
         ignored = report_ignored_fields(request, "/v1/chat/completions")
         api_request = openai_api.to_chat_request(
             request,
@@ -73,41 +62,41 @@ def api_routes(state: GatewayState, admission: Admission, model: ServedModel, te
             tenant=caller,
             tool_parser=model.tool_parser,
             sampling_defaults=model.sampling_defaults,
-            limits=await _limits(state, request.top_logprobs, request.prompt_logprobs),
+            limits=await frontend.limits(request.top_logprobs, request.prompt_logprobs),
         )
         formatter = ChatFormatter(api_request.tool_mode, api_request.echo, api_request.return_token_ids, api_request.tokens_as_ids)
-        return await _serve(state, admission, api_request, formatter, ignored)
+        return await _serve(frontend, api_request, formatter, ignored)
 
     @router.post("/v1/chat/completions/batch", response_model=ChatCompletionResponse, responses=RESPONSES)
     async def batch_chat_completions(request: BatchChatCompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
-        refuse_if_draining(state)
+        frontend.check_open()
         api_request, echoes, names = to_batch_chat_request(
             request,
             served_names=state.served_names,
             default_max_tokens=state.default_max_tokens,
             tenant=caller,
             sampling_defaults=model.sampling_defaults,
-            limits=await _limits(state, *((request.model_extra or {}).get(name) for name in ("top_logprobs", "prompt_logprobs"))),
+            limits=await frontend.limits(*((request.model_extra or {}).get(name) for name in ("top_logprobs", "prompt_logprobs"))),
         )
         formatter = ChatFormatter(None, echoes, api_request.return_token_ids, api_request.tokens_as_ids)
-        return await _serve(state, admission, api_request, formatter, ignored_header(names, "/v1/chat/completions/batch"))
+        return await _serve(frontend, api_request, formatter, ignored_header(names, "/v1/chat/completions/batch"))
 
     @router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
     async def completions(request: CompletionRequest, caller: Annotated[Tenant | None, Depends(tenant)]):
-        refuse_if_draining(state)
+        frontend.check_open()
         ignored = report_ignored_fields(request, "/v1/completions")
         api_request = openai_api.to_completion_request(
             request,
             served_names=state.served_names,
             tenant=caller,
             sampling_defaults=model.sampling_defaults,
-            limits=await _limits(state, request.logprobs, request.prompt_logprobs),
+            limits=await frontend.limits(request.logprobs, request.prompt_logprobs),
         )
         echoes = [p if isinstance(p, str) else await state.pipeline.detokenize(p) for p in request.prompts()] if request.echo else []
         formatter = CompletionFormatter(
             api_request.return_token_ids, echoes, echo_only=request.echo_only, tokens_as_ids=api_request.tokens_as_ids
         )
-        return await _serve(state, admission, api_request, formatter, ignored)
+        return await _serve(frontend, api_request, formatter, ignored)
 
     return router
 
@@ -136,23 +125,13 @@ def _info_routes(router: APIRouter, state: GatewayState, model: ServedModel, ten
         return DetokenizeResponse(prompt=await state.pipeline.detokenize(request.tokens))
 
 
-async def _serve(state: GatewayState, admission: Admission, request: openai_api.ApiRequest, formatter: Formatter, ignored: dict[str, str]):
+async def _serve(frontend: Frontend, request: openai_api.ApiRequest, formatter: Formatter, ignored: dict[str, str]):
     """Admit the request and its media, run it, and answer (with the ignored-fields header)."""
-    request = _forced_usage(state, request)
-    ticket = admission.admit(len(request.generations))
-    media = await _admit_media(state, request, ticket)
-    response = await respond(state, request, formatter, ticket, media)
+    request = _forced_usage(frontend.state, request)
+    admitted = await frontend.admit(request.generations)
+    response = await respond(frontend.state, request, formatter, admitted.ticket, admitted.media)
     response.headers.update(ignored)
     return response
-
-
-async def _limits(state: GatewayState, *asked: object) -> RequestLimits:
-    """The deployment's limits; the vocabulary's size (asked of a node once) when a request asks
-    for the whole vocabulary (-1) or the cap is the vocabulary."""
-    vocab_size = None
-    if state.max_logprobs == -1 or -1 in asked:
-        vocab_size = (await state.pipeline.model_info()).vocab_size
-    return RequestLimits(state.pipeline.max_model_len, state.max_logprobs, vocab_size)
 
 
 def _forced_usage(state: GatewayState, request: openai_api.ApiRequest) -> openai_api.ApiRequest:
@@ -160,18 +139,3 @@ def _forced_usage(state: GatewayState, request: openai_api.ApiRequest) -> openai
     if not state.force_include_usage or not request.stream:
         return request
     return replace(request, include_usage=True, continuous_usage=True)
-
-
-async def _admit_media(state: GatewayState, request: openai_api.ApiRequest, ticket: Ticket) -> MediaTicket:
-    """The request's images priced and admitted (media_budget.py), or its admission handed back."""
-    prompts = list({g.prompt_index: g.prompt for g in request.generations}.values())
-    try:
-        return await state.media.admit(prompts)
-    except BaseException:
-        ticket.release()
-        raise
-
-
-def refuse_if_draining(state: GatewayState) -> None:
-    if state.draining:
-        raise GatewayError(503, "the gateway is draining; retry on another gateway")

@@ -19,9 +19,11 @@ from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.admission import Admission
-from services.gateway.api_routes import ServedModel, api_routes, tenant_of
+from services.gateway.api_routes import api_routes, tenant_of
 from services.gateway.body_limit import BodyLimitMiddleware
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.frontend import Frontend, ServedModel
+from services.gateway.media_budget import DEFAULT_RESERVE_FRACTION
 from services.gateway.pipeline import Pipeline
 from services.gateway.probe_routes import probe_routes
 from services.gateway.request_limits import DEFAULT_MAX_LOGPROBS
@@ -50,13 +52,14 @@ def create_app(
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     vllm_metric_names: bool = False,
     max_media_tokens_per_encoder: int = 0,
+    media_reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
     force_include_usage: bool = False,
     root_path: str = "",
     max_logprobs: int = DEFAULT_MAX_LOGPROBS,
 ) -> tuple[FastAPI, GatewayState]:
     """The app: its probes (probe_routes.py) and its API (api_routes.py), behind the body limit
     and OpenAI-shaped errors (a fault of its own too: unexpected_errors.py). ``model_root``, ``tool_parser``, ``sampling_defaults``: as
-    api_routes.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``,
+    frontend.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``, ``media_reserve_fraction``,
     ``force_include_usage``, ``max_logprobs``: GatewayState's. ``root_path``: vLLM's --root-path, the prefix a
     path-routing proxy serves the API under; the routes answer with and without it, as vLLM's."""
     if not served_names:
@@ -68,6 +71,7 @@ def create_app(
         int(time.time()),
         vllm_metric_names=vllm_metric_names,
         max_media_tokens_per_encoder=max_media_tokens_per_encoder,
+        media_reserve_fraction=media_reserve_fraction,
         force_include_usage=force_include_usage,
         max_logprobs=max_logprobs,
     )
@@ -79,8 +83,8 @@ def create_app(
     # Added last, so outermost of ours: a fault anywhere below is a 500 on a connection that stays usable.
     app.add_middleware(UnexpectedErrorMiddleware, on_error=lambda scope: _count_api_request(state, scope, 500))
     app.include_router(probe_routes(state, TESSERA_VERSION))
-    model = ServedModel(model_root, tool_parser, sampling_defaults)
-    app.include_router(api_routes(state, Admission(max_num_requests), model, tenant_of(api_keys)))
+    state.frontend = Frontend(state, Admission(max_num_requests), ServedModel(model_root, tool_parser, sampling_defaults))
+    app.include_router(api_routes(state.frontend, tenant_of(api_keys)))
     return app, state
 
 

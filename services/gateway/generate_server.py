@@ -16,20 +16,18 @@ import grpc
 from protos.gen import pb, rpc
 from services.gateway.choices import merged_events
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.frontend import Admitted, Frontend
 from services.gateway.openai_api import Generation, parse_chat_request
-from services.gateway.pipeline import Pipeline
-from services.gateway.request_limits import RequestLimits
-from services.gateway.request_task import events_in_task
 from services.gateway.tenants import ApiKeys
 from services.gateway.token_events import TokenEvent, TokenLogprob
 from services.gateway.typed_generate import typed_generations
-from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from services.transport.api_key_auth import ApiKeyInterceptor, current_principal
 from services.transport.grpc_server import SERVER_OPTIONS
 
 # The HTTP status the same request would get from the HTTP API, for Generate's clients: a string
 # trailer of the public surface (nodes report typed errors to the gateway instead, node_error.py).
 HTTP_STATUS_KEY = "tessera-http-status"
+RETRY_AFTER_KEY = "retry-after"  # seconds, on a RESOURCE_EXHAUSTED that waiting cures (HTTP's Retry-After)
 
 _STATUS_TO_CODE = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -44,74 +42,77 @@ _STATUS_TO_CODE = {
 
 
 class GenerateServicer(rpc.GenerateServicer):
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        *,
-        served_names: tuple[str, ...],
-        default_max_tokens: int,
-        tool_parser: str | None = None,
-        sampling_defaults: SamplingDefaults = NO_DEFAULTS,
-    ) -> None:
-        self.pipeline = pipeline
-        self.tool_parser = tool_parser
-        self.sampling_defaults = sampling_defaults  # for the chat JSON form; the typed prompt's sampling is explicit
-        self.served_names = served_names
-        self.default_max_tokens = default_max_tokens
+    """Generate's door: the wire's request to the Frontend's choices and its events to chunks.
+    The Frontend's guards (draining, limits, admission, the media budget) are the HTTP API's."""
+
+    def __init__(self, frontend: Frontend) -> None:
+        self.frontend = frontend
 
     async def Generate(self, request: pb.GenerateRequest, context):
         try:
-            tenant = current_principal()  # set by the API-key interceptor when keys are on
-            if request.HasField("prompt"):
-                request_id, generations = typed_generations(
-                    request, served_names=self.served_names, default_max_tokens=self.default_max_tokens, tenant=tenant
-                )
-            elif request.request_json:
-                request_id, generations = f"gen-{uuid.uuid4().hex}", self._from_json(request.request_json, tenant)
-            else:
-                raise GatewayError(400, "the request has no prompt: set prompt (or the deprecated request_json)", param="prompt")
-            async for chunk in self._chunks(request_id, generations):
-                yield chunk
+            request_id, generations = await self._generations(request, current_principal())
+            admitted = await self.frontend.admit(generations)
+            try:
+                async for chunk in self._chunks(request_id, generations, admitted):
+                    yield chunk
+            finally:
+                admitted.release()
         except GatewayError as exc:
-            context.set_trailing_metadata(((HTTP_STATUS_KEY, str(exc.status)),))
+            trailer = [(HTTP_STATUS_KEY, str(exc.status))]
+            if (retry_after := exc.headers.get("Retry-After")) is not None:
+                trailer.append((RETRY_AFTER_KEY, retry_after))
+            context.set_trailing_metadata(tuple(trailer))
             await context.abort(_STATUS_TO_CODE.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
 
-    def _from_json(self, request_json: str, tenant) -> tuple[Generation, ...]:
+    async def _generations(self, request: pb.GenerateRequest, tenant) -> tuple[str, tuple[Generation, ...]]:
+        """The request id its chunks carry, and one Generation per choice (the current
+        principal is the tenant, set by the API-key interceptor when keys are on)."""
+        frontend = self.frontend
+        frontend.check_open()
+        if request.HasField("prompt"):
+            sampling = request.sampling
+            asked = [getattr(sampling, name) for name in ("logprobs", "prompt_logprobs") if sampling.HasField(name)]
+            limits = await frontend.limits(*asked)
+            return typed_generations(
+                request, served_names=frontend.served_names, default_max_tokens=frontend.default_max_tokens, tenant=tenant, limits=limits
+            )
+        if request.request_json:
+            return f"gen-{uuid.uuid4().hex}", await self._from_json(request.request_json, tenant)
+        raise GatewayError(400, "the request has no prompt: set prompt (or the deprecated request_json)", param="prompt")
+
+    async def _from_json(self, request_json: str, tenant) -> tuple[Generation, ...]:
         """The deprecated form: the /v1/chat/completions body as JSON."""
         try:
             body = json.loads(request_json)
         except json.JSONDecodeError as exc:
             raise GatewayError(400, f"request_json is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise GatewayError(400, "request_json must be a JSON object: the /v1/chat/completions body")
+        frontend = self.frontend
         parsed = parse_chat_request(
             body,
-            served_names=self.served_names,
-            default_max_tokens=self.default_max_tokens,
+            served_names=frontend.served_names,
+            default_max_tokens=frontend.default_max_tokens,
             tenant=tenant,
-            tool_parser=self.tool_parser,
-            sampling_defaults=self.sampling_defaults,
-            limits=RequestLimits(max_model_len=self.pipeline.max_model_len),
+            tool_parser=frontend.model.tool_parser,
+            sampling_defaults=frontend.model.sampling_defaults,
+            limits=await frontend.limits(body.get("top_logprobs"), body.get("prompt_logprobs")),
         )
         if parsed.beam is not None:
             raise GatewayError(400, "use_beam_search is served on /v1/chat/completions and /v1/completions, not on Generate")
         return parsed.generations
 
-    async def _chunks(self, request_id: str, generations: tuple[Generation, ...]) -> AsyncIterator[pb.GenerateChunk]:
+    async def _chunks(self, request_id: str, generations: tuple[Generation, ...], admitted: Admitted) -> AsyncIterator[pb.GenerateChunk]:
         """Each choice's token events as chunks, choices interleaved as they come."""
         index_to_text = {g.index: "" for g in generations}
         index_to_num_tokens = {g.index: 0 for g in generations}
 
         def open_events(generation: Generation) -> AsyncIterator[TokenEvent]:
-            return events_in_task(
-                lambda: self.pipeline.run(
-                    generation.prompt,
-                    generation.sampling,
-                    cache_salt=generation.cache_salt,
-                    request_id=f"{request_id}.{generation.index}",  # nodes key work by it: one per choice
-                    fit_max_tokens=generation.fit_max_tokens,
-                )
-            )
+            # Nodes key work by the request id: one per choice.
+            return self.frontend.events(generation, stream=True, request_id=f"{request_id}.{generation.index}")
 
         async for generation, event in merged_events(open_events, generations):
+            admitted.first_token()  # its images are encoded by now
             index = generation.index
             index_to_num_tokens[index] += len(event.token_ids)
             delta, index_to_text[index] = event.text[len(index_to_text[index]) :], event.text

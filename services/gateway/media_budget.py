@@ -5,9 +5,18 @@ read from the first bytes of a data URL or base64 part; nothing is decoded) thro
 own resize rule (services/models/media_cost.py, fetched once from a preprocess node). An image
 whose bytes the gateway does not hold (an http(s) URL, a file, a uuid alone) is priced as a one
 megapixel image. The gateway holds at most ``max_media_tokens_per_encoder`` x live encoders of
-them in flight, from admission to the request's first token (by then its images are encoded):
-  * over what is left of the budget: 429 with Retry-After, at once; smaller requests still pass;
-  * larger than the whole budget: 413 naming the limit, before any image is decoded.
+them in flight, from admission to the request's first token (by then its images are encoded).
+
+Fair by construction: a share of the budget (``reserve_fraction``, a quarter by default) is kept
+for small requests, those costing at most a quarter of that share, so at least four of them fit
+in it at once. A large request is admitted only while the tokens in flight, its own included,
+stay under the budget less the reserve; a small one while they stay under the whole budget. The
+large requests in flight therefore never hold more than the budget less the reserve, and a small
+request is refused only when other small requests fill the reserve: clients sending large images
+back to back cannot starve the small ones.
+  * over what is left of the request's share: 429 with Retry-After, at once;
+  * larger than any request may ever hold (the budget, less the reserve for a large one): 413
+    naming the limit, before any image is decoded.
 A clip is priced the same way, from its header: frame count, frame rate and frame size read
 from an MP4 / QuickTime file's boxes (clip_header.py; nothing is decoded), through the family's
 sampler and resize rule with the request's video settings. A clip whose header the gateway cannot
@@ -45,6 +54,8 @@ HEADER_BYTES = 256 * 1024
 UNKNOWN_SIZE = (1024, 1024)  # the price of an image the gateway has no bytes of
 UNKNOWN_CLIP = ClipHeader(num_frames=600, fps=30.0, width=640, height=360)  # ... and of a clip: 20 s of 360p
 TOWER_RATE_TTL_S = 60.0  # encoders come and go: their measured rate is asked again after this
+DEFAULT_RESERVE_FRACTION = 0.25  # of the budget, kept for small requests
+SMALL_SHARE = 4  # a small request costs at most 1/SMALL_SHARE of the reserve
 
 
 def image_size(url: str) -> tuple[int, int] | None:
@@ -147,10 +158,14 @@ class MediaBudget:
         fetch_cost_json: Callable[[], Awaitable[str]],
         fetch_tower_rate: Callable[[], Awaitable[float | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
     ) -> None:
         if tokens_per_encoder < 0:
             raise ValueError("max_media_tokens_per_encoder must be >= 0 (0: no budget)")
+        if not 0 <= reserve_fraction < 1:
+            raise ValueError(f"media_reserve_fraction must be in [0, 1), got {reserve_fraction}")
         self.tokens_per_encoder = tokens_per_encoder
+        self.reserve_fraction = reserve_fraction
         self._num_encoders = num_encoders
         self._fetch_cost_json = fetch_cost_json
         self._fetch_tower_rate = fetch_tower_rate
@@ -160,6 +175,7 @@ class MediaBudget:
         self._rate_asked_at: float | None = None
         self.num_in_flight = 0
         self.num_refused = 0  # 429s
+        self.num_small_refused = 0  # of them, small requests' (the reserve was full)
         self.num_too_large = 0  # 413s
 
     @property
@@ -197,21 +213,35 @@ class MediaBudget:
             return None
         return max(1, math.ceil(self.tower_seconds_in_flight / max(1, self._num_encoders())))
 
+    @property
+    def reserve(self) -> int:
+        """The tokens only small requests may take."""
+        return math.ceil(self.capacity * self.reserve_fraction)
+
+    def is_small(self, num_tokens: int) -> bool:
+        return num_tokens <= self.reserve // SMALL_SHARE
+
     def take(self, num_tokens: int) -> MediaTicket:
-        capacity = self.capacity
-        if num_tokens > capacity:
+        capacity, reserve = self.capacity, self.reserve
+        small = self.is_small(num_tokens)
+        limit = capacity if small else capacity - reserve  # what may be in flight once it is admitted
+        if num_tokens > limit:
             self.num_too_large += 1
+            kept = f", less the {reserve} kept for requests of at most {reserve // SMALL_SHARE}" if reserve else ""
             raise GatewayError(
                 413,
                 f"the request's images come to about {num_tokens} vision tokens{self._tower_time(num_tokens)}; the gateway admits "
-                f"at most {capacity} in flight "
-                f"(max_media_tokens_per_encoder {self.tokens_per_encoder} x {max(1, self._num_encoders())} encoders): send fewer or "
-                "smaller images",
+                f"at most {limit} for one request "
+                f"(max_media_tokens_per_encoder {self.tokens_per_encoder} x {max(1, self._num_encoders())} encoders{kept}): "
+                "send fewer or smaller images",
                 code="media_too_large",
             )
-        if self.num_in_flight + num_tokens > capacity:
+        if self.num_in_flight + num_tokens > limit:
             self.num_refused += 1
+            self.num_small_refused += small
             in_flight = f"the encoders have {self.num_in_flight} of {capacity} vision tokens in flight"
+            if not small and reserve:
+                in_flight += f" ({reserve} of them kept for small requests)"
             raise rate_limited(in_flight + self._tower_time(self.num_in_flight), self._retry_after_s())
         self.num_in_flight += num_tokens
         return MediaTicket(self, num_tokens)

@@ -117,18 +117,12 @@ async def _serve(
         sampling_defaults=sampling_defaults,
         vllm_metric_names=config.vllm_metric_names,
         max_media_tokens_per_encoder=config.max_media_tokens_per_encoder,
+        media_reserve_fraction=config.media_reserve_fraction,
         force_include_usage=config.enable_force_include_usage,
         root_path=config.root_path,
         max_logprobs=config.max_logprobs,
     )
-    servicer = GenerateServicer(
-        pipeline,
-        served_names=served_names,
-        default_max_tokens=config.default_max_tokens,
-        tool_parser=tool_parser,
-        sampling_defaults=sampling_defaults,
-    )
-    generate = await start_generate_server(servicer, config.generate_address, api_keys=api_keys)
+    generate = await start_generate_server(GenerateServicer(state.frontend), config.generate_address, api_keys=api_keys)
     try:
         await _serve_until_drained(config, app, state, generate)
     finally:

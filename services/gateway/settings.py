@@ -61,6 +61,9 @@ class Settings(InternalPlaneSettings):
     # Vision tokens in flight per live encoder, priced from image headers before anything is
     # decoded (services/gateway/media_budget.py): past it 429, a request over all of it 413; 0: off.
     max_media_tokens_per_encoder: int = 262144
+    # Of that budget, the share kept for small requests (those costing at most a quarter of it),
+    # so large ones sent back to back never starve them (media_budget.py); 0: none kept.
+    media_reserve_fraction: float = 0.25
     # API keys for the HTTP and Generate APIs (services/gateway/tenants.py); neither: no auth.
     api_key: str = ""  # one key, tenant "default"
     api_keys_file: str = ""  # JSON: key -> tenant name, or -> {"tenant": NAME, "shared_cache": BOOL}
@@ -78,6 +81,8 @@ class Settings(InternalPlaneSettings):
             raise ValueError(f"max_logprobs must be -1 (the vocabulary) or at least 0, got {self.max_logprobs}")
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
             raise ValueError(f"root_path must start with '/' and not end with one (as '/llm'), got {self.root_path!r}")
+        if not 0 <= self.media_reserve_fraction < 1:
+            raise ValueError(f"media_reserve_fraction must be at least 0 and below 1, got {self.media_reserve_fraction}")
         if self.generation_config not in GENERATION_CONFIG_MODES:
             raise ValueError(f"generation_config must be one of {', '.join(GENERATION_CONFIG_MODES)}, got {self.generation_config!r}")
         make_policy(self.routing_policy)  # raises for an unknown name, naming the known ones

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from services.gateway.media_budget import MediaBudget
+from services.gateway.media_budget import DEFAULT_RESERVE_FRACTION, MediaBudget
 from services.gateway.metrics import GatewayMetrics, RoleStats
 from services.gateway.openai_api import Generation
 from services.gateway.pipeline import Pipeline
@@ -16,6 +17,9 @@ from services.gateway.token_events import TokenEvent
 from services.transport.stats_wire import snapshot_of
 from shared.node_metrics import Counter, Gauge, counter, gauge
 from shared.process_stats import node_snapshot
+
+if TYPE_CHECKING:  # the Frontend holds this state: a type only, or the import would be a cycle
+    from services.gateway.frontend.frontend import Frontend
 
 
 @dataclass(slots=True)
@@ -53,9 +57,11 @@ class GatewayState:
     vllm_metric_names: bool = False  # the vLLM-named families under vllm: too (metrics.py)
     num_in_flight: int = 0  # choices whose pipeline run is in progress
     max_media_tokens_per_encoder: int = 0  # the media budget (media_budget.py); 0: none
+    media_reserve_fraction: float = DEFAULT_RESERVE_FRACTION  # of it, kept for small requests
     force_include_usage: bool = False  # every stream carries the usage on every chunk (vLLM's flag)
     max_logprobs: int = DEFAULT_MAX_LOGPROBS  # vLLM's --max-logprobs (request_limits.py); -1: the vocabulary
     media: MediaBudget = field(init=False)
+    frontend: Frontend | None = None  # every door's guards (frontend/frontend.py), set by create_app
     own_metrics: GatewayNodeMetrics = field(init=False, default_factory=GatewayNodeMetrics)
     _scraped: RoleStats = field(default_factory=dict)  # the metrics the next render reports
 
@@ -78,6 +84,7 @@ class GatewayState:
             lambda: len(pipeline.membership.nodes("encoder")),
             lambda: pipeline.media_cost_json(),
             lambda: pipeline.tower_seconds_per_token(),
+            reserve_fraction=self.media_reserve_fraction,
         )
         own.media_cost_inflight.read_from(lambda: media.num_in_flight)
         own.media_tower_seconds_inflight.read_from(lambda: media.tower_seconds_in_flight)
@@ -100,8 +107,9 @@ class GatewayState:
         breaker = getattr(self.pipeline.router.index or self.pipeline.membership.index, "breaker", None)
         return float(breaker is not None and breaker.state != "closed")
 
-    def events(self, generation: Generation, *, stream: bool) -> AsyncIterator[TokenEvent]:
-        """One choice's token events. Closing the iterator early cancels its work on every node."""
+    def events(self, generation: Generation, *, stream: bool, request_id: str | None = None) -> AsyncIterator[TokenEvent]:
+        """One choice's token events. Closing the iterator early cancels its work on every node.
+        ``request_id``: the id nodes key the choice's work by (one of its own when None)."""
 
         async def counted() -> AsyncIterator[TokenEvent]:
             self.num_in_flight += 1
@@ -112,6 +120,7 @@ class GatewayState:
                     cache_salt=generation.cache_salt,
                     stream=stream,
                     fit_max_tokens=generation.fit_max_tokens,
+                    request_id=request_id,
                 ):
                     yield event
             finally:

@@ -1,6 +1,7 @@
 """A typed public GenerateRequest (protos/tessera.proto) to the pipeline's choices: the
 protobuf counterpart of openai_api.py, with the same rules (served names, n choices with seed +
-i, the default max_tokens shrunk to the context, tenant-scoped cache salt and image uuids)."""
+i, the default max_tokens shrunk to the context, --max-logprobs, tenant-scoped cache salt and
+image uuids)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,20 @@ from services.engine.sampling_wire import sampling_from_pb
 from services.gateway.errors import GatewayError
 from services.gateway.openai_api import Generation, check_model, choice_seed
 from services.gateway.protocol import MAX_CHOICES
+from services.gateway.request_limits import NO_LIMITS, RequestLimits
 from services.gateway.tenants import Tenant, request_cache_salt
 
 
 def typed_generations(
-    request: pb.GenerateRequest, *, served_names: tuple[str, ...], default_max_tokens: int, tenant: Tenant | None
+    request: pb.GenerateRequest,
+    *,
+    served_names: tuple[str, ...],
+    default_max_tokens: int,
+    tenant: Tenant | None,
+    limits: RequestLimits = NO_LIMITS,
 ) -> tuple[str, tuple[Generation, ...]]:
-    """The request id its chunks carry, and one Generation per choice."""
+    """The request id its chunks carry, and one Generation per choice; ``limits``: the
+    deployment's (request_limits.py), as the HTTP API applies them."""
     check_model(request.model or None, served_names)
     num_choices = request.n or 1
     if num_choices > MAX_CHOICES:
@@ -31,6 +39,10 @@ def typed_generations(
         wire.max_tokens = default_max_tokens
     if wire.top_p == 0:
         wire.top_p = 1.0
+    if wire.HasField("logprobs"):
+        wire.logprobs = limits.logprobs(wire.logprobs, "sample logprobs", "sampling.logprobs")
+    if wire.HasField("prompt_logprobs"):
+        wire.prompt_logprobs = limits.logprobs(wire.prompt_logprobs, "prompt logprobs", "sampling.prompt_logprobs")
     try:
         sampling = sampling_from_pb(wire)
     except ValueError as exc:

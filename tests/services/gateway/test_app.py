@@ -91,6 +91,11 @@ def client_for(pipeline: FakePipeline, **kwargs) -> tuple[TestClient, object]:
     return TestClient(app), state
 
 
+def frontend_for(pipeline: FakePipeline, default_max_tokens: int = 16, **kwargs):
+    """The gateway's Frontend over ``pipeline`` (what gRPC Generate is built on), as create_app makes it."""
+    return create_app(pipeline, served_names=("tiny",), default_max_tokens=default_max_tokens, **kwargs)[1].frontend
+
+
 def test_the_official_client_gets_completions_and_streams():
     pipeline = FakePipeline()
     http, _ = client_for(pipeline)

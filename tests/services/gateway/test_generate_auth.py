@@ -14,7 +14,7 @@ from protos.gen import pb, rpc
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.gateway.tenants import ApiKeys, Tenant
 from services.stack.node_process import free_port
-from tests.services.gateway.test_app import FakePipeline
+from tests.services.gateway.test_app import FakePipeline, frontend_for
 
 REQUEST = pb.GenerateRequest(request_json=json.dumps({"messages": [{"role": "user", "content": "hi"}]}))
 
@@ -28,7 +28,7 @@ def test_generate_needs_a_key_and_passes_the_tenant_on():
     address = f"127.0.0.1:{free_port()}"
 
     async def scenario() -> None:
-        servicer = GenerateServicer(pipeline, served_names=("tiny",), default_max_tokens=4)
+        servicer = GenerateServicer(frontend_for(pipeline, default_max_tokens=4))
         server = await start_generate_server(servicer, address, api_keys=ApiKeys({"sk-a": Tenant("acme")}))
         try:
             async with grpc.aio.insecure_channel(address) as channel:

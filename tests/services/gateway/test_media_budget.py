@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import random
 
 import openai
 import pytest
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from protos.gen import pb
 from services.gateway.clip_header import clip_header
 from services.gateway.errors import GatewayError
-from services.gateway.media_budget import TOWER_RATE_TTL_S, MediaBudget, bytes_size, image_size, media_tokens
+from services.gateway.media_budget import TOWER_RATE_TTL_S, MediaBudget, MediaTicket, bytes_size, image_size, media_tokens
 from services.models.media_cost import ClipCost, MediaCosts, ResizeCost, media_costs_to_json
 from tests.damaged_media import damaged_clips, damaged_images, lying_clip_headers, mp4_clip
 from tests.factories import data_url, encode_image, image_data_url, make_clip, make_image
@@ -70,18 +71,44 @@ def budget(tokens_per_encoder: int, num_encoders: int = 1) -> tuple[MediaBudget,
     return MediaBudget(tokens_per_encoder, lambda: num_encoders, fetch), fetched
 
 
-def test_past_the_budget_a_request_gets_a_429_and_a_smaller_one_still_passes():
-    media, _ = budget(1000)
-    big = media.take(900)
+def test_large_requests_leave_the_reserve_to_small_ones_which_are_refused_only_when_it_is_full():
+    media, _ = budget(1000)  # a reserve of 250 for requests of at most 62; a large one sees 750
+    assert (media.reserve, media.is_small(62), media.is_small(63)) == (250, True, False)
+    big = media.take(700)
     with pytest.raises(GatewayError) as info:
-        media.take(200)
-    assert info.value.status == 429 and info.value.headers["Retry-After"] and media.num_refused == 1
-    small = media.take(100)
+        media.take(100)
+    assert info.value.status == 429 and info.value.headers["Retry-After"] and "250 of them kept for small requests" in info.value.message
+    smalls = [media.take(60) for _ in range(5)]  # 1000 in flight: the whole budget
+    with pytest.raises(GatewayError):
+        media.take(1)
+    assert (media.num_refused, media.num_small_refused) == (2, 1)
     big.release()
     big.release()  # once only
-    assert media.num_in_flight == 100
-    small.release()
+    assert media.num_in_flight == 300
+    for ticket in smalls:
+        ticket.release()
     assert media.num_in_flight == 0
+
+
+def test_under_any_mix_large_requests_never_hold_the_reserve_and_small_ones_pass_while_it_has_room():
+    rng = random.Random(7)
+    media, _ = budget(1000)
+    held: list[tuple[bool, MediaTicket]] = []
+    for _ in range(2000):
+        if held and rng.random() < 0.45:
+            held.pop(rng.randrange(len(held)))[1].release()
+            continue
+        size = rng.choice([rng.randint(1, 62), rng.randint(63, 750)])
+        small = media.is_small(size)
+        small_in_flight = sum(t.num_tokens for s, t in held if s)
+        try:
+            held.append((small, media.take(size)))
+        except GatewayError as exc:
+            assert exc.status == 429
+            # Refused small: the other small requests fill the reserve (large ones never reach it).
+            assert not small or small_in_flight + size > media.reserve
+        large_in_flight = sum(t.num_tokens for s, t in held if not s)
+        assert large_in_flight <= media.capacity - media.reserve and media.num_in_flight <= media.capacity
 
 
 def test_a_request_over_the_whole_budget_is_a_413_naming_it_and_the_budget_grows_with_encoders():
@@ -91,6 +118,11 @@ def test_a_request_over_the_whole_budget_is_a_413_naming_it_and_the_budget_grows
         media.take(2001)
     assert info.value.status == 413 and "max_media_tokens_per_encoder 1000 x 2 encoders" in info.value.message
     assert media.num_too_large == 1 and media.num_in_flight == 0
+    # A large request may hold the budget less the reserve, and no more, however empty it is.
+    media.take(1500).release()
+    with pytest.raises(GatewayError) as info:
+        media.take(1501)
+    assert info.value.status == 413 and "at most 1500 for one request" in info.value.message and "less the 500 kept" in info.value.message
 
 
 def test_requests_without_images_pass_free_and_the_cost_model_is_fetched_once():
@@ -120,7 +152,7 @@ def test_the_encoders_measured_rate_sets_retry_after_and_is_asked_again_after_it
     assert media.seconds_per_token == 0.01 and rates == [0.02]  # asked once within its TTL
     assert media.tower_seconds_in_flight == pytest.approx(3.0)
     with pytest.raises(GatewayError) as info:
-        media.take(1800)
+        media.take(1300)
     assert info.value.headers["Retry-After"] == "2"  # 3 s of tower over 2 encoders, rounded up
     assert "about 3.0 s of vision tower" in info.value.message
     with pytest.raises(GatewayError) as too_large:

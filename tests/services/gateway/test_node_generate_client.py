@@ -16,7 +16,7 @@ import pytest
 
 from services.gateway.generate_server import GenerateServicer, start_generate_server
 from services.stack.node_process import free_port
-from tests.services.gateway.test_app import FakePipeline
+from tests.services.gateway.test_app import FakePipeline, frontend_for
 
 CLIENT_DIR = Path(__file__).resolve().parents[3] / "protos" / "examples" / "node"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tessera" / "node-generate-client"
@@ -44,7 +44,7 @@ def run_client(node_modules: Path, *args: str) -> subprocess.CompletedProcess:
     pipeline = FakePipeline()
 
     async def scenario() -> tuple[int, bytes, bytes]:
-        server = await start_generate_server(GenerateServicer(pipeline, served_names=("tiny",), default_max_tokens=8), address)
+        server = await start_generate_server(GenerateServicer(frontend_for(pipeline, default_max_tokens=8)), address)
         try:
             process = await asyncio.create_subprocess_exec(
                 "node",

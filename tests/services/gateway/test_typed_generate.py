@@ -14,7 +14,7 @@ from services.gateway.generate_server import GenerateServicer, start_generate_se
 from services.gateway.tenants import Tenant
 from services.gateway.typed_generate import typed_generations
 from services.stack.node_process import free_port
-from tests.services.gateway.test_app import FakePipeline
+from tests.services.gateway.test_app import FakePipeline, frontend_for
 
 
 def chat_request(**kwargs) -> pb.GenerateRequest:
@@ -26,7 +26,7 @@ def generate(pipeline: FakePipeline, request: pb.GenerateRequest) -> list[pb.Gen
     address = f"127.0.0.1:{free_port()}"
 
     async def call() -> list[pb.GenerateChunk]:
-        server = await start_generate_server(GenerateServicer(pipeline, served_names=("tiny",), default_max_tokens=8), address)
+        server = await start_generate_server(GenerateServicer(frontend_for(pipeline, default_max_tokens=8)), address)
         try:
             async with grpc.aio.insecure_channel(address) as channel:
                 return [chunk async for chunk in rpc.GenerateStub(channel).Generate(request, timeout=10)]

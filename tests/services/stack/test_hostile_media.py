@@ -2,16 +2,21 @@
 damaged image and MP4 (tests/damaged_media.py) gets a 4xx with OpenAI's error body, the two
 headers of the original report (a 60000x60000 bomb, then a 0x0 image) each get theirs on one
 keep-alive connection, MP4s whose headers lie get no 5xx, and afterwards the gateway is the same
-process (no restart) and answers a good request."""
+process (no restart) and answers a good request. Through gRPC Generate, the same corpus gets the
+status HTTP gave each case (the status code matching it, and the HTTP status in a trailer)."""
 
 from __future__ import annotations
 
 import http.client
 import json
 
+import grpc
 import httpx
 import openai
 import pytest
+
+from protos.gen import pb, rpc
+from services.gateway.generate_server import HTTP_STATUS_KEY
 
 from tests.damaged_media import damaged_clips, damaged_images, lying_clip_headers
 from tests.factories import data_url
@@ -77,3 +82,28 @@ def test_a_bomb_header_then_a_zero_size_one_on_one_connection_each_get_a_4xx(sta
     assert zero == 400 and "zero size" in zero_body["error"]["message"], answers
     assert good == 200
     assert not any(will_close for *_, will_close in answers) and sockets[0] is sockets[1] is sockets[2]  # one connection throughout
+
+
+# The gRPC status each HTTP status of the public API maps to (the Generate door's contract).
+HTTP_TO_GRPC = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+def generate_refusal(stub, part: pb.ContentPart) -> grpc.RpcError:
+    parts = pb.ContentParts(parts=[part, pb.ContentPart(text="?")])
+    prompt = pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=pb.ChatMessage.USER, parts=parts)]))
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.Generate(pb.GenerateRequest(prompt=prompt, sampling=pb.SamplingParams(max_tokens=2)), timeout=60))
+    return info.value
+
+
+def test_through_generate_each_damaged_image_and_clip_gets_the_status_http_gives_it(stack):
+    cases = [(f"image {n}", image_message(d), pb.ContentPart(image=pb.ImageInput(data=d))) for n, d in damaged_images().items()]
+    cases += [(f"clip {n}", clip_message(d), pb.ContentPart(video=pb.VideoInput(data=d))) for n, d in damaged_clips().items()]
+    with grpc.insecure_channel(stack.generate_address) as channel:
+        stub = rpc.GenerateStub(channel)
+        for name, messages, part in cases:
+            status = refusal(stack, messages).status_code
+            error = generate_refusal(stub, part)
+            trailer = dict(error.trailing_metadata() or ())
+            assert (error.code(), trailer.get(HTTP_STATUS_KEY)) == (HTTP_TO_GRPC[status], str(status)), (name, error.details())
+            assert error.details(), name
