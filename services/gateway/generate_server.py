@@ -86,6 +86,8 @@ class GenerateServicer(rpc.GenerateServicer):
             body = json.loads(request_json)
         except json.JSONDecodeError as exc:
             raise GatewayError(400, f"request_json is not valid JSON: {exc}") from None
+        except RecursionError:  # arrays or objects nested thousands deep
+            raise GatewayError(400, "request_json nests too deeply to be a chat body") from None
         if not isinstance(body, dict):
             raise GatewayError(400, "request_json must be a JSON object: the /v1/chat/completions body")
         frontend = self.frontend

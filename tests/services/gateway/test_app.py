@@ -110,18 +110,20 @@ def test_the_official_client_gets_completions_and_streams():
     assert [call[3] for call in pipeline.calls] == [False, True]  # non-streaming asks for first and last events only
 
 
-@pytest.mark.parametrize(
-    "raw,param,text",
-    [
-        (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "temperature", "finite"),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream", "boolean"),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2147483648}', "max_tokens", "less than"),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "seed": 18446744073709551616}', "seed", "less than"),
-        (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1', None, "not valid JSON"),
-        (b"[" * 100_000 + b"]" * 100_000, None, ""),
-        (b"[1, 2]", None, "JSON object"),
-    ],
-)
+# Malformed chat bodies: (raw body, the param the 400 names, text in its message). Every door
+# that takes a chat body as JSON runs them (gRPC Generate's request_json too: frontend tests).
+MALFORMED_BODIES = [
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "temperature", "finite"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream", "boolean"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2147483648}', "max_tokens", "less than"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": 18446744073709551616}', "seed", "less than"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1', None, "not valid JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, None, ""),
+    (b"[1, 2]", None, "JSON object"),
+]
+
+
+@pytest.mark.parametrize("raw,param,text", MALFORMED_BODIES)
 def test_malformed_requests_get_a_400_in_openai_error_json(raw, param, text):
     http, _ = client_for(FakePipeline())
     response = http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -41,6 +41,9 @@ class RunningStack:
     internal_secret: str | None = None  # None: the launcher made one, which the test never sees
     served_model: str = "tiny"
     index_password: str = ""  # the embedded Valkey's (every stack a test launches has one)
+    launch_args: tuple = ()  # how launch_stack started it, to start it again (stack_reset.py)
+    stopped: bool = False  # stop_stack ran
+    seen_restarts: dict = field(default_factory=dict)  # role -> the launcher's restarts at launch or the last reset
 
     def internal_auth(self) -> InternalAuth:
         """Credentials for calling this stack's nodes directly."""
@@ -125,6 +128,7 @@ def launch_stack(
         log,
         internal_secret,
         index_password=index_password,
+        launch_args=(directory, repo_root, extra, env, timeout_s, internal_secret, index_password),
     )
     deadline = time.monotonic() + timeout_s
     url = f"http://127.0.0.1:{http_port}"
@@ -134,6 +138,7 @@ def launch_stack(
             pytest.fail(f"tessera serve exited early:\n{running.log_tail()}")
         try:
             if state_file.exists() and httpx.get(url + "/health", timeout=5).status_code == 200:
+                running.seen_restarts = {role: record["restarts"] for role, record in running.state()["roles"].items()}
                 return running
         except httpx.HTTPError:
             pass
@@ -144,6 +149,7 @@ def launch_stack(
 
 def stop_stack(running: RunningStack) -> None:
     """Ctrl-C the launcher (it stops its roles, then its Valkey); kill it if it hangs."""
+    running.stopped = True
     running.process.send_signal(signal.SIGINT)
     try:
         running.process.wait(timeout=60)
@@ -152,6 +158,29 @@ def stop_stack(running: RunningStack) -> None:
         running.process.wait()
     if running.log is not None:
         running.log.close()
+
+
+def relaunch(running: RunningStack) -> None:
+    """Start ``running`` again with the flags it was launched with, in place (stack_reset.py)."""
+    directory, repo_root, extra, env, timeout_s, internal_secret, index_password = running.launch_args
+    stop_stack(running)
+    again = launch_stack(
+        directory, repo_root, *extra, env=env, timeout_s=timeout_s, internal_secret=internal_secret, index_password=index_password
+    )
+    for name in ("process", "base_url", "generate_address", "state_file", "trace_dir", "log", "launch_args", "stopped", "seen_restarts"):
+        setattr(running, name, getattr(again, name))
+
+
+@pytest.fixture(autouse=True)
+def _reset_shared_stacks(request):
+    """After each test, every stack it used that outlives it (a module's or the session's) is
+    returned to serving and idle for the next (stack_reset.py)."""
+    yield
+    from tests.services.stack.stack_reset import reset, stacks_in
+
+    for running in stacks_in(request.node.funcargs.values()):
+        if (problem := reset(running, relaunch)) is not None:
+            print(f"\nstack reset after {request.node.nodeid}: {problem}")
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from services.gateway.app import create_app
 from services.gateway.generate_server import HTTP_STATUS_KEY, RETRY_AFTER_KEY, GenerateServicer, start_generate_server
 from services.stack.node_process import free_port
 from tests.factories import image_data_url, make_image
+from tests.services.gateway.test_app import MALFORMED_BODIES
 from tests.services.gateway.test_media_budget import CostingPipeline
 
 GRPC_CODE = {
@@ -42,13 +43,19 @@ class Doors:
     def generate(self, image_url: str | None = None, **request) -> grpc.aio.AioRpcError | list[pb.GenerateChunk]:
         parts = [pb.ContentPart(text="?")] + ([pb.ContentPart(image=pb.ImageInput(url=image_url))] if image_url else [])
         prompt = pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=pb.ChatMessage.USER, parts=pb.ContentParts(parts=parts))]))
+        return self.call(pb.GenerateRequest(prompt=prompt, **request))
+
+    def generate_json(self, body: str) -> grpc.aio.AioRpcError | list[pb.GenerateChunk]:
+        return self.call(pb.GenerateRequest(request_json=body))
+
+    def call(self, request: pb.GenerateRequest) -> grpc.aio.AioRpcError | list[pb.GenerateChunk]:
         address = f"127.0.0.1:{free_port()}"
 
         async def call():
             server = await start_generate_server(GenerateServicer(self.state.frontend), address)
             try:
                 async with grpc.aio.insecure_channel(address) as channel:
-                    return [c async for c in rpc.GenerateStub(channel).Generate(pb.GenerateRequest(prompt=prompt, **request), timeout=10)]
+                    return [c async for c in rpc.GenerateStub(channel).Generate(request, timeout=10)]
             except grpc.aio.AioRpcError as error:
                 return error
             finally:
@@ -118,3 +125,13 @@ def test_a_generate_request_counts_in_flight_as_an_http_one(door):
     doors.pipeline.run = run
     doors.post() if door == "http" else doors.generate()
     assert seen == [1] and doors.state.num_in_flight == 0
+
+
+@pytest.mark.parametrize("raw,param,text", MALFORMED_BODIES)
+def test_every_malformed_chat_body_gets_a_400_through_generate_s_json_form_as_over_http(raw, param, text):
+    doors = Doors()
+    http = doors.http.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    error = doors.generate_json(raw.decode())
+    assert isinstance(error, grpc.aio.AioRpcError), error
+    assert (http.status_code, error.code(), dict(error.trailing_metadata())[HTTP_STATUS_KEY]) == (400, GRPC_CODE[400], "400")
+    assert text in error.details() and doors.pipeline.calls == []
