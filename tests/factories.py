@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from protos.gen import pb
-from services.gateway.prompt_wire import prompt_for_library, prompt_from_body
+from services.gateway.frontend.prompt_wire import prompt_for_library, prompt_from_body
 from services.preprocess.prompt import Prompt
 
 

@@ -82,7 +82,9 @@ def test_the_gateway_loads_no_tensor_library():
     """The gateway runs no model: importing every gateway module leaves torch unloaded."""
     import subprocess
 
-    modules = sorted(f"services.gateway.{p.stem}" for p in (ROOT / "services/gateway").glob("*.py") if p.stem != "__init__")
+    modules = sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "services/gateway").rglob("*.py") if p.stem != "__init__"
+    )
     code = f"import sys\nfor m in {modules!r}: __import__(m)\nprint('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -136,7 +138,7 @@ def blocking_uses(path: Path) -> list[str]:
 
 def test_the_gateway_starts_no_thread_and_dials_no_blocking_channel():
     """The gateway and its router: the router's index reads are awaited (shared/index/reader.py)."""
-    paths = [*sorted((ROOT / "services/gateway").glob("*.py")), *sorted((ROOT / "services/router").glob("*.py"))]
+    paths = [*sorted((ROOT / "services/gateway").rglob("*.py")), *sorted((ROOT / "services/router").glob("*.py"))]
     assert [v for p in paths for v in blocking_uses(p)] == []
 
 

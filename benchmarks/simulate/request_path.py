@@ -1,4 +1,4 @@
-"""One request's way through the modelled cluster, as services/gateway/pipeline.py takes it.
+"""One request's way through the modelled cluster, as services/gateway/pipeline/pipeline.py takes it.
 
 route (real: Router.route or the llm-d scorer, reserve=True, run to completion on the run's
 event loop and timed on the wall clock) -> images

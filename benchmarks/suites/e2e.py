@@ -79,7 +79,7 @@ def measure_http(args) -> dict:
 
 def _time_engine(llm, request: BenchRequest, max_tokens: int) -> float:
     from services.engine.sampling_params import SamplingParams
-    from services.gateway.prompt_wire import prompt_for_library
+    from services.gateway.frontend.prompt_wire import prompt_for_library
 
     started = time.perf_counter()
     llm.generate([prompt_for_library({"messages": request.messages})], SamplingParams(max_tokens=max_tokens, ignore_eos=True))

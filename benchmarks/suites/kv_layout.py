@@ -29,7 +29,7 @@ def _held_bytes(windowed: bool, model: str, num_words: int) -> tuple[int, int, l
     from services.engine.config import EngineConfig
     from services.engine.llm import LLM
     from services.engine.sampling_params import SamplingParams
-    from services.gateway.prompt_wire import prompt_for_library
+    from services.gateway.frontend.prompt_wire import prompt_for_library
 
     llm = LLM(model, EngineConfig(sliding_window_kv=windowed, max_model_len=65536, kv_cache_bytes=2 << 30))
     engine = llm.engine

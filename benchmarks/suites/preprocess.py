@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.suites.common import RESULTS, command, image_size, machine, write_json
 from services.bench.workloads import user_turn
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.models.registry import resolve_model
 from services.preprocess.preprocessor import Preprocessor
 from services.preprocess.prompt import Prompt

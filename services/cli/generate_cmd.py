@@ -39,7 +39,7 @@ def _image_part(path: Path) -> dict:
 def run(args: argparse.Namespace) -> int:
     from services.engine.engine import RequestRejectedError  # these load torch: only when this command runs
     from services.engine.llm import LLM
-    from services.gateway.prompt_wire import prompt_for_library
+    from services.gateway.frontend.prompt_wire import prompt_for_library
 
     try:
         content = [_image_part(path) for path in args.image] + [{"type": "text", "text": args.prompt}]

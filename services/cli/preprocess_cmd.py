@@ -25,8 +25,8 @@ def run(args: argparse.Namespace) -> int:
     # Torch and the request models load only when this command runs, not for every `tessera`.
     from pydantic import ValidationError
 
-    from services.gateway.prompt_wire import prompt_for_library
-    from services.gateway.validation_errors import validation_error
+    from services.gateway.frontend.prompt_wire import prompt_for_library
+    from services.gateway.http.validation_errors import validation_error
     from services.preprocess.preprocessor import Preprocessor
 
     try:

@@ -1,6 +1,6 @@
 """The vision tower's cost per embedding row, measured once, on the compute thread after start-up.
 
-The gateway prices media before admitting them (services/gateway/media_budget.py) in vision
+The gateway prices media before admitting them (services/gateway/frontend/media_budget.py) in vision
 tokens; this rate turns them into expected tower seconds (its Retry-After and its metrics). It
 is measured on this node's own device and weights: one synthetic image of CALIBRATION_SIDE²
 through the family's own processor, encoded once to warm the tower up (first-call allocations,

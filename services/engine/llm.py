@@ -3,7 +3,7 @@
 llm = LLM("tiny")
 [result] = llm.generate([prompt], SamplingParams(max_tokens=32))   # prompt: a Prompt
 (services/preprocess/prompt.py; from an OpenAI-shaped body: prompt_from_wire(prompt_from_body(body)),
-services/gateway/prompt_wire.py and services/preprocess/prompt_wire.py)
+services/gateway/frontend/prompt_wire.py and services/preprocess/prompt_wire.py)
 result.text, result.token_ids, result.usage
 """
 

@@ -1,6 +1,6 @@
 """What the gateway does with each kind of node error (services/transport/node_error.py), and the
 HTTP status its client gets: the one table. Nodes report kinds only; classification by kind is in
-services/gateway/failures.py, the pixel resend in services/gateway/stages.py."""
+services/gateway/pipeline/failures.py, the pixel resend in services/gateway/pipeline/stages.py."""
 
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from services.gateway.app import create_app
-from services.gateway.generate_server import GenerateServicer, start_generate_server
-from services.gateway.pipeline import Pipeline
+from services.gateway.frontend.tenants import ApiKeys
+from services.gateway.generate.server import GenerateServicer, start_generate_server
+from services.gateway.http.app import create_app
+from services.gateway.pipeline.pipeline import Pipeline
 from services.gateway.settings import Settings
-from services.gateway.tenants import ApiKeys
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults, read_sampling_defaults
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.policies import make_policy

@@ -59,12 +59,12 @@ class Settings(InternalPlaneSettings):
     max_node_failures: int = 4  # per request, before it fails with 503
     max_num_requests: int = 2048  # choices in flight at this gateway; past it, 429 with Retry-After
     # Vision tokens in flight per live encoder, priced from image headers before anything is
-    # decoded (services/gateway/media_budget.py): past it 429, a request over all of it 413; 0: off.
+    # decoded (services/gateway/frontend/media_budget.py): past it 429, a request over all of it 413; 0: off.
     max_media_tokens_per_encoder: int = 262144
     # Of that budget, the share kept for small requests (those costing at most a quarter of it),
     # so large ones sent back to back never starve them (media_budget.py); 0: none kept.
     media_reserve_fraction: float = 0.25
-    # API keys for the HTTP and Generate APIs (services/gateway/tenants.py); neither: no auth.
+    # API keys for the HTTP and Generate APIs (services/gateway/frontend/tenants.py); neither: no auth.
     api_key: str = ""  # one key, tenant "default"
     api_keys_file: str = ""  # JSON: key -> tenant name, or -> {"tenant": NAME, "shared_cache": BOOL}
     drain_timeout_s: float = 30.0  # on SIGTERM: time open streams get to finish

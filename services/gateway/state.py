@@ -7,13 +7,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from services.gateway.media_budget import DEFAULT_RESERVE_FRACTION, MediaBudget
-from services.gateway.metrics import GatewayMetrics, RoleStats
-from services.gateway.openai_api import Generation
-from services.gateway.pipeline import Pipeline
-from services.gateway.request_limits import DEFAULT_MAX_LOGPROBS
-from services.gateway.request_task import events_in_task
-from services.gateway.token_events import TokenEvent
+from services.gateway.frontend.media_budget import DEFAULT_RESERVE_FRACTION, MediaBudget
+from services.gateway.frontend.openai_api import Generation
+from services.gateway.frontend.request_limits import DEFAULT_MAX_LOGPROBS
+from services.gateway.metrics.metrics import GatewayMetrics, RoleStats
+from services.gateway.pipeline.pipeline import Pipeline
+from services.gateway.pipeline.request_task import events_in_task
+from services.gateway.pipeline.token_events import TokenEvent
 from services.transport.stats_wire import snapshot_of
 from shared.node_metrics import Counter, Gauge, counter, gauge
 from shared.process_stats import node_snapshot

@@ -143,7 +143,7 @@ class FamilyInfo:
     model_types: tuple[str, ...]
     builtin_names: tuple[str, ...]
     # The parser that turns the model's text into tool calls for tool_choice "auto"
-    # (services/gateway/tool_calls.py), or None when the family has none.
+    # (services/gateway/output/tool_calls.py), or None when the family has none.
     tool_call_parser: str | None
     module: str  # the module whose ``FAMILY`` is this family's ModelFamily
 

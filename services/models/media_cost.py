@@ -1,6 +1,6 @@
 """What an image will cost before it is decoded: its placeholder tokens from its size alone.
 
-The gateway prices a request's media before admitting it (services/gateway/media_budget.py),
+The gateway prices a request's media before admitting it (services/gateway/frontend/media_budget.py),
 from image headers, and may not load torch, so the families' processors (which do) hand it one
 of these plain records, as JSON, over the preprocess node's MediaCost call:
 

@@ -11,7 +11,7 @@ An entry lives while a request that sent the image there is before the end of it
 ``linger_s`` more: time for the node's publisher to list the embeddings in the index. It is a hint
 and never a lock. A node that dies mid-encode is no longer a routing candidate, so nothing waits
 on it and the image is encoded again elsewhere; a node hinted to hold an image whose pixels never
-reached it says so, and the gateway pushes them (services/gateway/stages.py). The view is one
+reached it says so, and the gateway pushes them (services/gateway/pipeline/stages.py). The view is one
 gateway's: two gateways that get one new image at the same moment may still both encode it.
 
 Bounded: at most ``max_entries`` images; past that, images no request is waiting on are dropped

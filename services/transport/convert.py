@@ -25,6 +25,6 @@ def item_from_pb(item: pb.MmItem) -> tuple[MmHash, PlaceholderRange, tuple[int, 
 def call_deadline_s(context) -> float | None:
     """A call's gRPC deadline as a time.time() instant (None: the caller set none), for the calls
     it makes in turn: each gets what is left of it, as every call of a request does
-    (services/gateway/pipeline.py)."""
+    (services/gateway/pipeline/pipeline.py)."""
     remaining = context.time_remaining()
     return None if remaining is None else time.time() + remaining

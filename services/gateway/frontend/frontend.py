@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from services.gateway.admission import Admission, Ticket
 from services.gateway.errors import GatewayError
-from services.gateway.media_budget import MediaTicket
-from services.gateway.openai_api import Generation
-from services.gateway.request_limits import RequestLimits
+from services.gateway.frontend.admission import Admission, Ticket
+from services.gateway.frontend.media_budget import MediaTicket
+from services.gateway.frontend.openai_api import Generation
+from services.gateway.frontend.request_limits import RequestLimits
+from services.gateway.pipeline.token_events import TokenEvent
 from services.gateway.state import GatewayState
-from services.gateway.token_events import TokenEvent
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 

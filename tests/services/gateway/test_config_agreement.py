@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.probe_routes import block_size_disagreement
+from services.gateway.http.probe_routes import block_size_disagreement
 from shared.index.cluster_config import ClusterConfig
 from shared.index.types import NodeInfo, NodeState
 

@@ -70,7 +70,7 @@ def test_the_clip_cost_read_from_the_header_bounds_the_tokens_processing_gives(n
     """Exact for Qwen2-VL's sampler where the frames fill whole groups; never below. The Qwen3-VL
     built-in has no video processor file, so transformers gives it Qwen2-VL's rule; the Hub's
     Qwen3-VL layout names Qwen3VLVideoProcessor, whose whole-clip budget the cost follows."""
-    from services.gateway.clip_header import clip_header
+    from services.gateway.frontend.clip_header import clip_header
     from services.preprocess.config import PreprocessConfig
     from services.preprocess.preprocessor import Preprocessor
     from tests.factories import Video, chat_case, make_clip
@@ -93,7 +93,7 @@ def test_the_clip_cost_read_from_the_header_bounds_the_tokens_processing_gives(n
 
 
 def test_a_header_is_read_only_from_iso_media_files():
-    from services.gateway.clip_header import clip_header
+    from services.gateway.frontend.clip_header import clip_header
     from tests.factories import make_clip
 
     assert clip_header(b"") is None and clip_header(b"\x00\x00\x00\x08moov") is None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.error_kinds import KIND_RULES
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.preprocess import errors as E
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.preprocessor import Preprocessor

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.models.builtins.qwen2_tokens import IMAGE_PAD_ID
 from services.preprocess.preprocessor import Preprocessor
 from shared.types import PlaceholderRange

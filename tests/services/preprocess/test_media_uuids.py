@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.preprocess.errors import InvalidRequestError, MediaUuidConflictError, MediaUuidUnboundError
 from services.preprocess.preprocessor import Preprocessor
 from services.preprocess.prompt import ImageInput, Prompt

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.preprocessor import Preprocessor
 from services.preprocess.prompt import Prompt
@@ -73,7 +73,7 @@ def test_a_client_uuid_names_the_image_by_its_content_never_by_itself(preprocess
 
 _CHILD = """
 import json, sys
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.preprocess.prompt import Prompt
 from services.preprocess.preprocessor import Preprocessor
 from services.models.registry import resolve_model

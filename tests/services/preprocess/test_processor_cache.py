@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.models.family import ProcessedImage
 from services.preprocess.preprocessor import Preprocessor
 from services.preprocess.processor_cache import ProcessorCache

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from protos.gen import pb
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.preprocess import errors as E
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.remote_fetch import FetchPolicy, fetch

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from openai import APIStatusError, OpenAI
 
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.preprocess.preprocessor import Preprocessor
 from shared.hashing import MmSpan, block_hashes
 from tests.factories import chat_case, encode_image, make_image

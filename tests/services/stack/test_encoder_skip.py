@@ -17,7 +17,7 @@ import pytest
 from openai import OpenAI
 
 from services.bench.cache_rates import TOWER_RUNS
-from services.gateway.prompt_wire import prompt_for_library
+from services.gateway.frontend.prompt_wire import prompt_for_library
 from services.preprocess.preprocessor import Preprocessor
 from shared.hashing import MmSpan, block_hashes
 from shared.index.types import IndexEvents

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from protos.gen import pb, rpc
-from services.gateway.generate_server import HTTP_STATUS_KEY
+from services.gateway.generate.server import HTTP_STATUS_KEY
 from tests.damaged_media import damaged_clips, damaged_images, lying_clip_headers
 from tests.factories import data_url
 from tests.services.stack.e2e_helpers import client_for, png

@@ -240,7 +240,7 @@ def test_a_required_tool_call_validates_and_a_named_one_streams(stack):
 def test_metrics_carry_vllms_names_with_the_model_name(stack):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from tests.services.gateway.test_metrics import VLLM_NAMES
+    from tests.services.gateway.metrics.test_metrics import VLLM_NAMES
 
     greedy_chat(stack, [{"role": "user", "content": "Count the metrics."}], **_ignore_eos())
     text = httpx.get(root_url(stack) + "/metrics", timeout=30).text

@@ -12,12 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from protos.gen import pb, rpc
-from services.gateway.app import create_app
-from services.gateway.generate_server import HTTP_STATUS_KEY, RETRY_AFTER_KEY, GenerateServicer, start_generate_server
+from services.gateway.generate.server import HTTP_STATUS_KEY, RETRY_AFTER_KEY, GenerateServicer, start_generate_server
+from services.gateway.http.app import create_app
 from services.stack.node_process import free_port
 from tests.factories import image_data_url, make_image
-from tests.services.gateway.test_app import MALFORMED_BODIES
-from tests.services.gateway.test_media_budget import CostingPipeline
+from tests.services.gateway.frontend.test_media_budget import CostingPipeline
+from tests.services.gateway.http.test_app import MALFORMED_BODIES
 
 GRPC_CODE = {
     400: grpc.StatusCode.INVALID_ARGUMENT,

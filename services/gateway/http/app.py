@@ -1,0 +1,126 @@
+"""The OpenAI-compatible HTTP API: a FastAPI app over the Pipeline.
+
+Routes: the API (api_routes.py: POST /v1/chat/completions and /v1/completions, JSON or server-sent
+events when ``stream``, POST /tokenize and /detokenize, GET /v1/models), the probes
+(probe_routes.py: GET /version, /live, /ready, /health and /metrics), and FastAPI's /openapi.json
+and /docs. Every error, request validation included, is OpenAI's error JSON. Every handler is a coroutine on the
+one event loop the pipeline's grpc.aio calls run on; a client that disconnects cancels its
+request's task, and with it the request's work on every node.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette._utils import get_route_path
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.gateway.errors import GatewayError
+from services.gateway.frontend.admission import Admission
+from services.gateway.frontend.frontend import Frontend, ServedModel
+from services.gateway.frontend.media_budget import DEFAULT_RESERVE_FRACTION
+from services.gateway.frontend.request_limits import DEFAULT_MAX_LOGPROBS
+from services.gateway.frontend.tenants import ApiKeys
+from services.gateway.http.api_routes import api_routes, tenant_of
+from services.gateway.http.body_limit import BodyLimitMiddleware
+from services.gateway.http.probe_routes import probe_routes
+from services.gateway.http.unexpected_errors import UnexpectedErrorMiddleware
+from services.gateway.http.validation_errors import validation_error
+from services.gateway.pipeline.pipeline import Pipeline
+from services.gateway.state import GatewayState
+from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
+from shared.version import tessera_version
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+TESSERA_VERSION = tessera_version()
+API_PATHS = ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions")  # counted in tessera_requests_total
+
+
+def create_app(
+    pipeline: Pipeline,
+    *,
+    served_names: tuple[str, ...],
+    default_max_tokens: int,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_num_requests: int = 2048,
+    api_keys: ApiKeys | None = None,
+    model_root: str | None = None,
+    tool_parser: str | None = None,
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+    vllm_metric_names: bool = False,
+    max_media_tokens_per_encoder: int = 0,
+    media_reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+    force_include_usage: bool = False,
+    root_path: str = "",
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+) -> tuple[FastAPI, GatewayState]:
+    """The app: its probes (probe_routes.py) and its API (api_routes.py), behind the body limit
+    and OpenAI-shaped errors (a fault of its own too: unexpected_errors.py). ``model_root``, ``tool_parser``, ``sampling_defaults``: as
+    frontend.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``, ``media_reserve_fraction``,
+    ``force_include_usage``, ``max_logprobs``: GatewayState's. ``root_path``: vLLM's --root-path, the prefix a
+    path-routing proxy serves the API under; the routes answer with and without it, as vLLM's."""
+    if not served_names:
+        raise ValueError("the gateway needs at least one served model name")
+    state = GatewayState(
+        pipeline,
+        served_names,
+        default_max_tokens,
+        int(time.time()),
+        vllm_metric_names=vllm_metric_names,
+        max_media_tokens_per_encoder=max_media_tokens_per_encoder,
+        media_reserve_fraction=media_reserve_fraction,
+        force_include_usage=force_include_usage,
+        max_logprobs=max_logprobs,
+    )
+    app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version=TESSERA_VERSION)
+    if root_path:
+        app.add_middleware(RootPathMiddleware, root_path=root_path)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
+    _add_error_handlers(app, state)
+    # Added last, so outermost of ours: a fault anywhere below is a 500 on a connection that stays usable.
+    app.add_middleware(UnexpectedErrorMiddleware, on_error=lambda scope: _count_api_request(state, scope, 500))
+    app.include_router(probe_routes(state, TESSERA_VERSION))
+    state.frontend = Frontend(state, Admission(max_num_requests), ServedModel(model_root, tool_parser, sampling_defaults))
+    app.include_router(api_routes(state.frontend, tenant_of(api_keys)))
+    return app, state
+
+
+class RootPathMiddleware:
+    """Gives every request the API's ``root_path``. Starlette routes a path under it as the path
+    without it, and any other path as it is, so both spellings reach the routes (as vLLM's
+    --root-path does); uvicorn's own root_path would prefix every path instead."""
+
+    def __init__(self, app, root_path: str) -> None:
+        self.app, self.root_path = app, root_path
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            scope = {**scope, "root_path": self.root_path}
+        await self.app(scope, receive, send)
+
+
+def _count_api_request(state: GatewayState, scope, status: int) -> None:
+    if get_route_path(scope) in API_PATHS:
+        state.metrics.record_request(status)
+
+
+def _add_error_handlers(app: FastAPI, state: GatewayState) -> None:
+    def respond_with(exc: GatewayError, request: Request) -> JSONResponse:
+        _count_api_request(state, request.scope, exc.status)
+        return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        return respond_with(exc, request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return respond_with(validation_error(exc.errors()), request)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = f"no route for {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+        return respond_with(GatewayError(exc.status_code, message), request)

@@ -1,0 +1,119 @@
+"""vLLM request fields whose meaning Tessera does not serve. They are declared, so a request that
+asks for one gets a 400 naming it: an unknown field is accepted and ignored (the
+``tessera-ignored-fields`` header), which is right only for fields that change nothing in the
+output. What a client sends when it asks for nothing (the field's vLLM default, null, or an empty
+list) passes.
+
+The audit against vLLM's request models (chat and text completions, read from vLLM's source as
+committed under benchmarks/peers/vllm_tests/ by tests/services/gateway/protocol/test_unserved_fields.py):
+every field is served, refused here, or changes nothing in the output and is ignored by name
+(OUTPUT_NEUTRAL). vLLM's disaggregation hand-offs are served on chat where they decide the output
+(``kv_transfer_params.prompt_token_ids``: kv_transfer_fields.py) and refused otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from services.gateway.protocol.wire_base import WireModel
+
+# vLLM request fields that change nothing in the output, so they are accepted and ignored (and
+# named in the ``tessera-ignored-fields`` header, as every undeclared field is). Field -> why.
+OUTPUT_NEUTRAL: dict[str, str] = {
+    "request_id": "an id for the server's logs",
+    "session_id": "an id for the server's logs",
+    "stream_interval": "how tokens are grouped into chunks, not which",
+    "include_reasoning": "no served model has a reasoning parser",
+    "routed_experts_prompt_start": "mixture-of-experts models only",
+}
+
+# Field -> the values that ask for nothing.
+SHARED_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
+    "bad_words": (None, []),
+    "priority": (0,),  # as vLLM without priority scheduling
+    "return_token_offsets": (False,),
+    "mm_payload": ("tensors",),
+    "return_mm_kwargs": (None, False),
+    "watermarking": (None,),
+    "repetition_detection": (None,),
+    "thinking_token_budget": (None,),
+    "vllm_xargs": (None, {}),
+    "ec_transfer_params": (None,),
+}
+CHAT_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "add_special_tokens": (False,),  # the template writes any BOS itself
+    "reasoning_effort": (None,),
+    "documents": (None, []),
+    "chat_template": (None,),
+    "media_io_kwargs": (None, {}),
+    "return_prompt_text": (None, False),
+}
+COMPLETION_DEFAULTS: dict[str, tuple[object, ...]] = {
+    "add_special_tokens": (True,),
+    "prompt_embeds": (None,),
+    "kv_transfer_params": (None,),  # a raw prompt's ids are its prompt already (chat: kv_transfer_fields.py)
+}
+
+
+def refuse_asked(model: WireModel, defaults: dict[str, tuple[object, ...]]) -> None:
+    """A 400 (raised as a validation error) naming the first field ``model`` asks something of."""
+    for name, idle in defaults.items():
+        value = getattr(model, name)
+        if value not in idle:
+            raise ValueError(f"{name}={value!r} is not supported by this server (only {idle[0]!r} is)")
+
+
+def _off(name: str, defaults: dict[str, tuple[object, ...]] = SHARED_DEFAULTS):
+    idle = defaults[name]
+    return Field(idle[0], description=f"not served: only {idle[0]!r}" + (" or " + repr(idle[1]) if len(idle) > 1 else ""))
+
+
+class UnservedFields(WireModel):
+    include_stop_str_in_output: bool = _off("include_stop_str_in_output")
+    skip_special_tokens: bool = _off("skip_special_tokens")
+    spaces_between_special_tokens: bool = _off("spaces_between_special_tokens")
+    bad_words: list[str] | None = _off("bad_words")
+    priority: int = _off("priority")
+    return_token_offsets: bool = _off("return_token_offsets")
+    mm_payload: str = _off("mm_payload")
+    return_mm_kwargs: bool | None = _off("return_mm_kwargs")
+    watermarking: Any = _off("watermarking")
+    repetition_detection: Any = _off("repetition_detection")
+    thinking_token_budget: int | None = _off("thinking_token_budget")
+    vllm_xargs: dict[str, Any] | None = _off("vllm_xargs")
+    ec_transfer_params: dict[str, Any] | None = _off("ec_transfer_params")
+
+    @model_validator(mode="after")
+    def _unserved(self) -> UnservedFields:
+        refuse_asked(self, SHARED_DEFAULTS)
+        return self
+
+
+class ChatUnservedFields(WireModel):
+    add_special_tokens: bool = _off("add_special_tokens", CHAT_DEFAULTS)
+    reasoning_effort: str | None = _off("reasoning_effort", CHAT_DEFAULTS)
+    documents: list[dict[str, Any]] | None = _off("documents", CHAT_DEFAULTS)
+    chat_template: str | None = _off("chat_template", CHAT_DEFAULTS)
+    media_io_kwargs: dict[str, Any] | None = _off("media_io_kwargs", CHAT_DEFAULTS)
+    return_prompt_text: bool | None = _off("return_prompt_text", CHAT_DEFAULTS)
+
+    @model_validator(mode="after")
+    def _unserved_in_chat(self) -> ChatUnservedFields:
+        refuse_asked(self, CHAT_DEFAULTS)
+        return self
+
+
+class CompletionUnservedFields(WireModel):
+    add_special_tokens: bool = _off("add_special_tokens", COMPLETION_DEFAULTS)
+    prompt_embeds: Any = _off("prompt_embeds", COMPLETION_DEFAULTS)
+    kv_transfer_params: dict[str, Any] | None = _off("kv_transfer_params", COMPLETION_DEFAULTS)
+
+    @model_validator(mode="after")
+    def _unserved_in_completions(self) -> CompletionUnservedFields:
+        refuse_asked(self, COMPLETION_DEFAULTS)
+        return self
