@@ -13,16 +13,18 @@ from dataclasses import dataclass, replace
 from pydantic import BaseModel, ValidationError
 
 from protos.gen import pb
-from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS, SamplingParams, StructuredOutput
+from services.engine.sampling_params import SamplingParams, StructuredOutput
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.beam_request import BeamSearch, beam_search_of
 from services.gateway.frontend.media_budget import has_media
 from services.gateway.frontend.prompt_wire import chat_prompt, raw_prompt
 from services.gateway.frontend.request_limits import NO_LIMITS, RequestLimits
+from services.gateway.frontend.sampling import prompt_truncation, sampling_params
+from services.gateway.frontend.structured import structured_output
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
 from services.gateway.http.validation_errors import validation_error
 from services.gateway.output.tool_calls import ToolMode, tool_mode_of
-from services.gateway.protocol.beam_fields import BeamSearch
-from services.gateway.protocol.chat import INT64_MIN, ChatCompletionRequest
+from services.gateway.protocol.chat import ChatCompletionRequest
 from services.gateway.protocol.completion import CompletionRequest
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
@@ -79,7 +81,7 @@ def to_chat_request(
         if has_media(prompt):
             raise GatewayError(400, "kv_transfer_params.prompt_token_ids cannot stand for messages with images or videos")
         prompt = raw_prompt(forwarded, [], tenant)
-    structured = request.structured_output()
+    structured = structured_output(request)
     forced = tools.constraint() if tools is not None else None
     if forced is not None and structured is not None:
         raise GatewayError(400, f"tool_choice {tools.kind} constrains the output already; drop the structured output it conflicts with")
@@ -117,7 +119,7 @@ def to_completion_request(
         16 if request.max_tokens is None else max(request.max_tokens, 1),  # echo alone still runs one step
         tenant,
         fit_max_tokens=request.max_tokens is None,
-        structured=request.structured_output(),
+        structured=structured_output(request),
         sampling_defaults=sampling_defaults,
         limits=limits,
     )
@@ -164,7 +166,7 @@ def _fan_out(
     limits: RequestLimits = NO_LIMITS,
 ) -> ApiRequest:
     cache_salt = request_cache_salt(tenant, request.cache_salt)
-    if (truncation := request.truncation(limits.max_model_len)) is not None:
+    if (truncation := prompt_truncation(request, limits.max_model_len)) is not None:
         for prompt in prompts:
             prompt.truncation.CopyFrom(truncation)
     generations = tuple(
@@ -172,7 +174,7 @@ def _fan_out(
             index=prompt_index * request.n + i,
             prompt_index=prompt_index,
             prompt=prompt,
-            sampling=_sampling(request, max_tokens, choice=i, structured=structured, defaults=sampling_defaults, limits=limits),
+            sampling=sampling_params(request, max_tokens, choice=i, structured=structured, defaults=sampling_defaults, limits=limits),
             cache_salt=cache_salt,
             fit_max_tokens=fit_max_tokens,
         )
@@ -189,53 +191,8 @@ def _fan_out(
         tool_mode=tool_mode,
         return_token_ids=request.return_token_ids,
         tokens_as_ids=bool(request.return_tokens_as_token_ids),
-        beam=request.beam_search(max_tokens, fit_max_tokens=fit_max_tokens),
+        beam=beam_search_of(request, max_tokens, fit_max_tokens=fit_max_tokens),
     )
-
-
-def _sampling(
-    request: ChatCompletionRequest | CompletionRequest,
-    max_tokens: int,
-    *,
-    choice: int,
-    structured: StructuredOutput | None,
-    defaults: SamplingDefaults,
-    limits: RequestLimits,
-) -> SamplingParams:
-    seed = None if request.seed is None else choice_seed(request.seed, choice)
-    # The checkpoint's defaults fill the fields the request did not send (vLLM's rule).
-    given = {name: value for name, value in defaults.as_dict().items() if name not in request.model_fields_set}
-    temperature = given.get("temperature", request.temperature)
-    allowed_token_ids, logprob_token_ids = request.named_token_ids()
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=0.0 if temperature < GREEDY_TEMPERATURE_EPS else temperature,
-            top_p=given.get("top_p", request.top_p),
-            top_k=max(int(given.get("top_k", request.top_k)), 0),
-            seed=seed,
-            stop=request.stop_strings(),
-            stop_token_ids=tuple(request.stop_token_ids or ()),
-            ignore_eos=request.ignore_eos,
-            logprobs=limits.logprobs(request.num_logprobs(), "sample logprobs", "logprobs"),
-            prompt_logprobs=limits.logprobs(request.num_prompt_logprobs(), "prompt logprobs", "prompt_logprobs"),
-            presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty,
-            repetition_penalty=given.get("repetition_penalty", request.repetition_penalty),
-            min_p=given.get("min_p", request.min_p),
-            min_tokens=request.min_tokens,
-            logit_bias=request.bias_pairs(),
-            allowed_token_ids=allowed_token_ids,
-            logprob_token_ids=logprob_token_ids,
-            structured=structured,
-        )
-    except ValueError as exc:  # a combination the fields alone cannot check (min_tokens > max_tokens)
-        raise GatewayError(400, str(exc)) from None
-
-
-def choice_seed(seed: int, choice: int) -> int:
-    """Choice i samples with seed + i, wrapped to stay in int64."""
-    return (seed + choice - INT64_MIN) % 2**64 + INT64_MIN
 
 
 def check_model(requested: str | None, served_names: tuple[str, ...]) -> str:

@@ -12,10 +12,11 @@ from protos.gen import pb
 from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_from_pb
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.openai_api import Generation, check_model, choice_seed
+from services.gateway.frontend.openai_api import Generation, check_model
 from services.gateway.frontend.request_limits import NO_LIMITS, RequestLimits
+from services.gateway.frontend.sampling import choice_seed
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
-from services.gateway.protocol.chat import MAX_CHOICES
+from services.gateway.protocol.sampling_request import MAX_CHOICES
 
 
 def typed_generations(

@@ -18,8 +18,9 @@ from services.gateway.frontend.tenants import ApiKeys, Tenant
 from services.gateway.http.responses import respond
 from services.gateway.output.formatters import ChatFormatter, CompletionFormatter, Formatter
 from services.gateway.protocol.batch_chat import BatchChatCompletionRequest, to_batch_chat_request
-from services.gateway.protocol.chat import ChatCompletionRequest, ChatCompletionResponse, ErrorResponse, ModelCard, ModelList
+from services.gateway.protocol.chat import ChatCompletionRequest
 from services.gateway.protocol.completion import CompletionRequest, CompletionResponse
+from services.gateway.protocol.responses import ChatCompletionResponse, ErrorResponse, ModelCard, ModelList
 from services.gateway.protocol.tokens import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from services.gateway.state import GatewayState
 from services.transport.api_key_auth import bearer_token

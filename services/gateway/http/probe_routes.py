@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from services.gateway.protocol.chat import HealthResponse, LiveResponse, NodeRecord, ReadyResponse
+from services.gateway.protocol.responses import HealthResponse, LiveResponse, NodeRecord, ReadyResponse
 from services.gateway.protocol.tokens import VersionResponse
 from services.gateway.state import GatewayState
 from services.router.membership import ROUTED_ROLES

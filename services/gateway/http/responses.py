@@ -28,7 +28,7 @@ from services.gateway.output.formatters import ChoiceResult, Formatter, usage_of
 from services.gateway.pipeline.beam_search import beam_events
 from services.gateway.pipeline.choices import merged_events
 from services.gateway.pipeline.token_events import TokenEvent
-from services.gateway.protocol.chat import Usage
+from services.gateway.protocol.responses import Usage
 from services.gateway.state import GatewayState
 
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from services.gateway.protocol.chat import ChatLogprobs, Usage
+from services.gateway.protocol.responses import ChatLogprobs, Usage
 
 
 class DeltaFunction(BaseModel):

@@ -15,20 +15,19 @@ from pydantic import BaseModel
 from services.gateway.output.chat_chunks import ChatCompletionChunk, ChunkChoice, ChunkDelta, DeltaFunction, DeltaToolCall
 from services.gateway.output.tool_calls import ToolMode, new_call_id
 from services.gateway.pipeline.token_events import PromptLogprobs, TokenLogprob, finite_logprob, token_name
-from services.gateway.protocol.chat import (
+from services.gateway.protocol.chat import ToolCall, ToolCallFunction
+from services.gateway.protocol.completion import CompletionChoice, CompletionLogprobs, CompletionResponse
+from services.gateway.protocol.prompt_logprobs import echoed_logprobs, prompt_logprobs_wire
+from services.gateway.protocol.responses import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionResponse,
     ChatLogprobs,
     ChatTokenLogprob,
     PromptTokensDetails,
-    ToolCall,
-    ToolCallFunction,
     TopLogprob,
     Usage,
 )
-from services.gateway.protocol.completion import CompletionChoice, CompletionLogprobs, CompletionResponse
-from services.gateway.protocol.prompt_logprobs import echoed_logprobs, prompt_logprobs_wire
 
 
 @dataclass(slots=True)

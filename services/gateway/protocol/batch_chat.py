@@ -19,7 +19,8 @@ from services.gateway.frontend.openai_api import ApiRequest, pop_ignored_fields,
 from services.gateway.frontend.request_limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.tenants import Tenant
 from services.gateway.http.validation_errors import validation_error
-from services.gateway.protocol.chat import MAX_CHOICES, ChatCompletionRequest
+from services.gateway.protocol.chat import ChatCompletionRequest
+from services.gateway.protocol.sampling_request import MAX_CHOICES
 from services.gateway.protocol.wire_base import WireModel
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 

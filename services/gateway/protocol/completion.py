@@ -7,14 +7,17 @@ prompts is a batch: each prompt gets ``n`` choices, numbered prompt-major as Ope
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from services.gateway.protocol.chat import INT32_MAX, ImageUuid, NonEmptyStr, SamplingFields, Usage, WireModel
+from services.gateway.protocol.chat import ImageUuid
 from services.gateway.protocol.media_fields import MmProcessorKwargs, VideoRef, needs_source_or_uuid
 from services.gateway.protocol.prompt_logprobs import PromptLogprobsWire
-from services.gateway.protocol.unserved_fields import CompletionUnservedFields
+from services.gateway.protocol.responses import Usage
+from services.gateway.protocol.sampling_request import INT32_MAX, SamplingRequest, check_logprob_token_ids
+from services.gateway.protocol.unserved_fields import COMPLETION_DEFAULTS, off, refuse_asked
+from services.gateway.protocol.wire_base import NonEmptyStr, WireModel
 
 MAX_PROMPTS = 16
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=INT32_MAX)]], Field(min_length=1)]
@@ -47,7 +50,9 @@ def _as_list(value):
     return [] if value is None else value if isinstance(value, list) else [value]
 
 
-class CompletionRequest(SamplingFields, CompletionUnservedFields):
+class CompletionRequest(SamplingRequest):
+    """/v1/completions: the shared fields (sampling_request.py) and the text completion's own."""
+
     prompt: (
         NonEmptyStr
         | TokenIds
@@ -64,6 +69,10 @@ class CompletionRequest(SamplingFields, CompletionUnservedFields):
         None, ge=-1, description="the sampled token's logprob and this many alternatives (at most --max-logprobs, 20; -1: the vocabulary)"
     )
     suffix: None = Field(None, description="not supported")
+    # -- vLLM's, not served: refused unless they ask for nothing (unserved_fields.py)
+    add_special_tokens: bool = off("add_special_tokens", COMPLETION_DEFAULTS)
+    prompt_embeds: Any = off("prompt_embeds", COMPLETION_DEFAULTS)
+    kv_transfer_params: dict[str, Any] | None = off("kv_transfer_params", COMPLETION_DEFAULTS)
 
     @model_validator(mode="before")
     @classmethod
@@ -73,7 +82,13 @@ class CompletionRequest(SamplingFields, CompletionUnservedFields):
         return data
 
     @model_validator(mode="after")
-    def _images_need_one_prompt(self) -> CompletionRequest:
+    def _completion_fields_agree(self) -> CompletionRequest:
+        refuse_asked(self, COMPLETION_DEFAULTS)
+        check_logprob_token_ids(self, self.num_logprobs())
+        if self.logprob_token_ids and self.echo_only:
+            raise ValueError(
+                "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because no output tokens are generated."
+            )
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens 0 needs echo=true (it scores the prompt and generates nothing)")
         if self.multi_modal_data is not None and len(self.prompts()) != 1:

@@ -1,4 +1,4 @@
-"""vLLM's ``prompt_logprobs`` at the HTTP edge: the request field and its limits, and the
+"""vLLM's ``prompt_logprobs`` in responses (the request field: sampling_request.py): the
 response's shape (one entry per prompt token; the first is null, having nothing before it).
 
 Each entry maps token ids to ``{logprob, rank, decoded_token}``: the prompt token itself first,
@@ -9,28 +9,9 @@ are exact on a prefix-cache hit too: a request that asks for them computes its w
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel
 
 from services.gateway.pipeline.token_events import PromptLogprobs, finite_logprob, token_name
-from services.gateway.protocol.wire_base import WireModel
-
-
-class PromptLogprobFields(WireModel):
-    prompt_logprobs: int | None = Field(
-        None,
-        description="each prompt token's logprob and this many alternatives (at most --max-logprobs, 20; -1: all); not with stream",
-    )
-
-    @model_validator(mode="after")
-    def _prompt_logprobs_limits(self) -> PromptLogprobFields:
-        asked = self.prompt_logprobs
-        if asked is None:
-            return self
-        if asked < -1:
-            raise ValueError(f"prompt_logprobs must be a non-negative integer or -1, got {asked}")
-        if getattr(self, "stream", False) and asked > 0:
-            raise ValueError("prompt_logprobs are not available when stream=true")
-        return self
 
 
 class PromptLogprobEntry(BaseModel):

@@ -13,8 +13,10 @@ from pydantic import BaseModel, Field, model_validator
 
 from protos.gen import pb
 from services.gateway.frontend.prompt_wire import chat_prompt, raw_prompt
-from services.gateway.protocol.chat import INT32_MAX, ChatMessage, NonEmptyStr, Tool, WireModel
+from services.gateway.protocol.chat import ChatMessage, Tool
 from services.gateway.protocol.media_fields import MmProcessorKwargs
+from services.gateway.protocol.sampling_request import INT32_MAX
+from services.gateway.protocol.wire_base import NonEmptyStr, WireModel
 
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 

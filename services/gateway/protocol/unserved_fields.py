@@ -1,4 +1,6 @@
-"""vLLM request fields whose meaning Tessera does not serve. They are declared, so a request that
+"""vLLM request fields whose meaning Tessera does not serve: the tables of the values that ask for
+nothing, and how such a field is declared (``off``) and refused (``refuse_asked``); each request
+model declares its own (sampling_request.py, chat.py, completion.py). Declared, a request that
 asks for one gets a 400 naming it: an unknown field is accepted and ignored (the
 ``tessera-ignored-fields`` header), which is right only for fields that change nothing in the
 output. What a client sends when it asks for nothing (the field's vLLM default, null, or an empty
@@ -8,14 +10,12 @@ The audit against vLLM's request models (chat and text completions, read from vL
 committed under benchmarks/peers/vllm_tests/ by tests/services/gateway/protocol/test_unserved_fields.py):
 every field is served, refused here, or changes nothing in the output and is ignored by name
 (OUTPUT_NEUTRAL). vLLM's disaggregation hand-offs are served on chat where they decide the output
-(``kv_transfer_params.prompt_token_ids``: kv_transfer_fields.py) and refused otherwise.
+(``kv_transfer_params.prompt_token_ids``: chat.py) and refused otherwise.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from services.gateway.protocol.wire_base import WireModel
 
@@ -68,52 +68,7 @@ def refuse_asked(model: WireModel, defaults: dict[str, tuple[object, ...]]) -> N
             raise ValueError(f"{name}={value!r} is not supported by this server (only {idle[0]!r} is)")
 
 
-def _off(name: str, defaults: dict[str, tuple[object, ...]] = SHARED_DEFAULTS):
+def off(name: str, defaults: dict[str, tuple[object, ...]] = SHARED_DEFAULTS):
+    """The declaration of an unserved field: its idle value as default, documented as such."""
     idle = defaults[name]
     return Field(idle[0], description=f"not served: only {idle[0]!r}" + (" or " + repr(idle[1]) if len(idle) > 1 else ""))
-
-
-class UnservedFields(WireModel):
-    include_stop_str_in_output: bool = _off("include_stop_str_in_output")
-    skip_special_tokens: bool = _off("skip_special_tokens")
-    spaces_between_special_tokens: bool = _off("spaces_between_special_tokens")
-    bad_words: list[str] | None = _off("bad_words")
-    priority: int = _off("priority")
-    return_token_offsets: bool = _off("return_token_offsets")
-    mm_payload: str = _off("mm_payload")
-    return_mm_kwargs: bool | None = _off("return_mm_kwargs")
-    watermarking: Any = _off("watermarking")
-    repetition_detection: Any = _off("repetition_detection")
-    thinking_token_budget: int | None = _off("thinking_token_budget")
-    vllm_xargs: dict[str, Any] | None = _off("vllm_xargs")
-    ec_transfer_params: dict[str, Any] | None = _off("ec_transfer_params")
-
-    @model_validator(mode="after")
-    def _unserved(self) -> UnservedFields:
-        refuse_asked(self, SHARED_DEFAULTS)
-        return self
-
-
-class ChatUnservedFields(WireModel):
-    add_special_tokens: bool = _off("add_special_tokens", CHAT_DEFAULTS)
-    reasoning_effort: str | None = _off("reasoning_effort", CHAT_DEFAULTS)
-    documents: list[dict[str, Any]] | None = _off("documents", CHAT_DEFAULTS)
-    chat_template: str | None = _off("chat_template", CHAT_DEFAULTS)
-    media_io_kwargs: dict[str, Any] | None = _off("media_io_kwargs", CHAT_DEFAULTS)
-    return_prompt_text: bool | None = _off("return_prompt_text", CHAT_DEFAULTS)
-
-    @model_validator(mode="after")
-    def _unserved_in_chat(self) -> ChatUnservedFields:
-        refuse_asked(self, CHAT_DEFAULTS)
-        return self
-
-
-class CompletionUnservedFields(WireModel):
-    add_special_tokens: bool = _off("add_special_tokens", COMPLETION_DEFAULTS)
-    prompt_embeds: Any = _off("prompt_embeds", COMPLETION_DEFAULTS)
-    kv_transfer_params: dict[str, Any] | None = _off("kv_transfer_params", COMPLETION_DEFAULTS)
-
-    @model_validator(mode="after")
-    def _unserved_in_completions(self) -> CompletionUnservedFields:
-        refuse_asked(self, COMPLETION_DEFAULTS)
-        return self
