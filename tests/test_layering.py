@@ -190,3 +190,24 @@ def test_no_module_or_function_outgrows_its_limit():
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= MAX_FUNCTION_LINES:
                     too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert too_long == []
+
+
+def test_the_gateway_is_laid_out_in_rooms_without_mixins_or_long_modules():
+    """Issue 57's layout: rooms (subfolders) of one concept each, request models without a web of
+    mixins (one flat base at most per class), and no module over 300 lines."""
+    gateway = ROOT / "services/gateway"
+    assert {p.name for p in gateway.iterdir() if p.is_dir() and (p / "__init__.py").exists()} >= {
+        "http",
+        "protocol",
+        "frontend",
+        "pipeline",
+    }
+    found = []
+    for path in sorted(gateway.rglob("*.py")):
+        source = path.read_text()
+        if source.count("\n") > 300:
+            found.append(f"{path.relative_to(ROOT)}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ClassDef) and len(node.bases) > 1:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} mixes {len(node.bases)} bases")
+    assert found == []

@@ -1,5 +1,6 @@
-"""The deployment's limits a request is checked against as it becomes sampling: the model length
-(what ``truncate_prompt_tokens: -1`` keeps) and vLLM's ``--max-logprobs``.
+"""The deployment's limits a request is checked against: as it becomes sampling, the model length
+(what ``truncate_prompt_tokens: -1`` keeps) and vLLM's ``--max-logprobs``; once its prompt is
+tokenized, the context length (check_context_length).
 
 ``--max-logprobs`` caps the alternatives a request may ask per token, for output tokens
 (``logprobs``, ``top_logprobs``) and for prompt tokens (``prompt_logprobs``): 20 by default, as
@@ -43,3 +44,22 @@ class RequestLimits:
 
 
 NO_LIMITS = RequestLimits()  # the defaults: 20 alternatives at most, no model length known
+
+
+# The model's context limit, checked at the gateway as soon as the prompt is tokenized (after the
+# chat template and the image placeholders' expansion), as vLLM does: a prompt plus ``max_tokens``
+# beyond ``max_model_len`` is a 400 ``context_length_exceeded`` naming both numbers, before any
+# prefill or decode node spends work on it. The engines check again (``Engine.check_admissible``)
+# for callers that reach a node without the gateway.
+def check_context_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int, *, param: str) -> None:
+    """``param``: what holds the prompt in the request ("messages" or "prompt"), as OpenAI names it."""
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        raise GatewayError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested {total} tokens "
+            f"({num_prompt_tokens} in the {param}, {max_tokens} in the completion). "
+            f"Please reduce the length of the {param} or completion.",
+            code="context_length_exceeded",
+            param=param,
+        )

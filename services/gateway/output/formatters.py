@@ -13,19 +13,16 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from services.gateway.output.chat_chunks import ChatCompletionChunk, ChunkChoice, ChunkDelta, DeltaFunction, DeltaToolCall
+from services.gateway.output.logprobs import chat_logprobs, completion_logprobs, echoed_logprobs, prompt_logprobs_wire
 from services.gateway.output.tool_calls import ToolMode, new_call_id
-from services.gateway.pipeline.token_events import PromptLogprobs, TokenLogprob, finite_logprob, token_name
+from services.gateway.pipeline.token_events import PromptLogprobs, TokenLogprob
 from services.gateway.protocol.chat import ToolCall, ToolCallFunction
 from services.gateway.protocol.completion import CompletionChoice, CompletionLogprobs, CompletionResponse
-from services.gateway.protocol.prompt_logprobs import echoed_logprobs, prompt_logprobs_wire
 from services.gateway.protocol.responses import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionResponse,
-    ChatLogprobs,
-    ChatTokenLogprob,
     PromptTokensDetails,
-    TopLogprob,
     Usage,
 )
 
@@ -112,7 +109,7 @@ class ChatFormatter:
         return _chat_chunk(request_id, model, [ChunkChoice(index=index, delta=delta)])
 
     def delta(self, request_id: str, model: str, result: ChoiceResult, text: str, num_new_logprobs: int) -> ChatCompletionChunk:
-        logprobs = _chat_logprobs(result, num_new_logprobs, self.tokens_as_ids)
+        logprobs = chat_logprobs(result.logprobs, num_new_logprobs, self.tokens_as_ids)
         delta, finish_reason = ChunkDelta(content=text or None), result.finish_reason
         if self.tool_mode is not None:
             delta, finish_reason = self._tool_delta(result)
@@ -136,7 +133,7 @@ class ChatFormatter:
                 content = echo + parsed.content if parsed.content is not None else echo or None
                 message = AssistantMessage(content=content, tool_calls=calls)
                 finish_reason = parsed.finish_reason or finish_reason
-            logprobs = _chat_logprobs(c, len(c.logprobs or ()), self.tokens_as_ids)
+            logprobs = chat_logprobs(c.logprobs, len(c.logprobs or ()), self.tokens_as_ids)
             ids = c.token_ids if self.return_token_ids else None
             out.append(ChatChoice(index=c.index, message=message, finish_reason=finish_reason, logprobs=logprobs, token_ids=ids))
         # One prompt's ids and logprobs go on the response; the batch endpoint's several have none.
@@ -237,7 +234,7 @@ class CompletionFormatter:
 
     def _logprobs(self, result: ChoiceResult, num_last: int, echoing: bool) -> CompletionLogprobs | None:
         """The last ``num_last`` output logprobs, after the echoed prompt's when ``echoing``."""
-        output = _completion_logprobs(result, num_last, self.tokens_as_ids)
+        output = completion_logprobs(result.logprobs, result.text_offsets, num_last, self.tokens_as_ids)
         if not echoing or output is None or result.prompt_logprobs is None:
             return output
         texts, names, values, tops = echoed_logprobs(result.prompt_logprobs, self.tokens_as_ids)
@@ -269,41 +266,3 @@ def usage_of(choices: list[ChoiceResult]) -> Usage:
 
 def _chat_chunk(request_id: str, model: str, choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
     return ChatCompletionChunk(id=request_id, created=int(time.time()), model=model, choices=choices, usage=usage)
-
-
-def _chat_logprobs(result: ChoiceResult, num_last: int, as_ids: bool) -> ChatLogprobs | None:
-    if result.logprobs is None:
-        return None
-    picked = result.logprobs[len(result.logprobs) - num_last :]
-    content = []
-    for lp in picked:
-        name = token_name(lp.token_id, lp.token, as_ids)
-        top = [_top_logprob(token_name(i, t, as_ids), v) for i, t, v in lp.top]
-        content.append(ChatTokenLogprob(token=name, logprob=finite_logprob(lp.logprob), bytes=list(name.encode()), top_logprobs=top))
-    return ChatLogprobs(content=content)
-
-
-def _top_logprob(name: str, value: float) -> TopLogprob:
-    return TopLogprob(token=name, logprob=finite_logprob(value), bytes=list(name.encode()))
-
-
-def _completion_logprobs(result: ChoiceResult, num_last: int, as_ids: bool) -> CompletionLogprobs | None:
-    if result.logprobs is None:
-        return None
-    start = len(result.logprobs) - num_last
-    picked = result.logprobs[start:]
-    return CompletionLogprobs(
-        tokens=[token_name(lp.token_id, lp.token, as_ids) for lp in picked],
-        token_logprobs=[finite_logprob(lp.logprob) for lp in picked],
-        top_logprobs=[_top_with_sampled(lp, as_ids) for lp in picked],
-        text_offset=result.text_offsets[start:],
-    )
-
-
-def _top_with_sampled(logprob: TokenLogprob, as_ids: bool) -> dict[str, float]:
-    """The sampled token first, then the most likely ones (k or k + 1 entries), as vLLM and the
-    legacy OpenAI API give them."""
-    top = {token_name(logprob.token_id, logprob.token, as_ids): finite_logprob(logprob.logprob)}
-    for token_id, token, value in logprob.top:
-        top.setdefault(token_name(token_id, token, as_ids), finite_logprob(value))
-    return top

@@ -41,6 +41,7 @@ from protos.gen import pb
 from services.engine.config import EngineConfig
 from services.engine.sampling_params import SamplingParams
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.request_limits import check_context_length
 from services.gateway.pipeline.call_watchdog import CallWatchdog
 from services.gateway.pipeline.failures import Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
 from services.gateway.pipeline.request_run import Attempt, RequestRun
@@ -54,26 +55,8 @@ from services.transport.internal_channel import ROLE_TO_STUB, internal_channel
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
-# The model's context limit, checked at the gateway as soon as the prompt is tokenized (after the
-# chat template and the image placeholders' expansion), as vLLM does: a prompt plus ``max_tokens``
-# beyond ``max_model_len`` is a 400 ``context_length_exceeded`` naming both numbers, before any
-# prefill or decode node spends work on it. The engines check again (``Engine.check_admissible``)
-# for callers that reach a node without the gateway.
+# The context limit when no node has said the model's (check_context_length: frontend/request_limits.py).
 DEFAULT_MAX_MODEL_LEN = EngineConfig().max_model_len
-
-
-def check_context_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int, *, param: str) -> None:
-    """``param``: what holds the prompt in the request ("messages" or "prompt"), as OpenAI names it."""
-    total = num_prompt_tokens + max_tokens
-    if total > max_model_len:
-        raise GatewayError(
-            400,
-            f"This model's maximum context length is {max_model_len} tokens. However, you requested {total} tokens "
-            f"({num_prompt_tokens} in the {param}, {max_tokens} in the completion). "
-            f"Please reduce the length of the {param} or completion.",
-            code="context_length_exceeded",
-            param=param,
-        )
 
 
 class Pipeline:
@@ -183,7 +166,8 @@ class Pipeline:
                     if lacking:
                         await self.stages.push_images(attempt, lacking)
                     prefill = await self.stages.prefill(attempt)
-                _trace_prefill(attempt.prep, prefill)
+                cached, pulled = prefill.num_cached_tokens, prefill.num_pulled_tokens
+                trace.get_current_span().set_attributes({"tessera.prefill.cached_tokens": cached, "tessera.prefill.pulled_tokens": pulled})
                 with self.membership.in_flight(attempt.route.decode):
                     async for event in self.stages.decode(attempt, prefill):
                         run.emitted.extend(event.token_ids)
@@ -298,14 +282,9 @@ class Pipeline:
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
         with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
+            prompt_ids, exclude = list(prep.prompt_token_ids), frozenset(excluded)
             route = await self.router.route(
-                list(prep.prompt_token_ids),
-                images,
-                cache_salt,
-                block_hashes=hashes,
-                exclude=frozenset(excluded),
-                reserve=True,
-                reuse_prefix=reuse_prefix,
+                prompt_ids, images, cache_salt, block_hashes=hashes, exclude=exclude, reserve=True, reuse_prefix=reuse_prefix
             )
             num_prompt_tokens = len(prep.prompt_token_ids)
             span.set_attributes(
@@ -315,12 +294,3 @@ class Pipeline:
             observe(route)
         held = route.images_on_encoder | route.images_on_prefill | route.image_to_source.keys() | route.images_covered
         return route, [h for h, _ in images if h not in held]
-
-
-def _trace_prefill(prep: pb.PreprocessResponse, prefill: pb.PrefillResponse) -> None:
-    trace.get_current_span().set_attributes(
-        {
-            "tessera.prefill.cached_tokens": prefill.num_cached_tokens,
-            "tessera.prefill.pulled_tokens": prefill.num_pulled_tokens,
-        }
-    )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from services.gateway.output.formatters import ChatFormatter, ChoiceResult, CompletionFormatter, usage_of
+from services.gateway.output.logprobs import prompt_logprobs_wire
 from services.gateway.pipeline.token_events import PromptLogprobs, PromptTokenLogprob, TokenLogprob
-from services.gateway.protocol.prompt_logprobs import prompt_logprobs_wire
 
 
 def test_usage_counts_each_prompt_once_and_every_choice_completion():
