@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from services.gateway.frontend.prompt_wire import prompt_for_library
-    from services.gateway.http.validation_errors import validation_error
+    from services.gateway.protocol.validation_errors import validation_error
     from services.preprocess.preprocessor import Preprocessor
 
     try:

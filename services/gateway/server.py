@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from services.gateway.frontend.config import FrontendConfig, ServedModel
 from services.gateway.frontend.tenants import ApiKeys
 from services.gateway.generate.server import GenerateServicer, start_generate_server
 from services.gateway.http.app import create_app
@@ -106,23 +107,10 @@ async def _serve(
     api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size, max_model_len=max_model_len)
     await pipeline.membership.start()
-    app, state = create_app(
-        pipeline,
-        served_names=served_names,
-        default_max_tokens=config.default_max_tokens,
-        max_num_requests=config.max_num_requests,
-        api_keys=api_keys,
-        model_root=config.model,
-        tool_parser=tool_parser,
-        sampling_defaults=sampling_defaults,
-        vllm_metric_names=config.vllm_metric_names,
-        max_media_tokens_per_encoder=config.max_media_tokens_per_encoder,
-        media_reserve_fraction=config.media_reserve_fraction,
-        force_include_usage=config.enable_force_include_usage,
-        root_path=config.root_path,
-        max_logprobs=config.max_logprobs,
-    )
-    generate = await start_generate_server(GenerateServicer(state.frontend), config.generate_address, api_keys=api_keys)
+    model = ServedModel(config.model, tool_parser, sampling_defaults)
+    app, frontend = create_app(pipeline, FrontendConfig.from_settings(config, served_names, model), api_keys=api_keys)
+    state = frontend.state
+    generate = await start_generate_server(GenerateServicer(frontend), config.generate_address, api_keys=api_keys)
     try:
         await _serve_until_drained(config, app, state, generate)
     finally:

@@ -1,15 +1,14 @@
-"""What the HTTP gateway's handlers share: the pipeline, the served model, metrics, the draining
-flag, and the one way a choice's token events are produced (in a task of its own)."""
+"""What the gateway's doors share: the pipeline, the configuration, metrics, the media budget, the
+draining flag, and the one way a choice's token events are produced (in a task of its own)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from services.gateway.frontend.media_budget import DEFAULT_RESERVE_FRACTION, MediaBudget
+from services.gateway.frontend.config import FrontendConfig
+from services.gateway.frontend.media_budget import MediaBudget
 from services.gateway.frontend.openai_api import Generation
-from services.gateway.frontend.request_limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.metrics.metrics import GatewayMetrics, RoleStats
 from services.gateway.pipeline.pipeline import Pipeline
 from services.gateway.pipeline.request_task import events_in_task
@@ -17,9 +16,6 @@ from services.gateway.pipeline.token_events import TokenEvent
 from services.transport.stats_wire import snapshot_of
 from shared.node_metrics import Counter, Gauge, counter, gauge
 from shared.process_stats import node_snapshot
-
-if TYPE_CHECKING:  # the Frontend holds this state: a type only, or the import would be a cycle
-    from services.gateway.frontend.frontend import Frontend
 
 
 @dataclass(slots=True)
@@ -49,25 +45,19 @@ class GatewayNodeMetrics:
 @dataclass(slots=True)
 class GatewayState:
     pipeline: Pipeline
-    served_names: tuple[str, ...]  # the names the API answers to; the first is the default
-    default_max_tokens: int
-    started: int
+    config: FrontendConfig
+    started: int  # when the gateway started (unix seconds): /v1/models' created
     metrics: GatewayMetrics = field(init=False)
     draining: bool = False
-    vllm_metric_names: bool = False  # the vLLM-named families under vllm: too (metrics.py)
     num_in_flight: int = 0  # choices whose pipeline run is in progress
-    max_media_tokens_per_encoder: int = 0  # the media budget (media_budget.py); 0: none
-    media_reserve_fraction: float = DEFAULT_RESERVE_FRACTION  # of it, kept for small requests
-    force_include_usage: bool = False  # every stream carries the usage on every chunk (vLLM's flag)
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # vLLM's --max-logprobs (request_limits.py); -1: the vocabulary
     media: MediaBudget = field(init=False)
-    frontend: Frontend | None = None  # every door's guards (frontend/frontend.py), set by create_app
     own_metrics: GatewayNodeMetrics = field(init=False, default_factory=GatewayNodeMetrics)
     _scraped: RoleStats = field(default_factory=dict)  # the metrics the next render reports
 
     def __post_init__(self) -> None:
+        config = self.config
         self.metrics = GatewayMetrics(
-            lambda: self._scraped, lambda: float(self.num_in_flight), model_name=self.served_names[0], vllm_names=self.vllm_metric_names
+            lambda: self._scraped, lambda: float(self.num_in_flight), model_name=config.served_names[0], vllm_names=config.vllm_metric_names
         )
         self.pipeline.route_observers.append(lambda route: self.metrics.record_route(route.decision_s))
         pipeline, own = self.pipeline, self.own_metrics
@@ -80,11 +70,11 @@ class GatewayState:
         own.num_cover_fallbacks.read_from(lambda: pipeline.stages.num_cover_fallbacks)
         own.index_breaker_open.read_from(self._index_breaker_open)
         media = self.media = MediaBudget(
-            self.max_media_tokens_per_encoder,
+            self.config.max_media_tokens_per_encoder,
             lambda: len(pipeline.membership.nodes("encoder")),
             lambda: pipeline.media_cost_json(),
             lambda: pipeline.tower_seconds_per_token(),
-            reserve_fraction=self.media_reserve_fraction,
+            reserve_fraction=self.config.media_reserve_fraction,
         )
         own.media_cost_inflight.read_from(lambda: media.num_in_flight)
         own.media_tower_seconds_inflight.read_from(lambda: media.tower_seconds_in_flight)

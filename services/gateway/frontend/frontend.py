@@ -1,36 +1,32 @@
 """The front door every API shares: built once per gateway, it owns the guards a request meets
-before any node sees it, so the HTTP routes and gRPC Generate apply the same ones:
+before any node sees it and the rules that turn it into pipeline runs, so the HTTP routes and
+gRPC Generate apply the same ones:
   * draining: a gateway that is draining takes no new request (503);
   * request limits: ``--max-logprobs`` and the model length (request_limits.py);
   * admission: choices in flight at this gateway (admission.py, 429);
   * the media budget: vision tokens in flight at the encoders (media_budget.py, 413 / 429);
-  * the served model's defaults: its names, the checkpoint's sampling defaults, the default
-    max_tokens, the family's tool parser.
-A door converts its wire format to the pipeline's Generations, asks the Frontend for its limits
-and its admission, and turns the events back into its wire format."""
+  * the served model's names and defaults: the checkpoint's sampling defaults, the default
+    max_tokens, the family's tool parser (config.py), applied by openai_api.py's conversions;
+  * tenant scoping of cache salts and media uuids (tenants.py, in the same conversions).
+A door converts its wire format to a request here and the events back to its wire format."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.admission import Admission, Ticket
+from services.gateway.frontend.config import FrontendConfig, ServedModel
 from services.gateway.frontend.media_budget import MediaTicket
-from services.gateway.frontend.openai_api import Generation
+from services.gateway.frontend.openai_api import ApiRequest, Generation, to_chat_request, to_completion_request
 from services.gateway.frontend.request_limits import RequestLimits
+from services.gateway.frontend.tenants import Tenant
 from services.gateway.pipeline.token_events import TokenEvent
+from services.gateway.protocol.chat import ChatCompletionRequest
+from services.gateway.protocol.completion import CompletionRequest
 from services.gateway.state import GatewayState
-from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
-
-
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    """What the API says of the model it serves and how it fills a request."""
-
-    model_root: str | None = None  # what --model named (a built-in, a path): /v1/models' root
-    tool_parser: str | None = None  # the family's tool-call parser (tool_calls.py), if it has one
-    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # the checkpoint's generation-config defaults
 
 
 @dataclass(slots=True)
@@ -50,16 +46,17 @@ class Admitted:
 
 
 class Frontend:
-    def __init__(self, state: GatewayState, admission: Admission, model: ServedModel) -> None:
-        self.state, self.admission, self.model = state, admission, model
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+        self.admission = Admission(state.config.max_num_requests)
 
     @property
-    def served_names(self) -> tuple[str, ...]:
-        return self.state.served_names
+    def config(self) -> FrontendConfig:
+        return self.state.config
 
     @property
-    def default_max_tokens(self) -> int:
-        return self.state.default_max_tokens
+    def model(self) -> ServedModel:
+        return self.state.config.model
 
     def check_open(self) -> None:
         if self.state.draining:
@@ -68,11 +65,32 @@ class Frontend:
     async def limits(self, *asked: object) -> RequestLimits:
         """The deployment's limits; the vocabulary's size (asked of a node once) when a request
         asks for the whole vocabulary (-1) or the cap is the vocabulary."""
-        state = self.state
+        pipeline, max_logprobs = self.state.pipeline, self.config.max_logprobs
         vocab_size = None
-        if state.max_logprobs == -1 or -1 in asked:
-            vocab_size = (await state.pipeline.model_info()).vocab_size
-        return RequestLimits(state.pipeline.max_model_len, state.max_logprobs, vocab_size)
+        if max_logprobs == -1 or -1 in asked:
+            vocab_size = (await pipeline.model_info()).vocab_size
+        return RequestLimits(pipeline.max_model_len, max_logprobs, vocab_size)
+
+    async def chat(self, request: ChatCompletionRequest, tenant: Tenant | None) -> ApiRequest:
+        config = self.config
+        return to_chat_request(
+            request,
+            served_names=config.served_names,
+            default_max_tokens=config.default_max_tokens,
+            tenant=tenant,
+            tool_parser=config.model.tool_parser,
+            sampling_defaults=config.model.sampling_defaults,
+            limits=await self.limits(request.top_logprobs, request.prompt_logprobs),
+        )
+
+    async def completion(self, request: CompletionRequest, tenant: Tenant | None) -> ApiRequest:
+        return to_completion_request(
+            request,
+            served_names=self.config.served_names,
+            tenant=tenant,
+            sampling_defaults=self.config.model.sampling_defaults,
+            limits=await self.limits(request.logprobs, request.prompt_logprobs),
+        )
 
     async def admit(self, generations: tuple[Generation, ...]) -> Admitted:
         """Admit the request's choices, then price and admit its media; a refusal of either
@@ -89,3 +107,6 @@ class Frontend:
     def events(self, generation: Generation, *, stream: bool, request_id: str | None = None) -> AsyncIterator[TokenEvent]:
         """One choice's token events, counted in flight; closing the iterator cancels its work."""
         return self.state.events(generation, stream=stream, request_id=request_id)
+
+    async def tokenize(self, prompt: pb.PromptInput) -> list[int]:
+        return list((await self.state.pipeline.tokenize(prompt)).prompt_token_ids)

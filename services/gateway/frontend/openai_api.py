@@ -22,10 +22,10 @@ from services.gateway.frontend.request_limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.sampling import prompt_truncation, sampling_params
 from services.gateway.frontend.structured import structured_output
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
-from services.gateway.http.validation_errors import validation_error
 from services.gateway.output.tool_calls import ToolMode, tool_mode_of
 from services.gateway.protocol.chat import ChatCompletionRequest
 from services.gateway.protocol.completion import CompletionRequest
+from services.gateway.protocol.validation_errors import validation_error
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 log = logging.getLogger("tessera.gateway")
@@ -125,6 +125,17 @@ def to_completion_request(
     )
 
 
+def chat_body(body: object, route: str) -> ChatCompletionRequest:
+    """A raw JSON chat body (the Generate API's request_json) validated as HTTP validates it,
+    its unknown fields logged and dropped."""
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc.errors()) from None
+    report_ignored_fields(request, route)
+    return request
+
+
 def parse_chat_request(
     body: object,
     *,
@@ -135,14 +146,9 @@ def parse_chat_request(
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     limits: RequestLimits = NO_LIMITS,
 ) -> ApiRequest:
-    """A raw JSON body (the Generate API's request_json) through the same model as HTTP."""
-    try:
-        request = ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(exc.errors()) from None
-    report_ignored_fields(request, "Generate")
+    """A raw JSON chat body through the same model as HTTP, to pipeline runs."""
     return to_chat_request(
-        request,
+        chat_body(body, "Generate"),
         served_names=served_names,
         default_max_tokens=default_max_tokens,
         tenant=tenant,

@@ -16,7 +16,7 @@ import grpc
 from protos.gen import pb, rpc
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.frontend import Admitted, Frontend
-from services.gateway.frontend.openai_api import Generation, parse_chat_request
+from services.gateway.frontend.openai_api import Generation, chat_body
 from services.gateway.frontend.tenants import ApiKeys
 from services.gateway.generate.typed import typed_generations
 from services.gateway.pipeline.choices import merged_events
@@ -70,11 +70,11 @@ class GenerateServicer(rpc.GenerateServicer):
         frontend = self.frontend
         frontend.check_open()
         if request.HasField("prompt"):
-            sampling = request.sampling
+            sampling, config = request.sampling, frontend.config
             asked = [getattr(sampling, name) for name in ("logprobs", "prompt_logprobs") if sampling.HasField(name)]
             limits = await frontend.limits(*asked)
             return typed_generations(
-                request, served_names=frontend.served_names, default_max_tokens=frontend.default_max_tokens, tenant=tenant, limits=limits
+                request, served_names=config.served_names, default_max_tokens=config.default_max_tokens, tenant=tenant, limits=limits
             )
         if request.request_json:
             return f"gen-{uuid.uuid4().hex}", await self._from_json(request.request_json, tenant)
@@ -90,16 +90,7 @@ class GenerateServicer(rpc.GenerateServicer):
             raise GatewayError(400, "request_json nests too deeply to be a chat body") from None
         if not isinstance(body, dict):
             raise GatewayError(400, "request_json must be a JSON object: the /v1/chat/completions body")
-        frontend = self.frontend
-        parsed = parse_chat_request(
-            body,
-            served_names=frontend.served_names,
-            default_max_tokens=frontend.default_max_tokens,
-            tenant=tenant,
-            tool_parser=frontend.model.tool_parser,
-            sampling_defaults=frontend.model.sampling_defaults,
-            limits=await frontend.limits(body.get("top_logprobs"), body.get("prompt_logprobs")),
-        )
+        parsed = await self.frontend.chat(chat_body(body, "Generate"), tenant)
         if parsed.beam is not None:
             raise GatewayError(400, "use_beam_search is served on /v1/chat/completions and /v1/completions, not on Generate")
         return parsed.generations

@@ -19,73 +19,41 @@ from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.admission import Admission
-from services.gateway.frontend.frontend import Frontend, ServedModel
-from services.gateway.frontend.media_budget import DEFAULT_RESERVE_FRACTION
-from services.gateway.frontend.request_limits import DEFAULT_MAX_LOGPROBS
+from services.gateway.frontend.config import FrontendConfig
+from services.gateway.frontend.frontend import Frontend
 from services.gateway.frontend.tenants import ApiKeys
-from services.gateway.http.api_routes import api_routes, tenant_of
+from services.gateway.http.api_routes import api_router
 from services.gateway.http.body_limit import BodyLimitMiddleware
 from services.gateway.http.probe_routes import probe_routes
 from services.gateway.http.unexpected_errors import UnexpectedErrorMiddleware
-from services.gateway.http.validation_errors import validation_error
 from services.gateway.pipeline.pipeline import Pipeline
+from services.gateway.protocol.validation_errors import validation_error
 from services.gateway.state import GatewayState
-from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 from shared.version import tessera_version
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
 TESSERA_VERSION = tessera_version()
 API_PATHS = ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions")  # counted in tessera_requests_total
 
 
-def create_app(
-    pipeline: Pipeline,
-    *,
-    served_names: tuple[str, ...],
-    default_max_tokens: int,
-    max_body_bytes: int = MAX_BODY_BYTES,
-    max_num_requests: int = 2048,
-    api_keys: ApiKeys | None = None,
-    model_root: str | None = None,
-    tool_parser: str | None = None,
-    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
-    vllm_metric_names: bool = False,
-    max_media_tokens_per_encoder: int = 0,
-    media_reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
-    force_include_usage: bool = False,
-    root_path: str = "",
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS,
-) -> tuple[FastAPI, GatewayState]:
-    """The app: its probes (probe_routes.py) and its API (api_routes.py), behind the body limit
-    and OpenAI-shaped errors (a fault of its own too: unexpected_errors.py). ``model_root``, ``tool_parser``, ``sampling_defaults``: as
-    frontend.ServedModel's fields; ``vllm_metric_names``, ``max_media_tokens_per_encoder``, ``media_reserve_fraction``,
-    ``force_include_usage``, ``max_logprobs``: GatewayState's. ``root_path``: vLLM's --root-path, the prefix a
-    path-routing proxy serves the API under; the routes answer with and without it, as vLLM's."""
-    if not served_names:
-        raise ValueError("the gateway needs at least one served model name")
-    state = GatewayState(
-        pipeline,
-        served_names,
-        default_max_tokens,
-        int(time.time()),
-        vllm_metric_names=vllm_metric_names,
-        max_media_tokens_per_encoder=max_media_tokens_per_encoder,
-        media_reserve_fraction=media_reserve_fraction,
-        force_include_usage=force_include_usage,
-        max_logprobs=max_logprobs,
-    )
+def create_app(pipeline: Pipeline, config: FrontendConfig, *, api_keys: ApiKeys | None = None) -> tuple[FastAPI, Frontend]:
+    """The app and the Frontend it serves from (gRPC Generate is built on the same one): its
+    probes (probe_routes.py) and its API (api_routes.py), behind the body limit and OpenAI-shaped
+    errors (a fault of its own too: unexpected_errors.py). ``config.root_path``: vLLM's
+    --root-path, the prefix a path-routing proxy serves the API under; the routes answer with and
+    without it, as vLLM's."""
+    frontend = Frontend(GatewayState(pipeline, config, int(time.time())))
+    state = frontend.state
     app = FastAPI(title="Tessera", summary="OpenAI-compatible serving of vision-language models", version=TESSERA_VERSION)
-    if root_path:
-        app.add_middleware(RootPathMiddleware, root_path=root_path)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
+    app.state.frontend, app.state.api_keys = frontend, api_keys  # what the API's handlers depend on (api_routes.py)
+    if config.root_path:
+        app.add_middleware(RootPathMiddleware, root_path=config.root_path)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes, on_reject=lambda: state.metrics.record_request(413))
     _add_error_handlers(app, state)
     # Added last, so outermost of ours: a fault anywhere below is a 500 on a connection that stays usable.
     app.add_middleware(UnexpectedErrorMiddleware, on_error=lambda scope: _count_api_request(state, scope, 500))
     app.include_router(probe_routes(state, TESSERA_VERSION))
-    state.frontend = Frontend(state, Admission(max_num_requests), ServedModel(model_root, tool_parser, sampling_defaults))
-    app.include_router(api_routes(state.frontend, tenant_of(api_keys)))
-    return app, state
+    app.include_router(api_router)
+    return app, frontend
 
 
 class RootPathMiddleware:

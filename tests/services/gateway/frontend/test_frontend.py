@@ -13,11 +13,10 @@ from fastapi.testclient import TestClient
 
 from protos.gen import pb, rpc
 from services.gateway.generate.server import HTTP_STATUS_KEY, RETRY_AFTER_KEY, GenerateServicer, start_generate_server
-from services.gateway.http.app import create_app
 from services.stack.node_process import free_port
 from tests.factories import image_data_url, make_image
 from tests.services.gateway.frontend.test_media_budget import CostingPipeline
-from tests.services.gateway.http.test_app import MALFORMED_BODIES
+from tests.services.gateway.http.test_app import MALFORMED_BODIES, gateway_for
 
 GRPC_CODE = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -32,7 +31,8 @@ class Doors:
 
     def __init__(self, **settings) -> None:
         self.pipeline = CostingPipeline()
-        app, self.state = create_app(self.pipeline, served_names=("tiny",), default_max_tokens=8, **settings)
+        app, self.frontend = gateway_for(self.pipeline, default_max_tokens=8, **settings)
+        self.state = self.frontend.state
         self.http = TestClient(app)
 
     def post(self, image_url: str | None = None, **fields) -> tuple[int, dict, dict]:
@@ -52,7 +52,7 @@ class Doors:
         address = f"127.0.0.1:{free_port()}"
 
         async def call():
-            server = await start_generate_server(GenerateServicer(self.state.frontend), address)
+            server = await start_generate_server(GenerateServicer(self.frontend), address)
             try:
                 async with grpc.aio.insecure_channel(address) as channel:
                     return [c async for c in rpc.GenerateStub(channel).Generate(request, timeout=10)]

@@ -116,7 +116,7 @@ def test_completion_prompts_become_prompt_inputs_numbered_prompt_major():
 def test_invalid_completion_requests(body, param, text):
     from pydantic import ValidationError
 
-    from services.gateway.http.validation_errors import validation_error
+    from services.gateway.protocol.validation_errors import validation_error
 
     with pytest.raises(ValidationError) as info:
         CompletionRequest.model_validate(body)

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protos.gen import pb
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.config import FrontendConfig, ServedModel
 from services.gateway.http import probe_routes
 from services.gateway.http.app import create_app
 from services.gateway.pipeline.token_events import TokenEvent
@@ -86,14 +87,20 @@ class FakePipeline:
             )
 
 
-def client_for(pipeline: FakePipeline, **kwargs) -> tuple[TestClient, object]:
-    app, state = create_app(pipeline, served_names=("tiny",), default_max_tokens=16, **kwargs)
-    return TestClient(app), state
+def gateway_for(pipeline: FakePipeline, served_names=("tiny",), default_max_tokens: int = 16, api_keys=None, **settings):
+    """create_app over ``pipeline``: ``settings`` are FrontendConfig's fields, or ServedModel's."""
+    model = ServedModel(**{k: settings.pop(k) for k in ("model_root", "tool_parser", "sampling_defaults") if k in settings})
+    return create_app(pipeline, FrontendConfig(served_names, default_max_tokens, model, **settings), api_keys=api_keys)
 
 
-def frontend_for(pipeline: FakePipeline, default_max_tokens: int = 16, **kwargs):
+def client_for(pipeline: FakePipeline, **settings) -> tuple[TestClient, object]:
+    app, frontend = gateway_for(pipeline, **settings)
+    return TestClient(app), frontend.state
+
+
+def frontend_for(pipeline: FakePipeline, default_max_tokens: int = 16, **settings):
     """The gateway's Frontend over ``pipeline`` (what gRPC Generate is built on), as create_app makes it."""
-    return create_app(pipeline, served_names=("tiny",), default_max_tokens=default_max_tokens, **kwargs)[1].frontend
+    return gateway_for(pipeline, default_max_tokens=default_max_tokens, **settings)[1]
 
 
 def test_the_official_client_gets_completions_and_streams():
@@ -399,7 +406,7 @@ def test_past_the_admission_limit_a_request_gets_a_429_with_retry_after():
 
 
 def test_every_served_model_name_is_listed_and_answers_under_its_own_name():
-    app, _ = create_app(FakePipeline(), served_names=("qwen2-vl", "default-vlm"), default_max_tokens=4, model_root="/models/qwen2-vl")
+    app, _ = gateway_for(FakePipeline(), served_names=("qwen2-vl", "default-vlm"), default_max_tokens=4, model_root="/models/qwen2-vl")
     http = TestClient(app)
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http)
     assert [(m.id, m.root) for m in client.models.list().data] == [("qwen2-vl", "/models/qwen2-vl"), ("default-vlm", "/models/qwen2-vl")]

@@ -13,9 +13,8 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from services.gateway.http.app import create_app
 from services.stack.node_process import free_port
-from tests.services.gateway.http.test_app import MESSAGES, FakePipeline
+from tests.services.gateway.http.test_app import MESSAGES, FakePipeline, gateway_for
 
 
 class FaultyPipeline(FakePipeline):
@@ -30,7 +29,7 @@ class FaultyPipeline(FakePipeline):
 
 @contextmanager
 def served(pipeline: FakePipeline) -> Iterator[int]:
-    app, _ = create_app(pipeline, served_names=("tiny",), default_max_tokens=16)
+    app, _ = gateway_for(pipeline)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical", loop="asyncio", lifespan="off"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.errors import GatewayError
-from services.gateway.protocol.batch_chat import BatchChatCompletionRequest, to_batch_chat_request
+from services.gateway.frontend.batch_chat import to_batch_chat_request
+from services.gateway.protocol.batch_chat import BatchChatCompletionRequest
 
 
 def batch(**body):
