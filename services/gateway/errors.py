@@ -26,3 +26,19 @@ class GatewayError(Exception):
 
     def to_json(self) -> dict:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+
+RETRY_AFTER_S = 1
+
+
+def rate_limited(message: str, retry_after_s: int | None = None) -> GatewayError:
+    """A 429 in OpenAI's rate-limit shape, with ``Retry-After`` (RETRY_AFTER_S unless the caller
+    knows better): the gateway or a node is full."""
+    wait = RETRY_AFTER_S if retry_after_s is None else retry_after_s
+    return GatewayError(
+        429,
+        f"{message}; retry after {wait} s",
+        error_type="requests",
+        code="rate_limit_exceeded",
+        headers={"Retry-After": str(wait)},
+    )

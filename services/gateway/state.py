@@ -10,8 +10,8 @@ from services.gateway.frontend.config import FrontendConfig
 from services.gateway.frontend.media_budget import MediaBudget
 from services.gateway.frontend.openai_api import Generation
 from services.gateway.metrics.metrics import GatewayMetrics, RoleStats
+from services.gateway.pipeline.choices import events_in_task
 from services.gateway.pipeline.pipeline import Pipeline
-from services.gateway.pipeline.request_task import events_in_task
 from services.gateway.pipeline.token_events import TokenEvent
 from services.transport.stats_wire import snapshot_of
 from shared.node_metrics import Counter, Gauge, counter, gauge

@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.openai_api import ApiRequest, pop_ignored_fields, to_chat_request
-from services.gateway.frontend.request_limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.tenants import Tenant
 from services.gateway.protocol.batch_chat import BatchChatCompletionRequest
 from services.gateway.protocol.chat import ChatCompletionRequest

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.gateway.frontend.limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.frontend.media_budget import DEFAULT_RESERVE_FRACTION
-from services.gateway.frontend.request_limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.settings import Settings
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
@@ -29,8 +29,8 @@ class FrontendConfig:
     served_names: tuple[str, ...]  # the names the API answers to; the first is the default
     default_max_tokens: int = 256
     model: ServedModel = field(default_factory=ServedModel)
-    max_num_requests: int = 2048  # choices in flight (admission.py)
-    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # vLLM's --max-logprobs (request_limits.py); -1: the vocabulary
+    max_num_requests: int = 2048  # choices in flight (limits.py)
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # vLLM's --max-logprobs (limits.py); -1: the vocabulary
     max_media_tokens_per_encoder: int = 0  # the media budget (media_budget.py); 0: none
     media_reserve_fraction: float = DEFAULT_RESERVE_FRACTION  # of it, kept for small requests
     force_include_usage: bool = False  # every stream carries the usage on every chunk (vLLM's flag)

@@ -2,8 +2,8 @@
 before any node sees it and the rules that turn it into pipeline runs, so the HTTP routes and
 gRPC Generate apply the same ones:
   * draining: a gateway that is draining takes no new request (503);
-  * request limits: ``--max-logprobs`` and the model length (request_limits.py);
-  * admission: choices in flight at this gateway (admission.py, 429);
+  * request limits: ``--max-logprobs`` and the model length (limits.py);
+  * admission: choices in flight at this gateway (limits.py, 429);
   * the media budget: vision tokens in flight at the encoders (media_budget.py, 413 / 429);
   * the served model's names and defaults: the checkpoint's sampling defaults, the default
     max_tokens, the family's tool parser (config.py), applied by openai_api.py's conversions;
@@ -17,11 +17,10 @@ from dataclasses import dataclass
 
 from protos.gen import pb
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.admission import Admission, Ticket
 from services.gateway.frontend.config import FrontendConfig, ServedModel
+from services.gateway.frontend.limits import Admission, RequestLimits, Ticket
 from services.gateway.frontend.media_budget import MediaTicket
 from services.gateway.frontend.openai_api import ApiRequest, Generation, to_chat_request, to_completion_request
-from services.gateway.frontend.request_limits import RequestLimits
 from services.gateway.frontend.tenants import Tenant
 from services.gateway.pipeline.token_events import TokenEvent
 from services.gateway.protocol.chat import ChatCompletionRequest

@@ -42,8 +42,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from PIL import Image
 
 from protos.gen import pb
-from services.gateway.errors import GatewayError
-from services.gateway.frontend.admission import rate_limited
+from services.gateway.errors import GatewayError, rate_limited
 from services.gateway.frontend.clip_header import ClipHeader, clip_header
 from services.models.media_cost import MediaCosts, media_costs_from_json
 from services.preprocess.image_decode import SUPPORTED_FORMATS

@@ -15,12 +15,10 @@ from pydantic import BaseModel, ValidationError
 from protos.gen import pb
 from services.engine.sampling_params import SamplingParams, StructuredOutput
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.beam_request import BeamSearch, beam_search_of
+from services.gateway.frontend.limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.media_budget import has_media
 from services.gateway.frontend.prompt_wire import chat_prompt, raw_prompt
-from services.gateway.frontend.request_limits import NO_LIMITS, RequestLimits
-from services.gateway.frontend.sampling import prompt_truncation, sampling_params
-from services.gateway.frontend.structured import structured_output
+from services.gateway.frontend.sampling import BeamSearch, beam_search_of, prompt_truncation, sampling_params, structured_output
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
 from services.gateway.output.tool_calls import ToolMode, tool_mode_of
 from services.gateway.protocol.chat import ChatCompletionRequest
@@ -71,7 +69,7 @@ def to_chat_request(
 ) -> ApiRequest:
     """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one;
     ``sampling_defaults``: the checkpoint's, for the sampling fields the request leaves unset;
-    ``limits``: the deployment's (request_limits.py)."""
+    ``limits``: the deployment's (limits.py)."""
     model = check_model(request.model, served_names)
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens

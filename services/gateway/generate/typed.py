@@ -12,8 +12,8 @@ from protos.gen import pb
 from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_from_pb
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.openai_api import Generation, check_model
-from services.gateway.frontend.request_limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.sampling import choice_seed
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
 from services.gateway.protocol.sampling_request import MAX_CHOICES
@@ -28,7 +28,7 @@ def typed_generations(
     limits: RequestLimits = NO_LIMITS,
 ) -> tuple[str, tuple[Generation, ...]]:
     """The request id its chunks carry, and one Generation per choice; ``limits``: the
-    deployment's (request_limits.py), as the HTTP API applies them."""
+    deployment's (limits.py), as the HTTP API applies them."""
     check_model(request.model or None, served_names)
     num_choices = request.n or 1
     if num_choices > MAX_CHOICES:

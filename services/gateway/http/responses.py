@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.admission import Ticket
+from services.gateway.frontend.limits import Ticket
 from services.gateway.frontend.media_budget import MediaTicket
 from services.gateway.frontend.openai_api import ApiRequest, Generation
 from services.gateway.http.unexpected_errors import unexpected_error

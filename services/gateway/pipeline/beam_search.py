@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 from protos.gen import pb
 from services.engine.sampling_params import SamplingParams
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.beam_request import BeamSearch
+from services.gateway.frontend.limits import check_context_length
 from services.gateway.frontend.media_budget import has_media
 from services.gateway.frontend.openai_api import ApiRequest, Generation
-from services.gateway.frontend.request_limits import check_context_length
+from services.gateway.frontend.sampling import BeamSearch
 from services.gateway.pipeline.token_events import TokenEvent
 
 # One step: a prompt in, its one-token request's final event out (with the top logprobs).

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from services.gateway.error_kinds import KIND_RULES, Action
-from services.gateway.errors import GatewayError
-from services.gateway.frontend.admission import rate_limited
+from services.gateway.errors import GatewayError, rate_limited
 from services.router.route import NoLiveNodeError
 from services.transport.node_error import NodeRef, node_error_of
 

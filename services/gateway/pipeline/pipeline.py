@@ -41,7 +41,7 @@ from protos.gen import pb
 from services.engine.config import EngineConfig
 from services.engine.sampling_params import SamplingParams
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.request_limits import check_context_length
+from services.gateway.frontend.limits import check_context_length
 from services.gateway.pipeline.call_watchdog import CallWatchdog
 from services.gateway.pipeline.failures import Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
 from services.gateway.pipeline.request_run import Attempt, RequestRun
@@ -55,7 +55,7 @@ from services.transport.internal_channel import ROLE_TO_STUB, internal_channel
 from shared.tracing import outgoing_metadata, tracer
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
-# The context limit when no node has said the model's (check_context_length: frontend/request_limits.py).
+# The context limit when no node has said the model's (check_context_length: frontend/limits.py).
 DEFAULT_MAX_MODEL_LEN = EngineConfig().max_model_len
 
 
@@ -146,7 +146,7 @@ class Pipeline:
         that runs it (the client went away) cancels the call in flight on its node, and nothing
         is retried. ``fit_max_tokens`` (the client gave no max_tokens): the default shrinks to
         the context the prompt leaves, as vLLM does. Iterate it from one task only
-        (services/gateway/pipeline/request_task.py), as its trace span is that task's current span."""
+        (services/gateway/pipeline/choices.py), as its trace span is that task's current span."""
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):

@@ -67,7 +67,7 @@ class SamplingRequest(WireModel):
         description="each prompt token's logprob and this many alternatives (at most --max-logprobs, 20; -1: all); not with stream",
     )
     return_token_ids: bool = Field(False, description="vLLM's: the prompt's and each choice's token ids in the response")
-    # -- structured output: one constraint, in any of these spellings (frontend/structured.py)
+    # -- structured output: one constraint, in any of these spellings (frontend/sampling.py)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
     guided_json: dict | bool | str | None = None
@@ -83,7 +83,7 @@ class SamplingRequest(WireModel):
     truncation_side: Literal["left", "right"] | None = Field(
         None, description="'left' keeps the last tokens, 'right' the first; unset: the tokenizer's side"
     )
-    # -- beam search (frontend/beam_request.py)
+    # -- beam search (frontend/sampling.py)
     use_beam_search: bool = Field(False, description="vLLM's: beam search, n beams wide; the n best beams are the choices")
     length_penalty: float = Field(1.0, description="beam search ranks beams by summed logprob / length ** length_penalty")
     # -- streaming, caching and the caller

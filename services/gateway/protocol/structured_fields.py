@@ -1,5 +1,5 @@
 """The wire parts of the request fields that ask for structured output (the fields themselves:
-sampling_request.py; their reduction to one engine constraint: frontend/structured.py). Spellings:
+sampling_request.py; their reduction to one engine constraint: frontend/sampling.py). Spellings:
 
 - OpenAI's ``response_format``: ``json_object`` or ``json_schema`` (``text`` asks for nothing);
 - vLLM's ``structured_outputs``: ``json``, ``regex``, ``choice``, ``grammar`` or

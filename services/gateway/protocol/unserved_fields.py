@@ -56,7 +56,7 @@ CHAT_DEFAULTS: dict[str, tuple[object, ...]] = {
 COMPLETION_DEFAULTS: dict[str, tuple[object, ...]] = {
     "add_special_tokens": (True,),
     "prompt_embeds": (None,),
-    "kv_transfer_params": (None,),  # a raw prompt's ids are its prompt already (chat: kv_transfer_fields.py)
+    "kv_transfer_params": (None,),  # a raw prompt's ids are its prompt already (chat: chat.py)
 }
 
 

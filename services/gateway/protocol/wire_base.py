@@ -11,7 +11,7 @@ NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
 
 
 class WireModel(BaseModel):
-    """Requests: unknown fields are kept aside to be reported (ignored_fields.py), and nothing is
+    """Requests: unknown fields are kept aside to be reported (frontend/openai_api.py), and nothing is
     coerced ("yes" is not a bool, 2.0 is not an int, NaN is not a temperature)."""
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False, populate_by_name=False)

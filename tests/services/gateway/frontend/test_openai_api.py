@@ -10,8 +10,8 @@ import pytest
 
 from protos.gen import pb
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.limits import RequestLimits
 from services.gateway.frontend.openai_api import parse_chat_request, to_completion_request
-from services.gateway.frontend.request_limits import RequestLimits
 from services.gateway.protocol.completion import CompletionRequest
 from services.models.sampling_defaults import SamplingDefaults
 from tests.factories import tool_call_history

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.admission import Admission
+from services.gateway.frontend.limits import Admission
 from services.gateway.frontend.openai_api import parse_chat_request
 from services.gateway.frontend.tenants import ApiKeys, Tenant, parse_keys_file
 

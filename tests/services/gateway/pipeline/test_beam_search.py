@@ -10,7 +10,7 @@ import pytest
 
 from protos.gen import pb
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.beam_request import BeamSearch
+from services.gateway.frontend.sampling import BeamSearch
 from services.gateway.pipeline.beam_search import Beam, advance, beam_score, best_beams, search_prompt
 from services.gateway.pipeline.token_events import TokenEvent, TokenLogprob
 

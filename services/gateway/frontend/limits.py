@@ -6,13 +6,20 @@ tokenized, the context length (check_context_length).
 (``logprobs``, ``top_logprobs``) and for prompt tokens (``prompt_logprobs``): 20 by default, as
 vLLM's; -1 lifts it to the vocabulary. A request's -1 asks for the whole vocabulary, allowed only
 under a cap that reaches it. Whole-vocabulary logprobs are heavy (a row per token of every id,
-its logprob and text), which is why the cap is the operator's to lift."""
+its logprob and text), which is why the cap is the operator's to lift.
+
+Admission: the gateway holds at most ``max_num_requests`` choices in flight (each choice is one
+pipeline run, so n=4 counts 4). Past that, a request is refused at once with a 429, OpenAI's
+rate-limit error and a ``Retry-After``, instead of queueing without bound and timing out later; a
+load balancer or client retries it, on this gateway or another. Admission happens on the event
+loop, so checking and reserving are one step.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.gateway.errors import GatewayError
+from services.gateway.errors import GatewayError, rate_limited
 
 DEFAULT_MAX_LOGPROBS = 20
 
@@ -63,3 +70,36 @@ def check_context_length(num_prompt_tokens: int, max_tokens: int, max_model_len:
             code="context_length_exceeded",
             param=param,
         )
+
+
+class Ticket:
+    """Admitted choices; ``release`` returns them (once, however often it is called)."""
+
+    __slots__ = ("_admission", "_num", "_released")
+
+    def __init__(self, admission: Admission, num: int) -> None:
+        self._admission, self._num, self._released = admission, num, False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._admission.num_admitted -= self._num
+
+
+class Admission:
+    def __init__(self, max_num_requests: int) -> None:
+        if max_num_requests < 1:
+            raise ValueError(f"max_num_requests must be at least 1, got {max_num_requests}")
+        self.max_num_requests = max_num_requests
+        self.num_admitted = 0
+        self.num_refused = 0
+
+    def can_admit(self, num: int) -> bool:
+        return self.num_admitted + num <= self.max_num_requests
+
+    def admit(self, num: int) -> Ticket:
+        if not self.can_admit(num):
+            self.num_refused += 1
+            raise rate_limited(f"the gateway is at its limit of {self.max_num_requests} requests in flight")
+        self.num_admitted += num
+        return Ticket(self, num)
