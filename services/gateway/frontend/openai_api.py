@@ -17,8 +17,8 @@ from services.engine.sampling_params import SamplingParams, StructuredOutput
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.media_budget import has_media
-from services.gateway.frontend.prompt_wire import chat_prompt, raw_prompt
-from services.gateway.frontend.sampling import BeamSearch, beam_search_of, prompt_truncation, sampling_params, structured_output
+from services.gateway.frontend.prompt_wire import chat_prompt, raw_prompt, truncation
+from services.gateway.frontend.sampling import BeamSearch, beam_search_of, sampling_params, structured_output
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
 from services.gateway.output.tool_calls import ToolMode, tool_mode_of
 from services.gateway.protocol.chat import ChatCompletionRequest
@@ -170,9 +170,9 @@ def _fan_out(
     limits: RequestLimits = NO_LIMITS,
 ) -> ApiRequest:
     cache_salt = request_cache_salt(tenant, request.cache_salt)
-    if (truncation := prompt_truncation(request, limits.max_model_len)) is not None:
+    if (wire_truncation := truncation(request, limits.max_model_len)) is not None:
         for prompt in prompts:
-            prompt.truncation.CopyFrom(truncation)
+            prompt.truncation.CopyFrom(wire_truncation)
     generations = tuple(
         Generation(
             index=prompt_index * request.n + i,

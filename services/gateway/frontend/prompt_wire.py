@@ -1,6 +1,8 @@
 """The validated OpenAI models' prompt as the typed PromptInput the preprocess role takes
 (protos/tessera.proto): a chat (messages, tools, template variables) or a raw prompt (text or
-token ids) with its images and videos, and the request's video settings. The only place the gateway's wire models meet the internal one.
+token ids) with its images and videos, the request's video settings and its truncation; and a
+typed Generate prompt scoped to its tenant. The one place the gateway's wire models become the
+internal prompt (the pipeline's node calls build their own requests: pipeline/stages.py).
 
 A tenant scopes every image and video uuid to itself (tenants.py), so no tenant can claim another's.
 """
@@ -10,10 +12,12 @@ from __future__ import annotations
 import json
 
 from protos.gen import pb
+from services.gateway.errors import GatewayError
 from services.gateway.frontend.tenants import Tenant
 from services.gateway.protocol.chat import ChatCompletionRequest, ChatMessage, ImagePart, ImageUrlPart, TextPart, Tool
 from services.gateway.protocol.completion import ImageRef, MultiModalData
-from services.gateway.protocol.media_fields import MmProcessorKwargs, VideoRef, VideoUrlPart, video_input
+from services.gateway.protocol.media_fields import MmProcessorKwargs, VideoRef, VideoUrlPart
+from services.gateway.protocol.sampling_request import SamplingRequest
 from services.preprocess.prompt import Prompt
 from services.preprocess.prompt_wire import prompt_from_wire
 
@@ -38,7 +42,7 @@ def chat_prompt(
         tools=[_tool(tool) for tool in tools or ()],
         chat_template_kwargs_json=json.dumps(template_kwargs) if template_kwargs else "",
     )
-    return pb.PromptInput(chat=chat, video_options=video_kwargs.to_wire() if video_kwargs is not None else None)
+    return pb.PromptInput(chat=chat, video_options=_video_options(video_kwargs))
 
 
 def raw_prompt(
@@ -52,12 +56,46 @@ def raw_prompt(
     wire_images = [_image(image, None, tenant) if isinstance(image, str) else _image(image.url, image.uuid, tenant) for image in images]
     media = {
         "images": wire_images,
-        "videos": [video_input(video.url, video.uuid, _scoper(tenant)) for video in videos],
-        "video_options": video_kwargs.to_wire() if video_kwargs is not None else None,
+        "videos": [_video(video.url, video.uuid, _scoper(tenant)) for video in videos],
+        "video_options": _video_options(video_kwargs),
     }
     if isinstance(prompt, str):
         return pb.PromptInput(text=prompt, **media)
     return pb.PromptInput(token_ids=pb.TokenIds(ids=prompt), **media)
+
+
+_SIDES = {None: pb.Truncation.TOKENIZER, "left": pb.Truncation.LEFT, "right": pb.Truncation.RIGHT}
+
+
+def truncation(request: SamplingRequest, max_model_len: int | None) -> pb.Truncation | None:
+    """What the prompt's preprocessing is told of ``truncate_prompt_tokens``; None: the prompt
+    whole. -1 is the model length less one token, left for the output, as vLLM resolves it."""
+    asked = request.truncate_prompt_tokens
+    if asked is None:
+        return None
+    if asked == -1:
+        if max_model_len is None:
+            message = "truncate_prompt_tokens=-1 is not served here: give the number of tokens"
+            raise GatewayError(400, message, param="truncate_prompt_tokens")
+        asked = max_model_len - 1
+    return pb.Truncation(num_tokens=asked, side=_SIDES[request.truncation_side])
+
+
+def scoped_prompt(prompt: pb.PromptInput, tenant: Tenant | None) -> pb.PromptInput:
+    """A typed prompt with every image and video uuid scoped to the tenant, so no tenant claims
+    another's media."""
+    if tenant is None:
+        return prompt
+    scoped = pb.PromptInput()
+    scoped.CopyFrom(prompt)
+    media = [*scoped.images, *scoped.videos]
+    if scoped.WhichOneof("prompt") == "chat":
+        parts = [part for message in scoped.chat.messages for part in message.parts.parts]
+        media += [getattr(part, kind) for part in parts for kind in ("image", "video") if part.HasField(kind)]
+    for item in media:
+        if item.HasField("uuid"):
+            item.uuid = tenant.image_uuid(item.uuid)
+    return scoped
 
 
 def prompt_for_library(body: dict) -> Prompt:
@@ -101,7 +139,7 @@ def _part(part: TextPart | ImageUrlPart | ImagePart | VideoUrlPart, tenant: Tena
     if isinstance(part, TextPart):
         return pb.ContentPart(text=part.text)
     if isinstance(part, VideoUrlPart):
-        return pb.ContentPart(video=video_input(part.url, part.uuid, _scoper(tenant)))
+        return pb.ContentPart(video=_video(part.url, part.uuid, _scoper(tenant)))
     if isinstance(part, ImageUrlPart):
         return pb.ContentPart(image=_image(part.url, part.uuid, tenant))
     return pb.ContentPart(image=_image(part.image, part.uuid, tenant))
@@ -115,6 +153,22 @@ def _image(url: str | None, uuid: str | None, tenant: Tenant | None) -> pb.Image
 
 def _scoper(tenant: Tenant | None):
     return tenant.image_uuid if tenant is not None else None
+
+
+def _video(url: str | None, uuid: str | None, scoped_uuid) -> pb.VideoInput:
+    """``scoped_uuid``: the tenant's scoping of a client uuid (tenants.py), or None for none."""
+    if uuid is None:
+        return pb.VideoInput(url=url)
+    return pb.VideoInput(url=url, uuid=scoped_uuid(uuid) if scoped_uuid is not None else uuid)
+
+
+def _video_options(kwargs: MmProcessorKwargs | None) -> pb.VideoOptions | None:
+    if kwargs is None:
+        return None
+    given = kwargs.model_dump(exclude_none=True)
+    if "fps" in given:
+        given["fps"] = float(given["fps"])
+    return pb.VideoOptions(**given)
 
 
 def _tool(tool: Tool) -> pb.Tool:

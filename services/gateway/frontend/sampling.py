@@ -1,10 +1,9 @@
 """A request's sampling fields (protocol/sampling_request.py) as the engine's SamplingParams for
-one choice, and its prompt truncation as preprocessing is told it.
+one choice,.
 
 The checkpoint's sampling defaults fill the fields the request did not send (vLLM's rule);
 choice i samples with ``seed + i``, so seeded choices differ yet stay reproducible. Logit biases
-are clipped as vLLM clips them; -1 for ``truncate_prompt_tokens`` is the model length less one
-token, left for the output, as vLLM resolves it.
+are clipped as vLLM clips them.
 
 Structured output: a request's structured-output fields, in every spelling clients use (the
 fields: protocol/sampling_request.py), reduced to one engine constraint (StructuredOutput). At most
@@ -22,7 +21,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from protos.gen import pb
 from services.engine.sampling_params import GREEDY_TEMPERATURE_EPS, SamplingParams, StructuredOutput
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import RequestLimits
@@ -30,8 +28,6 @@ from services.gateway.protocol.chat import ChatCompletionRequest
 from services.gateway.protocol.completion import CompletionRequest
 from services.gateway.protocol.sampling_request import INT64_MIN, MAX_LOGIT_BIAS, SamplingRequest
 from services.models.sampling_defaults import SamplingDefaults
-
-_SIDES = {None: pb.Truncation.TOKENIZER, "left": pb.Truncation.LEFT, "right": pb.Truncation.RIGHT}
 
 
 def sampling_params(
@@ -88,20 +84,6 @@ def bias_pairs(request: SamplingRequest) -> tuple[tuple[int, float], ...]:
     """(token id, clipped bias), as vLLM clips them."""
     clip = lambda value: max(-MAX_LOGIT_BIAS, min(MAX_LOGIT_BIAS, value))  # noqa: E731
     return tuple(sorted((int(key), clip(value)) for key, value in (request.logit_bias or {}).items()))
-
-
-def prompt_truncation(request: SamplingRequest, max_model_len: int | None) -> pb.Truncation | None:
-    """What the prompt's preprocessing is told; None: the prompt whole."""
-    asked = request.truncate_prompt_tokens
-    if asked is None:
-        return None
-    if asked == -1:
-        if max_model_len is None:
-            raise GatewayError(
-                400, "truncate_prompt_tokens=-1 is not served here: give the number of tokens", param="truncate_prompt_tokens"
-            )
-        asked = max_model_len - 1
-    return pb.Truncation(num_tokens=asked, side=_SIDES[request.truncation_side])
 
 
 ANY_OBJECT = json.dumps({"type": "object"})

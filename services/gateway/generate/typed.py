@@ -14,6 +14,7 @@ from services.engine.sampling_wire import sampling_from_pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.openai_api import Generation, check_model
+from services.gateway.frontend.prompt_wire import scoped_prompt
 from services.gateway.frontend.sampling import choice_seed
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
 from services.gateway.protocol.sampling_request import MAX_CHOICES
@@ -48,7 +49,7 @@ def typed_generations(
         sampling = sampling_from_pb(wire)
     except ValueError as exc:
         raise GatewayError(400, f"sampling: {exc}", param="sampling") from None
-    prompt = _scoped(request.prompt, tenant)
+    prompt = scoped_prompt(request.prompt, tenant)
     cache_salt = request_cache_salt(tenant, request.cache_salt or None)
     generations = tuple(
         Generation(index=i, prompt_index=0, prompt=prompt, sampling=_for_choice(sampling, i), cache_salt=cache_salt, fit_max_tokens=fit)
@@ -59,20 +60,3 @@ def typed_generations(
 
 def _for_choice(sampling: SamplingParams, choice: int) -> SamplingParams:
     return sampling if sampling.seed is None else replace(sampling, seed=choice_seed(sampling.seed, choice))
-
-
-def _scoped(prompt: pb.PromptInput, tenant: Tenant | None) -> pb.PromptInput:
-    """The prompt with every image and video uuid scoped to the tenant, so no tenant claims
-    another's media."""
-    if tenant is None:
-        return prompt
-    scoped = pb.PromptInput()
-    scoped.CopyFrom(prompt)
-    media = [*scoped.images, *scoped.videos]
-    if scoped.WhichOneof("prompt") == "chat":
-        parts = [part for message in scoped.chat.messages for part in message.parts.parts]
-        media += [getattr(part, kind) for part in parts for kind in ("image", "video") if part.HasField(kind)]
-    for item in media:
-        if item.HasField("uuid"):
-            item.uuid = tenant.image_uuid(item.uuid)
-    return scoped

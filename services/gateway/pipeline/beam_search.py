@@ -25,6 +25,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import check_context_length
 from services.gateway.frontend.media_budget import has_media
 from services.gateway.frontend.openai_api import ApiRequest, Generation
+from services.gateway.frontend.prompt_wire import raw_prompt
 from services.gateway.frontend.sampling import BeamSearch
 from services.gateway.pipeline.token_events import TokenEvent
 
@@ -82,7 +83,7 @@ async def search_prompt(
     beams, completed, events = [Beam((), 0.0)], [], [first]
     for step in range(max_tokens):
         if step:
-            prompts = [pb.PromptInput(token_ids=pb.TokenIds(ids=[*prompt_ids, *beam.token_ids])) for beam in beams]
+            prompts = [raw_prompt([*prompt_ids, *beam.token_ids], []) for beam in beams]
             events = list(await asyncio.gather(*(run_step(p, sampling) for p in prompts)))
         candidates = [[(token_id, logprob) for token_id, _, logprob in event.logprobs[0].top] for event in events]
         beams, done = advance(beams, candidates, search, stop_ids)

@@ -11,7 +11,6 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from protos.gen import pb
 from services.gateway.protocol.wire_base import NonEmptyStr, WireModel
 from services.models.video import VideoOptions
 
@@ -69,16 +68,3 @@ class MmProcessorKwargs(WireModel):
     def _consistent(self) -> MmProcessorKwargs:
         VideoOptions(**self.model_dump(exclude_none=True))  # the preprocess role's own checks, at the edge
         return self
-
-    def to_wire(self) -> pb.VideoOptions:
-        given = self.model_dump(exclude_none=True)
-        if "fps" in given:
-            given["fps"] = float(given["fps"])
-        return pb.VideoOptions(**given)
-
-
-def video_input(url: str | None, uuid: str | None, scoped_uuid) -> pb.VideoInput:
-    """``scoped_uuid``: the tenant's scoping of a client uuid (tenants.py), or None for none."""
-    if uuid is None:
-        return pb.VideoInput(url=url)
-    return pb.VideoInput(url=url, uuid=scoped_uuid(uuid) if scoped_uuid is not None else uuid)
