@@ -134,28 +134,6 @@ def chat_body(body: object, route: str) -> ChatCompletionRequest:
     return request
 
 
-def parse_chat_request(
-    body: object,
-    *,
-    served_names: tuple[str, ...],
-    default_max_tokens: int,
-    tenant: Tenant | None = None,
-    tool_parser: str | None = None,
-    sampling_defaults: SamplingDefaults = NO_DEFAULTS,
-    limits: RequestLimits = NO_LIMITS,
-) -> ApiRequest:
-    """A raw JSON chat body through the same model as HTTP, to pipeline runs."""
-    return to_chat_request(
-        chat_body(body, "Generate"),
-        served_names=served_names,
-        default_max_tokens=default_max_tokens,
-        tenant=tenant,
-        tool_parser=tool_parser,
-        sampling_defaults=sampling_defaults,
-        limits=limits,
-    )
-
-
 def _fan_out(
     request: ChatCompletionRequest | CompletionRequest,
     model: str,

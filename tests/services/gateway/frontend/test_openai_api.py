@@ -11,10 +11,16 @@ import pytest
 from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import RequestLimits
-from services.gateway.frontend.openai_api import parse_chat_request, to_completion_request
+from services.gateway.frontend.openai_api import chat_body, to_chat_request, to_completion_request
 from services.gateway.protocol.completion import CompletionRequest
 from services.models.sampling_defaults import SamplingDefaults
 from tests.factories import tool_call_history
+
+
+def parse_chat_request(body: object, **options):
+    """A raw JSON chat body to pipeline runs, as the Generate API's JSON form takes it."""
+    return to_chat_request(chat_body(body, "test"), **options)
+
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

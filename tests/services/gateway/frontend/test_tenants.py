@@ -8,8 +8,14 @@ import pytest
 
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import Admission
-from services.gateway.frontend.openai_api import parse_chat_request
+from services.gateway.frontend.openai_api import chat_body, to_chat_request
 from services.gateway.frontend.tenants import ApiKeys, Tenant, parse_keys_file
+
+
+def parse_chat_request(body: object, **options):
+    """A raw JSON chat body to pipeline runs, as the Generate API's JSON form takes it."""
+    return to_chat_request(chat_body(body, "test"), **options)
+
 
 ACME, GLOBEX = Tenant("acme"), Tenant("globex")
 SHARED_A, SHARED_B = Tenant("a", shared_cache=True), Tenant("b", shared_cache=True)
