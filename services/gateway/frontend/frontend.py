@@ -17,12 +17,15 @@ from dataclasses import dataclass
 
 from protos.gen import pb
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.batch_chat import to_batch_chat_request
 from services.gateway.frontend.config import FrontendConfig, ServedModel
 from services.gateway.frontend.limits import Admission, RequestLimits, Ticket
 from services.gateway.frontend.media_budget import MediaTicket
 from services.gateway.frontend.openai_api import ApiRequest, Generation, to_chat_request, to_completion_request
 from services.gateway.frontend.tenants import Tenant
+from services.gateway.generate.typed import typed_generations
 from services.gateway.pipeline.token_events import TokenEvent
+from services.gateway.protocol.batch_chat import BatchChatCompletionRequest
 from services.gateway.protocol.chat import ChatCompletionRequest
 from services.gateway.protocol.completion import CompletionRequest
 from services.gateway.state import GatewayState
@@ -89,6 +92,27 @@ class Frontend:
             tenant=tenant,
             sampling_defaults=self.config.model.sampling_defaults,
             limits=await self.limits(request.logprobs, request.prompt_logprobs),
+        )
+
+    async def batch_chat(self, batch: BatchChatCompletionRequest, tenant: Tenant | None) -> tuple[ApiRequest, list[str], list[str]]:
+        """vLLM's batch of conversations as one request (batch_chat.py): the request, each
+        conversation's echo, and the fields no conversation's model knows."""
+        config, shared = self.config, batch.model_extra or {}
+        return to_batch_chat_request(
+            batch,
+            served_names=config.served_names,
+            default_max_tokens=config.default_max_tokens,
+            tenant=tenant,
+            sampling_defaults=config.model.sampling_defaults,
+            limits=await self.limits(shared.get("top_logprobs"), shared.get("prompt_logprobs")),
+        )
+
+    async def typed(self, request: pb.GenerateRequest, tenant: Tenant | None) -> tuple[str, tuple[Generation, ...]]:
+        """gRPC Generate's typed request (generate/typed.py): its request id and choices."""
+        sampling, config = request.sampling, self.config
+        limits = await self.limits(*(getattr(sampling, name) for name in ("logprobs", "prompt_logprobs") if sampling.HasField(name)))
+        return typed_generations(
+            request, served_names=config.served_names, default_max_tokens=config.default_max_tokens, tenant=tenant, limits=limits
         )
 
     async def admit(self, generations: tuple[Generation, ...]) -> Admitted:

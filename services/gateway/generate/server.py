@@ -18,7 +18,6 @@ from services.gateway.errors import GatewayError
 from services.gateway.frontend.frontend import Admitted, Frontend
 from services.gateway.frontend.openai_api import Generation, chat_body
 from services.gateway.frontend.tenants import ApiKeys
-from services.gateway.generate.typed import typed_generations
 from services.gateway.pipeline.choices import merged_events
 from services.gateway.pipeline.token_events import TokenEvent, TokenLogprob
 from services.transport.api_key_auth import ApiKeyInterceptor, current_principal
@@ -70,12 +69,7 @@ class GenerateServicer(rpc.GenerateServicer):
         frontend = self.frontend
         frontend.check_open()
         if request.HasField("prompt"):
-            sampling, config = request.sampling, frontend.config
-            asked = [getattr(sampling, name) for name in ("logprobs", "prompt_logprobs") if sampling.HasField(name)]
-            limits = await frontend.limits(*asked)
-            return typed_generations(
-                request, served_names=config.served_names, default_max_tokens=config.default_max_tokens, tenant=tenant, limits=limits
-            )
+            return await frontend.typed(request, tenant)
         if request.request_json:
             return f"gen-{uuid.uuid4().hex}", await self._from_json(request.request_json, tenant)
         raise GatewayError(400, "the request has no prompt: set prompt (or the deprecated request_json)", param="prompt")

@@ -11,7 +11,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.batch_chat import to_batch_chat_request
 from services.gateway.frontend.frontend import Frontend
 from services.gateway.frontend.openai_api import ApiRequest, check_model, ignored_header, report_ignored_fields
 from services.gateway.frontend.tenants import Tenant
@@ -63,15 +62,7 @@ async def chat_completions(request: ChatCompletionRequest, frontend: FrontendDep
 @api_router.post("/v1/chat/completions/batch", response_model=ChatCompletionResponse, responses=RESPONSES)
 async def batch_chat_completions(request: BatchChatCompletionRequest, frontend: FrontendDep, caller: CallerDep):
     frontend.check_open()
-    config = frontend.config
-    api_request, echoes, names = to_batch_chat_request(
-        request,
-        served_names=config.served_names,
-        default_max_tokens=config.default_max_tokens,
-        tenant=caller,
-        sampling_defaults=config.model.sampling_defaults,
-        limits=await frontend.limits(*((request.model_extra or {}).get(name) for name in ("top_logprobs", "prompt_logprobs"))),
-    )
+    api_request, echoes, names = await frontend.batch_chat(request, caller)
     formatter = ChatFormatter(None, echoes, api_request.return_token_ids, api_request.tokens_as_ids)
     return await serve(frontend, api_request, formatter, ignored_header(names, "/v1/chat/completions/batch"))
 
