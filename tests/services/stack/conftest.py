@@ -179,8 +179,10 @@ def _reset_shared_stacks(request):
     from tests.services.stack.stack_reset import reset, stacks_in
 
     for running in stacks_in(request.node.funcargs.values()):
-        if (problem := reset(running, relaunch)) is not None:
-            print(f"\nstack reset after {request.node.nodeid}: {problem}")
+        started = time.monotonic()
+        problem = reset(running, relaunch)
+        if problem is not None or time.monotonic() - started > 10:
+            print(f"\nstack reset after {request.node.nodeid} took {time.monotonic() - started:.1f} s: {problem or 'slow'}")
 
 
 @pytest.fixture(scope="session")
