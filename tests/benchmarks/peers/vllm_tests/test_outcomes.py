@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.peers.vllm_tests import outcomes
-from benchmarks.peers.vllm_tests.checkpoint_needs import HUB, NEEDS_CHECKPOINT, NO_EOS, Need
+from benchmarks.peers.vllm_tests.checkpoint_needs import HUB, NEEDS_CHECKPOINT, Need
 
 FILE = "chat_completion/test_chat.py"
 
@@ -23,22 +23,27 @@ def junit(path: Path, cases: dict[str, str | None]) -> Path:
     return path
 
 
-def test_a_listed_test_needs_the_checkpoint_only_with_its_symptom(tmp_path, monkeypatch):
-    needs = {f"{FILE}::test_stops": Need("random weights never stop", NO_EOS), f"{FILE}::test_hub": Need("loads a tokenizer", HUB)}
+def test_a_listed_test_needs_the_checkpoint_only_with_its_symptom_and_never_on_an_assertion(tmp_path, monkeypatch):
+    needs = {
+        f"{FILE}::test_hub": Need("loads a tokenizer", HUB),
+        f"{FILE}::test_asserts": Need("loads a tokenizer", HUB),
+        f"{FILE}::test_stops": Need("random weights never stop", "length"),
+    }
     monkeypatch.setattr(outcomes, "NEEDS_CHECKPOINT", needs)
     cases = {
-        "test_stops": "AssertionError: assert 'length' == 'stop'",
-        "test_hub": "AssertionError: assert 3 == 4",  # listed, but a real assertion failed
+        "test_hub": "OSError: We couldn't connect to 'https://huggingface.co' to load the files",
+        "test_asserts": "AssertionError: assert 3 == 4",  # listed, but the test judged an answer
+        "test_stops": "AssertionError: assert 'length' == 'stop'",  # its symptom, yet an assertion
         "test_other": "OSError: couldn't connect to huggingface.co",  # not listed: a failure
         "test_ok": None,
         "test_skip": "skip",
     }
     found = {o.test.split("::")[1]: o for o in outcomes.file_outcomes(junit(tmp_path / "a.xml", cases), FILE)}
-    assert found["test_stops"].outcome == "needs_checkpoint" and found["test_stops"].reason == "random weights never stop"
-    assert found["test_hub"].outcome == "failed" and found["test_hub"].message == "AssertionError: assert 3 == 4"
-    assert found["test_other"].outcome == "failed"
+    assert found["test_hub"].outcome == "needs_checkpoint" and found["test_hub"].reason == "loads a tokenizer"
+    assert found["test_asserts"].outcome == "failed" and found["test_asserts"].message == "AssertionError: assert 3 == 4"
+    assert found["test_stops"].outcome == "failed" and found["test_other"].outcome == "failed"
     assert (found["test_ok"].outcome, found["test_skip"].outcome) == ("passed", "skipped")
-    assert outcomes.counts(list(found.values())) == {"passed": 1, "failed": 2, "needs_checkpoint": 1, "skipped": 1}
+    assert outcomes.counts(list(found.values())) == {"passed": 1, "failed": 3, "needs_checkpoint": 1, "skipped": 1}
 
 
 def test_each_test_gets_its_outcome_on_each_server_and_a_missing_run_is_not_run(tmp_path):
