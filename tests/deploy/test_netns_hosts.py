@@ -58,6 +58,7 @@ class Deployment:
 
     def __init__(self, compose: ComposeDeployment, network: HostNetwork, model: str, oracle: ReferenceOracle) -> None:
         self.compose, self.network, self.model, self.oracle = compose, network, model, oracle
+        self.planned = SCALE  # the replicas a reset restores (tests/deploy/deployment_reset.py)
         self.base_url = compose.gateway_url + "/v1"  # stack_probes.Streams reads this
         self.auth = InternalAuth((compose.volume_dirs["tessera-internal"] / "secret").read_bytes())
 
