@@ -104,3 +104,31 @@ def test_a_clip_over_the_whole_budget_is_a_413_from_its_header_and_the_tower_rat
     assert "s of vision tower at the encoders' measured rate" in info.value.message  # the encoders calibrated at start-up
     after = budget_stack.metrics()
     assert after.get("tessera_preprocess_requests_total", 0.0) == before.get("tessera_preprocess_requests_total", 0.0)
+
+
+def test_through_generate_the_same_budget_and_logprobs_cap_refuse_with_grpc_codes(budget_stack):
+    """gRPC Generate's door has the HTTP API's guards: over what one request may hold is
+    RESOURCE_EXHAUSTED (HTTP's 413 in the trailer), logprobs past --max-logprobs (20) is
+    INVALID_ARGUMENT, and neither reaches a node."""
+    import grpc
+
+    from protos.gen import pb, rpc
+    from services.gateway.generate.server import HTTP_STATUS_KEY
+    from tests.factories import encode_image
+
+    def generate(request: pb.GenerateRequest) -> grpc.RpcError:
+        with grpc.insecure_channel(budget_stack.generate_address) as channel, pytest.raises(grpc.RpcError) as info:
+            list(rpc.GenerateStub(channel).Generate(request, timeout=60))
+        return info.value
+
+    images = [pb.ContentPart(image=pb.ImageInput(data=encode_image(make_image(448, 448, seed=60 + i)))) for i in range(3)]
+    parts = pb.ContentParts(parts=[*images, pb.ContentPart(text="?")])
+    prompt = pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=pb.ChatMessage.USER, parts=parts)]))
+    before = budget_stack.metrics().get("tessera_preprocess_requests_total", 0.0)
+    too_large = generate(pb.GenerateRequest(prompt=prompt, sampling=pb.SamplingParams(max_tokens=2)))
+    assert too_large.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and f"at most {LARGE_LIMIT}" in too_large.details()
+    assert dict(too_large.trailing_metadata())[HTTP_STATUS_KEY] == "413"
+    text = pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=pb.ChatMessage.USER, text="hi")]))
+    capped = generate(pb.GenerateRequest(prompt=text, sampling=pb.SamplingParams(max_tokens=2, logprobs=21)))
+    assert capped.code() == grpc.StatusCode.INVALID_ARGUMENT and "greater than max allowed: 20" in capped.details()
+    assert budget_stack.metrics().get("tessera_preprocess_requests_total", 0.0) == before
