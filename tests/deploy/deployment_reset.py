@@ -6,9 +6,9 @@ no request in flight, each within a bound."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
+
+from tests.services.stack.stack_reset import wait_for
 
 HEALTHY_WITHIN_S = 120.0
 IDLE_WITHIN_S = 30.0
@@ -21,9 +21,9 @@ def reset(deployment) -> str | None:
         for _ in range(replicas - len(compose.replicas(service))):
             compose.add_replica(service, {})  # once healthy (scale() would trip on the killed one)
             restored.append(service)
-    if not _wait(lambda: _status(compose.gateway_url + "/health") == 200, HEALTHY_WITHIN_S):
+    if not wait_for(lambda: _status(compose.gateway_url + "/health") == 200, HEALTHY_WITHIN_S, 0.5):
         return f"gateway not healthy within {HEALTHY_WITHIN_S:g} s"
-    if not _wait(lambda: _in_flight(compose.gateway_url) == 0.0, IDLE_WITHIN_S):
+    if not wait_for(lambda: _in_flight(compose.gateway_url) == 0.0, IDLE_WITHIN_S, 0.5):
         return f"requests still in flight after {IDLE_WITHIN_S:g} s"
     return f"restarted {', '.join(restored)}" if restored else None
 
@@ -42,13 +42,3 @@ def _in_flight(gateway_url: str) -> float | None:
         return None
     line = next((line for line in text.splitlines() if line.startswith("tessera_requests_in_flight ")), None)
     return float(line.split()[1]) if line else 0.0
-
-
-def _wait(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if condition():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.5)

@@ -37,7 +37,7 @@ def reset(stack, relaunch) -> str | None:
     if stack.process.poll() is not None:
         relaunch(stack)
         return f"its launcher had exited ({stack.process.returncode}): launched again"
-    if not _wait(lambda: _healthy(stack), HEALTHY_WITHIN_S):
+    if not wait_for(lambda: _healthy(stack), HEALTHY_WITHIN_S):
         relaunch(stack)
         return f"not healthy within {HEALTHY_WITHIN_S:g} s: launched again"
     restarts = {role: record["restarts"] for role, record in stack.state()["roles"].items()}
@@ -45,10 +45,10 @@ def reset(stack, relaunch) -> str | None:
         # A node came back since the last reset: alive is not yet registered and routed to, so
         # wait until the stack answers (this probe is the only request a reset sends).
         stack.seen_restarts = restarts
-        if not _wait(lambda: _answers(stack), HEALTHY_WITHIN_S):
+        if not wait_for(lambda: _answers(stack), HEALTHY_WITHIN_S):
             relaunch(stack)
             return f"a restarted node was not served within {HEALTHY_WITHIN_S:g} s: launched again"
-    if not _wait(lambda: stack.metrics().get(IN_FLIGHT, 0.0) == 0.0, IDLE_WITHIN_S):
+    if not wait_for(lambda: stack.metrics().get(IN_FLIGHT, 0.0) == 0.0, IDLE_WITHIN_S):
         return f"requests still in flight after {IDLE_WITHIN_S:g} s"
     return None
 
@@ -84,11 +84,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _wait(condition, timeout_s: float) -> bool:
+def wait_for(condition, timeout_s: float, poll_s: float = 0.2) -> bool:
+    """Whether ``condition()`` came true within ``timeout_s`` (polled every ``poll_s``)."""
     deadline = time.monotonic() + timeout_s
     while True:
         if condition():
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.2)
+        time.sleep(poll_s)
