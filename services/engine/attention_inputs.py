@@ -1,7 +1,8 @@
 """What each layer's attention reads in one step: its KV storage and the batch of page tables of
 its (group, page) column (services/engine/kv/layout.py). Columns share the step's query layout,
 context lengths and image spans; only the page ids differ. Each batch is planned once per step by
-the backend and read by every layer of its column."""
+the backend and read by every layer of its column. A hybrid decoder's state layers read instead
+their state storage and the step's StateBatch (services/engine/kv/recurrent_state.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import mmap
 import torch
 
 from kernels.attention import AttentionBackend, AttentionBatch
+from kernels.gated_delta import StateBatch, StateRun
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.kv.layout import KVLayout
+from services.engine.kv.recurrent_state import StateStorage
 from services.engine.scheduler import SchedulerOutput
 from services.models.family import TextShape
 
@@ -42,8 +45,10 @@ def layer_attention_inputs(
     backend: AttentionBackend,
     shape: TextShape,
     spans: list[list[tuple[int, int]]] | None,
-) -> list[tuple[KVCache, AttentionBatch]]:
-    """Per layer, in order: (its KV storage, its column's planned batch)."""
+    states: StateStorage | None = None,
+) -> list[tuple[KVCache, AttentionBatch] | tuple[tuple[torch.Tensor, torch.Tensor], StateBatch]]:
+    """Per decoder layer, in order: (its KV storage, its column's planned batch), or for a state
+    layer (its state storage, the step's StateBatch)."""
     layout, block_size = kv.layout, kv.block_size
     device = storage[0][0].device
     query_start_loc, context_lens = [0], []
@@ -69,8 +74,16 @@ def layer_attention_inputs(
         )
         backend.prepare(batch, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim)
         column_to_batch[(group, page)] = batch
+    state_of: dict[int, tuple[tuple[torch.Tensor, torch.Tensor], StateBatch]] = {}
+    if shape.state is not None and states is not None:
+        runs = [StateRun(query_start_loc[i], item.num_new_tokens, kv.state_slot(item.request)) for i, item in enumerate(step.scheduled)]
+        state_batch = StateBatch.of(runs, device)
+        state_of = {layer: (states[i], state_batch) for i, layer in enumerate(shape.state.layers)}
     out = []
-    for layer in range(layout.num_layers):
+    for layer in range(shape.num_layers):
+        if layer in state_of:
+            out.append(state_of[layer])
+            continue
         place = layout.place(layer)
         out.append((storage[place.slot], column_to_batch[(place.group, place.page)]))
     return out

@@ -66,11 +66,20 @@ class EngineConfig:
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"attention_backend must be auto, torch or flashinfer, got {self.attention_backend!r}")
 
-    def resolve_num_kv_blocks(self, *, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    def resolve_num_kv_blocks(self, *, num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, reserved_bytes: int = 0) -> int:
+        """Pages of the KV pool: the count given, or what the byte budget holds after
+        ``reserved_bytes`` (a hybrid model's state slots)."""
         if self.num_kv_blocks is not None:
             return self.num_kv_blocks
         bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * dtype_bytes
-        return max(1, self.kv_cache_bytes // bytes_per_block)
+        return max(1, (self.kv_cache_bytes - reserved_bytes) // bytes_per_block)
+
+    def resolve_num_state_slots(self, bytes_per_request: int) -> int:
+        """A hybrid model's state slots: one per sequence that may run, but never more than half
+        the KV budget holds (the rest is the attention layers' pages); at least one."""
+        if self.num_kv_blocks is not None:
+            return self.max_num_seqs
+        return max(1, min(self.max_num_seqs, (self.kv_cache_bytes // 2) // bytes_per_request))
 
     @classmethod
     def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from services.engine.engine import Engine, RequestRejectedError
 from services.engine.kv.kv_cache_manager import page_key
-from services.engine.kv_pages import KVPages, num_blocks
+from services.engine.kv_pages import KVPages
 from services.engine.request import Request
 from shared.types import BlockHash, MmHash
 
@@ -41,8 +41,13 @@ def import_prefilled(engine: Engine, request: Request, pages: KVPages) -> None:
     longer read get no page there (the sender's were released; it sends zeros for them).
 
     A migrated request arrives with ``output_token_ids`` also holding the answer sent before the
-    migration: ``pages`` then cover the prompt and those tokens, the first token excepted.
+    migration: ``pages`` then cover the prompt and those tokens, the first token excepted. A hybrid
+    model's pages carry the request's state after those same tokens, copied into its slot.
     """
+    num_state_layers = len(engine.runner.states) if engine.runner.states is not None else 0
+    if len(pages.states) != num_state_layers:
+        # A hybrid model's state after the same tokens: without it the request cannot go on.
+        raise RequestRejectedError(f"the request's KV pages carry state for {len(pages.states)} layers; this model has {num_state_layers}")
     engine.start_grammar(request)
     num_known_tokens = request.num_tokens - 1  # all but the first token have KV in the pages
     request.num_computed_tokens = num_known_tokens
@@ -51,11 +56,16 @@ def import_prefilled(engine: Engine, request: Request, pages: KVPages) -> None:
         request.num_computed_tokens = 0
         engine.grammars.forget(request.request_id)
         raise KVPagesExhaustedError("decode node has no free KV pages for this request; retry later")
-    for layer, (k_pages, v_pages) in enumerate(pages):
-        ids, kept = _layer_pages(engine, request, layer, num_blocks(pages))
+    for layer, (k_pages, v_pages) in zip(engine.kv.layout.kv_layers, pages.layers):
+        ids, kept = _layer_pages(engine, request, layer, pages.num_blocks)
         k_cache, v_cache = engine.runner.kv_caches[engine.kv.layout.place(layer).slot]
         k_cache.index_copy_(0, ids, k_pages[kept].to(k_cache.device, k_cache.dtype))
         v_cache.index_copy_(0, ids, v_pages[kept].to(v_cache.device, v_cache.dtype))
+    if engine.runner.states is not None:
+        slot = engine.kv.state_slot(request)
+        for (conv, recurrent), (conv_in, recurrent_in) in zip(engine.runner.states, pages.states):
+            conv[slot].copy_(conv_in)
+            recurrent[slot].copy_(recurrent_in)
     engine.kv.cache_computed_blocks(request)
     engine.requests[request.request_id] = request
     engine.scheduler.adopt(request)
@@ -72,13 +82,18 @@ def _layer_pages(engine: Engine, request: Request, layer: int, count: int) -> tu
 
 
 def read_request_pages(engine: Engine, request: Request, count: int) -> KVPages:
-    """Copies of the first ``count`` blocks' pages of ``request``, every layer; a block a sliding
-    layer released reads as zeros (no query after the prompt reads it)."""
-    pages: KVPages = []
-    for layer in range(engine.kv.layout.num_layers):
+    """Copies of the first ``count`` blocks' pages of ``request``, every KV layer, and a hybrid
+    model's state of the request as it stands; a block a sliding layer released reads as zeros
+    (no query after the prompt reads it)."""
+    layers = []
+    for layer in engine.kv.layout.kv_layers:
         ids, kept = _layer_pages(engine, request, layer, count)
-        pages.append(_gather(engine, layer, ids, kept, count))
-    return pages
+        layers.append(_gather(engine, layer, ids, kept, count))
+    states = []
+    if engine.runner.states is not None:
+        slot = engine.kv.state_slot(request)
+        states = [(conv[slot].clone(), recurrent[slot].clone()) for conv, recurrent in engine.runner.states]
+    return KVPages(layers, states)
 
 
 def _gather(engine: Engine, layer: int, ids: torch.Tensor, kept: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,14 +115,14 @@ def export_prefix(engine: Engine, hashes: list[BlockHash]) -> KVPages:
     """Pages of the leading blocks of ``hashes`` held here (no blocks if none is held): what a
     prefix hit would reuse, a sliding layer's blocks before its last window as zeros."""
     cached = engine.kv.cached_prefix(hashes)
-    pages: KVPages = []
-    for layer in range(engine.kv.layout.num_layers):
+    layers = []
+    for layer in engine.kv.layout.kv_layers:
         place = engine.kv.layout.place(layer)
         table = cached.tables[place.group] if cached.tables else []
         kept = [b for b, held in enumerate(table) if held is not None]
         ids = torch.tensor([table[b][place.page].block_id for b in kept], dtype=torch.long, device=engine.runner.device)
-        pages.append(_gather(engine, layer, ids, torch.tensor(kept, dtype=torch.long), cached.num_blocks))
-    return pages
+        layers.append(_gather(engine, layer, ids, torch.tensor(kept, dtype=torch.long), cached.num_blocks))
+    return KVPages(layers)
 
 
 def import_blocks(engine: Engine, hashes: list[BlockHash], pages: KVPages) -> int:
@@ -116,7 +131,8 @@ def import_blocks(engine: Engine, hashes: list[BlockHash], pages: KVPages) -> in
     the rule export_prefix applies). Pages already held are skipped; stops when the pool has no
     free page. Returns the number of blocks that gained a page."""
     kv, layout = engine.kv, engine.kv.layout
-    count = min(len(hashes), num_blocks(pages))
+    count = min(len(hashes), pages.num_blocks)
+    index_of = {layer: i for i, layer in enumerate(layout.kv_layers)}
     num_imported = 0
     for b in range(count):
         imported = False
@@ -132,8 +148,8 @@ def import_blocks(engine: Engine, hashes: list[BlockHash], pages: KVPages) -> in
             for slot in range(layout.num_slots):
                 layer = layout.groups[g].layers[j * layout.num_slots + slot]
                 k_cache, v_cache = engine.runner.kv_caches[slot]
-                k_cache[page.block_id].copy_(pages[layer][0][b])
-                v_cache[page.block_id].copy_(pages[layer][1][b])
+                k_cache[page.block_id].copy_(pages.layers[index_of[layer]][0][b])
+                v_cache[page.block_id].copy_(pages.layers[index_of[layer]][1][b])
             imported = True
         num_imported += imported
     return num_imported

@@ -42,12 +42,17 @@ class Engine:
             # vLLM forces too).
             self.config = dataclasses.replace(self.config, disable_chunked_mm_input=True)
         self.runner = ModelRunner(model, self.config, load_vision=load_vision)
+        if self.runner.checkpoint.shape.state is not None:
+            # A prefix hit would need the state layers' state at the hit's end, which is not kept
+            # yet: a hybrid model computes every prompt from its first token.
+            self.config = dataclasses.replace(self.config, enable_prefix_caching=False)
         self.kv = KVCacheManager(
             self.runner.num_kv_blocks,
             self.config.block_size,
             enable_caching=self.config.enable_prefix_caching,
             layout=self.runner.layout,
             max_chunk_tokens=self.config.max_num_batched_tokens,
+            state_slots=self.runner.num_state_slots,
         )
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
         self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)

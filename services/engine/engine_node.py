@@ -115,7 +115,7 @@ class EngineNode:
         under ``transfer_id``; returns how many blocks were sent (0: nothing is sent). The
         pages are copied on the engine thread, so a later eviction cannot tear them."""
         pages = await asyncio.wrap_future(self.loop.call(lambda engine: connector.export_prefix(engine, hashes)))
-        num_blocks = kv_pages.num_blocks(pages)
+        num_blocks = pages.num_blocks
         if num_blocks == 0:
             return 0
         # A send waits for room in the peer's queue: a thread's wait, not the loop's.
@@ -135,7 +135,9 @@ class EngineNode:
         if message is None:
             return None
         try:
-            return kv_pages.unpack(message.tensors, message.meta, self.engine.runner.checkpoint.shape.num_layers)
+            shape = self.engine.runner.checkpoint.shape
+            num_state_layers = len(shape.state.layers) if shape.state is not None else 0
+            return kv_pages.unpack(message.tensors, message.meta, len(shape.kv_layers), num_state_layers)
         except kv_pages.PageFormatError as exc:
             log.error("dropped KV pages %s: %s", key, exc)
             return None

@@ -18,6 +18,7 @@ from services.engine.attention_inputs import layer_attention_inputs, new_kv_stor
 from services.engine.config import EngineConfig
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.kv.layout import KVLayout
+from services.engine.kv.recurrent_state import StateStorage, new_state_storage
 from services.engine.prompt_logprobs import PromptRows, prompt_rows_of
 from services.engine.request import Request
 from services.engine.scheduler import SchedulerOutput
@@ -50,10 +51,19 @@ class ModelRunner:
         if load_vision:
             self.vision = self.family.build_vision(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_vision)
         text = self.checkpoint.shape
-        self.layout = KVLayout.from_windows(text.layer_windows) if config.sliding_window_kv else KVLayout.uniform(text.num_layers)
+        windows = {layer: text.layer_windows[layer] if config.sliding_window_kv else None for layer in text.kv_layers}
+        self.layout = KVLayout.of_layers(windows)
+        # A hybrid model's per-request state: slots carved from the KV budget first.
+        self.num_state_slots = 0
+        self.states: StateStorage | None = None
+        reserved = 0
+        if text.state is not None:
+            self.num_state_slots = config.resolve_num_state_slots(text.state.bytes_per_request())
+            self.states = new_state_storage(text.state, self.num_state_slots, self.device)
+            reserved = self.num_state_slots * text.state.bytes_per_request()
         # KV pages, each holding layout.num_slots layers (every layer when all are alike).
         self.num_kv_blocks = config.resolve_num_kv_blocks(
-            num_layers=self.layout.num_slots, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4
+            num_layers=self.layout.num_slots, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4, reserved_bytes=reserved
         )
         self.kv_caches = new_kv_storage(self.layout, self.num_kv_blocks, config.block_size, text, self.dtype, self.device)
         self.backend = create_backend(config.attention_backend, self.device, needs_masks=self.family.bidirectional_images)
@@ -94,12 +104,25 @@ class ModelRunner:
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         inputs = self.decoder.prepare_inputs(ids, merges)
         spans = self._image_spans(step) if self.family.bidirectional_images else None
-        layer_kv = layer_attention_inputs(step, kv, self.kv_caches, self.backend, self.checkpoint.shape, spans)
+        layer_kv = layer_attention_inputs(step, kv, self.kv_caches, self.backend, self.checkpoint.shape, spans, self.states)
+        self._clear_fresh_states(step, kv)
         hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
         prompt_rows = [PromptRows(request, span.start, hidden[row0 : row0 + len(span)]) for request, span, row0 in prompt_spans]
         if not sample_rows:
             return StepHidden([], torch.empty(0), prompt_rows)
         return StepHidden(sample_requests, hidden[torch.tensor(sample_rows, device=self.device)], prompt_rows)
+
+    def _clear_fresh_states(self, step: SchedulerOutput, kv: KVCacheManager) -> None:
+        """A request computing from token 0 starts from a zero state, whoever held its slot."""
+        if self.states is None:
+            return
+        fresh = [kv.state_slot(item.request) for item in step.scheduled if item.request.num_computed_tokens == 0]
+        if not fresh:
+            return
+        slots = torch.tensor(fresh, dtype=torch.long, device=self.device)
+        for conv, recurrent in self.states:
+            conv.index_fill_(0, slots, 0.0)
+            recurrent.index_fill_(0, slots, 0.0)
 
     @staticmethod
     def _image_spans(step: SchedulerOutput) -> list[list[tuple[int, int]]]:

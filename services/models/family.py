@@ -76,6 +76,24 @@ class ImageOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class StateShape:
+    """A hybrid decoder's linear-attention layers (Qwen3.5's Gated DeltaNet): each keeps, per
+    request, a fixed-size state instead of KV: the last ``conv_width`` inputs of its causal
+    convolution (conv_dim channels) and a recurrent matrix per value head (key_dim x value_dim)."""
+
+    layers: tuple[int, ...]  # the decoder layers that hold this state and no KV
+    conv_dim: int
+    conv_width: int  # kernel size - 1
+    num_heads: int
+    key_dim: int
+    value_dim: int
+
+    def bytes_per_request(self, dtype_bytes: int = 4) -> int:
+        per_layer = self.conv_dim * self.conv_width + self.num_heads * self.key_dim * self.value_dim
+        return len(self.layers) * per_layer * dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class TextShape:
     """What the KV pool, the KV page format and the engine need of any text decoder."""
 
@@ -86,6 +104,14 @@ class TextShape:
     head_dim: int
     # Per layer: the keys it reads back (a sliding window of that many positions), or None for all.
     layer_windows: tuple[int | None, ...]
+    # A hybrid decoder's state-holding layers, or None: every layer keeps KV.
+    state: StateShape | None = None
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The layers that keep KV, in order."""
+        stateful = set(self.state.layers) if self.state is not None else set()
+        return tuple(layer for layer in range(self.num_layers) if layer not in stateful)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +130,8 @@ class ModelConfig:
     def shape(self) -> TextShape:
         t = self.text
         windows = getattr(t, "layer_windows", None) or (None,) * t.num_layers
-        return TextShape(t.vocab_size, t.num_layers, t.num_heads, t.num_kv_heads, t.head_dim, tuple(windows))
+        state = getattr(t, "state_shape", None)
+        return TextShape(t.vocab_size, t.num_layers, t.num_heads, t.num_kv_heads, t.head_dim, tuple(windows), state)
 
 
 class ImageProcessor(Protocol):

@@ -23,10 +23,11 @@ from services.models.fingerprint import fingerprint
 from services.models.gemma3 import INFO as GEMMA3
 from services.models.hub import HubModelError, download, parse_hub_reference
 from services.models.qwen2_vl import INFO as QWEN2_VL
+from services.models.qwen3_5 import INFO as QWEN3_5
 from services.models.qwen3_vl import INFO as QWEN3_VL
 from shared.paths import builtin_models_dir
 
-FAMILIES: tuple[FamilyInfo, ...] = (QWEN2_VL, GEMMA3, QWEN3_VL)
+FAMILIES: tuple[FamilyInfo, ...] = (QWEN2_VL, GEMMA3, QWEN3_VL, QWEN3_5)
 
 MODEL_TYPE_TO_FAMILY: dict[str, FamilyInfo] = {model_type: info for info in FAMILIES for model_type in info.model_types}
 BUILTIN_TO_FAMILY: dict[str, FamilyInfo] = {name: info for info in FAMILIES for name in info.builtin_names}

@@ -100,7 +100,7 @@ class PrefillNode(EngineNode):
             self.loop, self.inbox, self.embedding_index, runner.vision, self.pixels_match, wait_s=embedding_wait_s
         )
         text = runner.checkpoint.shape
-        bytes_per_token = kv_bytes_per_token(text.num_layers, text.num_kv_heads, text.head_dim, runner.kv_caches[0][0].element_size())
+        bytes_per_token = kv_bytes_per_token(len(text.kv_layers), text.num_kv_heads, text.head_dim, runner.kv_caches[0][0].element_size())
         self.kv_puller = KVPuller(
             self.loop,
             self.arrival_of_pages,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from services.engine.kv.block_pool import BlockPool, KVBlock
 from services.engine.kv.layout import KVLayout
+from services.engine.kv.recurrent_state import StateSlots
 from services.engine.request import Request
 from shared.types import BlockHash
 
@@ -63,9 +64,11 @@ class KVCacheManager:
         enable_caching: bool = True,
         layout: KVLayout | None = None,
         max_chunk_tokens: int | None = None,
+        state_slots: int = 0,
     ) -> None:
         """``num_blocks``: pages in the pool. ``max_chunk_tokens``: the most tokens one step
-        computes for a request (bounds a sliding group's pages held at once)."""
+        computes for a request (bounds a sliding group's pages held at once). ``state_slots``: a
+        hybrid model's per-request state slots (kv/recurrent_state.py), held with the pages."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
@@ -75,6 +78,7 @@ class KVCacheManager:
         self.req_to_tables: dict[str, list[GroupTable]] = {}
         self._req_to_num_cached: dict[str, int] = {}
         self._num_groups = len(self.layout.groups)
+        self.state_slots = StateSlots(state_slots) if state_slots else None
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -141,6 +145,8 @@ class KVCacheManager:
 
     # -- allocation ------------------------------------------------------------------------------
     def can_allocate(self, request: Request, num_new_tokens: int, cached: CachedPrefix | None = None) -> bool:
+        if self.state_slots is not None and self.state_slots.needs_slot(request.request_id) and not self.state_slots.num_free:
+            return False
         return self._num_pages_to_take(request, num_new_tokens, cached) <= self.pool.num_free_blocks
 
     def allocate(self, request: Request, num_new_tokens: int, cached: CachedPrefix | None = None) -> bool:
@@ -150,6 +156,8 @@ class KVCacheManager:
         supply them."""
         if not self.can_allocate(request, num_new_tokens, cached):
             return False
+        if self.state_slots is not None:
+            self.state_slots.take(request.request_id)
         tables = self.req_to_tables.setdefault(request.request_id, [[] for _ in range(self._num_groups)])
         if cached is not None and cached.num_blocks:
             self.pool.touch(cached.pages())
@@ -206,6 +214,8 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         tables = self.req_to_tables.pop(request.request_id, [])
         self._req_to_num_cached.pop(request.request_id, None)
+        if self.state_slots is not None:
+            self.state_slots.release(request.request_id)
         # Tail first, so the shared head of a prefix is the last to be evicted.
         for table in reversed(tables):
             self.pool.free([page for pages in reversed(table) if pages is not None for page in reversed(pages)])
@@ -218,6 +228,12 @@ class KVCacheManager:
         if not tables:
             return []
         return [fill if pages is None else pages[page].block_id for pages in tables[group]]
+
+    def state_slot(self, request: Request) -> int:
+        """The state slot of a request holding pages (hybrid models only)."""
+        if self.state_slots is None:
+            raise RuntimeError("this model keeps no per-request state")
+        return self.state_slots.slot_of(request.request_id)
 
     def block_table(self, request: Request) -> list[int]:
         """Group 0's first page of each block: the whole block in a uniform layout."""

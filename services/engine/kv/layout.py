@@ -47,13 +47,25 @@ class KVLayout:
     @classmethod
     def from_windows(cls, windows: tuple[int | None, ...]) -> KVLayout:
         """One group per distinct window; full attention first."""
-        keys = sorted(set(windows), key=lambda w: (w is not None, w or 0))
-        groups = tuple(KVGroup(w, tuple(i for i, x in enumerate(windows) if x == w)) for w in keys)
+        return cls.of_layers(dict(enumerate(windows)))
+
+    @classmethod
+    def of_layers(cls, layer_windows: dict[int, int | None]) -> KVLayout:
+        """The layout of the layers named (a hybrid decoder's state layers keep no KV), each with
+        its window: one group per distinct window, full attention first."""
+        keys = sorted(set(layer_windows.values()), key=lambda w: (w is not None, w or 0))
+        groups = tuple(KVGroup(w, tuple(sorted(i for i, x in layer_windows.items() if x == w))) for w in keys)
         return cls(groups, math.gcd(*(len(g.layers) for g in groups)))
 
     @property
     def num_layers(self) -> int:
+        """Layers that keep KV."""
         return sum(len(g.layers) for g in self.groups)
+
+    @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """The decoder layers that keep KV, in order (every layer, unless the model is hybrid)."""
+        return tuple(sorted(layer for group in self.groups for layer in group.layers))
 
     def pages_per_block(self, group: int) -> int:
         return len(self.groups[group].layers) // self.num_slots

@@ -30,12 +30,13 @@ from services.models.qwen3_vl.config import TextConfig
 
 
 class InterleavedMRotaryEmbedding(nn.Module):
-    def __init__(self, config: TextConfig) -> None:
+    """Over the leading ``dim`` of each head (all of it for Qwen3-VL, a part for Qwen3.5)."""
+
+    def __init__(self, dim: int, rope_theta: float, mrope_section: tuple[int, int, int]) -> None:
         super().__init__()
-        dim = config.head_dim
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        inv_freq = 1.0 / (rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        _, section_h, section_w = config.mrope_section
+        _, section_h, section_w = mrope_section
         j = torch.arange(dim // 2)
         axis = torch.zeros(dim // 2, dtype=torch.long)
         axis[(j % 3 == 1) & (j < 3 * section_h)] = 1
@@ -67,7 +68,7 @@ class TextDecoder(PagedDecoder):
         self.config = config
         self.layers = nn.ModuleList(_layer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = InterleavedMRotaryEmbedding(config)
+        self.rotary = InterleavedMRotaryEmbedding(config.head_dim, config.rope_theta, config.mrope_section)
 
     def _deepstack_levels(self, inputs: DecoderInputs) -> tuple[torch.Tensor | None, list[torch.Tensor]]:
         """(image rows of the batch, one (rows, hidden) tensor per DeepStack level), or (None, [])."""

@@ -25,7 +25,7 @@ def test_imported_prefix_is_a_cache_hit_with_identical_output(make_llm, oracle):
     prep, hashes = _hashes(source, case.prompt)
     assert connector.num_cached_blocks(source.engine, hashes) == len(hashes)
     pages = connector.export_prefix(source.engine, hashes)
-    assert pages[0][0].shape[0] == len(hashes)
+    assert pages.num_blocks == len(hashes)
 
     assert connector.import_blocks(puller.engine, hashes, pages) == len(hashes)
     assert connector.import_blocks(puller.engine, hashes, pages) == 0  # already held: nothing rewritten
@@ -42,8 +42,8 @@ def test_export_stops_at_first_missing_block(make_llm):
     _, hashes = _hashes(llm, case.prompt)
     broken = [*hashes[:2], "0" * 64, *hashes[3:]]
     assert connector.num_cached_blocks(llm.engine, broken) == 2
-    assert connector.export_prefix(llm.engine, broken)[0][0].shape[0] == 2
-    assert connector.export_prefix(llm.engine, ["0" * 64])[0][0].shape[0] == 0
+    assert connector.export_prefix(llm.engine, broken).num_blocks == 2
+    assert connector.export_prefix(llm.engine, ["0" * 64]).num_blocks == 0
 
 
 def test_partial_import_of_a_prefix_still_matches_oracle(make_llm, oracle):

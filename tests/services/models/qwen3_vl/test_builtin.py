@@ -176,14 +176,12 @@ def test_weight_names_of_both_vintages(name, expected):
 def test_interleaved_mrope_is_transformers_bit_for_bit(qwen3vl_model, head_dim, section):
     """Our rotary tables against transformers' Qwen3VLTextRotaryEmbedding, at the real checkpoints'
     sections too (where the last frequencies past 3 x section fall back to the temporal axis)."""
-    from dataclasses import replace
-
     from transformers import Qwen3VLTextConfig
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 
     from services.models.qwen3_vl.decoder import InterleavedMRotaryEmbedding
 
-    ours = InterleavedMRotaryEmbedding(replace(read_config(qwen3vl_model.path).text, head_dim=head_dim, mrope_section=section))
+    ours = InterleavedMRotaryEmbedding(head_dim, read_config(qwen3vl_model.path).text.rope_theta, section)
     rope = {"rope_type": "default", "rope_theta": 5_000_000.0, "mrope_section": list(section), "mrope_interleaved": True}
     theirs = Qwen3VLTextRotaryEmbedding(Qwen3VLTextConfig(head_dim=head_dim, rope_parameters=rope))
     positions = torch.stack([torch.arange(40), torch.arange(40) // 5 + 3, torch.arange(40) % 5 + 3])  # distinct t, h, w

@@ -1,0 +1,68 @@
+"""A hybrid decoder's per-request state (services/models/family.py's StateShape): one slot per
+running request, holding every state layer's last convolution inputs and recurrent matrices.
+
+Slots go with KV pages (kv_cache_manager.py): a request takes its slot when it takes its first
+pages and gives it back when it frees them, so preemption and admission treat state as part of
+the request's KV. A request computing its prompt from token 0 starts from a zero state: the model
+runner clears its slot before that step, whoever held the slot before.
+
+The pool has a fixed number of slots, carved from the KV budget (ModelRunner), because a state's
+size does not grow with the context: a hybrid request costs one slot plus KV pages for its
+attention layers only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from services.models.family import StateShape
+
+# Per state layer: (conv inputs (slots, conv_dim, conv_width), recurrent (slots, heads, key_dim, value_dim)).
+StateStorage = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def new_state_storage(shape: StateShape, num_slots: int, device: torch.device) -> StateStorage:
+    """Zeroed state for ``num_slots`` requests. Float32 whatever the compute dtype: the recurrence
+    runs in float32, as transformers' does."""
+    return [
+        (
+            torch.zeros(num_slots, shape.conv_dim, shape.conv_width, device=device),
+            torch.zeros(num_slots, shape.num_heads, shape.key_dim, shape.value_dim, device=device),
+        )
+        for _ in shape.layers
+    ]
+
+
+class StateSlots:
+    """Which request holds which slot."""
+
+    def __init__(self, num_slots: int) -> None:
+        if num_slots <= 0:
+            raise ValueError("a hybrid model needs at least one state slot")
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+        self._slot_of: dict[str, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def needs_slot(self, request_id: str) -> bool:
+        return request_id not in self._slot_of
+
+    def take(self, request_id: str) -> int:
+        if request_id in self._slot_of:
+            return self._slot_of[request_id]
+        if not self._free:
+            raise RuntimeError("no free state slot")  # callers check num_free first
+        slot = self._free.pop()
+        self._slot_of[request_id] = slot
+        return slot
+
+    def slot_of(self, request_id: str) -> int:
+        return self._slot_of[request_id]
+
+    def release(self, request_id: str) -> None:
+        slot = self._slot_of.pop(request_id, None)
+        if slot is not None:
+            self._free.append(slot)

@@ -1,0 +1,100 @@
+"""Qwen3.5 (hybrid) on a real multi-process stack: one preprocess node, two encoders, three prefill
+and two decode nodes, round-robin placement, the official openai client, checked token for token
+against transformers. Every answer's prompt is computed on a prefill node and its linear-attention
+state handed to a decode node with the KV pages of its four-in-one full-attention layers.
+
+Paths, each asserted by the counter that proves it ran: cold image requests and repeats (an
+encoder-cache hit on an encoder, as the third sight is back on its first encoder but on a prefill
+node that has not seen it; embeddings pulled by prefill nodes from encoders), a multi-turn
+conversation (computed whole each turn: a hybrid model takes no prefix hits yet, so cached tokens
+are 0), and a decode node killed mid-stream, whose streams migrate with their state recomputed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+
+import pytest
+
+from tests.factories import chat_case, conversation, encode_image, make_image
+from tests.oracle import ReferenceOracle
+from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
+from tests.services.stack.e2e_helpers import client_for
+from tests.services.stack.stack_probes import Streams, busiest_decode_node
+
+MODEL = "qwen3_5-tiny"
+MAX_TOKENS = 12
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def hybrid_stack(tmp_path_factory, repo_root):
+    from services.models.registry import resolve_model
+
+    model = resolve_model(MODEL, progress=lambda _m: None)
+    running = launch_stack(
+        tmp_path_factory.mktemp(MODEL),
+        repo_root,
+        *("--model", MODEL, "--preprocess", "1", "--encoders", "2", "--prefill", "3", "--decode", "2"),
+        *("--routing-policy", "round_robin"),
+        internal_secret=secrets.token_hex(16),
+    )
+    running.served_model = MODEL
+    yield running, ReferenceOracle(model.path)
+    stop_stack(running)
+
+
+def _png(seed: int, w: int = 96, h: int = 80) -> bytes:
+    return encode_image(make_image(w, h, seed=seed))
+
+
+def _oracle_text(oracle: ReferenceOracle, case, max_tokens: int = MAX_TOKENS) -> str:
+    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+    return oracle.tokenizer.decode(oracle.generate(inputs, max_tokens).token_ids, skip_special_tokens=True)
+
+
+def _ask(stack: RunningStack, case) -> tuple[str, int]:
+    reply = client_for(stack).chat.completions.create(model=stack.served_model, messages=case.body["messages"], **GREEDY)
+    return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
+
+
+def _counter(stack: RunningStack, name: str) -> float:
+    return stack.metrics().get(f"tessera_{name}", 0.0)
+
+
+def test_images_repeats_and_turns_match_the_oracle_across_prefill_and_decode_nodes(hybrid_stack):
+    stack, oracle = hybrid_stack
+    names = ("encoder_cache_hits_total", "prefill_embeddings_pulled_total")
+    before = {name: _counter(stack, name) for name in names}
+    image = _png(1)
+    for i in range(3):  # cold, then the same image on the other encoder, then back (a hit)
+        case = chat_case(image, f"Question {i}: what is here?")
+        text, _ = _ask(stack, case)
+        assert text == _oracle_text(oracle, case), f"sight {i} of the image"
+    first = chat_case("Describe it, please.", _png(2))
+    turns = [first, conversation(first, "A picture.", chat_case("And the colours?"))]
+    turns.append(conversation(*turns[1:], "Mostly grey.", chat_case("Anything else?")))
+    for i, case in enumerate(turns):
+        text, num_cached = _ask(stack, case)
+        assert text == _oracle_text(oracle, case), f"turn {i}"
+        assert num_cached == 0
+    after = {name: _counter(stack, name) for name in names}
+    assert after["encoder_cache_hits_total"] > before["encoder_cache_hits_total"]
+    assert after["prefill_embeddings_pulled_total"] > before["prefill_embeddings_pulled_total"]
+
+
+def test_a_decode_node_killed_mid_stream_migrates_and_stays_exact(hybrid_stack):
+    stack, oracle = hybrid_stack
+    greedy = {**GREEDY, "max_tokens": 512}
+    cases = [chat_case(_png(10 + i, 64 + 16 * i, 64), f"Tell me about picture {i}.") for i in range(4)]
+    expected = [_oracle_text(oracle, case, 512) for case in cases]
+    migrations = _counter(stack, "gateway_migrations_total")
+    streams = Streams(stack, cases, greedy, model=stack.served_model)
+    streams.wait_flowing(1)
+    os.kill(busiest_decode_node(stack)["pid"], signal.SIGKILL)
+    texts, errors = streams.join()
+    assert not errors, (errors, stack.log_tail())
+    assert texts == expected
+    assert _counter(stack, "gateway_migrations_total") > migrations
