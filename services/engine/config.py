@@ -25,6 +25,9 @@ class EngineConfig:
     # Never split one image's placeholder span across steps (as vLLM's disable_chunked_mm_input).
     disable_chunked_mm_input: bool = False
     enable_prefix_caching: bool = True
+    # A hybrid model (Qwen3.5) saves its linear layers' state for prefix hits at the prompt's last
+    # full block, within each image, and every this many tokens (a multiple of block_size).
+    state_interval_tokens: int = 512
     # Sliding-window layers (Gemma3's local layers) hold only their window's KV pages, released to
     # the shared page pool as a request moves on (services/engine/kv/layout.py). Off: every layer
     # holds the whole context, as full attention would (attention stays windowed either way).
@@ -56,6 +59,7 @@ class EngineConfig:
             "encoder_cache_tokens",
             "max_encoder_tokens_per_step",
             "max_model_len",
+            "state_interval_tokens",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -63,6 +67,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be positive")
         if self.max_encoder_tokens_per_step > self.encoder_cache_tokens:
             raise ValueError("max_encoder_tokens_per_step cannot exceed encoder_cache_tokens")
+        if self.state_interval_tokens % self.block_size:
+            raise ValueError(f"state_interval_tokens ({self.state_interval_tokens}) must be a multiple of block_size ({self.block_size})")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"attention_backend must be auto, torch or flashinfer, got {self.attention_backend!r}")
 
@@ -74,12 +80,15 @@ class EngineConfig:
         bytes_per_block = 2 * num_layers * self.block_size * num_kv_heads * head_dim * dtype_bytes
         return max(1, (self.kv_cache_bytes - reserved_bytes) // bytes_per_block)
 
-    def resolve_num_state_slots(self, bytes_per_request: int) -> int:
-        """A hybrid model's state slots: one per sequence that may run, but never more than half
-        the KV budget holds (the rest is the attention layers' pages); at least one."""
+    def resolve_num_state_slots(self, bytes_per_request: int) -> tuple[int, int]:
+        """A hybrid model's (state slots, state snapshots). Slots: one per sequence that may run,
+        but at most half the KV budget (at least one). Snapshots, the states prefix hits restore:
+        as many as slots, within a quarter of the budget. The attention layers' pages get the rest."""
         if self.num_kv_blocks is not None:
-            return self.max_num_seqs
-        return max(1, min(self.max_num_seqs, (self.kv_cache_bytes // 2) // bytes_per_request))
+            return self.max_num_seqs, self.max_num_seqs if self.enable_prefix_caching else 0
+        slots = max(1, min(self.max_num_seqs, (self.kv_cache_bytes // 2) // bytes_per_request))
+        snapshots = min(self.max_num_seqs, (self.kv_cache_bytes // 4) // bytes_per_request) if self.enable_prefix_caching else 0
+        return slots, snapshots
 
     @classmethod
     def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -66,6 +66,7 @@ def import_prefilled(engine: Engine, request: Request, pages: KVPages) -> None:
         for (conv, recurrent), (conv_in, recurrent_in) in zip(engine.runner.states, pages.states):
             conv[slot].copy_(conv_in)
             recurrent[slot].copy_(recurrent_in)
+        _file_snapshot(engine, request.update_block_hashes(engine.kv.block_size), pages.prefix_blocks, pages.prefix_states)
     engine.kv.cache_computed_blocks(request)
     engine.requests[request.request_id] = request
     engine.scheduler.adopt(request)
@@ -89,11 +90,19 @@ def read_request_pages(engine: Engine, request: Request, count: int) -> KVPages:
     for layer in engine.kv.layout.kv_layers:
         ids, kept = _layer_pages(engine, request, layer, count)
         layers.append(_gather(engine, layer, ids, kept, count))
-    states = []
-    if engine.runner.states is not None:
-        slot = engine.kv.state_slot(request)
-        states = [(conv[slot].clone(), recurrent[slot].clone()) for conv, recurrent in engine.runner.states]
-    return KVPages(layers, states)
+    if engine.runner.states is None:
+        return KVPages(layers)
+    slot = engine.kv.state_slot(request)
+    pages = KVPages(layers, [(conv[slot].clone(), recurrent[slot].clone()) for conv, recurrent in engine.runner.states])
+    # The state saved at the prompt's last full block, if still held: the receiver's prefix hits.
+    engine.runner.save_states(engine.kv)
+    prefix_blocks = min(count, (request.num_prompt_tokens - 1) // engine.kv.block_size)
+    hashes = request.update_block_hashes(engine.kv.block_size)
+    snapshot = engine.kv.snapshots.lookup(hashes[prefix_blocks - 1]) if prefix_blocks and engine.kv.snapshots is not None else None
+    if snapshot is not None and engine.runner.snapshots is not None:
+        pages.prefix_states = [(conv[snapshot].clone(), recurrent[snapshot].clone()) for conv, recurrent in engine.runner.snapshots]
+        pages.prefix_blocks = prefix_blocks
+    return pages
 
 
 def _gather(engine: Engine, layer: int, ids: torch.Tensor, kept: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,7 +122,10 @@ def num_cached_blocks(engine: Engine, hashes: list[BlockHash]) -> int:
 
 def export_prefix(engine: Engine, hashes: list[BlockHash]) -> KVPages:
     """Pages of the leading blocks of ``hashes`` held here (no blocks if none is held): what a
-    prefix hit would reuse, a sliding layer's blocks before its last window as zeros."""
+    prefix hit would reuse, a sliding layer's blocks before its last window as zeros, and for a
+    hybrid model the state saved at the hit's end."""
+    if engine.runner.states is not None:
+        engine.runner.save_states(engine.kv)  # a snapshot saved after the last step is written now
     cached = engine.kv.cached_prefix(hashes)
     layers = []
     for layer in engine.kv.layout.kv_layers:
@@ -122,7 +134,12 @@ def export_prefix(engine: Engine, hashes: list[BlockHash]) -> KVPages:
         kept = [b for b, held in enumerate(table) if held is not None]
         ids = torch.tensor([table[b][place.page].block_id for b in kept], dtype=torch.long, device=engine.runner.device)
         layers.append(_gather(engine, layer, ids, torch.tensor(kept, dtype=torch.long), cached.num_blocks))
-    return KVPages(layers)
+    states = []
+    if cached.state_snapshot is not None and engine.runner.snapshots is not None:
+        # A hybrid model's hit ends where a state was saved: the state travels with the pages.
+        at = cached.state_snapshot
+        states = [(conv[at].clone(), recurrent[at].clone()) for conv, recurrent in engine.runner.snapshots]
+    return KVPages(layers, states)
 
 
 def import_blocks(engine: Engine, hashes: list[BlockHash], pages: KVPages) -> int:
@@ -132,6 +149,10 @@ def import_blocks(engine: Engine, hashes: list[BlockHash], pages: KVPages) -> in
     free page. Returns the number of blocks that gained a page."""
     kv, layout = engine.kv, engine.kv.layout
     count = min(len(hashes), pages.num_blocks)
+    if engine.runner.states is not None:
+        # A hybrid model's blocks serve a hit only with the state at their end: none, none filed.
+        if not pages.states or count < pages.num_blocks or not _file_snapshot(engine, hashes, count, pages.states):
+            return 0
     index_of = {layer: i for i, layer in enumerate(layout.kv_layers)}
     num_imported = 0
     for b in range(count):
@@ -153,3 +174,19 @@ def import_blocks(engine: Engine, hashes: list[BlockHash], pages: KVPages) -> in
             imported = True
         num_imported += imported
     return num_imported
+
+
+def _file_snapshot(engine: Engine, hashes: list[BlockHash], num_blocks: int, states: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Keep ``states``, a hybrid request's state after its first ``num_blocks`` blocks, for prefix
+    hits; False when there is none or nowhere to keep it."""
+    snapshots = engine.runner.snapshots
+    if not states or not num_blocks or num_blocks > len(hashes) or snapshots is None or engine.kv.snapshots is None:
+        return False
+    engine.runner.save_states(engine.kv)  # pending saves first: this one may take a snapshot they name
+    snapshot = engine.kv.snapshots.save(hashes[num_blocks - 1])
+    if snapshot is None:
+        return False
+    for (conv, recurrent), (conv_in, recurrent_in) in zip(snapshots, states):
+        conv[snapshot].copy_(conv_in)
+        recurrent[snapshot].copy_(recurrent_in)
+    return True

@@ -42,10 +42,6 @@ class Engine:
             # vLLM forces too).
             self.config = dataclasses.replace(self.config, disable_chunked_mm_input=True)
         self.runner = ModelRunner(model, self.config, load_vision=load_vision)
-        if self.runner.checkpoint.shape.state is not None:
-            # A prefix hit would need the state layers' state at the hit's end, which is not kept
-            # yet: a hybrid model computes every prompt from its first token.
-            self.config = dataclasses.replace(self.config, enable_prefix_caching=False)
         self.kv = KVCacheManager(
             self.runner.num_kv_blocks,
             self.config.block_size,
@@ -53,6 +49,8 @@ class Engine:
             layout=self.runner.layout,
             max_chunk_tokens=self.config.max_num_batched_tokens,
             state_slots=self.runner.num_state_slots,
+            state_snapshots=self.runner.num_state_snapshots,
+            state_interval_blocks=self.config.state_interval_tokens // self.config.block_size,
         )
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
         self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)

@@ -5,8 +5,10 @@ Format ``tessera-kv-pages/2``: one tensor message (services/transport/tensor_cha
 tensors are ``k{i}`` and ``v{i}`` for the i-th layer that keeps KV, each shaped (num_blocks,
 block_size, num_kv_heads, head_dim) in the sender's KV dtype, and, for a hybrid model's request,
 ``conv{j}`` and ``state{j}`` for its j-th state layer: the request's state after the tokens whose
-KV the pages hold (kv/recurrent_state.py). The metadata names the format, the KV layer count, the
-state layer count and the block count. A receiver refuses another format or shape rather than
+KV the pages hold (kv/recurrent_state.py), and ``prefix_conv{j}`` and ``prefix_state{j}``: its
+state saved at the end of block ``prefix_blocks``, which lets the receiver serve prefix hits on
+the pages. The metadata names the format, the KV layer count, the state layer count, the block
+count and ``prefix_blocks`` (0: no saved state travels). A receiver refuses another format or shape rather than
 filing pages it would misread. Bump the version on any change to the layout. A sliding-window
 layer's page that no query after the run can read may travel as zeros; both ends apply the same
 window rule (kv/layout.py), and the receiver never files it. A cached prefix travels without
@@ -28,6 +30,10 @@ class KVPages:
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     # Per state layer, in order, one request's: (conv inputs (conv_dim, width), recurrent (heads, key_dim, value_dim)).
     states: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # A hybrid request's state saved after its first ``prefix_blocks`` blocks, so that the
+    # receiver can serve prefix hits on these pages too (prefill to decode); none when 0.
+    prefix_states: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    prefix_blocks: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -44,10 +50,17 @@ def pack(pages: KVPages) -> tuple[dict[str, torch.Tensor], dict]:
     for layer, (k, v) in enumerate(pages.layers):
         tensors[f"k{layer}"] = k
         tensors[f"v{layer}"] = v
-    for layer, (conv, state) in enumerate(pages.states):
-        tensors[f"conv{layer}"] = conv
-        tensors[f"state{layer}"] = state
-    meta = {"format": PAGE_FORMAT, "num_layers": len(pages.layers), "num_state_layers": len(pages.states), "num_blocks": pages.num_blocks}
+    for prefix, states in (("", pages.states), ("prefix_", pages.prefix_states)):
+        for layer, (conv, state) in enumerate(states):
+            tensors[f"{prefix}conv{layer}"] = conv
+            tensors[f"{prefix}state{layer}"] = state
+    meta = {
+        "format": PAGE_FORMAT,
+        "num_layers": len(pages.layers),
+        "num_state_layers": len(pages.states),
+        "num_blocks": pages.num_blocks,
+        "prefix_blocks": pages.prefix_blocks if pages.prefix_states else 0,
+    }
     return tensors, meta
 
 
@@ -63,8 +76,12 @@ def unpack(tensors: dict[str, torch.Tensor], meta: dict, num_layers: int, num_st
     try:
         layers = [(tensors[f"k{i}"], tensors[f"v{i}"]) for i in range(num_layers)]
         states = [(tensors[f"conv{j}"], tensors[f"state{j}"]) for j in range(meta["num_state_layers"])]
+        prefix_blocks = int(meta.get("prefix_blocks", 0))
+        prefix_states = [(tensors[f"prefix_conv{j}"], tensors[f"prefix_state{j}"]) for j in range(num_state_layers if prefix_blocks else 0)]
     except KeyError as exc:
         raise PageFormatError(f"KV pages lack tensor {exc.args[0]}") from None
     if any(k.shape != v.shape or k.shape[0] != meta.get("num_blocks") for k, v in layers):
         raise PageFormatError("KV pages disagree with their block count or between K and V")
-    return KVPages(layers, states)
+    if prefix_blocks > meta["num_blocks"]:
+        raise PageFormatError(f"a state after block {prefix_blocks} of {meta['num_blocks']}")
+    return KVPages(layers, states, prefix_states, prefix_blocks)

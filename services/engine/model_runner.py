@@ -54,13 +54,16 @@ class ModelRunner:
         windows = {layer: text.layer_windows[layer] if config.sliding_window_kv else None for layer in text.kv_layers}
         self.layout = KVLayout.of_layers(windows)
         # A hybrid model's per-request state: slots carved from the KV budget first.
-        self.num_state_slots = 0
+        self.num_state_slots = self.num_state_snapshots = 0
         self.states: StateStorage | None = None
+        self.snapshots: StateStorage | None = None  # saved states that prefix hits restore
         reserved = 0
         if text.state is not None:
-            self.num_state_slots = config.resolve_num_state_slots(text.state.bytes_per_request())
+            state_bytes = text.state.bytes_per_request()
+            self.num_state_slots, self.num_state_snapshots = config.resolve_num_state_slots(state_bytes)
             self.states = new_state_storage(text.state, self.num_state_slots, self.device)
-            reserved = self.num_state_slots * text.state.bytes_per_request()
+            self.snapshots = new_state_storage(text.state, self.num_state_snapshots, self.device)
+            reserved = (self.num_state_slots + self.num_state_snapshots) * state_bytes
         # KV pages, each holding layout.num_slots layers (every layer when all are alike).
         self.num_kv_blocks = config.resolve_num_kv_blocks(
             num_layers=self.layout.num_slots, num_kv_heads=text.num_kv_heads, head_dim=text.head_dim, dtype_bytes=4, reserved_bytes=reserved
@@ -105,12 +108,35 @@ class ModelRunner:
         inputs = self.decoder.prepare_inputs(ids, merges)
         spans = self._image_spans(step) if self.family.bidirectional_images else None
         layer_kv = layer_attention_inputs(step, kv, self.kv_caches, self.backend, self.checkpoint.shape, spans, self.states)
+        self.save_states(kv)
+        self._restore_states(kv)
         self._clear_fresh_states(step, kv)
         hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
         prompt_rows = [PromptRows(request, span.start, hidden[row0 : row0 + len(span)]) for request, span, row0 in prompt_spans]
         if not sample_rows:
             return StepHidden([], torch.empty(0), prompt_rows)
         return StepHidden(sample_requests, hidden[torch.tensor(sample_rows, device=self.device)], prompt_rows)
+
+    def save_states(self, kv: KVCacheManager) -> None:
+        """Copy the states the KV manager chose to keep into their snapshots. A saved slot is
+        untouched until the next forward, so this runs at any time before it (and before any
+        restore: a hit may name a snapshot whose save is still pending)."""
+        for slot, snapshot in kv.pending_saves:
+            self._copy_state(self.states, slot, self.snapshots, snapshot)
+        kv.pending_saves.clear()
+
+    def _restore_states(self, kv: KVCacheManager) -> None:
+        """Requests admitted on a prefix hit start from the state saved at its end."""
+        for slot, snapshot in kv.pending_restores:
+            self._copy_state(self.snapshots, snapshot, self.states, slot)
+        kv.pending_restores.clear()
+
+    @staticmethod
+    def _copy_state(source: StateStorage | None, index: int, target: StateStorage | None, target_index: int) -> None:
+        assert source is not None and target is not None
+        for (conv, recurrent), (to_conv, to_recurrent) in zip(source, target):
+            to_conv[target_index].copy_(conv[index])
+            to_recurrent[target_index].copy_(recurrent[index])
 
     def _clear_fresh_states(self, step: SchedulerOutput, kv: KVCacheManager) -> None:
         """A request computing from token 0 starts from a zero state, whoever held its slot."""

@@ -11,6 +11,7 @@ Each step:
      the longest cached prefix, then schedule as many tokens as the budget allows. The head of
      the queue blocks the rest if it does not fit (no starvation of large requests), unless it
      cannot begin until an item computed elsewhere is imported: then the rest go first.
+A hybrid model's prompt chunk ends at each point where its state is saved for prefix hits.
 Images: a scheduled token range that reaches into an image's placeholder needs that image's
 embeddings. They come from the encoder cache, or the image is scheduled for encoding if the
 per-step encoder budget and the cache allow; otherwise the range stops before the image. An
@@ -91,7 +92,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            wanted = min(request.num_tokens - request.num_computed_tokens, budget)
+            wanted = self._chunk(request, request.num_computed_tokens, budget)
             num_new, encode, encoder_budget_after = self._plan_encoder(request, request.num_computed_tokens, wanted, encoder_budget)
             if num_new == 0:
                 index += 1
@@ -116,7 +117,7 @@ class Scheduler:
             request = self.waiting[0]
             cached: list[KVBlock] = self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             start = request.num_computed_tokens + len(cached) * self.kv.block_size
-            wanted = min(request.num_tokens - start, budget)
+            wanted = self._chunk(request, start, budget)
             num_new, encode, encoder_budget_after = self._plan_encoder(request, start, wanted, encoder_budget)
             if num_new == 0 and request.awaiting_import is not None:
                 awaiting.append(self.waiting.popleft())
@@ -136,6 +137,13 @@ class Scheduler:
         self.waiting.extendleft(reversed(awaiting))
         self._record_queue_times(scheduled)
         return SchedulerOutput(scheduled, preempted)
+
+    def _chunk(self, request: Request, start: int, budget: int) -> int:
+        """Tokens to compute from ``start`` within the budget; a hybrid model's prompt chunk stops
+        at the next point whose state is saved for prefix hits (KVCacheManager.is_state_point)."""
+        wanted = min(request.num_tokens - start, budget)
+        to_point = self.kv.tokens_to_state_point(request, start)
+        return wanted if to_point is None else min(wanted, to_point)
 
     def _record_queue_times(self, scheduled: list[ScheduledRequest]) -> None:
         now = time.monotonic()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from services.engine.kv.block_pool import BlockPool, KVBlock
 from services.engine.kv.layout import KVLayout
-from services.engine.kv.recurrent_state import StateSlots
+from services.engine.kv.recurrent_state import StateSlots, StateSnapshots
 from services.engine.request import Request
 from shared.types import BlockHash
 
@@ -43,10 +43,11 @@ def page_key(block_hash: BlockHash, group: int, page: int) -> BlockHash:
 @dataclass(slots=True)
 class CachedPrefix:
     """A prefix hit: ``num_blocks`` leading blocks, and each group's pages for them (None where a
-    sliding group needs no page)."""
+    sliding group needs no page); for a hybrid model, the snapshot of the state at its end."""
 
     num_blocks: int = 0
     tables: list[GroupTable] = field(default_factory=list)
+    state_snapshot: int | None = None
 
     def __len__(self) -> int:
         return self.num_blocks
@@ -65,10 +66,14 @@ class KVCacheManager:
         layout: KVLayout | None = None,
         max_chunk_tokens: int | None = None,
         state_slots: int = 0,
+        state_snapshots: int = 0,
+        state_interval_blocks: int | None = None,
     ) -> None:
         """``num_blocks``: pages in the pool. ``max_chunk_tokens``: the most tokens one step
         computes for a request (bounds a sliding group's pages held at once). ``state_slots``: a
-        hybrid model's per-request state slots (kv/recurrent_state.py), held with the pages."""
+        hybrid model's per-request state slots (kv/recurrent_state.py), held with the pages;
+        ``state_snapshots``: how many saved states its prefix hits may restore, saved at the
+        state points (``is_state_point``, every ``state_interval_blocks`` among them)."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
@@ -79,6 +84,11 @@ class KVCacheManager:
         self._req_to_num_cached: dict[str, int] = {}
         self._num_groups = len(self.layout.groups)
         self.state_slots = StateSlots(state_slots) if state_slots else None
+        self.snapshots = StateSnapshots(state_snapshots) if state_slots and state_snapshots and enable_caching else None
+        self.state_interval_blocks = state_interval_blocks
+        # (slot, snapshot) copies the model runner makes: restores before the next step, saves after it.
+        self.pending_restores: list[tuple[int, int]] = []
+        self.pending_saves: list[tuple[int, int]] = []
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -120,13 +130,20 @@ class KVCacheManager:
             if any(self._lookup(block_hash, g) is None for g in full):
                 break
             num += 1
-        while num > 0 and not self._window_pages_cached(hashes, num):
+        while num > 0 and not (self._window_pages_cached(hashes, num) and self._state_kept(hashes, num)):
             num -= 1
         tables = []
         for g in range(self._num_groups):
             first = self.layout.first_needed_block(g, num * self.block_size, self.block_size)
             tables.append([None if b < first else self._lookup(hashes[b], g) for b in range(num)])
-        return CachedPrefix(num, tables)
+        snapshot = self.snapshots.lookup(hashes[num - 1]) if num and self.snapshots is not None else None
+        return CachedPrefix(num, tables, snapshot)
+
+    def _state_kept(self, hashes: list[BlockHash], num: int) -> bool:
+        """A hybrid model's hit must end where a state was saved (its KV alone cannot resume it)."""
+        if self.state_slots is None:
+            return True
+        return self.snapshots is not None and self.snapshots.holds(hashes[num - 1])
 
     def num_cached_blocks(self, hashes: list[BlockHash]) -> int:
         return self.cached_prefix(hashes).num_blocks
@@ -157,7 +174,9 @@ class KVCacheManager:
         if not self.can_allocate(request, num_new_tokens, cached):
             return False
         if self.state_slots is not None:
-            self.state_slots.take(request.request_id)
+            slot = self.state_slots.take(request.request_id)
+            if cached is not None and cached.state_snapshot is not None:
+                self.pending_restores.append((slot, cached.state_snapshot))
         tables = self.req_to_tables.setdefault(request.request_id, [[] for _ in range(self._num_groups)])
         if cached is not None and cached.num_blocks:
             self.pool.touch(cached.pages())
@@ -201,7 +220,47 @@ class KVCacheManager:
                     for j, page in enumerate(table[b] or ()):
                         self.pool.cache_block(page, page_key(hashes[b], g, j), publish=(g, j) == (0, 0))
             self._req_to_num_cached[request.request_id] = min(num_full, len(hashes))
+        self._save_state(request)
         self._release_out_of_window(request, tables)
+
+    # -- a hybrid model's state ------------------------------------------------------------------
+    def is_state_point(self, request: Request, num_blocks: int) -> bool:
+        """Whether the state after ``num_blocks`` blocks of ``request`` is saved: at the end of the
+        prompt's last full block (what a repeat, or the next turn, reuses at most), at the last
+        block end within each image (a question about the same image reuses the image), and every
+        ``state_interval_blocks`` blocks (long shared prefixes)."""
+        if num_blocks <= 0:
+            return False
+        if num_blocks == (request.num_prompt_tokens - 1) // self.block_size:
+            return True
+        if self.state_interval_blocks and num_blocks % self.state_interval_blocks == 0:
+            return True
+        return any(feature.placeholder.end // self.block_size == num_blocks for feature in request.mm_features)
+
+    def tokens_to_state_point(self, request: Request, start: int) -> int | None:
+        """Tokens from ``start`` to the next state point within the prompt, where a prefill chunk
+        must stop so that the state there can be saved; None when none is ahead (or nothing is saved)."""
+        if self.snapshots is None:
+            return None
+        last = (request.num_prompt_tokens - 1) // self.block_size
+        for num_blocks in range(start // self.block_size + 1, last + 1):
+            if self.is_state_point(request, num_blocks):
+                return num_blocks * self.block_size - start
+        return None
+
+    def _save_state(self, request: Request) -> None:
+        """After a step: a request standing at a state point has its state saved under that block."""
+        if self.snapshots is None or request.num_computed_tokens % self.block_size:
+            return
+        num_blocks = request.num_computed_tokens // self.block_size
+        if not self.is_state_point(request, num_blocks):
+            return
+        hashes = request.update_block_hashes(self.block_size)
+        if num_blocks > len(hashes):
+            return
+        snapshot = self.snapshots.save(hashes[num_blocks - 1])
+        if snapshot is not None:
+            self.pending_saves.append((self.state_slot(request), snapshot))
 
     def _release_out_of_window(self, request: Request, tables: list[GroupTable]) -> None:
         for g, table in enumerate(tables):

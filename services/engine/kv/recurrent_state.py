@@ -13,9 +13,12 @@ attention layers only.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 from services.models.family import StateShape
+from shared.types import BlockHash
 
 # Per state layer: (conv inputs (slots, conv_dim, conv_width), recurrent (slots, heads, key_dim, value_dim)).
 StateStorage = list[tuple[torch.Tensor, torch.Tensor]]
@@ -66,3 +69,45 @@ class StateSlots:
         slot = self._slot_of.pop(request_id, None)
         if slot is not None:
             self._free.append(slot)
+
+
+class StateSnapshots:
+    """Saved states at block ends, for prefix hits: block hash -> snapshot id, least recently used
+    evicted first, never more than ``capacity`` (their storage is fixed: ModelRunner). The state
+    saved under a block's hash is a request's state after that block's last token; since a block
+    hash covers every token before it (and each image's identity), any request whose prefix has
+    that hash reaches the same state there."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._id_of: OrderedDict[BlockHash, int] = OrderedDict()
+        self._free = list(range(capacity - 1, -1, -1))
+        self.num_evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._id_of)
+
+    def lookup(self, block_hash: BlockHash) -> int | None:
+        snapshot = self._id_of.get(block_hash)
+        if snapshot is not None:
+            self._id_of.move_to_end(block_hash)
+        return snapshot
+
+    def holds(self, block_hash: BlockHash) -> bool:
+        return block_hash in self._id_of
+
+    def save(self, block_hash: BlockHash) -> int | None:
+        """The id to write the state after ``block_hash`` into (its old one if held), evicting the
+        least recently used; None when there is no storage at all."""
+        if block_hash in self._id_of:
+            self._id_of.move_to_end(block_hash)
+            return self._id_of[block_hash]
+        if not self._free:
+            if not self._id_of:
+                return None
+            _, evicted = self._id_of.popitem(last=False)
+            self._free.append(evicted)
+            self.num_evictions += 1
+        snapshot = self._free.pop()
+        self._id_of[block_hash] = snapshot
+        return snapshot

@@ -16,7 +16,7 @@ def pages(num_layers: int = 2, num_blocks: int = 3, num_state_layers: int = 0) -
 def test_pages_round_trip_with_their_format_named():
     original = pages()
     tensors, meta = pack(original)
-    assert meta == {"format": PAGE_FORMAT, "num_layers": 2, "num_state_layers": 0, "num_blocks": 3}
+    assert meta == {"format": PAGE_FORMAT, "num_layers": 2, "num_state_layers": 0, "num_blocks": 3, "prefix_blocks": 0}
     for (k, v), (k2, v2) in zip(original.layers, unpack(tensors, meta, 2).layers):
         assert torch.equal(k, k2) and torch.equal(v, v2)
 
@@ -29,6 +29,12 @@ def test_a_hybrid_requests_state_travels_with_its_pages():
     for (conv, state), (conv2, state2) in zip(original.states, received.states):
         assert torch.equal(conv, conv2) and torch.equal(state, state2)
     assert unpack(*pack(pages()), 2, 3).states == []  # a cached prefix comes without state
+    original.prefix_states, original.prefix_blocks = original.states[::-1], 2  # the state saved after block 2
+    received = unpack(*pack(original), 2, 3)
+    assert received.prefix_blocks == 2 and all(torch.equal(a[1], b[1]) for a, b in zip(received.prefix_states, original.states[::-1]))
+    original.prefix_blocks = 4
+    with pytest.raises(PageFormatError, match="after block 4 of 3"):
+        unpack(*pack(original), 2, 3)
     with pytest.raises(PageFormatError, match="state for 3 layers"):
         unpack(tensors, meta, 2, 6)
 
