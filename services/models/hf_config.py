@@ -26,12 +26,13 @@ def load_config(path: Path, model_types: tuple[str, ...]) -> PretrainedConfig:
     return config
 
 
-def common_text_fields(text) -> dict[str, int | float]:
-    """The fields every family's text dataclass takes alike from transformers' text config."""
+def common_text_fields(text, **given: int) -> dict[str, int | float]:
+    """The fields every family's text dataclass takes alike from transformers' text config;
+    ``given`` for those a config class lacks (a mixture of experts has no intermediate_size)."""
     return {
         "vocab_size": text.vocab_size,
         "hidden_size": text.hidden_size,
-        "intermediate_size": text.intermediate_size,
+        "intermediate_size": given["intermediate_size"] if "intermediate_size" in given else text.intermediate_size,
         "num_layers": text.num_hidden_layers,
         "num_heads": text.num_attention_heads,
         "num_kv_heads": text.num_key_value_heads,

@@ -1,4 +1,5 @@
-"""The built-in Qwen3.5 model (``qwen3_5-tiny``) and how its checkpoint is written.
+"""The built-in Qwen3.5 models (``qwen3_5-tiny``, and ``qwen3_5-moe-tiny`` with a mixture of experts
+in every layer) and how their checkpoints are written.
 
 A real Qwen3.5 architecture with small dimensions: hybrid text layers (Gated DeltaNet linear
 attention, with every fourth layer gated full attention, as transformers lays them out when
@@ -42,6 +43,15 @@ class BuiltinSpec:
     vision_depth: int
     vision_heads: int
     vision_intermediate: int
+    # A mixture of experts in every layer (qwen3_5_moe) where num_experts > 0.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate: int = 0
+    shared_expert_intermediate: int = 0
+
+    @property
+    def model_type(self) -> str:
+        return "qwen3_5_moe" if self.num_experts else "qwen3_5"
 
     def __post_init__(self) -> None:
         rotary = int(self.text_head_dim * PARTIAL_ROTARY_FACTOR)
@@ -51,17 +61,18 @@ class BuiltinSpec:
             raise ValueError(f"{self.name}: {self.text_layers} layers is not a whole number of 3 linear + 1 full groups")
 
     def config_dict(self) -> dict:
-        """A Qwen3.5 ``config.json`` body for this spec (transformers 5's form)."""
-        return {
-            "architectures": ["Qwen3_5ForConditionalGeneration"],
-            "model_type": "qwen3_5",
+        """A Qwen3.5 (or Qwen3.5-MoE) ``config.json`` body for this spec (transformers 5's form)."""
+        architecture = "Qwen3_5MoeForConditionalGeneration" if self.num_experts else "Qwen3_5ForConditionalGeneration"
+        config = {
+            "architectures": [architecture],
+            "model_type": self.model_type,
             "image_token_id": IMAGE_PAD_ID,
             "video_token_id": SPECIAL_TOKEN_TO_ID["<|video_pad|>"],
             "vision_start_token_id": VISION_START_ID,
             "vision_end_token_id": VISION_END_ID,
             "tie_word_embeddings": False,
             "text_config": {
-                "model_type": "qwen3_5_text",
+                "model_type": f"{self.model_type}_text",
                 "vocab_size": VOCAB_SIZE,
                 "hidden_size": self.text_hidden,
                 "intermediate_size": self.text_intermediate,
@@ -88,7 +99,7 @@ class BuiltinSpec:
                 },
             },
             "vision_config": {
-                "model_type": "qwen3_5_vision",
+                "model_type": f"{self.model_type}_vision",
                 "depth": self.vision_depth,
                 "hidden_size": self.vision_hidden,
                 "intermediate_size": self.vision_intermediate,
@@ -103,6 +114,16 @@ class BuiltinSpec:
                 "initializer_range": self.init_std,
             },
         }
+        if self.num_experts:
+            text = config["text_config"]
+            del text["intermediate_size"]
+            text.update(
+                num_experts=self.num_experts,
+                num_experts_per_tok=self.num_experts_per_tok,
+                moe_intermediate_size=self.moe_intermediate,
+                shared_expert_intermediate_size=self.shared_expert_intermediate,
+            )
+        return config
 
 
 # Init std 0.3, as for the other built-ins (a random model at 0.02 emits one token whatever its input).
@@ -127,10 +148,38 @@ BUILTIN_SPECS: dict[str, BuiltinSpec] = {
         vision_heads=2,
         vision_intermediate=256,
     ),
+    # The same with eight experts of which each token takes two, beside a shared expert.
+    "qwen3_5-moe-tiny": BuiltinSpec(
+        name="qwen3_5-moe-tiny",
+        seed=20261130,
+        init_std=0.3,
+        text_hidden=64,
+        text_layers=8,
+        text_heads=2,
+        text_kv_heads=1,
+        text_head_dim=64,
+        text_intermediate=0,
+        mrope_section=(3, 3, 2),
+        linear_key_heads=2,
+        linear_value_heads=4,
+        linear_head_dim=16,
+        vision_hidden=64,
+        vision_depth=3,
+        vision_heads=2,
+        vision_intermediate=256,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate=64,
+        shared_expert_intermediate=64,
+    ),
 }
 
 
 def write_checkpoint(spec: BuiltinSpec, out: Path, progress: ProgressFn) -> int:
-    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
-
-    return write_qwen_checkpoint(spec, out, progress, Qwen3_5Config, Qwen3_5ForConditionalGeneration, build_processor_parts)
+    if spec.num_experts:
+        from transformers import Qwen3_5MoeConfig as Config
+        from transformers import Qwen3_5MoeForConditionalGeneration as Model
+    else:
+        from transformers import Qwen3_5Config as Config
+        from transformers import Qwen3_5ForConditionalGeneration as Model
+    return write_qwen_checkpoint(spec, out, progress, Config, Model, build_processor_parts)

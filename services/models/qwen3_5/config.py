@@ -6,6 +6,8 @@ fills it, when absent, with one full-attention layer in every ``full_attention_i
 Rotary embedding covers ``partial_rotary_factor`` of each head (a quarter by default), with
 Qwen3-VL's interleaved M-RoPE sections (transformers' default 11/11/10).
 
+``qwen3_5_moe`` replaces every layer's MLP by a mixture of experts (moe.py; ``MoeConfig``).
+
 Weight names are Qwen3-VL's (qwen2_vl/config.py's mapping); the Hub checkpoints' multi-token
 prediction head (``mtp.*``) maps to nothing and is skipped, as transformers skips it.
 """
@@ -21,10 +23,21 @@ from services.models.qwen2_vl.config import spatial_merge_size, weight_group
 
 __all__ = ["MODEL_TYPES", "TextConfig", "read_config", "spatial_merge_size", "weight_group"]
 
-MODEL_TYPES = ("qwen3_5",)
+MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
 # Transformers' sections when rope_parameters names none (Qwen3_5TextRotaryEmbedding).
 DEFAULT_MROPE_SECTION = (11, 11, 10)
 LAYER_KINDS = ("linear_attention", "full_attention")
+
+
+@dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """Qwen3.5-MoE's feed-forward: every layer routes each token to ``num_experts_per_tok`` of
+    ``num_experts`` experts, beside a gated shared expert."""
+
+    num_experts: int
+    num_experts_per_tok: int
+    intermediate_size: int
+    shared_intermediate_size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +61,7 @@ class TextConfig:
     linear_key_head_dim: int
     linear_value_head_dim: int
     linear_conv_kernel: int
+    moe: MoeConfig | None = None  # None: a dense MLP of intermediate_size (qwen3_5)
 
     @property
     def state_shape(self) -> StateShape:
@@ -87,8 +101,14 @@ def text_config_of(hf) -> TextConfig:
         raise ValueError(f"layer_types {layer_types} must name {text.num_hidden_layers} layers, each one of {', '.join(LAYER_KINDS)}")
     if text.linear_num_value_heads % text.linear_num_key_heads:
         raise ValueError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+    moe = None
+    if hf.model_type == "qwen3_5_moe":
+        moe = MoeConfig(text.num_experts, text.num_experts_per_tok, text.moe_intermediate_size, text.shared_expert_intermediate_size)
+        if not 0 < moe.num_experts_per_tok <= moe.num_experts:
+            raise ValueError(f"num_experts_per_tok {moe.num_experts_per_tok} must be between 1 and num_experts ({moe.num_experts})")
+    fields = {**common_text_fields(text)} if moe is None else {**common_text_fields(text, intermediate_size=0)}
     return TextConfig(
-        **common_text_fields(text),
+        **fields,
         head_dim=text.head_dim,
         rope_theta=theta,
         rotary_dim=rotary_dim,
@@ -101,6 +121,7 @@ def text_config_of(hf) -> TextConfig:
         linear_key_head_dim=text.linear_key_head_dim,
         linear_value_head_dim=text.linear_value_head_dim,
         linear_conv_kernel=text.linear_conv_kernel_dim,
+        moe=moe,
     )
 
 

@@ -7,7 +7,8 @@ Layer i is a Gated DeltaNet (gated_delta.py, state in a slot) or, where ``layer_
 RoPE turns only the first ``rotary_dim`` of each head (interleaved M-RoPE, as Qwen3-VL's); the
 rest passes through. Every norm is the zero-centred RMSNorm (gain 1 + w, as Gemma's). Then
   h = x + mixer(rms(x)),  y = h + down(silu(gate(rms(h))) * up(rms(h))).
-No DeepStack: an image's rows are its merger's output only.
+(qwen3_5_moe: the MLP is a mixture of experts, moe.py.) No DeepStack: an image's rows are its
+merger's output only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from services.models.layers import GatedMLP, OffsetRMSNorm, apply_rope
 from services.models.paged_decoder import DecoderInputs, PagedDecoder
 from services.models.qwen3_5.config import TextConfig
 from services.models.qwen3_5.gated_delta import GatedDeltaNet
+from services.models.qwen3_5.moe import SparseMoe
 from services.models.qwen3_vl.decoder import InterleavedMRotaryEmbedding
 
 
@@ -67,7 +69,7 @@ class HybridLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(config)
         else:
             self.self_attn = GatedAttention(config)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size) if config.moe is None else SparseMoe(config)
         norm = functools.partial(OffsetRMSNorm, config.hidden_size, config.rms_norm_eps)
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
 

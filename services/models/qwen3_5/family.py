@@ -14,6 +14,7 @@ from services.models.qwen2_vl.config import spatial_merge_size
 from services.models.qwen3_5 import INFO
 from services.models.qwen3_5.config import read_config
 from services.models.qwen3_5.decoder import TextDecoder
+from services.models.qwen3_5.moe import fuse_experts
 from services.models.qwen3_5.vision import VisionEncoder, build_vision_tower
 from services.models.qwen3_vl.family import Qwen3VLFamily
 
@@ -37,7 +38,7 @@ class Qwen35Family(Qwen3VLFamily):
 
     def build_decoder(self, config: ModelConfig, weights: dict[str, torch.Tensor]) -> TextDecoder:
         decoder = TextDecoder(config.text)
-        decoder.load(weights)
+        decoder.load(fuse_experts(weights) if config.text.moe is not None else weights)
         return decoder
 
     def build_vision(

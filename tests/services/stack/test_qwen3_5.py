@@ -1,4 +1,4 @@
-"""Qwen3.5 (hybrid) on a real multi-process stack: one preprocess node, two encoders, three prefill
+"""Qwen3.5 (hybrid; dense and a mixture of experts) on a real multi-process stack: one preprocess node, two encoders, three prefill
 and two decode nodes, round-robin placement, the official openai client, checked token for token
 against transformers. Every answer's prompt is computed on a prefill node and its linear-attention
 state handed to a decode node with the KV pages of its four-in-one full-attention layers.
@@ -25,24 +25,24 @@ from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
 from tests.services.stack.e2e_helpers import client_for
 from tests.services.stack.stack_probes import Streams, busiest_decode_node
 
-MODEL = "qwen3_5-tiny"
+MODELS = ["qwen3_5-tiny", "qwen3_5-moe-tiny"]
 MAX_TOKENS = 12
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
 
 
-@pytest.fixture(scope="module")
-def hybrid_stack(tmp_path_factory, repo_root):
+@pytest.fixture(scope="module", params=MODELS)
+def hybrid_stack(request, tmp_path_factory, repo_root):
     from services.models.registry import resolve_model
 
-    model = resolve_model(MODEL, progress=lambda _m: None)
+    model = resolve_model(request.param, progress=lambda _m: None)
     running = launch_stack(
-        tmp_path_factory.mktemp(MODEL),
+        tmp_path_factory.mktemp(request.param),
         repo_root,
-        *("--model", MODEL, "--preprocess", "1", "--encoders", "2", "--prefill", "3", "--decode", "2"),
+        *("--model", request.param, "--preprocess", "1", "--encoders", "2", "--prefill", "3", "--decode", "2"),
         *("--routing-policy", "round_robin"),
         internal_secret=secrets.token_hex(16),
     )
-    running.served_model = MODEL
+    running.served_model = request.param
     yield running, ReferenceOracle(model.path)
     stop_stack(running)
 

@@ -8,9 +8,10 @@ from services.models.registry import ModelRef, resolve_model
 from tests.oracle import ReferenceOracle
 
 
-@pytest.fixture(scope="session")
-def qwen3_5_model() -> ModelRef:
-    return resolve_model("qwen3_5-tiny", progress=lambda _msg: None)
+@pytest.fixture(scope="session", params=["qwen3_5-tiny", "qwen3_5-moe-tiny"])
+def qwen3_5_model(request) -> ModelRef:
+    """Each test runs on both built-ins: dense, and a mixture of experts in every layer."""
+    return resolve_model(request.param, progress=lambda _msg: None)
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ def _sha256(path: Path) -> str:
 
 def test_config_is_read_through_transformers_with_its_hybrid_defaults(qwen3_5_model):
     raw = json.loads((qwen3_5_model.path / "config.json").read_text())
-    assert raw["model_type"] == "qwen3_5"
+    assert raw["model_type"] == BUILTIN_SPECS[qwen3_5_model.path.name].model_type
     text = read_config(qwen3_5_model.path).text
     assert text.layer_types == ("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3 + ("full_attention",)
     assert (text.head_dim, text.rotary_dim, text.mrope_section) == (64, 16, (3, 3, 2))
@@ -47,19 +47,23 @@ def test_a_sparse_config_reads_as_transformers_reads_it(qwen3_5_model, tmp_path)
     assert read.state_shape.layers == (0, 2, 4, 6)
 
 
+def raw_architecture(model) -> str:
+    return json.loads((model.path / "config.json").read_text())["architectures"][0]
+
+
 def test_transformers_loads_every_weight(qwen3_5_model):
     from transformers import AutoModelForImageTextToText
 
     model, info = AutoModelForImageTextToText.from_pretrained(qwen3_5_model.path, dtype=torch.float32, output_loading_info=True)
     assert {k: v for k, v in info.items() if v} == {}, info
-    assert type(model).__name__ == "Qwen3_5ForConditionalGeneration"
+    assert type(model).__name__ == raw_architecture(qwen3_5_model)
 
 
 def test_build_is_byte_identical_across_processes(qwen3_5_model, tmp_path, repo_root):
     out = tmp_path / "again"
     out.mkdir()
     code = "import sys; from pathlib import Path; from services.models.builtins.qwen3_5 import BUILTIN_SPECS, write_checkpoint; "
-    code += "write_checkpoint(BUILTIN_SPECS['qwen3_5-tiny'], Path(sys.argv[1]), lambda _m: None)"
+    code += f"write_checkpoint(BUILTIN_SPECS['{qwen3_5_model.path.name}'], Path(sys.argv[1]), lambda _m: None)"
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     subprocess.run([sys.executable, "-c", code, str(out)], cwd=repo_root, env=env, check=True, capture_output=True)
     names = {p.name for p in qwen3_5_model.path.iterdir()} - {"tessera_build.json"}
@@ -92,3 +96,29 @@ def test_spec_rejects_sections_that_do_not_fill_the_rotary_part():
     fields = {name: getattr(spec, name) for name in type(spec).__slots__}
     with pytest.raises(ValueError, match="mrope_section"):
         type(spec)(**{**fields, "mrope_section": (6, 5, 5)})
+
+
+def test_the_moe_builtin_routes_each_token_to_two_of_eight_experts_beside_a_shared_one():
+    spec = BUILTIN_SPECS["qwen3_5-moe-tiny"]
+    text = spec.config_dict()["text_config"]
+    assert spec.model_type == "qwen3_5_moe" and "intermediate_size" not in text
+    assert (text["num_experts"], text["num_experts_per_tok"], text["moe_intermediate_size"]) == (8, 2, 64)
+
+
+def test_per_expert_checkpoint_tensors_fuse_as_transformers_holds_them():
+    from services.models.qwen3_5.moe import fuse_experts
+
+    weights = {
+        f"layers.0.mlp.experts.{e}.{p}_proj.weight": torch.full((4, 3) if p != "down" else (3, 4), 10.0 * e + i)
+        for e in range(2)
+        for i, p in enumerate(("gate", "up", "down"))
+    }
+    weights["layers.0.mlp.gate.weight"] = torch.zeros(2, 3)
+    fused = fuse_experts(weights)
+    assert set(fused) == {"layers.0.mlp.experts.gate_up_proj", "layers.0.mlp.experts.down_proj", "layers.0.mlp.gate.weight"}
+    gate_up = fused["layers.0.mlp.experts.gate_up_proj"]
+    assert gate_up.shape == (2, 8, 3) and gate_up[1, :4].eq(10).all() and gate_up[1, 4:].eq(11).all()
+    assert fused["layers.0.mlp.experts.down_proj"].shape == (2, 3, 4)
+    del weights["layers.0.mlp.experts.1.up_proj.weight"]
+    with pytest.raises(ValueError, match="gate, up and down"):
+        fuse_experts(weights)
