@@ -10,6 +10,11 @@ Each layout copies what the real repository ships, in its form rather than our b
                    typed "qwen3_vl"), one file, tied head, the template inside
                    ``tokenizer_config.json``.
   - qwen3-vl-8b:   untied head, bfloat16 in two shards with an index, ``chat_template.jinja``.
+  - qwen3.5-27b:   transformers 4.57's Qwen3.5 config (layer_types spelled out, unread fields for
+                   the multi-token prediction head, the state dtype and the output gate, a vision
+                   config typed "qwen3_5"), ``mtp.*`` tensors beside the model, bfloat16 in two
+                   shards, the Hub's video processor file, ``chat_template.jinja``.
+  - qwen3.5-35b-a3b: the same for Qwen3.5-MoE, its experts one tensor per expert and projection.
   - gemma-3-4b-it: the sparse ``text_config`` that leaves heads, head size, KV heads, query
                    scale and vocabulary to Gemma3TextConfig's defaults; the older
                    ``language_model.model.*`` / ``vision_tower.vision_model.*`` names, tied
@@ -291,6 +296,66 @@ def write_qwen3_vl_8b(out: Path) -> None:
     _qwen3_layout(out, tie=False, num_shards=2, template_in="jinja", dtype=torch.bfloat16)
 
 
+# ---- Qwen3.5 -----------------------------------------------------------------------------------
+
+
+def _qwen3_5_hub_config(builtin: dict) -> dict:
+    """The Hub's Qwen3.5 config (written by transformers 4.57): layer_types spelled out, the
+    rotary fraction at the text level too, fields transformers does not read (the multi-token
+    prediction head, the state dtype, the output gate), eos at the text level, and a vision config
+    typed "qwen3_5" (transformers renames it) with an empty DeepStack list."""
+    text = dict(builtin["text_config"])
+    text.update(
+        attn_output_gate=True,
+        full_attention_interval=4,
+        mamba_ssm_dtype="float32",
+        mtp_num_hidden_layers=1,
+        mtp_use_dedicated_embeddings=False,
+        output_gate_type="swish",
+        partial_rotary_factor=0.25,
+        eos_token_id=151645,
+        dtype="bfloat16",
+    )
+    text.pop("tie_word_embeddings", None)
+    vision = {**builtin["vision_config"], "model_type": builtin["model_type"], "deepstack_visual_indexes": []}
+    return {
+        **{k: v for k, v in builtin.items() if k not in ("text_config", "vision_config", "dtype")},
+        "language_model_only": False,
+        "text_config": text,
+        "vision_config": vision,
+        "transformers_version": "4.57.1",
+    }
+
+
+def _qwen3_5_layout(out: Path, builtin_name: str) -> None:
+    src = resolve_model(builtin_name, progress=lambda _m: None).path
+    builtin = json.loads((src / "config.json").read_text())
+    config = _qwen3_5_hub_config(builtin)
+    _write_json(out / "config.json", config)
+    tensors = _tensors(src)
+    # The multi-token prediction head ships beside the model; serving reads none of it.
+    hidden = config["text_config"]["hidden_size"]
+    generator = torch.Generator().manual_seed(85)
+    tensors["mtp.fc.weight"] = torch.randn(hidden, 2 * hidden, generator=generator)
+    tensors["mtp.norm.weight"] = torch.zeros(hidden)
+    _save_weights(out, tensors, dtype=torch.bfloat16, num_shards=2)
+    _write_json(out / "generation_config.json", {**QWEN_GENERATION, "top_k": 20, "top_p": 0.95, "temperature": 0.6})
+    preprocessor = json.loads((src / "preprocessor_config.json").read_text())
+    for name in ("do_convert_rgb", "do_normalize", "do_rescale", "do_resize", "resample", "rescale_factor"):
+        preprocessor.pop(name, None)
+    _write_json(out / "preprocessor_config.json", {**preprocessor, "processor_class": "Qwen3VLProcessor"})
+    _write_json(out / "video_preprocessor_config.json", QWEN3_VL_HUB_VIDEO)
+    _copy_tokenizer(src, out, "jinja")
+
+
+def write_qwen3_5_27b(out: Path) -> None:
+    _qwen3_5_layout(out, "qwen3_5-tiny")
+
+
+def write_qwen3_5_35b_a3b(out: Path) -> None:
+    _qwen3_5_layout(out, "qwen3_5-moe-tiny")
+
+
 # ---- Gemma3 ------------------------------------------------------------------------------------
 
 GEMMA3_PREPROCESSOR = {
@@ -396,6 +461,8 @@ LAYOUTS = {
         HubLayout("qwen2.5-vl", "qwen2_5_vl", write_qwen2_5_vl),
         HubLayout("qwen3-vl-2b", "qwen3_vl", write_qwen3_vl_2b),
         HubLayout("qwen3-vl-8b", "qwen3_vl", write_qwen3_vl_8b),
+        HubLayout("qwen3.5-27b", "qwen3_5", write_qwen3_5_27b),
+        HubLayout("qwen3.5-35b-a3b", "qwen3_5_moe", write_qwen3_5_35b_a3b),
         HubLayout("gemma-3-4b-it", "gemma3", write_gemma_3_4b_it, pan_and_scan=True),
     )
 }

@@ -49,8 +49,10 @@ def test_transformers_loads_the_layout_with_no_missing_or_unexpected_weight(name
 
 
 def _attention_and_mlp(model):
+    """The text model, its first full-attention layer's attention and its first layer's MLP."""
     text = model.model.language_model
-    return text, text.layers[0].self_attn, text.layers[0].mlp
+    attention = next(layer.self_attn for layer in text.layers if hasattr(layer, "self_attn"))
+    return text, attention, text.layers[0].mlp
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -69,9 +71,15 @@ def test_every_field_our_reader_takes_agrees_with_the_transformers_model(name, l
     assert config.model_type == LAYOUTS[name].model_type == model.config.model_type
     assert (ours.vocab_size, ours.hidden_size) == tuple(embed.weight.shape)
     assert ours.num_layers == len(text.layers)
-    assert ours.intermediate_size == mlp.gate_proj.out_features
+    if getattr(ours, "moe", None) is not None:
+        assert (ours.moe.num_experts, ours.moe.num_experts_per_tok) == (mlp.gate.num_experts, mlp.gate.top_k)
+        assert ours.moe.intermediate_size == mlp.experts.intermediate_dim
+        assert ours.moe.shared_intermediate_size == mlp.shared_expert.gate_proj.out_features
+    else:
+        assert ours.intermediate_size == mlp.gate_proj.out_features
     assert ours.head_dim == attn.head_dim
-    assert ours.num_heads * ours.head_dim == attn.q_proj.out_features
+    query_rows = 2 if config.model_type.startswith("qwen3_5") else 1  # Qwen3.5: each head's query, then its gate
+    assert ours.num_heads * ours.head_dim * query_rows == attn.q_proj.out_features
     assert ours.num_kv_heads * ours.head_dim == attn.k_proj.out_features
     assert ours.rms_norm_eps == getattr(text.norm, "variance_epsilon", getattr(text.norm, "eps", None))
     tied = model.lm_head.weight.data_ptr() == embed.weight.data_ptr()
@@ -88,8 +96,16 @@ def test_every_field_our_reader_takes_agrees_with_the_transformers_model(name, l
             torch.testing.assert_close(inv_freq / rope.linear_factor, theirs)
     else:
         assert list(ours.mrope_section) == list(text.rotary_emb.mrope_section)
-        inv_freq = 1.0 / (ours.rope_theta ** (torch.arange(0, ours.head_dim, 2, dtype=torch.int64).float() / ours.head_dim))
+        rotary = getattr(ours, "rotary_dim", ours.head_dim)
+        inv_freq = 1.0 / (ours.rope_theta ** (torch.arange(0, rotary, 2, dtype=torch.int64).float() / rotary))
         torch.testing.assert_close(inv_freq, text.rotary_emb.inv_freq)
+        if config.model_type.startswith("qwen3_5"):
+            kinds = tuple("linear_attention" if hasattr(layer, "linear_attn") else "full_attention" for layer in text.layers)
+            assert ours.layer_types == kinds
+            delta = next(layer.linear_attn for layer in text.layers if hasattr(layer, "linear_attn"))
+            state = config.shape.state
+            assert (state.num_heads, state.key_dim, state.value_dim) == (delta.num_v_heads, delta.head_k_dim, delta.head_v_dim)
+            assert (state.conv_dim, state.conv_width) == (delta.conv_dim, delta.conv_kernel_size - 1)
         if config.model_type == "qwen3_vl":
             assert ours.attention_bias == (attn.q_proj.bias is not None)
             assert ours.num_deepstack_levels == len(model.model.visual.deepstack_visual_indexes)
