@@ -40,7 +40,7 @@ from tests.oracle import ReferenceOracle
 from tests.services.stack.stack_probes import Streams
 from tests.video_oracle import oracle_case_tokens, oracle_video
 
-FAMILIES = ["tiny", "gemma3-tiny", "qwen3vl-tiny"]
+FAMILIES = ["tiny", "gemma3-tiny", "qwen3vl-tiny", "qwen3_5-tiny"]
 SCALE = {"preprocess": 1, "encoder": 2, "prefill": 2, "decode": 2, "gateway": 1}
 MAX_TOKENS = 12
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}

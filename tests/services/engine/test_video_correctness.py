@@ -1,5 +1,5 @@
 """Video requests are exact: greedy float32 output equals transformers' generate with the same
-sampled frames, for Qwen2-VL, Qwen2.5-VL and Qwen3-VL, cold and on every cache path (processor,
+sampled frames, for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3.5, cold and on every cache path (processor,
 encoder, prefix), for a clip that shares groups with an earlier one, and beside images."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ GREEDY_8 = SamplingParams(max_tokens=8, ignore_eos=True)
 BLOCK = 16
 
 
-@pytest.fixture(scope="module", params=["tiny", "qwen3vl-tiny", "qwen2.5-vl"])
+@pytest.fixture(scope="module", params=["tiny", "qwen3vl-tiny", "qwen2.5-vl", "qwen3_5-tiny"])
 def model_path(request, tmp_path_factory):
     if request.param == "qwen2.5-vl":
         from tests.hub_layouts import write_layout
