@@ -64,11 +64,15 @@ class TextConfig:
     moe: MoeConfig | None = None  # None: a dense MLP of intermediate_size (qwen3_5)
 
     @property
-    def state_shape(self) -> StateShape:
-        """What each linear-attention layer keeps per request (services/engine/kv/recurrent_state.py)."""
+    def state_shape(self) -> StateShape | None:
+        """What each linear-attention layer keeps per request (services/engine/kv/recurrent_state.py);
+        None when every layer is full attention."""
+        layers = tuple(i for i, kind in enumerate(self.layer_types) if kind == "linear_attention")
+        if not layers:
+            return None
         key_dim = self.linear_num_key_heads * self.linear_key_head_dim
         return StateShape(
-            layers=tuple(i for i, kind in enumerate(self.layer_types) if kind == "linear_attention"),
+            layers=layers,
             conv_dim=2 * key_dim + self.linear_num_value_heads * self.linear_value_head_dim,
             conv_width=self.linear_conv_kernel - 1,
             num_heads=self.linear_num_value_heads,
