@@ -1,4 +1,4 @@
-"""Helpers shared by the end-to-end tests of the default stack (test_stack_e2e, test_stack_api)."""
+"""Helpers shared by the end-to-end tests of stacks (test_stack_e2e, test_stack_api, test_qwen3_5)."""
 
 from __future__ import annotations
 
@@ -21,3 +21,14 @@ def oracle_text(oracle, case, max_tokens=12):
 
 def png(w, h, seed):
     return encode_image(make_image(w, h, seed=seed))
+
+
+def ask_greedy(stack, case) -> tuple[str, int]:
+    """A greedy chat answer from the stack's served model, and its prompt's cached tokens."""
+    reply = client_for(stack).chat.completions.create(model=stack.served_model, messages=case.body["messages"], **GREEDY)
+    return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
+
+
+def counter(stack, name: str) -> float:
+    """A tessera_ counter summed over the stack's nodes."""
+    return stack.metrics().get(f"tessera_{name}", 0.0)

@@ -19,15 +19,15 @@ import signal
 
 import pytest
 
-from tests.factories import chat_case, conversation, encode_image, make_image
+from tests.factories import chat_case, conversation
 from tests.oracle import ReferenceOracle
-from tests.services.stack.conftest import RunningStack, launch_stack, stop_stack
-from tests.services.stack.e2e_helpers import client_for
+from tests.services.stack.conftest import launch_stack, stop_stack
+from tests.services.stack.e2e_helpers import ask_greedy, counter, oracle_text, png
 from tests.services.stack.stack_probes import Streams, busiest_decode_node
 
 MODELS = ["qwen3_5-tiny", "qwen3_5-moe-tiny"]
 MAX_TOKENS = 12
-GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}
+GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}  # as ask_greedy's
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -48,41 +48,31 @@ def hybrid_stack(request, tmp_path_factory, repo_root):
 
 
 def _png(seed: int, w: int = 96, h: int = 80) -> bytes:
-    return encode_image(make_image(w, h, seed=seed))
+    return png(w, h, seed)
 
 
 def _oracle_text(oracle: ReferenceOracle, case, max_tokens: int = MAX_TOKENS) -> str:
-    inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
-    return oracle.tokenizer.decode(oracle.generate(inputs, max_tokens).token_ids, skip_special_tokens=True)
-
-
-def _ask(stack: RunningStack, case) -> tuple[str, int]:
-    reply = client_for(stack).chat.completions.create(model=stack.served_model, messages=case.body["messages"], **GREEDY)
-    return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
-
-
-def _counter(stack: RunningStack, name: str) -> float:
-    return stack.metrics().get(f"tessera_{name}", 0.0)
+    return oracle_text(oracle, case, max_tokens)[0]
 
 
 def test_images_repeats_and_turns_match_the_oracle_across_prefill_and_decode_nodes(hybrid_stack):
     stack, oracle = hybrid_stack
     names = ("encoder_cache_hits_total", "prefill_embeddings_pulled_total", "prefill_kv_blocks_pulled_total")
-    before = {name: _counter(stack, name) for name in names}
+    before = {name: counter(stack, name) for name in names}
     image = _png(1)
     for i in range(3):  # cold, then the same image on the other encoder, then back (a hit)
         case = chat_case(image, f"Question {i}: what is here?")
-        text, _ = _ask(stack, case)
+        text, _ = ask_greedy(stack, case)
         assert text == _oracle_text(oracle, case), f"sight {i} of the image"
     first = chat_case("Describe it, please.", _png(2))
     turns = [first, conversation(first, "A picture.", chat_case("And the colours?"))]
     turns.append(conversation(*turns[1:], "Mostly grey.", chat_case("Anything else?")))
     cached = []
     for i, case in enumerate(turns):  # each turn on another prefill node: its prefix, state included, is pulled or hit
-        text, num_cached = _ask(stack, case)
+        text, num_cached = ask_greedy(stack, case)
         assert text == _oracle_text(oracle, case), f"turn {i}"
         cached.append(num_cached)
-    after = {name: _counter(stack, name) for name in names}
+    after = {name: counter(stack, name) for name in names}
     assert all(n > 0 for n in cached[1:]), cached
     assert after["prefill_kv_blocks_pulled_total"] > before["prefill_kv_blocks_pulled_total"]
     assert after["encoder_cache_hits_total"] > before["encoder_cache_hits_total"]
@@ -91,14 +81,19 @@ def test_images_repeats_and_turns_match_the_oracle_across_prefill_and_decode_nod
 
 def test_a_decode_node_killed_mid_stream_migrates_and_stays_exact(hybrid_stack):
     stack, oracle = hybrid_stack
+    if stack.served_model != "qwen3_5-tiny":
+        pytest.skip("the dense built-in shows the state handoff on migration; the MoE one adds nothing to it")
     greedy = {**GREEDY, "max_tokens": 512}
-    cases = [chat_case(_png(10 + i, 64 + 16 * i, 64), f"Tell me about picture {i}.") for i in range(4)]
-    expected = [_oracle_text(oracle, case, 512) for case in cases]
-    migrations = _counter(stack, "gateway_migrations_total")
+    # Two distinct requests, two streams each: transformers' recurrence runs token by token in
+    # Python, so the oracle runs twice, not four times.
+    distinct = [chat_case(_png(10 + i, 64 + 16 * i, 64), f"Tell me about picture {i}.") for i in range(2)]
+    cases = distinct * 2
+    expected = [_oracle_text(oracle, case, 512) for case in distinct] * 2
+    migrations = counter(stack, "gateway_migrations_total")
     streams = Streams(stack, cases, greedy, model=stack.served_model)
     streams.wait_flowing(1)
     os.kill(busiest_decode_node(stack)["pid"], signal.SIGKILL)
     texts, errors = streams.join()
     assert not errors, (errors, stack.log_tail())
     assert texts == expected
-    assert _counter(stack, "gateway_migrations_total") > migrations
+    assert counter(stack, "gateway_migrations_total") > migrations
