@@ -22,7 +22,7 @@ def _save_qwen_processor(directory: Path, model_type: str) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     image_processor = Qwen2VLImageProcessor.from_pretrained(str(directory))
-    if model_type == "qwen3_vl":
+    if model_type in ("qwen3_vl", "qwen3_5", "qwen3_5_moe"):  # transformers' Qwen3VLProcessor serves all three
         from transformers import Qwen3VLProcessor as Processor
         from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor as VideoProcessor
     else:
@@ -37,7 +37,7 @@ def prepare(source: Path, destination: Path) -> Path:
         shutil.rmtree(destination)
     shutil.copytree(source, destination)
     model_type = json.loads((destination / "config.json").read_text())["model_type"]
-    if model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+    if model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"):
         _save_qwen_processor(destination, model_type)
     elif model_type != "gemma3":
         raise SystemExit(f"no vLLM preparation for model type {model_type!r}")
