@@ -115,15 +115,18 @@ class BuiltinSpec:
             },
         }
         if self.num_experts:
-            text = config["text_config"]
-            del text["intermediate_size"]
-            text.update(
-                num_experts=self.num_experts,
-                num_experts_per_tok=self.num_experts_per_tok,
-                moe_intermediate_size=self.moe_intermediate,
-                shared_expert_intermediate_size=self.shared_expert_intermediate,
-            )
+            self._add_experts(config["text_config"])
         return config
+
+    def _add_experts(self, text: dict) -> None:
+        """Qwen3.5-MoE's text config: experts in place of the dense MLP's size."""
+        del text["intermediate_size"]
+        text.update(
+            num_experts=self.num_experts,
+            num_experts_per_tok=self.num_experts_per_tok,
+            moe_intermediate_size=self.moe_intermediate,
+            shared_expert_intermediate_size=self.shared_expert_intermediate,
+        )
 
 
 # Init std 0.3, as for the other built-ins (a random model at 0.02 emits one token whatever its input).

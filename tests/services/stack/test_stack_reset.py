@@ -10,7 +10,7 @@ import signal
 from tests.services.stack.conftest import launch_stack, relaunch, stop_stack
 from tests.services.stack.e2e_helpers import client_for
 from tests.services.stack.stack_probes import stack_env
-from tests.services.stack.stack_reset import reset, stacks_in
+from tests.services.stack.stack_reset import _alive, reset, stacks_in, wait_for
 
 
 def answers(stack) -> bool:
@@ -24,6 +24,8 @@ def test_a_killed_node_is_back_and_a_stack_without_its_launcher_is_launched_agai
         assert stacks_in([stack, (1, stack), {"a": stack}, "x"]) == [stack, stack, stack]
         decode = stack.state()["roles"]["decode"]
         os.kill(decode["pid"], signal.SIGKILL)
+        # kill() returns before the process is gone; on a loaded machine it may still look alive.
+        assert wait_for(lambda: not _alive(decode["pid"]), 10.0)
         assert reset(stack, relaunch) is None  # the launcher's restart: no relaunch needed
         assert stack.state()["roles"]["decode"]["restarts"] == 1 and answers(stack)
         old_url = stack.base_url
