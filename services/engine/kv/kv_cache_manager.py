@@ -9,7 +9,9 @@ first output token. A hit may end inside an image's span, also for families whos
 attend both ways (Gemma3), as in vLLM: block hashes carry the image's identity, and an image's KV
 is only ever computed with the whole image in one chunk, so a cached block of it holds exactly
 what the same image, after the same prefix, computes again. The scheduler then runs the rest of
-that image in one chunk too.
+that image in one chunk too. A hybrid model's hit must also end where its linear layers' state
+was saved (``is_state_point``; kv/recurrent_state.py): it shrinks to the last such block, whose
+saved state is restored into the request's slot.
 
 Page keys: page j of group g of the block with hash h is cached under h itself for (0, 0) and
 under "h|g.j" otherwise; only (0, 0) pages reach the cluster index (a node holds a block when it
