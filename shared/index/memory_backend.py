@@ -21,6 +21,7 @@ from shared.index.types import (
     MmEntry,
     NodeInfo,
     NodeState,
+    is_resumable,
 )
 from shared.types import BlockHash, MmHash
 
@@ -149,9 +150,9 @@ class InProcessIndex:
                         mid = (lo + hi + 1) // 2
                         lo, hi = (mid, hi) if self._kv.get(block_hashes[mid]) else (lo, mid - 1)
                     deepest = holders(self._kv.get(block_hashes[lo], {}))[0]
-                    node_to_num_prefix_blocks = self._walk(block_hashes, set(deepest or first), 0, live)
+                    node_to_num_prefix_blocks = self._walk(block_hashes, set(deepest or first), live)
                 if not node_to_num_prefix_blocks:  # the exact walk, or none of the deepest's holders held block 0
-                    node_to_num_prefix_blocks = self._walk(block_hashes, set(first), 1, live)
+                    node_to_num_prefix_blocks = self._walk(block_hashes, set(first), live)
             named = {nid for holders in mm_holders.values() for nid in holders} | set(node_to_num_prefix_blocks)
             return LookupResult(
                 node_to_epoch={nid: node_to_epoch[nid] for nid in named},
@@ -163,17 +164,17 @@ class InProcessIndex:
     def close(self) -> None:
         pass
 
-    def _walk(self, block_hashes: list[BlockHash], matching: set[str], start: int, live) -> dict[str, int]:
-        """Each of ``matching`` (known to hold the blocks before ``start``) -> the first block it
-        lacks, for those holding at least one."""
-        counts: dict[str, int] = {}
-        for num_blocks, block_hash in enumerate(block_hashes[start:], start=start + 1):
-            held = {nid for nid, (epoch, _) in self._kv.get(block_hash, {}).items() if live(nid, epoch)}
-            counts.update({nid: num_blocks - 1 for nid in matching - held if num_blocks > 1})
-            matching &= held
+    def _walk(self, block_hashes: list[BlockHash], matching: set[str], live) -> dict[str, int]:
+        """Each of ``matching`` -> the blocks up to the last one it can resume after
+        (types.is_resumable) before the first it lacks, for those with at least one."""
+        ends: dict[str, int] = {}
+        for num_blocks, block_hash in enumerate(block_hashes, start=1):
+            entries = {nid: entry for nid, (epoch, entry) in self._kv.get(block_hash, {}).items() if live(nid, epoch)}
+            matching &= set(entries)
             if not matching:
-                return counts
-        return counts | dict.fromkeys(matching, len(block_hashes))
+                break
+            ends.update({nid: num_blocks for nid in matching if is_resumable(entries[nid])})
+        return ends
 
     def _agreed_config(self) -> dict[str, str]:
         """The cluster config record, empty once lapsed (call with the lock held)."""

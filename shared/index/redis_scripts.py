@@ -5,7 +5,7 @@ fields, and the scripts that hand records out serve only those agreeing with "P 
 
 from __future__ import annotations
 
-from shared.index.types import MEMBER_LOG_LENGTH
+from shared.index.types import MEMBER_LOG_LENGTH, NO_STATE_MARK
 
 # Lua helpers prepended to the scripts that use them. agrees: whether a node record's settings
 # agree with the cluster's record (read once per script run); extend: keep the cluster's record
@@ -62,6 +62,8 @@ end
 # seals and their cluster settings are the membership's to check (live_nodes, at once when
 # "version" moves), and the gateway credits a name only while its membership holds that node
 # under that epoch. One field per holder keeps the server's work and the reply small.
+# A node's "prefix" ends at its last block, within the blocks it holds from block 0, whose entry
+# lacks NO_STATE_MARK (types.is_resumable): a hybrid node resumes only where it kept the state.
 #
 # Bounded fan-out. A key with more than ARGV[3] holders (a hot image, a hot prefix's first
 # blocks: every node that served it) names a random ARGV[3] of them (HRANDFIELD), so a lookup
@@ -77,8 +79,10 @@ end
 #     holds block 0 (a dead node's entries, an evicted head). Named: the holders of the longest
 #     prefix found, each with its exact length; a node holding only a shorter hot prefix is not.
 #     Holders read: at most the bound per image and two samples, whatever the cluster's size.
-LOOKUP_SCRIPT = """
-local call, find = redis.call, string.find
+LOOKUP_SCRIPT = (
+    f"local NO_STATE, NO_STATE_LEN = '{NO_STATE_MARK}', {len(NO_STATE_MARK)}"
+    + """
+local call, find, sub = redis.call, string.find, string.sub
 local prefix = ARGV[1]
 local request = cjson.decode(ARGV[2])
 local bound = tonumber(ARGV[3])
@@ -127,7 +131,9 @@ for _, mm_hash in ipairs(request[1]) do
 end
 local kv = prefix .. 'kv:'
 local blocks = request[2]
-local counts = {}
+local counts = {}  -- node -> the first block it lacks (0: none held)
+local ends = {}  -- node -> the blocks up to the last one it can resume after, within its prefix
+local function resumable(value) return sub(value, -NO_STATE_LEN) ~= NO_STATE end
 -- From block ``from`` on, with ``matching`` live nodes known to hold the blocks before it: each
 -- node's count is the first block it lacks.
 local function walk(matching, from)
@@ -137,7 +143,12 @@ local function walk(matching, from)
     local values = call('HMGET', kv .. blocks[i], unpack(matching))
     local still = {}
     for j = 1, #matching do
-      if current(matching[j], values[j]) then still[#still + 1] = matching[j] else counts[matching[j]] = i - 1 end
+      if current(matching[j], values[j]) then
+        still[#still + 1] = matching[j]
+        if resumable(values[j]) then ends[matching[j]] = i end
+      else
+        counts[matching[j]] = i - 1
+      end
     end
     matching = still
     if #matching > 0 then held = i end
@@ -145,8 +156,11 @@ local function walk(matching, from)
   for _, node in ipairs(matching) do counts[node] = held end
 end
 if #blocks > 0 then
-  local _, first, sampled = holders_of(kv .. blocks[1])
+  local live, first, sampled = holders_of(kv .. blocks[1])
   if not sampled then
+    for id, value in pairs(live) do
+      if resumable(value) then ends[id] = 1 end
+    end
     walk(first, 2)
   else
     local lo, hi = 1, #blocks
@@ -158,14 +172,17 @@ if #blocks > 0 then
     walk(#deepest > 0 and deepest or first, 1)
     local found = false
     for _, count in pairs(counts) do found = found or count > 0 end
-    if not found then walk(first, 2) end
+    if not found then
+      for id, value in pairs(live) do
+        if resumable(value) then ends[id] = 1 end
+      end
+      walk(first, 2)
+    end
   end
 end
-for node, count in pairs(counts) do
-  if count == 0 then counts[node] = nil end
-end
-return cjson.encode({nodes = nodes, mm = mm, prefix = counts, version = call('GET', prefix .. 'members') or '0'})
+return cjson.encode({nodes = nodes, mm = mm, prefix = ends, version = call('GET', prefix .. 'members') or '0'})
 """
+)
 
 
 # KEYS: epoch key, node key, cluster config; ARGV: epoch, load, kv_usage, ttl_ms, seal. Check and refresh in one atomic

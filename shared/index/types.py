@@ -17,6 +17,22 @@ MAX_HOLDERS_PER_KEY = 8
 # Membership changes an index remembers (the latest ones), so a reader that saw the version move
 # reads only the changed nodes' records (CacheIndex.membership_changes), not the whole cluster's.
 MEMBER_LOG_LENGTH = 1024
+# A block's index entry names its tier. A hybrid model's node (linear-attention layers, whose
+# state the KV alone cannot rebuild) adds NO_STATE_MARK to blocks after which it keeps no saved
+# state: it holds their KV, but a prefix cannot resume there. A full-attention node never adds it,
+# so every block it holds is a place to resume. The Lua lookup (redis_scripts.py) tests the same
+# suffix.
+NO_STATE_MARK = ":nostate"
+
+
+def block_entry(tier: str, *, resumable: bool = True) -> str:
+    """The entry a node publishes for a block it holds (IndexEvents.kv_stored)."""
+    return tier if resumable else tier + NO_STATE_MARK
+
+
+def is_resumable(entry: str) -> bool:
+    """Whether a prefix may end after a block with this entry (its holder can resume there)."""
+    return not entry.endswith(NO_STATE_MARK)
 
 
 class IndexUnavailableError(RuntimeError):
@@ -55,7 +71,7 @@ class IndexEvents:
 
     mm_stored: dict[MmHash, MmEntry] = field(default_factory=dict)
     mm_evicted: list[MmHash] = field(default_factory=list)
-    kv_stored: dict[BlockHash, str] = field(default_factory=dict)  # block -> tier ("device", "host")
+    kv_stored: dict[BlockHash, str] = field(default_factory=dict)  # block -> its entry (block_entry)
     kv_evicted: list[BlockHash] = field(default_factory=list)
 
     def is_empty(self) -> bool:
@@ -67,8 +83,9 @@ class LookupResult:
     """What the index knows about one request, live nodes only.
 
     node_to_num_prefix_blocks[n] is the largest k such that live node n holds the request's blocks
-    0..k-1 under its current epoch: n's prefix ends at its first missing block, whatever n holds
-    beyond it (a prefix beyond a miss is useless). Nodes with k = 0 are absent. Every named node's
+    0..k-1 under its current epoch and can resume after block k-1 (is_resumable: a hybrid node
+    only where it kept the state): n's prefix ends at or before its first missing block, whatever
+    n holds beyond it (a prefix beyond a miss is useless). Nodes with k = 0 are absent. Every named node's
     count is exact. With at most MAX_HOLDERS_PER_KEY holders of the first block, every holder is
     named; with more, the holders of the longest prefix found (up to the bound, sampled past it).
     mm_holders names every live holder of an image, or a random MAX_HOLDERS_PER_KEY of them past

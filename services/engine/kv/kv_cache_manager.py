@@ -31,6 +31,7 @@ from services.engine.kv.block_pool import BlockPool, KVBlock
 from services.engine.kv.layout import KVLayout
 from services.engine.kv.recurrent_state import StateSlots, StateSnapshots
 from services.engine.request import Request
+from shared.block_events import BlockEvicted, BlockStored, StateKept
 from shared.types import BlockHash
 
 # A request's pages in one group: per logical block, its pages (one per page index), or None
@@ -280,6 +281,22 @@ class KVCacheManager:
         # Tail first, so the shared head of a prefix is the last to be evicted.
         for table in reversed(tables):
             self.pool.free([page for pages in reversed(table) if pages is not None for page in reversed(pages)])
+
+    # -- events for the cluster index -------------------------------------------------------------
+    def drain_events(self) -> list[BlockStored | BlockEvicted | StateKept]:
+        """The pool's events since the last call; for a hybrid model, then, for every published
+        block stored or whose saved state came or went, whether its state is kept (a block held
+        without it is no place for another node's prefix to resume)."""
+        events: list[BlockStored | BlockEvicted | StateKept] = list(self.pool.drain_events())
+        if self.state_slots is None:
+            return events
+        changed = dict.fromkeys(event.block_hash for event in events if isinstance(event, BlockStored))
+        changed.update(dict.fromkeys(self.snapshots.drain_changes() if self.snapshots is not None else ()))
+        for block_hash in changed:
+            block = self.pool.lookup(block_hash)
+            if block is not None and block.published:
+                events.append(StateKept(block_hash, self.snapshots is not None and self.snapshots.holds(block_hash)))
+        return events
 
     # -- tables ----------------------------------------------------------------------------------
     def page_table(self, request: Request, group: int = 0, page: int = 0, *, fill: int | None = 0) -> list[int | None]:

@@ -83,6 +83,13 @@ class StateSnapshots:
         self._id_of: OrderedDict[BlockHash, int] = OrderedDict()
         self._free = list(range(capacity - 1, -1, -1))
         self.num_evictions = 0
+        self._changed: list[BlockHash] = []  # saved or evicted since the last drain_changes
+
+    def drain_changes(self) -> list[BlockHash]:
+        """The blocks whose state was saved or evicted since the last call (the cluster index
+        learns where this node can resume: KVCacheManager.drain_events)."""
+        changed, self._changed = self._changed, []
+        return changed
 
     def __len__(self) -> int:
         return len(self._id_of)
@@ -105,9 +112,11 @@ class StateSnapshots:
         if not self._free:
             if not self._id_of:
                 return None
-            _, evicted = self._id_of.popitem(last=False)
+            dropped, evicted = self._id_of.popitem(last=False)
             self._free.append(evicted)
+            self._changed.append(dropped)
             self.num_evictions += 1
         snapshot = self._free.pop()
         self._id_of[block_hash] = snapshot
+        self._changed.append(block_hash)
         return snapshot

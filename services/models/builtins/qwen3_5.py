@@ -1,5 +1,5 @@
-"""The built-in Qwen3.5 models (``qwen3_5-tiny``, and ``qwen3_5-moe-tiny`` with a mixture of experts
-in every layer) and how their checkpoints are written.
+"""The built-in Qwen3.5 models (``qwen3_5-tiny``, ``qwen3_5-moe-tiny`` with a mixture of experts in
+every layer, and ``qwen3_5-small`` for benchmarks) and how their checkpoints are written.
 
 A real Qwen3.5 architecture with small dimensions: hybrid text layers (Gated DeltaNet linear
 attention, with every fourth layer gated full attention, as transformers lays them out when
@@ -174,6 +174,28 @@ BUILTIN_SPECS: dict[str, BuiltinSpec] = {
         num_experts_per_tok=2,
         moe_intermediate=64,
         shared_expert_intermediate=64,
+    ),
+    # For benchmarks: Qwen3.5's 128-wide linear heads (vLLM-CPU's Gated DeltaNet kernel takes only
+    # multiples of 32), its 16/32 key/value heads scaled to 4/8; attention heads of 128 with the
+    # 11/11/10 sections scaled to the 32 rotary dimensions.
+    "qwen3_5-small": BuiltinSpec(
+        name="qwen3_5-small",
+        seed=20261201,
+        init_std=0.3,
+        text_hidden=768,
+        text_layers=8,
+        text_heads=8,
+        text_kv_heads=2,
+        text_head_dim=128,
+        text_intermediate=2048,
+        mrope_section=(6, 5, 5),
+        linear_key_heads=4,
+        linear_value_heads=8,
+        linear_head_dim=128,
+        vision_hidden=512,
+        vision_depth=6,
+        vision_heads=8,
+        vision_intermediate=2048,
     ),
 }
 

@@ -7,7 +7,9 @@ Paths, each asserted by the counter that proves it ran: cold image requests and 
 encoder-cache hit on an encoder, as the third sight is back on its first encoder but on a prefill
 node that has not seen it; embeddings pulled by prefill nodes from encoders), a multi-turn
 conversation turn by turn on rotating prefill nodes (each turn's prefix hit or pulled from the node
-that computed the last one, with the state saved at its end), and a decode node killed
+that computed the last one, with the state saved at its end; the index names a node's prefix only
+as far as it kept a state, so no planned pull comes back short, also where two prompts share text
+past an image), and a decode node killed
 mid-stream, whose streams migrate with their state recomputed.
 """
 
@@ -77,6 +79,26 @@ def test_images_repeats_and_turns_match_the_oracle_across_prefill_and_decode_nod
     assert after["prefill_kv_blocks_pulled_total"] > before["prefill_kv_blocks_pulled_total"]
     assert after["encoder_cache_hits_total"] > before["encoder_cache_hits_total"]
     assert after["prefill_embeddings_pulled_total"] > before["prefill_embeddings_pulled_total"]
+
+
+def test_a_prefix_shared_past_an_image_is_pulled_as_far_as_a_state_was_kept(hybrid_stack):
+    """Two questions sharing an image and a long text after it, on two prefill nodes: the first
+    node holds the shared blocks' KV but a state only at the image's end (nothing else of the first
+    prompt is a state point), so the index names its prefix that far, and the second node's pull
+    asks for exactly that: no planned block comes back missing."""
+    stack, oracle = hybrid_stack
+    names = ("prefill_kv_blocks_pulled_total", "remote_kv_cache_misses_total")
+    before = {name: counter(stack, name) for name in names}
+    shared = "Read this long note first, then answer the question after it. " * 5
+    cached = []
+    for question in ("What shape is in it?", "What colour dominates?"):
+        case = chat_case(_png(3), shared + question)
+        text, num_cached = ask_greedy(stack, case)
+        assert text == _oracle_text(oracle, case), question
+        cached.append(num_cached)
+    after = {name: counter(stack, name) for name in names}
+    assert cached[1] > 0 and after["prefill_kv_blocks_pulled_total"] > before["prefill_kv_blocks_pulled_total"]
+    assert after["remote_kv_cache_misses_total"] == before["remote_kv_cache_misses_total"]
 
 
 def test_a_decode_node_killed_mid_stream_migrates_and_stays_exact(hybrid_stack):

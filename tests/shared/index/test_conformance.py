@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from shared.index.backend import create_index
-from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo
+from shared.index.types import IndexEvents, IndexUnavailableError, MmEntry, NodeInfo, block_entry
 from shared.types import BlockHash, MmHash
 
 TTL = 0.5
@@ -266,3 +266,33 @@ def test_unreachable_index_raises_a_typed_error_and_then_fails_fast():
 def test_unknown_index_url_is_rejected():
     with pytest.raises(ValueError, match="unsupported index URL"):
         create_index("mongodb://x", namespace="n")
+
+
+def hybrid_blocks(num_blocks: int, *, states_at: set[int]) -> IndexEvents:
+    """A hybrid model's node holding blocks 0..num_blocks-1, with the state kept after ``states_at``."""
+    return IndexEvents(kv_stored={BlockHash(f"b{i}"): block_entry("device", resumable=i in states_at) for i in range(num_blocks)})
+
+
+def test_a_hybrid_nodes_prefix_ends_at_its_last_kept_state(index):
+    eh = index.register_node(node("hybrid"), ttl_s=30)
+    ef = index.register_node(node("full"), ttl_s=30)
+    en = index.register_node(node("stateless"), ttl_s=30)
+    index.publish("hybrid", eh, hybrid_blocks(6, states_at={1, 3}))
+    index.publish("full", ef, blocks(0, 1, 2, 3, 4))
+    index.publish("stateless", en, hybrid_blocks(5, states_at=set()))  # KV only: nowhere to resume
+    hashes = [BlockHash(f"b{i}") for i in range(6)]
+    assert index.lookup([], hashes).node_to_num_prefix_blocks == {"hybrid": 4, "full": 5}
+    assert index.lookup([], hashes[:3]).node_to_num_prefix_blocks == {"hybrid": 2, "full": 3}
+    assert index.lookup([], hashes[:1]).node_to_num_prefix_blocks == {"full": 1}
+
+
+def test_a_state_saved_or_dropped_later_moves_a_hybrid_nodes_prefix(index):
+    epoch = index.register_node(node("hybrid"), ttl_s=30)
+    index.publish("hybrid", epoch, hybrid_blocks(4, states_at={1}))
+    hashes = [BlockHash(f"b{i}") for i in range(4)]
+    assert index.lookup([], hashes).node_to_num_prefix_blocks == {"hybrid": 2}
+    index.publish("hybrid", epoch, IndexEvents(kv_stored={BlockHash("b3"): block_entry("device", resumable=True)}))
+    assert index.lookup([], hashes).node_to_num_prefix_blocks == {"hybrid": 4}
+    index.publish("hybrid", epoch, IndexEvents(kv_stored={BlockHash("b3"): block_entry("device", resumable=False)}))
+    index.publish("hybrid", epoch, IndexEvents(kv_evicted=[BlockHash("b0")]))  # the head evicted: nothing left
+    assert index.lookup([], hashes).node_to_num_prefix_blocks == {}

