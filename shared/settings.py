@@ -28,12 +28,16 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, Setting
 T = TypeVar("T")
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls: type, title: str, *, spaced: frozenset[str] = frozenset()) -> None:
+    """``spaced``: tuple fields whose flag takes its values apart (``--flag a b``, as vLLM spells
+    ``--lora-modules``; values may hold commas), each flag given adding to them."""
     group = parser.add_argument_group(title)
     for name, annotation in _field_types(cls).items():
         flag = "--" + name.replace("_", "-")
         if _base(annotation) is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+        elif name in spaced:
+            group.add_argument(flag, nargs="+", action="extend", default=None)
         else:
             group.add_argument(flag, default=None, help="comma-separated" if _base(annotation) is tuple else None)
 

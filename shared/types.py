@@ -36,3 +36,14 @@ class GroupPlacement:
 
     index: int
     time_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoraRef:
+    """The LoRA adapter a request asks for: the name it is served under, and the fingerprint of
+    its files (services/models/fingerprint.py), which keys the cached work it computes
+    (shared/hashing.py's "lora" block key). A node serves the request only with an adapter of
+    that name and that fingerprint: never a stale or different copy."""
+
+    name: str
+    fingerprint: str

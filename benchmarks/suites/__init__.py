@@ -31,6 +31,7 @@ SUITES = (
     "index_stall",
     "kv_layout",
     "loop_handoff",
+    "lora_step",
     "media_budget",
     "preprocess",
     "router",

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from services.engine.remote_request import PositionsFn, PromptItem, build_request
 from services.engine.request import Request
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
+from services.models.lora.adapter import LoraAdapter
+from shared.types import LoraRef
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,9 +25,12 @@ class DecodeJob:
     cache_salt: str | None = None
     prior_output_token_ids: Sequence[int] = ()  # a migrated request's answer so far
     every_output: bool = True  # stream each step's output; False: only the last (a non-streamed request)
+    lora: LoraRef | None = None  # its LoRA adapter; None: the base model
 
-    def engine_request(self, positions: PositionsFn) -> Request:
-        request = build_request(self.request_id, list(self.prompt_token_ids), list(self.items), self.sampling, self.cache_salt, positions)
+    def engine_request(self, positions: PositionsFn, lora: LoraAdapter | None = None) -> Request:
+        """``lora``: the node's adapter for self.lora (EngineNode.adapter_for)."""
+        items, salt = list(self.items), self.cache_salt
+        request = build_request(self.request_id, list(self.prompt_token_ids), items, self.sampling, salt, positions, lora)
         request.num_cached_tokens = self.num_cached_tokens
         request.output_token_ids = list(self.prior_output_token_ids)
         return request

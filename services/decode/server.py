@@ -14,10 +14,11 @@ from services.engine.engine import RequestRejectedError
 from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem
 from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, token_texts
-from services.transport.convert import item_from_pb
+from services.transport.convert import item_from_pb, lora_from_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.kv_peer import add_kv_peer
+from services.transport.lora_service import add_lora_adapters
 from services.transport.node_admission import NodeAdmission, abort_overloaded
 from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with
 from services.transport.stats_wire import stats_response
@@ -73,11 +74,12 @@ def decode_job_from_pb(request: pb.DecodeRequest) -> DecodeJob:
         cache_salt=request.cache_salt or None,
         prior_output_token_ids=list(request.prior_output_token_ids),
         every_output=request.stream,
+        lora=lora_from_pb(request),
     )
 
 
 async def serve(node: DecodeNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:
     server = new_server(auth)
     rpc.add_DecodeServicer_to_server(DecodeServicer(node, admission), server)
-    kv_peer = add_kv_peer(server, node)
-    await serve_forever(server, address, ["tessera.v1.Decode", kv_peer], lifecycle, auth)
+    kv_peer, loras = add_kv_peer(server, node), add_lora_adapters(server, node)
+    await serve_forever(server, address, ["tessera.v1.Decode", kv_peer, loras], lifecycle, auth)

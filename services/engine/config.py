@@ -49,6 +49,13 @@ class EngineConfig:
     # reading per step, half a vocabulary matrix more memory.
     screen_greedy: bool = True
     device: str = "cpu"
+    # LoRA, with vLLM's flags and defaults: --enable-lora wraps the decoder's linear layers;
+    # --lora-modules name=path ... (or vLLM's JSON form, '{"name": N, "path": P}') are the adapters
+    # served; --max-loras of them in one batch, each of rank at most --max-lora-rank.
+    enable_lora: bool = False
+    lora_modules: tuple[str, ...] = ()
+    max_loras: int = 1
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         for name in (
@@ -69,6 +76,10 @@ class EngineConfig:
             raise ValueError("max_encoder_tokens_per_step cannot exceed encoder_cache_tokens")
         if self.state_interval_tokens % self.block_size:
             raise ValueError(f"state_interval_tokens ({self.state_interval_tokens}) must be a multiple of block_size ({self.block_size})")
+        if self.max_loras <= 0 or self.max_lora_rank <= 0:
+            raise ValueError(f"max_loras and max_lora_rank must be positive, got {self.max_loras}, {self.max_lora_rank}")
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):
             raise ValueError(f"attention_backend must be auto, torch or flashinfer, got {self.attention_backend!r}")
 
@@ -92,7 +103,7 @@ class EngineConfig:
 
     @classmethod
     def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        add_dataclass_arguments(parser, cls, "engine")
+        add_dataclass_arguments(parser, cls, "engine", spaced=frozenset({"lora_modules"}))
 
     @classmethod
     def from_sources(cls, args: argparse.Namespace | None = None, env: dict[str, str] | None = None, **overrides) -> EngineConfig:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.kv.kv_cache_manager import KVCacheManager
+from services.engine.lora.slots import LoraSlots
 from services.engine.model_runner import ModelRunner
 from services.engine.output_processor import OutputProcessor, RequestOutput
 from services.engine.prompt_logprobs import record_prompt_logprobs
@@ -24,6 +25,7 @@ from services.engine.sampling import Sampler, SamplingError
 from services.engine.sampling_params import SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
 from services.engine.structured_output import GrammarError, Grammars
+from services.models.lora.adapter import LoraAdapter
 from services.models.registry import ModelRef
 from services.models.tokenizer import load_tokenizer
 from services.preprocess.preprocessor import PreprocessedRequest
@@ -53,7 +55,8 @@ class Engine:
             state_interval_blocks=self.config.state_interval_tokens // self.config.block_size,
         )
         self.encoder_cache = EncoderCacheManager(self.config.encoder_cache_tokens)
-        self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache)
+        self.loras = LoraSlots(self.config.max_loras) if self.config.enable_lora else None
+        self.scheduler = Scheduler(self.config, self.kv, self.encoder_cache, self.loras)
         eos_token_ids = self.runner.checkpoint.eos_token_ids
         self.sampler = Sampler(frozenset(eos_token_ids), vocab_size=self.runner.checkpoint.shape.vocab_size)
         if tokenizer is None:
@@ -68,7 +71,15 @@ class Engine:
         self.finish_listeners: list[Callable[[Request], None]] = []
 
     # -- requests ---------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: PreprocessedRequest, sampling: SamplingParams, *, cache_salt: str | None = None) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PreprocessedRequest,
+        sampling: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+        lora: LoraAdapter | None = None,
+    ) -> None:
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt.prompt_token_ids),
@@ -79,12 +90,17 @@ class Engine:
                 MmFeature(item.mm_hash, item.placeholder, item.image.grid_thw, item.image.pixel_values) for item in prompt.mm_items
             ],
             cache_salt=cache_salt,
+            lora=lora,
         )
         self.add(request)
 
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
+        if request.lora is not None and self.loras is None:
+            raise RequestRejectedError(
+                f"LoRA adapter {request.lora.name!r} asked for, but this engine serves none (start it with --enable-lora)"
+            )
         self.check_admissible(request)
         self.start_grammar(request)
         self.requests[request.request_id] = request
@@ -120,7 +136,7 @@ class Engine:
         self.num_steps += 1
         masks = self.grammars.start_masks([item.request.request_id for item in plan.scheduled])  # beside the forward pass
         allowed_for = functools.cache(masks.result) if masks is not None else None
-        sampling = self.runner.execute(plan, self.kv)
+        sampling = self.runner.execute(plan, self.kv, self.loras)
         for rows in sampling.prompt_rows:
             record_prompt_logprobs(rows, self.runner.decoder.compute_logits)
         chosen = self.sampler.choose(sampling.hidden, sampling.requests, self.runner.decoder, allowed_for)

@@ -10,12 +10,17 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
-from services.engine.engine import Engine
+from services.engine.engine import Engine, RequestRejectedError
 from services.engine.engine_loop import EngineLoop
+from services.engine.lora.registry import LoraRegistry, LoraUnavailableError
 from services.models.checkpoint import dtype_name
+from services.models.lora.adapter import LoraAdapter
+from services.models.lora.files import LoraAdapterError, adapter_fingerprint
+from services.models.lora.modules import LoraModule, parse_lora_modules
 from services.models.registry import ModelRef
 from services.transport.addresses import AdvertisedAddress
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
@@ -25,7 +30,7 @@ from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.node_metrics import Counter, Gauge, Histogram, counter, gauge
-from shared.types import BlockHash
+from shared.types import BlockHash, LoraRef
 
 log = logging.getLogger("tessera.kv")
 
@@ -74,12 +79,45 @@ class EngineNode:
             min_step_interval=min_step_interval,
         )
         self.engine = self.loop.engine  # touch it only through self.loop.call once serving
+        # The LoRA adapters this node serves (--enable-lora, --lora-modules), by name.
+        self.loras: LoraRegistry | None = None
+        if config.enable_lora:
+            modules = parse_lora_modules(config.lora_modules)
+            self.loras = LoraRegistry(model.family.weight_group, max_rank=config.max_lora_rank, modules=modules)
         family, checkpoint = model.family, self.engine.runner.checkpoint
         self.positions = functools.partial(family.positions, checkpoint)  # remote_request.PositionsFn
         self.pixels_match = functools.partial(family.pixels_match, checkpoint)  # local_pixels.PixelsMatchFn
         self.inbox = TensorInbox(data_bind, advertise_host=advertise_host, auth=channel_auth)
         self.sender = TensorSender(auth=channel_auth)
         self.engine_metrics = self._engine_metrics()
+
+    def adapter_for(self, lora: LoraRef | None) -> LoraAdapter | None:
+        """The adapter a request names, as this node holds it; raises RequestRejectedError when
+        it serves none, or not that one (another name, or another fingerprint: a stale copy)."""
+        if lora is None:
+            return None
+        if self.loras is None:
+            raise RequestRejectedError(f"LoRA adapter {lora.name!r} asked for, but this node serves none (start it with --enable-lora)")
+        try:
+            return self.loras.resolve(lora)
+        except LoraUnavailableError as exc:
+            raise RequestRejectedError(str(exc)) from None
+
+    async def load_lora(self, name: str, path: str, fingerprint: str) -> None:
+        """Serve the adapter at ``path`` under ``name`` (a runtime load); raises LoraAdapterError
+        when this node serves no LoRA, the adapter does not fit this model, or its files are not
+        the ones the caller fingerprinted."""
+        if self.loras is None:
+            raise LoraAdapterError(f"this node serves no LoRA adapters (start it with --enable-lora); cannot load {name!r}")
+        module = LoraModule(name, Path(path))
+        if await asyncio.to_thread(adapter_fingerprint, module.path) != fingerprint:
+            raise LoraAdapterError(f"LoRA adapter {name!r}: the files at {path} on this node differ from the caller's")
+        await asyncio.to_thread(self.loras.add, module)  # reading its tensors: a thread's wait, not the loop's
+
+    async def unload_lora(self, name: str) -> bool:
+        """Stop serving ``name`` to new requests; requests running with it finish with it (they
+        hold the adapter), and its slot goes to the next adapter that needs one."""
+        return self.loras is not None and self.loras.remove(name) is not None
 
     @property
     def data_address(self) -> AdvertisedAddress:

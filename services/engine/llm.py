@@ -5,16 +5,21 @@ llm = LLM("tiny")
 (services/preprocess/prompt.py; from an OpenAI-shaped body: prompt_from_wire(prompt_from_body(body)),
 services/gateway/frontend/prompt_wire.py and services/preprocess/prompt_wire.py)
 result.text, result.token_ids, result.usage
+
+With LoRA (EngineConfig(enable_lora=True, max_loras=N)): adapter = llm.load_lora("name", path), then
+llm.generate(prompts, sampling, lora=adapter) (or one adapter or None per prompt).
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.engine.config import EngineConfig
 from services.engine.engine import Engine
 from services.engine.sampling_params import SamplingParams
+from services.models.lora.adapter import LoraAdapter, read_adapter
 from services.models.registry import resolve_model
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.preprocessor import Preprocessor
@@ -50,21 +55,27 @@ class LLM:
         self.engine = Engine(self.model, engine_config, tokenizer=self.preprocessor.tokenizer)
         self._ids = itertools.count()
 
+    def load_lora(self, name: str, path: str | Path) -> LoraAdapter:
+        """A PEFT adapter directory read for this model (services/models/lora/adapter.py)."""
+        return read_adapter(name, Path(path), self.model.family.weight_group, max_rank=self.engine.config.max_lora_rank)
+
     def generate(
         self,
         prompts: list[Prompt],
         sampling: SamplingParams | list[SamplingParams] | None = None,
         *,
         cache_salt: str | None = None,
+        lora: LoraAdapter | list[LoraAdapter | None] | None = None,
     ) -> list[GenerationResult]:
         """Run every request to completion, batched together; results in input order."""
         params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError("one SamplingParams per request, or a single one for all")
+        adapters = lora if isinstance(lora, list) else [lora] * len(prompts)
+        if len(params) != len(prompts) or len(adapters) != len(prompts):
+            raise ValueError("one SamplingParams (and LoRA adapter) per request, or a single one for all")
         order = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p, adapter in zip(prompts, params, adapters):
             request_id = f"req-{next(self._ids)}"
-            self.engine.add_request(request_id, self.preprocessor.preprocess(prompt), p, cache_salt=cache_salt)
+            self.engine.add_request(request_id, self.preprocessor.preprocess(prompt), p, cache_salt=cache_salt, lora=adapter)
             order.append(request_id)
         finals = {}
         for output in self.engine.run_to_completion():

@@ -8,6 +8,7 @@ services/engine/prompt_logprobs.py scores them).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -19,11 +20,13 @@ from services.engine.config import EngineConfig
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.kv.layout import KVLayout
 from services.engine.kv.recurrent_state import StateStorage, new_state_storage
+from services.engine.lora.slots import LoraSlots
 from services.engine.prompt_logprobs import PromptRows, prompt_rows_of
 from services.engine.request import Request
 from services.engine.scheduler import SchedulerOutput
 from services.models.checkpoint import COMPUTE_DTYPE, load_weights
 from services.models.family import VisionEncoder
+from services.models.lora.bank import LoraBank, SlotRows
 from services.models.registry import ModelRef
 from shared.types import MmHash
 
@@ -46,6 +49,11 @@ class ModelRunner:
         self.decoder.to(self.device).eval()
         if config.prepack_weights and self.device.type == "cpu" and packing_available():
             self.decoder.pack_for_cpu(screen_greedy=config.screen_greedy)
+        # LoRA: the decoder's linear layers wrapped once, each slot's adapter applied to its rows.
+        self.text_loras: LoraBank | None = None
+        if config.enable_lora:
+            self.text_loras = LoraBank(config.max_loras, "text")
+            self.text_loras.attach(self.decoder.layers, prefix="layers")
         # A node that receives embeddings from an encoder node loads no vision tower.
         self.vision: VisionEncoder | None = None
         if load_vision:
@@ -79,8 +87,9 @@ class ModelRunner:
             self.encoder_outputs.pop(mm_hash, None)
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput, kv: KVCacheManager) -> StepHidden:
+    def execute(self, step: SchedulerOutput, kv: KVCacheManager, loras: LoraSlots | None = None) -> StepHidden:
         self._run_encoder(step)
+        slot_rows = self._lora_rows(step, loras)
         token_ids: list[int] = []
         positions: list[torch.Tensor | range] = []
         merges: list[tuple[int, torch.Tensor]] = []  # (row in batch, embedding rows)
@@ -111,11 +120,28 @@ class ModelRunner:
         self.save_states(kv)
         self._restore_states(kv)
         self._clear_fresh_states(step, kv)
-        hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
+        with self.text_loras.rows(slot_rows) if self.text_loras is not None else contextlib.nullcontext():
+            hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
         prompt_rows = [PromptRows(request, span.start, hidden[row0 : row0 + len(span)]) for request, span, row0 in prompt_spans]
         if not sample_rows:
             return StepHidden([], torch.empty(0), prompt_rows)
         return StepHidden(sample_requests, hidden[torch.tensor(sample_rows, device=self.device)], prompt_rows)
+
+    def _lora_rows(self, step: SchedulerOutput, loras: LoraSlots | None) -> SlotRows:
+        """Load adapters newly given slots, then each slot's rows in this step's packed batch."""
+        if loras is None or self.text_loras is None:
+            return []
+        for slot, adapter in loras.pending_loads:
+            self.text_loras.load(slot, adapter)
+        loras.pending_loads.clear()
+        slot_to_rows: dict[int, list[int]] = {}
+        row = 0
+        for item in step.scheduled:
+            slot = loras.slot_of(item.request)
+            if slot is not None:
+                slot_to_rows.setdefault(slot, []).extend(range(row, row + item.num_new_tokens))
+            row += item.num_new_tokens
+        return [(slot, torch.tensor(rows, dtype=torch.long, device=self.device)) for slot, rows in slot_to_rows.items()]
 
     def save_states(self, kv: KVCacheManager) -> None:
         """Copy the states the KV manager chose to keep into their snapshots. A saved slot is

@@ -11,6 +11,7 @@ import torch
 
 from services.engine.request import MmFeature, Request
 from services.engine.sampling_params import SamplingParams
+from services.models.lora.adapter import LoraAdapter
 from shared.types import GroupPlacement, MmHash, PlaceholderRange
 
 # (num_tokens, ranges, grids) -> ((3, num_tokens) positions, delta): the family's, for one model.
@@ -34,6 +35,7 @@ def build_request(
     sampling: SamplingParams,
     cache_salt: str | None,
     positions_fn: PositionsFn,
+    lora: LoraAdapter | None = None,
 ) -> Request:
     """A request computed from token ids and image items alone: every image's embeddings must be
     in the node's encoder cache before the request is scheduled (pulled from an encoder, or
@@ -48,4 +50,5 @@ def build_request(
         mrope_delta=delta,
         mm_features=[MmFeature(i.mm_hash, i.placeholder, i.grid_thw, None) for i in items],
         cache_salt=cache_salt,
+        lora=lora,
     )

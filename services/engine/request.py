@@ -10,6 +10,7 @@ import torch
 
 from services.engine.detokenizer import DetokenizerState
 from services.engine.sampling_params import PromptTokenLogprobs, SamplingParams
+from services.models.lora.adapter import LoraAdapter
 from shared.hashing import MmSpan, extend_block_hashes
 from shared.types import BlockHash, MmHash, PlaceholderRange
 
@@ -49,6 +50,7 @@ class Request:
     mrope_delta: int
     mm_features: list[MmFeature] = field(default_factory=list)
     cache_salt: str | None = None
+    lora: LoraAdapter | None = None  # its adapter, whose fingerprint keys every block it computes
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     # Prompt tokens served from the prefix cache when the request was first scheduled.
@@ -78,11 +80,18 @@ class Request:
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    @property
+    def lora_id(self) -> str | None:
+        """Its adapter's content fingerprint: the "lora" key of its block hashes (shared/hashing.py)."""
+        return None if self.lora is None else self.lora.fingerprint
+
     def update_block_hashes(self, block_size: int) -> list[BlockHash]:
         """Extend block_hashes to cover every full block of the current tokens."""
         if len(self.block_hashes) < self.num_tokens // block_size:
             spans = [MmSpan(f.mm_hash, f.placeholder) for f in self.mm_features]
-            self.block_hashes = extend_block_hashes(self.block_hashes, self.token_ids(), block_size, spans, cache_salt=self.cache_salt)
+            self.block_hashes = extend_block_hashes(
+                self.block_hashes, self.token_ids(), block_size, spans, cache_salt=self.cache_salt, lora_name=self.lora_id
+            )
         return self.block_hashes
 
     def positions(self, start: int, end: int) -> torch.Tensor:

@@ -30,6 +30,7 @@ from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.kv.block_pool import KVBlock
 from services.engine.kv.kv_cache_manager import KVCacheManager
+from services.engine.lora.slots import LoraSlots
 from services.engine.request import Request, RequestStatus
 from shared.node_metrics import Histogram
 
@@ -52,10 +53,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, encoder_cache: EncoderCacheManager) -> None:
+    def __init__(
+        self, config: EngineConfig, kv: KVCacheManager, encoder_cache: EncoderCacheManager, loras: LoraSlots | None = None
+    ) -> None:
         self.config = config
         self.kv = kv
         self.encoder_cache = encoder_cache
+        self.loras = loras
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.adopted: deque[Request] = deque()  # KV in place, waiting only for a sequence slot
@@ -84,10 +88,7 @@ class Scheduler:
         encoder_budget = self.config.max_encoder_tokens_per_step
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
-        while self.adopted and len(self.running) < self.config.max_num_seqs:
-            request = self.adopted.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
+        self._run_adopted()
 
         index = 0
         while index < len(self.running) and budget > 0:
@@ -115,6 +116,9 @@ class Scheduler:
         awaiting: list[Request] = []  # waiting on an import to begin: the rest go first
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             request = self.waiting[0]
+            if not self._lora_admits(request):  # every slot holds an adapter in use: the others go first
+                awaiting.append(self.waiting.popleft())
+                continue
             cached: list[KVBlock] = self.kv.find_cached_prefix(request) if request.num_computed_tokens == 0 else []
             start = request.num_computed_tokens + len(cached) * self.kv.block_size
             wanted = self._chunk(request, start, budget)
@@ -125,6 +129,7 @@ class Scheduler:
             if num_new == 0 or not self.kv.allocate(request, num_new, cached):
                 break
             self.waiting.popleft()
+            self._admit_lora(request)
             self._commit_encoder(request, encode)
             encoder_budget = encoder_budget_after
             request.num_computed_tokens = start
@@ -145,6 +150,22 @@ class Scheduler:
         to_point = self.kv.tokens_to_state_point(request, start)
         return wanted if to_point is None else min(wanted, to_point)
 
+    def _run_adopted(self) -> None:
+        """Adopted requests join the running ones, first come first served, while sequence slots
+        remain (and their LoRA adapter can hold a slot)."""
+        while self.adopted and len(self.running) < self.config.max_num_seqs and self._lora_admits(self.adopted[0]):
+            request = self.adopted.popleft()
+            self._admit_lora(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+
+    def _lora_admits(self, request: Request) -> bool:
+        return self.loras is None or self.loras.can_admit(request)
+
+    def _admit_lora(self, request: Request) -> None:
+        if self.loras is not None:
+            self.loras.admit(request)
+
     def _record_queue_times(self, scheduled: list[ScheduledRequest]) -> None:
         now = time.monotonic()
         for item in scheduled:
@@ -162,6 +183,8 @@ class Scheduler:
             self.adopted.remove(request)
         self.kv.free(request)
         self.encoder_cache.free_request(request.request_id, [f.mm_hash for f in request.mm_features])
+        if self.loras is not None:
+            self.loras.release(request)
 
     def release_finished_encoder_inputs(self, request: Request) -> None:
         """Drop this request's reference to images it has fully consumed: an image that recurs
@@ -175,6 +198,8 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        if self.loras is not None:
+            self.loras.release(request)
         self.encoder_cache.free_request(request.request_id, [f.mm_hash for f in request.mm_features])
         request.num_computed_tokens = 0
         request.num_preemptions += 1

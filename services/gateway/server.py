@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING
 import uvicorn
 
 from services.gateway.frontend.config import FrontendConfig, ServedModel
+from services.gateway.frontend.served_adapters import ServedAdapters
 from services.gateway.frontend.tenants import ApiKeys
 from services.gateway.generate.server import GenerateServicer, start_generate_server
 from services.gateway.http.app import create_app
 from services.gateway.pipeline.pipeline import Pipeline
 from services.gateway.settings import Settings
+from services.models.lora.modules import parse_lora_modules
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults, read_sampling_defaults
 from services.router.membership import ROUTED_ROLES, Membership
 from services.router.policies import make_policy
@@ -46,6 +48,7 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) 
         max_model_len=engine_config.max_model_len,
         tool_parser=model.tool_call_parser,
         sampling_defaults=read_sampling_defaults(model.path, settings.generation_config),
+        adapters=ServedAdapters(parse_lora_modules(engine_config.lora_modules), enabled=True) if engine_config.enable_lora else None,
     )
 
 
@@ -87,12 +90,13 @@ def run_gateway(
     max_model_len: int,
     tool_parser: str | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
+    adapters: ServedAdapters | None = None,
 ) -> None:
     # uvicorn re-raises the signal that stopped it once it has shut down, with the handler it
     # found installed: ours, so a drained gateway exits 0 instead of dying of its SIGTERM.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    asyncio.run(_serve(config, served_names, namespace, block_size, max_model_len, tool_parser, sampling_defaults))
+    asyncio.run(_serve(config, served_names, namespace, block_size, max_model_len, tool_parser, sampling_defaults, adapters))
 
 
 async def _serve(
@@ -103,12 +107,13 @@ async def _serve(
     max_model_len: int,
     tool_parser: str | None,
     sampling_defaults: SamplingDefaults,
+    adapters: ServedAdapters | None = None,
 ) -> None:
     api_keys = ApiKeys.from_settings(config.api_key, config.api_keys_file)
     pipeline = build_pipeline(config, namespace=namespace, block_size=block_size, max_model_len=max_model_len)
     await pipeline.membership.start()
     model = ServedModel(config.model, tool_parser, sampling_defaults)
-    app, frontend = create_app(pipeline, FrontendConfig.from_settings(config, served_names, model), api_keys=api_keys)
+    app, frontend = create_app(pipeline, FrontendConfig.from_settings(config, served_names, model, adapters), api_keys=api_keys)
     state = frontend.state
     generate = await start_generate_server(GenerateServicer(frontend), config.generate_address, api_keys=api_keys)
     try:

@@ -108,6 +108,7 @@ class GatewayState:
                     generation.prompt,
                     generation.sampling,
                     cache_salt=generation.cache_salt,
+                    lora=generation.lora,
                     stream=stream,
                     fit_max_tokens=generation.fit_max_tokens,
                     request_id=request_id,

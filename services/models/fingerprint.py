@@ -41,9 +41,15 @@ def checkpoint_files(path: Path) -> list[Path]:
 
 
 def fingerprint(path: Path) -> str:
+    return files_fingerprint(checkpoint_files(path))
+
+
+def files_fingerprint(files: list[Path]) -> str:
+    """The fingerprint of ``files`` (sorted by the caller): a checkpoint's, or a LoRA adapter's
+    (services/models/lora/adapter.py), whose identity enters the caches' keys the same way."""
     memo = _Memo(tessera_home() / "fingerprints.json")
     digest = blake3.blake3(key=FINGERPRINT_KEY)
-    for file in checkpoint_files(path):
+    for file in files:
         digest.update(file.name.encode() + b"\0" + file_digest(file, memo).encode() + b"\n")
     memo.save()
     return digest.hexdigest()[:FINGERPRINT_CHARS]

@@ -11,9 +11,10 @@ from typing import Protocol
 from services.engine.remote_request import PositionsFn, PromptItem, build_request
 from services.engine.request import Request
 from services.engine.sampling_params import PromptTokenLogprobs, SamplingParams, TokenLogprobs
+from services.models.lora.adapter import LoraAdapter
 from services.prefill.kv_pull import KVSource
 from services.transport.addresses import AdvertisedAddress
-from shared.types import BlockHash, MmHash
+from shared.types import BlockHash, LoraRef, MmHash
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,17 +31,19 @@ class PrefillJob:
     local_encode: frozenset[MmHash] = frozenset()  # images the router chose this node to encode
     local_pixels_key_prefix: str = ""  # their pixels wait in the inbox under prefix + mm_hash
     kv_sources: Sequence[KVSource] = ()  # peers holding a prefix of the prompt's KV
+    lora: LoraRef | None = None  # its LoRA adapter; None: the base model
     # When the caller stops waiting, in time.time() seconds (the Prefill call's gRPC deadline); the
     # encoder calls it makes get what is left of it. None: the caller set none.
     deadline_s: float | None = None
 
-    def engine_request(self, positions: PositionsFn) -> Request:
+    def engine_request(self, positions: PositionsFn, lora: LoraAdapter | None = None) -> Request:
+        """``lora``: the node's adapter for self.lora (EngineNode.adapter_for)."""
         # The answer so far is computed like prompt text (same positions) and counts toward
         # min_tokens, so a migrated request continues exactly as if it had never moved.
         num_prior = len(self.prior_output_token_ids)
         sampling = replace(self.sampling, min_tokens=max(0, self.sampling.min_tokens - num_prior))
         token_ids = [*self.prompt_token_ids, *self.prior_output_token_ids]
-        return build_request(self.request_id, token_ids, list(self.items), sampling, self.cache_salt, positions)
+        return build_request(self.request_id, token_ids, list(self.items), sampling, self.cache_salt, positions, lora)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,11 +27,12 @@ from services.prefill.kv_pull import KVSource
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMismatchError
 from services.prefill.node import PrefillNode
 from services.transport.addresses import AdvertisedAddress
-from services.transport.convert import call_deadline_s, item_from_pb, item_to_pb
+from services.transport.convert import call_deadline_s, item_from_pb, item_to_pb, lora_from_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
 from services.transport.kv_peer import add_kv_peer
+from services.transport.lora_service import add_lora_adapters
 from services.transport.node_admission import NodeAdmission, abort_overloaded
 from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_with, node_error_of
 from services.transport.stats_wire import stats_response
@@ -91,6 +92,7 @@ def job_from_pb(request: pb.PrefillRequest, deadline: float | None = None) -> Pr
         local_pixels_key_prefix=request.local_pixels_key_prefix,
         kv_sources=[KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources],
         deadline_s=deadline,
+        lora=lora_from_pb(request),
     )
 
 
@@ -193,5 +195,5 @@ async def serve(node: PrefillNode, address: str, lifecycle: Lifecycle, auth: Int
     server = new_server(auth)
     rpc.add_PrefillServicer_to_server(PrefillServicer(node, auth, admission), server)
     rpc.add_EncodeServicer_to_server(EmbeddingShipper(node), server)
-    kv_peer = add_kv_peer(server, node)
-    await serve_forever(server, address, ["tessera.v1.Prefill", "tessera.v1.Encode", kv_peer], lifecycle, auth)
+    kv_peer, loras = add_kv_peer(server, node), add_lora_adapters(server, node)
+    await serve_forever(server, address, ["tessera.v1.Prefill", "tessera.v1.Encode", kv_peer, loras], lifecycle, auth)

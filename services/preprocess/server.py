@@ -43,7 +43,10 @@ class PreprocessServicer(rpc.PreprocessServicer):
         if request.block_size > 0:
             # Hashed here, where the tokens are, so the router's decision is one index lookup.
             spans = [MmSpan(i.mm_hash, i.placeholder) for i in result.mm_items]
-            hashes = block_hashes(result.prompt_token_ids, request.block_size, spans, cache_salt=request.cache_salt or None)
+            lora_id = request.lora.fingerprint if request.HasField("lora") else None
+            hashes = block_hashes(
+                result.prompt_token_ids, request.block_size, spans, cache_salt=request.cache_salt or None, lora_name=lora_id
+            )
         return pb.PreprocessResponse(
             block_hashes=hashes,
             prompt_token_ids=result.prompt_token_ids,

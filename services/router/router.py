@@ -76,18 +76,22 @@ class Router:
         *,
         reserve: bool = False,
         reuse_prefix: bool = True,
+        lora_id: str | None = None,
     ) -> Route:
         """``block_hashes``: the prompt's (shared.hashing.block_hashes of the same tokens, images and
         salt at this block_size) when the caller has them. ``exclude``: addresses that failed this
         request. ``reserve``: count the route's work on its nodes (``Route.reservation``) in the
         same step as the decision. ``reuse_prefix``: False when the request computes its whole
         prompt (it asks for prompt logprobs): no node's cached prefix is worth anything to it or
-        covers its images. Raises NoLiveNodeError when a role has no candidate left."""
+        covers its images. ``lora_id``: the request's adapter fingerprint, in its block hashes.
+        Raises NoLiveNodeError when a role has no candidate left."""
         started = time.perf_counter()
         turn = next(self._turns)
         hashes = block_hashes or []
         if self.index is not None and block_hashes is None:
-            hashes = compute_block_hashes(token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt)
+            hashes = compute_block_hashes(
+                token_ids, self.block_size, [MmSpan(h, r) for h, r in images], cache_salt=cache_salt, lora_name=lora_id
+            )
         mm_holders, prefix_tokens = await self._holdings([h for h, _ in images], hashes)
         if not reuse_prefix:
             prefix_tokens = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from protos.gen import pb
-from shared.types import GroupPlacement, MmHash, PlaceholderRange
+from shared.types import GroupPlacement, LoraRef, MmHash, PlaceholderRange
 
 
 def item_to_pb(
@@ -20,6 +20,18 @@ def item_to_pb(
 def item_from_pb(item: pb.MmItem) -> tuple[MmHash, PlaceholderRange, tuple[int, int, int], GroupPlacement | None]:
     placement = GroupPlacement(item.placement.index, item.placement.time_position) if item.HasField("placement") else None
     return MmHash(item.mm_hash), PlaceholderRange(item.offset, item.length), tuple(item.grid_thw), placement
+
+
+def lora_to_pb(lora: LoraRef | None) -> pb.LoraRef | None:
+    return None if lora is None else pb.LoraRef(name=lora.name, fingerprint=lora.fingerprint)
+
+
+def lora_from_pb(message, field: str = "lora") -> LoraRef | None:
+    """``message``'s LoraRef field, None when unset (the base model)."""
+    if not message.HasField(field):
+        return None
+    lora = getattr(message, field)
+    return LoraRef(lora.name, lora.fingerprint)
 
 
 def call_deadline_s(context) -> float | None:

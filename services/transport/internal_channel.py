@@ -13,6 +13,8 @@ from services.transport.grpc_server import CHANNEL_OPTIONS
 from services.transport.internal_auth import TOKEN_METADATA_KEY, InternalAuth
 
 ROLE_TO_STUB = {"preprocess": rpc.PreprocessStub, "encoder": rpc.EncodeStub, "prefill": rpc.PrefillStub, "decode": rpc.DecodeStub}
+# Services every node of several roles serves, by the name a caller asks for them with.
+SERVICE_TO_STUB = {"lora_adapters": rpc.LoraAdaptersStub}
 
 
 def internal_channel(address: str, auth: InternalAuth) -> grpc.aio.Channel:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.openai_api import ApiRequest, pop_ignored_fields, to_chat_request
+from services.gateway.frontend.served_adapters import ServedAdapters
 from services.gateway.frontend.tenants import Tenant
 from services.gateway.protocol.batch_chat import BatchChatCompletionRequest
 from services.gateway.protocol.chat import ChatCompletionRequest
@@ -69,6 +70,7 @@ def to_batch_chat_request(
     tenant: Tenant | None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     limits: RequestLimits = NO_LIMITS,
+    adapters: ServedAdapters | None = None,
 ) -> tuple[ApiRequest, list[str], list[str]]:
     """(the conversations as one request, choice i for conversation i; each one's echo; the
     fields no conversation's model knows, by name)."""
@@ -82,6 +84,7 @@ def to_batch_chat_request(
             tenant=tenant,
             sampling_defaults=sampling_defaults,
             limits=limits,
+            adapters=adapters,
         )
         for r in requests
     ]

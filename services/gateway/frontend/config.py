@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from services.gateway.frontend.limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.frontend.media_budget import DEFAULT_RESERVE_FRACTION
+from services.gateway.frontend.served_adapters import ServedAdapters
 from services.gateway.settings import Settings
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
@@ -37,14 +38,20 @@ class FrontendConfig:
     vllm_metric_names: bool = False  # the vLLM-named families under vllm: too (metrics/metrics.py)
     root_path: str = ""  # vLLM's --root-path: the prefix a path-routing proxy serves the API under
     max_body_bytes: int = MAX_BODY_BYTES
+    # The LoRA adapters served beside the base model (--lora-modules, and runtime loads): mutable,
+    # shared by every door.
+    adapters: ServedAdapters = field(default_factory=ServedAdapters)
 
     def __post_init__(self) -> None:
         if not self.served_names:
             raise ValueError("the gateway needs at least one served model name")
 
     @classmethod
-    def from_settings(cls, settings: Settings, served_names: tuple[str, ...], model: ServedModel) -> FrontendConfig:
+    def from_settings(
+        cls, settings: Settings, served_names: tuple[str, ...], model: ServedModel, adapters: ServedAdapters | None = None
+    ) -> FrontendConfig:
         return cls(
+            adapters=adapters or ServedAdapters(),
             served_names=served_names,
             default_max_tokens=settings.default_max_tokens,
             model=model,

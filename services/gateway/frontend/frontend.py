@@ -83,6 +83,7 @@ class Frontend:
             tool_parser=config.model.tool_parser,
             sampling_defaults=config.model.sampling_defaults,
             limits=await self.limits(request.top_logprobs, request.prompt_logprobs),
+            adapters=config.adapters,
         )
 
     async def completion(self, request: CompletionRequest, tenant: Tenant | None) -> ApiRequest:
@@ -92,6 +93,7 @@ class Frontend:
             tenant=tenant,
             sampling_defaults=self.config.model.sampling_defaults,
             limits=await self.limits(request.logprobs, request.prompt_logprobs),
+            adapters=self.config.adapters,
         )
 
     async def batch_chat(self, batch: BatchChatCompletionRequest, tenant: Tenant | None) -> tuple[ApiRequest, list[str], list[str]]:
@@ -105,6 +107,7 @@ class Frontend:
             tenant=tenant,
             sampling_defaults=config.model.sampling_defaults,
             limits=await self.limits(shared.get("top_logprobs"), shared.get("prompt_logprobs")),
+            adapters=config.adapters,
         )
 
     async def typed(self, request: pb.GenerateRequest, tenant: Tenant | None) -> tuple[str, tuple[Generation, ...]]:
@@ -112,7 +115,12 @@ class Frontend:
         sampling, config = request.sampling, self.config
         limits = await self.limits(*(getattr(sampling, name) for name in ("logprobs", "prompt_logprobs") if sampling.HasField(name)))
         return typed_generations(
-            request, served_names=config.served_names, default_max_tokens=config.default_max_tokens, tenant=tenant, limits=limits
+            request,
+            served_names=config.served_names,
+            default_max_tokens=config.default_max_tokens,
+            tenant=tenant,
+            limits=limits,
+            adapters=config.adapters,
         )
 
     async def admit(self, generations: tuple[Generation, ...]) -> Admitted:

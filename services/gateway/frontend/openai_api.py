@@ -19,12 +19,14 @@ from services.gateway.frontend.limits import NO_LIMITS, RequestLimits
 from services.gateway.frontend.media_budget import has_media
 from services.gateway.frontend.prompt_wire import chat_prompt, raw_prompt, truncation
 from services.gateway.frontend.sampling import BeamSearch, beam_search_of, sampling_params, structured_output
+from services.gateway.frontend.served_adapters import ServedAdapters
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
 from services.gateway.output.tool_calls import ToolMode, tool_mode_of
 from services.gateway.protocol.chat import ChatCompletionRequest
 from services.gateway.protocol.completion import CompletionRequest
 from services.gateway.protocol.validation_errors import validation_error
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
+from shared.types import LoraRef
 
 log = logging.getLogger("tessera.gateway")
 
@@ -38,6 +40,7 @@ class Generation:
     prompt: pb.PromptInput
     sampling: SamplingParams
     cache_salt: str | None
+    lora: LoraRef | None = None  # the LoRA adapter the request's model named; None: the base model
     # max_tokens was not given: the default shrinks to the context the prompt leaves (as vLLM
     # does), instead of failing a long prompt that the default alone would push over the limit.
     fit_max_tokens: bool = False
@@ -66,11 +69,13 @@ def to_chat_request(
     tool_parser: str | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     limits: RequestLimits = NO_LIMITS,
+    adapters: ServedAdapters | None = None,
 ) -> ApiRequest:
     """``tool_parser``: the model family's tool-call parser (tool_calls.py), if it has one;
     ``sampling_defaults``: the checkpoint's, for the sampling fields the request leaves unset;
-    ``limits``: the deployment's (limits.py)."""
-    model = check_model(request.model, served_names)
+    ``limits``: the deployment's (limits.py); ``adapters``: the LoRA adapters served, which
+    ``model`` may name."""
+    model = check_model(request.model, served_names, adapters)
     tools = tool_mode_of(request.tools, request.tool_choice, tool_parser, parallel=request.parallel_tool_calls is not False)
     max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
     fit = request.max_completion_tokens is None and request.max_tokens is None
@@ -94,6 +99,7 @@ def to_chat_request(
         tool_mode=tools,
         sampling_defaults=sampling_defaults,
         limits=limits,
+        lora=lora_of(model, adapters),
     )
     return replace(fanned, echo=request.echoed_text())
 
@@ -105,8 +111,9 @@ def to_completion_request(
     tenant: Tenant | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     limits: RequestLimits = NO_LIMITS,
+    adapters: ServedAdapters | None = None,
 ) -> ApiRequest:
-    model = check_model(request.model, served_names)
+    model = check_model(request.model, served_names, adapters)
     media = request.multi_modal_data
     images, videos = (media.images(), media.videos()) if media is not None else ([], [])
     prompts = [raw_prompt(prompt, images, tenant, videos, request.mm_processor_kwargs) for prompt in request.prompts()]
@@ -120,6 +127,7 @@ def to_completion_request(
         structured=structured_output(request),
         sampling_defaults=sampling_defaults,
         limits=limits,
+        lora=lora_of(model, adapters),
     )
 
 
@@ -146,6 +154,7 @@ def _fan_out(
     tool_mode: ToolMode | None = None,
     sampling_defaults: SamplingDefaults = NO_DEFAULTS,
     limits: RequestLimits = NO_LIMITS,
+    lora: LoraRef | None = None,
 ) -> ApiRequest:
     cache_salt = request_cache_salt(tenant, request.cache_salt)
     if (wire_truncation := truncation(request, limits.max_model_len)) is not None:
@@ -158,6 +167,7 @@ def _fan_out(
             prompt=prompt,
             sampling=sampling_params(request, max_tokens, choice=i, structured=structured, defaults=sampling_defaults, limits=limits),
             cache_salt=cache_salt,
+            lora=lora,
             fit_max_tokens=fit_max_tokens,
         )
         for prompt_index, prompt in enumerate(prompts)
@@ -177,18 +187,26 @@ def _fan_out(
     )
 
 
-def check_model(requested: str | None, served_names: tuple[str, ...]) -> str:
-    """The served name a request's ``model`` names (the first when it names none)."""
+def check_model(requested: str | None, served_names: tuple[str, ...], adapters: ServedAdapters | None = None) -> str:
+    """The served name a request's ``model`` names (the first when it names none): the base
+    model's, or a LoRA adapter's."""
     if requested is None:
         return served_names[0]
-    if requested not in served_names:
+    if requested not in served_names and (adapters is None or requested not in adapters.by_name):
+        names = [*served_names, *(served.ref.name for served in adapters or ())]
         raise GatewayError(
             404,
-            f"the model '{requested}' does not exist; this server serves {', '.join(repr(n) for n in served_names)}",
+            f"the model '{requested}' does not exist; this server serves {', '.join(repr(n) for n in names)}",
             code="model_not_found",
             param="model",
         )
     return requested
+
+
+def lora_of(model: str, adapters: ServedAdapters | None) -> LoraRef | None:
+    """The adapter a resolved ``model`` names; None for the base model."""
+    served = adapters.by_name.get(model) if adapters is not None else None
+    return None if served is None else served.ref
 
 
 # Fields a request carried that the server does not know: accepted and ignored, as vLLM does.

@@ -13,9 +13,10 @@ from services.engine.sampling_params import SamplingParams
 from services.engine.sampling_wire import sampling_from_pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import NO_LIMITS, RequestLimits
-from services.gateway.frontend.openai_api import Generation, check_model
+from services.gateway.frontend.openai_api import Generation, check_model, lora_of
 from services.gateway.frontend.prompt_wire import scoped_prompt
 from services.gateway.frontend.sampling import choice_seed
+from services.gateway.frontend.served_adapters import ServedAdapters
 from services.gateway.frontend.tenants import Tenant, request_cache_salt
 from services.gateway.protocol.sampling_request import MAX_CHOICES
 
@@ -27,10 +28,11 @@ def typed_generations(
     default_max_tokens: int,
     tenant: Tenant | None,
     limits: RequestLimits = NO_LIMITS,
+    adapters: ServedAdapters | None = None,
 ) -> tuple[str, tuple[Generation, ...]]:
     """The request id its chunks carry, and one Generation per choice; ``limits``: the
     deployment's (limits.py), as the HTTP API applies them."""
-    check_model(request.model or None, served_names)
+    lora = lora_of(check_model(request.model or None, served_names, adapters), adapters)
     num_choices = request.n or 1
     if num_choices > MAX_CHOICES:
         raise GatewayError(400, f"n must be at most {MAX_CHOICES}, got {num_choices}", param="n")
@@ -52,7 +54,9 @@ def typed_generations(
     prompt = scoped_prompt(request.prompt, tenant)
     cache_salt = request_cache_salt(tenant, request.cache_salt or None)
     generations = tuple(
-        Generation(index=i, prompt_index=0, prompt=prompt, sampling=_for_choice(sampling, i), cache_salt=cache_salt, fit_max_tokens=fit)
+        Generation(
+            index=i, prompt_index=0, prompt=prompt, sampling=_for_choice(sampling, i), cache_salt=cache_salt, lora=lora, fit_max_tokens=fit
+        )
         for i in range(num_choices)
     )
     return request.request_id or f"gen-{uuid.uuid4().hex}", generations

@@ -84,16 +84,21 @@ async def completions(request: CompletionRequest, frontend: FrontendDep, caller:
 async def models(frontend: FrontendDep) -> ModelList:
     state, config = frontend.state, frontend.config
     root = config.model.model_root or config.served_names[0]
-    cards = [
-        ModelCard(id=name, created=state.started, root=root, max_model_len=state.pipeline.max_model_len) for name in config.served_names
-    ]
+    max_model_len = state.pipeline.max_model_len
+    cards = [ModelCard(id=name, created=state.started, root=root, max_model_len=max_model_len) for name in config.served_names]
+    # LoRA adapters as vLLM lists them: the adapter's path as its root, the model it adapts as its parent.
+    for served in config.adapters:
+        parent = served.parent or config.served_names[0]
+        cards.append(
+            ModelCard(id=served.ref.name, created=state.started, root=str(served.path), parent=parent, max_model_len=max_model_len)
+        )
     return ModelList(data=cards)
 
 
 @api_router.post("/tokenize", response_model=TokenizeResponse, responses=RESPONSES, dependencies=[Depends(caller_of)])
 async def tokenize(request: TokenizeRequest, frontend: FrontendDep) -> TokenizeResponse:
     report_ignored_fields(request, "/tokenize")
-    check_model(request.model, frontend.config.served_names)
+    check_model(request.model, frontend.config.served_names, frontend.config.adapters)
     tokens = await frontend.tokenize(request.prompt_input())
     return TokenizeResponse(count=len(tokens), max_model_len=frontend.state.pipeline.max_model_len, tokens=tokens)
 
@@ -101,7 +106,7 @@ async def tokenize(request: TokenizeRequest, frontend: FrontendDep) -> TokenizeR
 @api_router.post("/detokenize", response_model=DetokenizeResponse, responses=RESPONSES, dependencies=[Depends(caller_of)])
 async def detokenize(request: DetokenizeRequest, frontend: FrontendDep) -> DetokenizeResponse:
     report_ignored_fields(request, "/detokenize")
-    check_model(request.model, frontend.config.served_names)
+    check_model(request.model, frontend.config.served_names, frontend.config.adapters)
     return DetokenizeResponse(prompt=await frontend.state.pipeline.detokenize(request.tokens))
 
 

@@ -19,11 +19,13 @@ from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.adapter_updates import runtime_updates_allowed
 from services.gateway.frontend.config import FrontendConfig
 from services.gateway.frontend.frontend import Frontend
 from services.gateway.frontend.tenants import ApiKeys
 from services.gateway.http.api_routes import api_router
 from services.gateway.http.body_limit import BodyLimitMiddleware
+from services.gateway.http.lora_routes import lora_router
 from services.gateway.http.probe_routes import probe_routes
 from services.gateway.http.unexpected_errors import UnexpectedErrorMiddleware
 from services.gateway.pipeline.pipeline import Pipeline
@@ -53,6 +55,8 @@ def create_app(pipeline: Pipeline, config: FrontendConfig, *, api_keys: ApiKeys 
     app.add_middleware(UnexpectedErrorMiddleware, on_error=lambda scope: _count_api_request(state, scope, 500))
     app.include_router(probe_routes(state, TESSERA_VERSION))
     app.include_router(api_router)
+    if runtime_updates_allowed():  # vLLM's switch for its runtime LoRA endpoints
+        app.include_router(lora_router)
     return app, frontend
 
 

@@ -51,9 +51,9 @@ from services.router.route import NoLiveNodeError, Route
 from services.router.route_attributes import route_attributes
 from services.router.router import Router
 from services.transport.internal_auth import InternalAuth
-from services.transport.internal_channel import ROLE_TO_STUB, internal_channel
+from services.transport.internal_channel import ROLE_TO_STUB, SERVICE_TO_STUB, internal_channel
 from shared.tracing import outgoing_metadata, tracer
-from shared.types import BlockHash, MmHash, PlaceholderRange
+from shared.types import BlockHash, LoraRef, MmHash, PlaceholderRange
 
 # The context limit when no node has said the model's (check_context_length: frontend/limits.py).
 DEFAULT_MAX_MODEL_LEN = EngineConfig().max_model_len
@@ -91,9 +91,10 @@ class Pipeline:
         self.stages = Stages(router, self.stub, self.data_address, self.watchdog, clock)
 
     def stub(self, role: str, address: str):
+        """A stub for ``role``'s own service at ``address`` (or a shared one: SERVICE_TO_STUB)."""
         key = (role, address)
         if key not in self._stubs:
-            self._stubs[key] = ROLE_TO_STUB[role](internal_channel(address, self.auth))
+            self._stubs[key] = {**ROLE_TO_STUB, **SERVICE_TO_STUB}[role](internal_channel(address, self.auth))
         return self._stubs[key]
 
     async def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:
@@ -140,6 +141,7 @@ class Pipeline:
         request_id: str | None = None,
         stream: bool = True,
         fit_max_tokens: bool = False,
+        lora: LoraRef | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Token events: one per token when ``stream``, else just the first and the last of each
         decode node (the last carries every token since that node's first). Cancelling the task
@@ -150,14 +152,13 @@ class Pipeline:
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
-            async for event in self._run(prompt, sampling, cache_salt, request_id, stream, fit_max_tokens):
+            run = RequestRun(
+                request_id, prompt, sampling, cache_salt, lora, stream, self.clock() + self.timeout_s, Attempts(self.max_failures)
+            )
+            async for event in self._run(run, fit_max_tokens):
                 yield event
 
-    async def _run(
-        self, prompt: pb.PromptInput, sampling: SamplingParams, cache_salt: str | None, request_id: str, stream: bool, fit_max_tokens: bool
-    ) -> AsyncIterator[TokenEvent]:
-        deadline = self.clock() + self.timeout_s
-        run = RequestRun(request_id, prompt, sampling, cache_salt, stream, deadline, Attempts(self.max_failures))
+    async def _run(self, run: RequestRun, fit_max_tokens: bool) -> AsyncIterator[TokenEvent]:
         for number in itertools.count():
             try:
                 attempt, lacking = await self._next_attempt(run, number, fit_max_tokens)
@@ -195,7 +196,9 @@ class Pipeline:
         if run.preprocess_address is None:
             run.preprocess_address = self._pick_preprocess(run.attempts.excluded)
         if run.prep is None:
-            run.prep = await self.stages.preprocess(run.preprocess_address, run.prompt, cache_salt=run.cache_salt, deadline=run.deadline)
+            run.prep = await self.stages.preprocess(
+                run.preprocess_address, run.prompt, cache_salt=run.cache_salt, lora=run.lora, deadline=run.deadline
+            )
             num_prompt_tokens = len(run.prep.prompt_token_ids)
             room = self.max_model_len - num_prompt_tokens
             if fit_max_tokens and max(1, run.sampling.min_tokens) <= room < run.sampling.max_tokens:
@@ -203,7 +206,7 @@ class Pipeline:
             param = "messages" if run.prompt.WhichOneof("prompt") == "chat" else "prompt"
             check_context_length(num_prompt_tokens, run.sampling.max_tokens, self.max_model_len, param=param)
         reuse_prefix = run.sampling.prompt_logprobs is None
-        route, lacking = await self._route(run.prep, run.cache_salt, run.attempts.excluded, number, reuse_prefix)
+        route, lacking = await self._route(run, number, reuse_prefix)
         return Attempt(run, number, route, run.preprocess_address, run.prep), lacking
 
     async def tokenize(self, prompt: pb.PromptInput) -> pb.PreprocessResponse:
@@ -274,17 +277,18 @@ class Pipeline:
             raise NoLiveNodeError("preprocess")
         return nodes[next(self._turns) % len(nodes)].info.grpc_address
 
-    async def _route(
-        self, prep: pb.PreprocessResponse, cache_salt: str | None, excluded: set[str], attempt: int, reuse_prefix: bool
-    ) -> tuple[Route, list[MmHash]]:
+    async def _route(self, run: RequestRun, attempt: int, reuse_prefix: bool) -> tuple[Route, list[MmHash]]:
         """The route, and the request's images no node it names holds (their pixels must be
         pushed). ``reuse_prefix``: whether the request can use a cached prefix at all."""
+        prep, excluded = run.prep, run.attempts.excluded
+        assert prep is not None
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
         with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
             prompt_ids, exclude = list(prep.prompt_token_ids), frozenset(excluded)
+            lora_id = run.lora.fingerprint if run.lora is not None else None
             route = await self.router.route(
-                prompt_ids, images, cache_salt, block_hashes=hashes, exclude=exclude, reserve=True, reuse_prefix=reuse_prefix
+                prompt_ids, images, run.cache_salt, hashes, exclude, reserve=True, reuse_prefix=reuse_prefix, lora_id=lora_id
             )
             num_prompt_tokens = len(prep.prompt_token_ids)
             span.set_attributes(

@@ -14,6 +14,7 @@ from protos.gen import pb
 from services.engine.sampling_params import SamplingParams
 from services.gateway.pipeline.failures import Attempts
 from services.router.route import Route
+from shared.types import LoraRef
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class RequestRun:
     prompt: pb.PromptInput
     sampling: SamplingParams
     cache_salt: str | None
+    lora: LoraRef | None  # its LoRA adapter; None: the base model
     stream: bool
     deadline: float  # one budget for the whole request, every retry included
     attempts: Attempts  # the node-failure budget and the nodes this request avoids

@@ -27,9 +27,10 @@ from services.gateway.pipeline.request_run import Attempt, PixelTarget
 from services.gateway.pipeline.token_events import PromptLogprobs, PromptTokenLogprob, TokenEvent, TokenLogprob
 from services.router.route import Route
 from services.router.router import Router
+from services.transport.convert import lora_to_pb
 from services.transport.node_error import ErrorKind, node_error_of
 from shared.tracing import outgoing_metadata
-from shared.types import MmHash
+from shared.types import LoraRef, MmHash
 
 
 class Stages:
@@ -49,7 +50,14 @@ class Stages:
         self.num_cover_fallbacks = 0  # requests whose covered images were needed after all
 
     async def preprocess(
-        self, address: str, prompt: pb.PromptInput, *, deadline: float, skip_indexed: bool = True, cache_salt: str | None = None
+        self,
+        address: str,
+        prompt: pb.PromptInput,
+        *,
+        deadline: float,
+        skip_indexed: bool = True,
+        cache_salt: str | None = None,
+        lora: LoraRef | None = None,
     ) -> pb.PreprocessResponse:
         with_index = self.router.index is not None
         request = pb.PreprocessRequest(
@@ -57,6 +65,7 @@ class Stages:
             skip_indexed_pixels=skip_indexed and with_index,
             block_size=self.router.block_size if with_index else 0,
             cache_salt=cache_salt or "",
+            lora=lora_to_pb(lora),
         )
         return await self.call("preprocess", address, self.stub("preprocess", address).Preprocess, request, deadline)
 
@@ -104,6 +113,7 @@ class Stages:
             local_encode_mm_hashes=sorted(route.local_encode),
             local_pixels_key_prefix=attempt.prefill_target().key_prefix if route.local_encode else "",
             mm_hash_to_source=route.image_to_source,
+            lora=lora_to_pb(run.lora),
         )
         method = self.stub("prefill", route.prefill).Prefill
         for resent in (False, True):
@@ -140,6 +150,7 @@ class Stages:
             cache_salt=run.cache_salt or "",
             stream=run.stream,
             prior_output_token_ids=run.emitted,
+            lora=lora_to_pb(run.lora),
         )
         if prefill.HasField("first_token_logprob"):
             decode_request.first_token_logprob.CopyFrom(prefill.first_token_logprob)

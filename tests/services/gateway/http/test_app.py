@@ -74,7 +74,7 @@ class FakePipeline:
     async def model_info(self):
         return pb.ModelInfoResponse(eos_token_ids=[0], vocab_size=1000)
 
-    async def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True, fit_max_tokens=False):
+    async def run(self, body, sampling, *, cache_salt=None, request_id=None, stream=True, fit_max_tokens=False, lora=None):
         self.calls.append((body, sampling, cache_salt, stream))
         text = ""
         for i, word in enumerate(self.words):

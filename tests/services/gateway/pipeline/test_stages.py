@@ -14,7 +14,7 @@ LOCAL, SHIPPED, NEW = MmHash("local"), MmHash("shipped"), MmHash("new")
 
 
 def attempt_for(route: Route) -> Attempt:
-    run = RequestRun("req", pb.PromptInput(), SamplingParams(), None, False, 0.0, Attempts(max_failures=1))
+    run = RequestRun("req", pb.PromptInput(), SamplingParams(), None, None, False, 0.0, Attempts(max_failures=1))
     return Attempt(run, 0, route, "pre:1", pb.PreprocessResponse())
 
 

@@ -1,0 +1,91 @@
+"""Loading and unloading LoRA adapters at runtime, as vLLM's /v1/load_lora_adapter and
+/v1/unload_lora_adapter do, under vLLM's switch (VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+
+A load fingerprints the adapter's files here, asks every live prefill and decode node to load it
+from the same path and check that fingerprint, and only then serves the name: a request never
+names an adapter a node lacks. A node that refuses it (not an adapter for this model, other files
+at that path) fails the load with its reason, and the nodes that took it drop it again. An unload
+stops serving the name first, then every node drops it; requests already running with it finish
+with it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import grpc
+
+from protos.gen import pb
+from services.gateway.errors import GatewayError
+from services.gateway.frontend.served_adapters import ServedAdapters
+from services.models.lora.files import LoraAdapterError, adapter_fingerprint
+from services.models.lora.modules import LoraModule
+from shared.tracing import outgoing_metadata
+
+log = logging.getLogger("tessera.gateway")
+
+RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+CALL_TIMEOUT_S = 60.0  # a node reads the adapter's tensors before it answers
+ADAPTER_ROLES = ("prefill", "decode")
+
+
+def runtime_updates_allowed(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(RUNTIME_UPDATES_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class AdapterUpdates:
+    def __init__(self, adapters: ServedAdapters, nodes: Callable[[str], list[str]], stub: Callable[[str], object]) -> None:
+        """``nodes(role)``: the live nodes' gRPC addresses; ``stub(address)``: a LoraAdapters stub."""
+        self.adapters = adapters
+        self.nodes = nodes
+        self.stub = stub
+
+    async def load(self, name: str, path: str, *, inplace: bool = False) -> str:
+        if not self.adapters.enabled:
+            raise GatewayError(400, "LoRA is off on this server: start it with --enable-lora", param="lora_name")
+        if name in self.adapters and not inplace:
+            raise GatewayError(
+                400,
+                f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.",
+                param="lora_name",
+            )
+        module = LoraModule(name, Path(path))
+        try:
+            fingerprint = adapter_fingerprint(module.path)
+        except LoraAdapterError as exc:
+            raise GatewayError(400, str(exc), param="lora_path") from None
+        loaded: list[str] = []
+        for address in self._addresses():
+            try:
+                await self.stub(address).Load(pb.LoadLoraRequest(name=name, path=path, fingerprint=fingerprint), **self._call())
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    await self._drop(name, loaded)
+                    raise GatewayError(400, f"node {address} refused the adapter: {exc.details()}", param="lora_path") from None
+                log.warning("loading LoRA adapter %r: node %s did not answer (%s); it will not serve it", name, address, exc.code())
+                continue
+            loaded.append(address)
+        self.adapters.add(module)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def unload(self, name: str) -> str:
+        if self.adapters.remove(name) is None:
+            raise GatewayError(404, f"The lora adapter '{name}' cannot be found.", code="model_not_found", param="lora_name")
+        await self._drop(name, self._addresses())
+        return f"Success: LoRA adapter '{name}' removed successfully."
+
+    async def _drop(self, name: str, addresses: list[str]) -> None:
+        for address in addresses:
+            try:
+                await self.stub(address).Unload(pb.UnloadLoraRequest(name=name), **self._call())
+            except grpc.RpcError as exc:  # a node gone keeps nothing; one that stays serves no request naming it
+                log.warning("unloading LoRA adapter %r: node %s did not answer (%s)", name, address, exc.code())
+
+    def _addresses(self) -> list[str]:
+        return [address for role in ADAPTER_ROLES for address in self.nodes(role)]
+
+    @staticmethod
+    def _call() -> dict:
+        return {"timeout": CALL_TIMEOUT_S, "metadata": outgoing_metadata()}

@@ -1,0 +1,40 @@
+"""gRPC LoraAdapters service, served by prefill and decode nodes: load and unload LoRA adapters at
+runtime. Thin: converts at the edge and calls the node, whose errors map to statuses here."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import grpc
+
+from protos.gen import pb, rpc
+
+
+class AdapterHolder(Protocol):
+    async def load_lora(self, name: str, path: str, fingerprint: str) -> None:
+        """Serve the adapter at ``path`` under ``name``; raises ValueError when it cannot (not an
+        adapter, not for this model, or not the files the caller fingerprinted)."""
+
+    async def unload_lora(self, name: str) -> bool:
+        """Stop serving ``name``; False when it was not served."""
+
+
+class LoraAdaptersServicer(rpc.LoraAdaptersServicer):
+    def __init__(self, node: AdapterHolder) -> None:
+        self.node = node
+
+    async def Load(self, request: pb.LoadLoraRequest, context) -> pb.LoadLoraResponse:
+        try:
+            await self.node.load_lora(request.name, request.path, request.fingerprint)
+        except ValueError as exc:  # the node's reason the adapter cannot be served
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.LoadLoraResponse()
+
+    async def Unload(self, request: pb.UnloadLoraRequest, context) -> pb.UnloadLoraResponse:
+        return pb.UnloadLoraResponse(unloaded=await self.node.unload_lora(request.name))
+
+
+def add_lora_adapters(server, node: AdapterHolder) -> str:
+    """Register the service on ``server``; returns its name for health and reflection."""
+    rpc.add_LoraAdaptersServicer_to_server(LoraAdaptersServicer(node), server)
+    return "tessera.v1.LoraAdapters"

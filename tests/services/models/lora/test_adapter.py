@@ -1,0 +1,81 @@
+"""Reading PEFT adapters: names mapped through the family's weight names, scaling as PEFT applies
+it, and a clear refusal of what cannot be served."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from services.models.lora.adapter import LoraAdapterError, read_adapter
+from services.models.qwen2_vl.config import weight_group
+
+PREFIX = "base_model.model.model.language_model.layers.0.self_attn"
+
+
+def named_pair(module: str) -> dict[str, torch.Tensor]:
+    return {f"base_model.model.{module}.lora_A.weight": torch.ones(4, 5), f"base_model.model.{module}.lora_B.weight": torch.ones(6, 4)}
+
+
+def write(path, config: dict, tensors: dict[str, torch.Tensor]):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8, **config}))
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    return path
+
+
+def pair(rank: int = 4, out: int = 6, inp: int = 5) -> dict[str, torch.Tensor]:
+    return {f"{PREFIX}.q_proj.lora_A.weight": torch.ones(rank, inp), f"{PREFIX}.q_proj.lora_B.weight": torch.ones(out, rank)}
+
+
+def test_names_map_to_our_layers_and_b_carries_the_scaling(tmp_path):
+    adapter = read_adapter("x", write(tmp_path / "a", {}, pair()), weight_group, max_rank=16)
+    weights = adapter.text["layers.0.self_attn.q_proj"]
+    assert weights.a.shape == (4, 5) and torch.equal(weights.b, torch.full((6, 4), 8 / 4))
+    assert adapter.rank == 4 and not adapter.touches_tower and adapter.num_bytes == (20 + 24) * 4
+
+
+def test_rslora_and_alpha_pattern_scale_as_peft_does(tmp_path):
+    rs = read_adapter("rs", write(tmp_path / "rs", {"use_rslora": True}, pair()), weight_group, max_rank=16)
+    assert torch.allclose(rs.text["layers.0.self_attn.q_proj"].b, torch.full((6, 4), 8 / math.sqrt(4)))
+    patterned = read_adapter("p", write(tmp_path / "p", {"alpha_pattern": {"q_proj": 2}}, pair()), weight_group, max_rank=16)
+    assert torch.equal(patterned.text["layers.0.self_attn.q_proj"].b, torch.full((6, 4), 2 / 4))
+
+
+def test_the_fingerprint_follows_the_content(tmp_path):
+    first = read_adapter("x", write(tmp_path / "a", {}, pair()), weight_group, max_rank=16)
+    same = read_adapter("y", write(tmp_path / "b", {}, pair()), weight_group, max_rank=16)
+    other = read_adapter("x", write(tmp_path / "c", {"lora_alpha": 16}, pair()), weight_group, max_rank=16)
+    assert first.fingerprint == same.fingerprint != other.fingerprint
+
+
+@pytest.mark.parametrize(
+    ("config", "tensors", "message"),
+    [
+        ({"use_dora": True}, None, "DoRA"),
+        ({"bias": "all"}, None, "biases"),
+        ({"modules_to_save": ["lm_head"]}, None, "modules_to_save"),
+        ({"peft_type": "IA3"}, None, "not LORA"),
+        ({}, {f"{PREFIX}.q_proj.lora_A.weight": torch.ones(4, 5)}, "lora_A only"),
+        ({}, named_pair("lm_head"), "LoRA may change"),
+        ({}, named_pair("unknown"), "LoRA may change"),
+        ({}, named_pair("model.language_model.embed_tokens"), "LoRA may change"),
+        ({}, pair(rank=32), "above --max-lora-rank"),
+        ({}, {f"{PREFIX}.q_proj.weight": torch.ones(6, 5)}, "not a lora_A"),
+    ],
+)
+def test_what_cannot_be_served_is_refused_with_the_reason(tmp_path, config, tensors, message):
+    path = write(tmp_path / "bad", config, tensors if tensors is not None else pair())
+    with pytest.raises(LoraAdapterError, match=message):
+        read_adapter("bad", path, weight_group, max_rank=16)
+
+
+def test_a_directory_without_an_adapter_is_refused(tmp_path):
+    with pytest.raises(LoraAdapterError, match="not a PEFT adapter"):
+        read_adapter("none", tmp_path, weight_group, max_rank=16)
+    (tmp_path / "adapter_config.json").write_text("{not json")
+    with pytest.raises(LoraAdapterError, match="not valid JSON"):
+        read_adapter("broken", tmp_path, weight_group, max_rank=16)

@@ -1,0 +1,113 @@
+"""LoRA adapters served as vLLM serves them, on a real multi-process stack (one preprocess node,
+two encoders, two prefill and two decode nodes) through the official openai client:
+``--enable-lora --lora-modules a=PATH b=PATH --max-loras 2``, adapters made by peft, and vLLM's
+runtime endpoints under its switch (VLLM_ALLOW_RUNTIME_LORA_UPDATING=1).
+
+Checked: /v1/models lists each adapter with the base model as its parent; a request names its
+adapter by ``model`` and its answer equals transformers' with that adapter merged by peft (greedy
+float32), for the base model and both adapters, cold and on a repeat (a prefix hit on the
+adapter's own blocks); an adapter never gets another's prefix (cached_tokens 0 on its first
+sight of a prompt another adapter computed); an unknown name is a 404. At runtime: an adapter
+loaded on every prefill and decode node answers exactly; loading it again, or a directory that is
+no adapter, is a 400; once unloaded its name is a 404 again."""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import openai
+import pytest
+
+from tests.factories import chat_case
+from tests.oracle import ReferenceOracle
+from tests.peft_adapters import make_adapter, merged_model
+from tests.services.stack.conftest import launch_stack, stop_stack
+from tests.services.stack.e2e_helpers import GREEDY, client_for, oracle_text, png
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: make_adapter(tiny_model.path, root / name, seed=seed) for name, seed in (("a", 11), ("b", 12), ("c", 13))}
+
+
+@pytest.fixture(scope="module")
+def lora_stack(tmp_path_factory, repo_root, adapters):
+    modules = [f"{name}={adapters[name]}" for name in ("a", "b")]  # c: loaded at runtime
+    running = launch_stack(
+        tmp_path_factory.mktemp("lora-stack"),
+        repo_root,
+        *("--encoders", "2", "--prefill", "2", "--decode", "2"),
+        *("--enable-lora", "--max-loras", "2", "--lora-modules", *modules),
+        env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+    )
+    yield running
+    stop_stack(running)
+
+
+@pytest.fixture(scope="module")
+def oracles(tiny_model, adapters):
+    found = {"tiny": ReferenceOracle(tiny_model.path)}
+    for name, path in adapters.items():
+        found[name] = ReferenceOracle(tiny_model.path, load_model=False)
+        found[name].model = merged_model(tiny_model.path, path)
+    return found
+
+
+def _ask(stack, model: str, case) -> tuple[str, int]:
+    reply = client_for(stack).chat.completions.create(model=model, messages=case.body["messages"], **GREEDY)
+    return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
+
+
+def test_models_lists_each_adapter_with_its_parent(lora_stack, adapters):
+    cards = {card.id: card for card in client_for(lora_stack).models.list().data}
+    assert set(cards) == {"tiny", "a", "b"}
+    for name, path in list(adapters.items())[:2]:
+        card = cards[name].model_dump()
+        assert (card["parent"], card["root"]) == ("tiny", str(path))
+
+
+def test_each_adapter_answers_as_transformers_with_it_merged_and_keeps_its_own_prefix(lora_stack, oracles):
+    case = chat_case(png(96, 80, 21), "Describe this picture in a few words.")
+    texts = {}
+    for model in ("a", "b", "tiny"):  # the same prompt, each model computing its own blocks
+        expected, _ = oracle_text(oracles[model], case)
+        first, cached_first = _ask(lora_stack, model, case)
+        again, cached_again = _ask(lora_stack, model, case)
+        assert first == expected and again == expected, model
+        assert cached_first == 0, f"{model} reused another model's prefix"
+        assert cached_again > 0, f"{model} missed its own prefix"
+        texts[model] = expected
+    assert len(set(texts.values())) == 3, "an adapter changed nothing"
+
+
+def test_an_unknown_model_name_is_a_404(lora_stack):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client_for(lora_stack).chat.completions.create(model="c", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+
+
+def _post(stack, path: str, body: dict) -> httpx.Response:
+    return httpx.post(stack.base_url.removesuffix("/v1") + path, json=body, timeout=120)
+
+
+def test_an_adapter_loaded_at_runtime_serves_exactly_until_unloaded(lora_stack, adapters, oracles, tmp_path):
+    loaded = _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(adapters["c"])})
+    assert loaded.status_code == 200 and "added successfully" in loaded.text, loaded.text
+    assert "c" in {card.id for card in client_for(lora_stack).models.list().data}
+    case = chat_case(png(80, 96, 22), "What colours are here?")
+    for _ in range(3):  # on either prefill and decode node: every one loaded it
+        assert _ask(lora_stack, "c", case)[0] == oracle_text(oracles["c"], case)[0]
+
+    again = _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(adapters["c"])})
+    assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
+    (tmp_path / "empty").mkdir()
+    bad = _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "d", "lora_path": str(tmp_path / "empty")})
+    assert bad.status_code == 400 and "adapter" in bad.json()["error"]["message"]
+
+    unloaded = _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"})
+    assert unloaded.status_code == 200, unloaded.text
+    with pytest.raises(openai.NotFoundError):
+        _ask(lora_stack, "c", case)
+    assert _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"}).status_code == 404
+    assert _ask(lora_stack, "a", case)[0] == oracle_text(oracles["a"], case)[0]  # the others still served
