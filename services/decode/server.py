@@ -11,6 +11,7 @@ from services.decode.job import DecodeFailedError, DecodeJob
 from services.decode.node import DecodeNode, KVTransferTimeoutError
 from services.engine.connector import KVPagesExhaustedError
 from services.engine.engine import RequestRejectedError
+from services.engine.engine_node import MissingAdapterError
 from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem
 from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, token_texts
@@ -43,6 +44,9 @@ class DecodeServicer(rpc.DecodeServicer):
                 await abort_overloaded(context, NodeRef("decode"), str(exc))
             except KVTransferTimeoutError as exc:
                 await abort_with(context, NodeError(ErrorKind.KV_TRANSFER_TIMEOUT, str(exc)))
+            except MissingAdapterError as exc:  # loaded here by the gateway, then sent again: these pages are not wanted
+                self.node.inbox.discard(request.request_id)
+                await abort_with(context, NodeError(ErrorKind.MISSING_ADAPTER, str(exc)))
             except RequestRejectedError as exc:  # it can never run here (too long for the model or the KV pool)
                 await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, str(exc)))
             except DecodeFailedError as exc:

@@ -55,6 +55,13 @@ class EngineMetrics:
     embedding_cache: CacheGauges = cache_gauges("embedding", "rows")
     num_prefix_evictions: Counter = counter("prefix_cache_evictions_total", "Cached prefix blocks evicted")
     num_embedding_evictions: Counter = counter("embedding_cache_evictions_total", "Images' embeddings evicted from the engine's cache")
+    lora_adapters: Gauge = gauge("lora_adapters_served", "LoRA adapters this node serves (--lora-modules and runtime loads)")
+    lora_bytes: Gauge = gauge("lora_adapter_bytes", "Bytes of the LoRA adapters' weights this node holds")
+
+
+class MissingAdapterError(RequestRejectedError):
+    """This node lacks the request's LoRA adapter, or holds another copy of it: the gateway may
+    load it here and send the request again (ErrorKind.MISSING_ADAPTER)."""
 
 
 class EngineNode:
@@ -93,7 +100,8 @@ class EngineNode:
 
     def adapter_for(self, lora: LoraRef | None) -> LoraAdapter | None:
         """The adapter a request names, as this node holds it; raises RequestRejectedError when
-        it serves none, or not that one (another name, or another fingerprint: a stale copy)."""
+        it serves no LoRA at all, MissingAdapterError when it lacks that one (another name, or
+        another fingerprint: a stale copy)."""
         if lora is None:
             return None
         if self.loras is None:
@@ -101,7 +109,7 @@ class EngineNode:
         try:
             return self.loras.resolve(lora)
         except LoraUnavailableError as exc:
-            raise RequestRejectedError(str(exc)) from None
+            raise MissingAdapterError(str(exc)) from None
 
     async def load_lora(self, name: str, path: str, fingerprint: str) -> None:
         """Serve the adapter at ``path`` under ``name`` (a runtime load); raises LoraAdapterError
@@ -146,6 +154,9 @@ class EngineNode:
         metrics.embedding_cache.read_from(lambda: embeddings.cache_size - embeddings.num_free_slots, lambda: embeddings.cache_size)
         metrics.num_prefix_evictions.read_from(lambda: pool.num_evictions)
         metrics.num_embedding_evictions.read_from(lambda: embeddings.num_evictions)
+        loras = self.loras
+        metrics.lora_adapters.read_from(lambda: len(loras.names()) if loras is not None else 0)
+        metrics.lora_bytes.read_from(lambda: sum(a.num_bytes for a in loras.adapters()) if loras is not None else 0)
         return metrics
 
     async def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:

@@ -52,7 +52,7 @@ class ModelRunner:
         # LoRA: the decoder's linear layers wrapped once, each slot's adapter applied to its rows.
         self.text_loras: LoraBank | None = None
         if config.enable_lora:
-            self.text_loras = LoraBank(config.max_loras, "text")
+            self.text_loras = LoraBank(config.max_loras, "text", config.max_lora_rank)
             self.text_loras.attach(self.decoder.layers, prefix="layers")
         # A node that receives embeddings from an encoder node loads no vision tower.
         self.vision: VisionEncoder | None = None
@@ -120,7 +120,7 @@ class ModelRunner:
         self.save_states(kv)
         self._restore_states(kv)
         self._clear_fresh_states(step, kv)
-        with self.text_loras.rows(slot_rows) if self.text_loras is not None else contextlib.nullcontext():
+        with self.text_loras.rows(slot_rows, len(token_ids)) if self.text_loras is not None else contextlib.nullcontext():
             hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
         prompt_rows = [PromptRows(request, span.start, hidden[row0 : row0 + len(span)]) for request, span, row0 in prompt_spans]
         if not sample_rows:

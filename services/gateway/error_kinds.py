@@ -15,6 +15,7 @@ class Action(enum.Enum):
     RETRY_ELSEWHERE = enum.auto()  # the named node failed: retried without it (503 once the failure budget is spent)
     TRY_ANOTHER = enum.auto()  # the named node is busy: another of its role, no quarantine (429 once every one was)
     RESEND_PIXELS = enum.auto()  # pushed again and the call retried once; past that, the node's unexplained failure (500)
+    LOAD_ADAPTER = enum.auto()  # the request's LoRA adapter loaded on the node, then retried; past that, as TRY_ANOTHER
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,4 +35,5 @@ KIND_RULES: dict[ErrorKind, KindRule] = {
     ErrorKind.NODE_FAILED: KindRule(Action.RETRY_ELSEWHERE),
     ErrorKind.MISSING_PIXELS: KindRule(Action.RESEND_PIXELS),
     ErrorKind.MEDIA_ID_CONFLICT: KindRule(Action.REJECT, 409),
+    ErrorKind.MISSING_ADAPTER: KindRule(Action.LOAD_ADAPTER),
 }

@@ -25,6 +25,10 @@ class GatewayNodeMetrics:
     num_node_failures: Counter = counter("gateway_node_failures_total", "Node failures a request was retried past")
     num_migrations: Counter = counter("gateway_migrations_total", "Streams moved to another decode node after tokens went out")
     num_busy_refusals: Counter = counter("gateway_node_busy_refusals_total", "Calls a busy node refused (tried elsewhere, or a 429)")
+    num_adapter_loads: Counter = counter(
+        "gateway_lora_adapter_loads_total",
+        "LoRA adapters loaded on a node that lacked one a request needed (it started after a runtime load)",
+    )
     num_index_errors: Counter = counter("gateway_index_errors_total", "Index lookups that failed: routed without cache hits")
     num_local_encode_routes: Counter = counter("gateway_local_encode_routes_total", "Requests whose images a prefill node encodes")
     num_images_covered: Counter = counter(
@@ -64,6 +68,7 @@ class GatewayState:
         own.num_node_failures.read_from(lambda: pipeline.num_retries)
         own.num_migrations.read_from(lambda: pipeline.num_migrations)
         own.num_busy_refusals.read_from(lambda: pipeline.num_busy_refusals)
+        own.num_adapter_loads.read_from(lambda: pipeline.adapter_loads.num_loads)
         own.num_index_errors.read_from(lambda: pipeline.router.num_index_failures)
         own.num_local_encode_routes.read_from(lambda: pipeline.router.num_local_encodes)
         own.num_images_covered.read_from(lambda: pipeline.router.num_images_covered)

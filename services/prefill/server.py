@@ -18,6 +18,7 @@ import grpc
 
 from protos.gen import pb, rpc
 from services.engine.engine import RequestRejectedError
+from services.engine.engine_node import MissingAdapterError
 from services.engine.remote_request import PromptItem
 from services.engine.sampling import SamplingError
 from services.engine.sampling_wire import logprobs_to_pb, prompt_logprobs_to_pb, sampling_from_pb, token_texts
@@ -64,6 +65,8 @@ class PrefillServicer(rpc.PrefillServicer):
         except EmbeddingsUnavailableError as exc:
             failed = NodeError(ErrorKind.NODE_FAILED, f"{exc} from encoder {exc.encoder}", NodeRef("encoder", exc.encoder))
             await abort_with(context, failed)
+        except MissingAdapterError as exc:
+            await abort_with(context, NodeError(ErrorKind.MISSING_ADAPTER, str(exc)))
         except RequestRejectedError as exc:
             await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, str(exc)))
         except SamplingError as exc:  # this request's own failure; the batch beside it went on

@@ -35,6 +35,7 @@ class ErrorKind(enum.Enum):
     NODE_FAILED = enum.auto()
     MISSING_PIXELS = enum.auto()
     MEDIA_ID_CONFLICT = enum.auto()
+    MISSING_ADAPTER = enum.auto()
 
 
 # The gRPC code each kind fails its call with: the codes nodes returned before the trailer was
@@ -48,6 +49,7 @@ GRPC_CODE: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.OVERLOADED: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.NODE_FAILED: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.MISSING_PIXELS: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorKind.MISSING_ADAPTER: grpc.StatusCode.FAILED_PRECONDITION,
     ErrorKind.MEDIA_ID_CONFLICT: grpc.StatusCode.ALREADY_EXISTS,
 }
 

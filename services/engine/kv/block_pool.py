@@ -15,6 +15,7 @@ block's other pages are cached under keys of their own, unpublished: kv_cache_ma
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared.block_events import BlockEvicted, BlockStored
@@ -82,6 +83,8 @@ class BlockPool:
         self.hash_to_block: dict[BlockHash, KVBlock] = {}
         self.events: list[BlockStored | BlockEvicted] = []
         self.num_evictions = 0  # cached blocks whose hash was dropped to reuse the block, ever
+        # Called with each hash the pool drops (a hybrid model's saved state after that block goes with it).
+        self.on_evict: Callable[[BlockHash], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -156,6 +159,8 @@ class BlockPool:
             del self.hash_to_block[block.block_hash]
         if block.published:
             self.events.append(BlockEvicted(block.block_hash, block.block_id))
+        if self.on_evict is not None:
+            self.on_evict(block.block_hash)
         self.num_evictions += 1
         block.block_hash = None
         block.published = False

@@ -89,6 +89,8 @@ class KVCacheManager:
         self.state_slots = StateSlots(state_slots) if state_slots else None
         self.snapshots = StateSnapshots(state_snapshots) if state_slots and state_snapshots and enable_caching else None
         self.state_interval_blocks = state_interval_blocks
+        if self.snapshots is not None:  # a saved state is evicted with its block
+            self.pool.on_evict = self.snapshots.drop
         # (slot, snapshot) copies the model runner makes: restores before the next step, saves after it.
         self.pending_restores: list[tuple[int, int]] = []
         self.pending_saves: list[tuple[int, int]] = []

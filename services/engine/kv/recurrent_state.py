@@ -103,6 +103,14 @@ class StateSnapshots:
     def holds(self, block_hash: BlockHash) -> bool:
         return block_hash in self._id_of
 
+    def drop(self, block_hash: BlockHash) -> None:
+        """Forget the state after ``block_hash`` (its block's KV was evicted: no hit can end
+        there any more), freeing its storage."""
+        snapshot = self._id_of.pop(block_hash, None)
+        if snapshot is not None:
+            self._free.append(snapshot)
+            self._changed.append(block_hash)
+
     def save(self, block_hash: BlockHash) -> int | None:
         """The id to write the state after ``block_hash`` into (its old one if held), evicting the
         least recently used; None when there is no storage at all."""

@@ -14,7 +14,8 @@ from shared.types import LoraRef
 
 
 class LoraUnavailableError(LookupError):
-    """The adapter a request names is not served here, or here differs from the caller's."""
+    """The adapter a request names is not served here, or here differs from the caller's: the
+    caller may load it here (a node that started after a runtime load lacks it)."""
 
 
 class LoraRegistry:

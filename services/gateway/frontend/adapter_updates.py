@@ -23,6 +23,7 @@ from services.gateway.frontend.served_adapters import ServedAdapters
 from services.models.lora.files import LoraAdapterError, adapter_fingerprint
 from services.models.lora.modules import LoraModule
 from shared.tracing import outgoing_metadata
+from shared.types import LoraRef
 
 log = logging.getLogger("tessera.gateway")
 
@@ -69,6 +70,26 @@ class AdapterUpdates:
             loaded.append(address)
         self.adapters.add(module)
         return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def load_on(self, address: str, lora: LoraRef) -> None:
+        """Load ``lora`` on the one node at ``address``, which lacked it (it started after the
+        adapter was loaded at runtime); raises when the API no longer serves that adapter, or the
+        node refuses it."""
+        served = self.adapters.by_name.get(lora.name)
+        if served is None or served.ref != lora:
+            raise GatewayError(404, f"The lora adapter '{lora.name}' cannot be found.", code="model_not_found", param="model")
+        request = pb.LoadLoraRequest(name=lora.name, path=str(served.path), fingerprint=lora.fingerprint)
+        await self.stub(address).Load(request, **self._call())
+        log.info("loaded LoRA adapter %r on %s, which lacked it", lora.name, address)
+
+    @classmethod
+    def for_pipeline(cls, adapters: ServedAdapters, pipeline) -> AdapterUpdates:
+        """Over ``pipeline``'s membership and stubs (services/gateway/pipeline/pipeline.py)."""
+
+        def nodes(role: str) -> list[str]:
+            return [state.info.grpc_address for state in pipeline.membership.nodes(role)]
+
+        return cls(adapters, nodes, lambda address: pipeline.stub("lora_adapters", address))
 
     async def unload(self, name: str) -> str:
         if self.adapters.remove(name) is None:

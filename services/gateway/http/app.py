@@ -19,7 +19,7 @@ from starlette._utils import get_route_path
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.adapter_updates import runtime_updates_allowed
+from services.gateway.frontend.adapter_updates import AdapterUpdates, runtime_updates_allowed
 from services.gateway.frontend.config import FrontendConfig
 from services.gateway.frontend.frontend import Frontend
 from services.gateway.frontend.tenants import ApiKeys
@@ -57,6 +57,8 @@ def create_app(pipeline: Pipeline, config: FrontendConfig, *, api_keys: ApiKeys 
     app.include_router(api_router)
     if runtime_updates_allowed():  # vLLM's switch for its runtime LoRA endpoints
         app.include_router(lora_router)
+    if config.adapters.enabled:  # a node that lacks a request's adapter (it restarted since a runtime load) gets it
+        pipeline.adapter_loads.loader = AdapterUpdates.for_pipeline(config.adapters, pipeline).load_on
     return app, frontend
 
 

@@ -17,12 +17,7 @@ RESPONSES = {status: {"model": ErrorResponse} for status in (400, 401, 404)}
 
 
 def _updates(frontend: Frontend) -> AdapterUpdates:
-    pipeline = frontend.state.pipeline
-
-    def nodes(role: str) -> list[str]:
-        return [state.info.grpc_address for state in pipeline.membership.nodes(role)]
-
-    return AdapterUpdates(frontend.config.adapters, nodes, lambda address: pipeline.stub("lora_adapters", address))
+    return AdapterUpdates.for_pipeline(frontend.config.adapters, frontend.state.pipeline)
 
 
 @lora_router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=RESPONSES, dependencies=[Depends(caller_of)])

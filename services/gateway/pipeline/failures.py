@@ -33,6 +33,12 @@ class NodeOverloaded(Exception):
         self.address = address
 
 
+class AdapterMissing(NodeOverloaded):
+    """The node lacks the request's LoRA adapter (it started after the adapter was loaded at
+    runtime): the pipeline loads it there and tries again; if that fails, another node, as for a
+    busy one."""
+
+
 @dataclass(slots=True)
 class Attempts:
     """One request's failure budget and the nodes it must avoid."""
@@ -75,7 +81,7 @@ class Attempts:
         return GatewayError(503, f"{exc}: retry when nodes have joined")
 
 
-def classify_rpc_error(role: str, address: str, exc: grpc.RpcError) -> NodeFailure | NodeOverloaded | GatewayError:
+def classify_rpc_error(role: str, address: str, exc: grpc.RpcError) -> NodeFailure | NodeOverloaded | AdapterMissing | GatewayError:
     """A node's failure (retried elsewhere), a busy node (tried elsewhere, without quarantine), or
     the request's own error (returned to the client): by the kind of the node's typed error, or
     without one (a drain, a dead peer, a deadline) by the gRPC code."""
@@ -88,6 +94,8 @@ def classify_rpc_error(role: str, address: str, exc: grpc.RpcError) -> NodeFailu
         named_address = named.address or address
         if rule.action is Action.TRY_ANOTHER:
             return NodeOverloaded(named.role, named_address, detail)
+        if rule.action is Action.LOAD_ADAPTER:
+            return AdapterMissing(named.role, named_address, detail)
         if rule.action is Action.RETRY_ELSEWHERE:
             return NodeFailure(named.role, named_address, detail)
         if rule.action is Action.REJECT and rule.status is not None:

@@ -42,8 +42,9 @@ from services.engine.config import EngineConfig
 from services.engine.sampling_params import SamplingParams
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import check_context_length
+from services.gateway.pipeline.adapter_loads import AdapterLoads
 from services.gateway.pipeline.call_watchdog import CallWatchdog
-from services.gateway.pipeline.failures import Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
+from services.gateway.pipeline.failures import AdapterMissing, Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
 from services.gateway.pipeline.request_run import Attempt, RequestRun
 from services.gateway.pipeline.stages import Stages
 from services.gateway.pipeline.token_events import TokenEvent
@@ -86,12 +87,12 @@ class Pipeline:
         self.num_retries = 0
         self.num_migrations = 0
         self.num_busy_refusals = 0  # calls a busy node refused (tried elsewhere, or a 429)
+        self.adapter_loads = AdapterLoads()  # a request's LoRA adapter, on a node that lacked it
         self._model_info: pb.ModelInfoResponse | None = None  # model_info(), once asked
         self.route_observers: list[Callable[[Route], None]] = []  # e.g. the routing-latency histogram
         self.stages = Stages(router, self.stub, self.data_address, self.watchdog, clock)
 
     def stub(self, role: str, address: str):
-        """A stub for ``role``'s own service at ``address`` (or a shared one: SERVICE_TO_STUB)."""
         key = (role, address)
         if key not in self._stubs:
             self._stubs[key] = {**ROLE_TO_STUB, **SERVICE_TO_STUB}[role](internal_channel(address, self.auth))
@@ -152,9 +153,8 @@ class Pipeline:
         request_id = request_id or f"chatcmpl-{uuid.uuid4().hex}"
         # One trace per request: every downstream call carries this span's context.
         with tracer().start_as_current_span("gateway.generate", attributes={"tessera.request_id": request_id}):
-            run = RequestRun(
-                request_id, prompt, sampling, cache_salt, lora, stream, self.clock() + self.timeout_s, Attempts(self.max_failures)
-            )
+            deadline = self.clock() + self.timeout_s
+            run = RequestRun(request_id, prompt, sampling, cache_salt, lora, stream, deadline, Attempts(self.max_failures))
             async for event in self._run(run, fit_max_tokens):
                 yield event
 
@@ -177,6 +177,8 @@ class Pipeline:
                             return
                 raise NodeFailure("decode", attempt.route.decode, "the stream ended early")
             except (NodeFailure, NodeOverloaded) as failure:
+                if isinstance(failure, AdapterMissing) and await self.adapter_loads.load(run, failure.address):
+                    continue  # loaded there: the next attempt may use that node again
                 if isinstance(failure, NodeFailure):
                     self._record_failure(failure, run.attempts, run.deadline, migrating=bool(run.emitted))
                 else:  # busy, not broken: another node of the role, without quarantining this one
@@ -281,14 +283,12 @@ class Pipeline:
         """The route, and the request's images no node it names holds (their pixels must be
         pushed). ``reuse_prefix``: whether the request can use a cached prefix at all."""
         prep, excluded = run.prep, run.attempts.excluded
-        assert prep is not None
         images = [(MmHash(i.mm_hash), PlaceholderRange(i.offset, i.length)) for i in prep.mm_items]
         hashes = [BlockHash(h) for h in prep.block_hashes] if self.router.index is not None else None
         with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
             prompt_ids, exclude = list(prep.prompt_token_ids), frozenset(excluded)
-            lora_id = run.lora.fingerprint if run.lora is not None else None
             route = await self.router.route(
-                prompt_ids, images, run.cache_salt, hashes, exclude, reserve=True, reuse_prefix=reuse_prefix, lora_id=lora_id
+                prompt_ids, images, run.cache_salt, hashes, exclude, reserve=True, reuse_prefix=reuse_prefix, lora_id=run.lora_id
             )
             num_prompt_tokens = len(prep.prompt_token_ids)
             span.set_attributes(

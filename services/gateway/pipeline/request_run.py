@@ -31,6 +31,12 @@ class RequestRun:
     prep: pb.PreprocessResponse | None = None
     emitted: list[int] = field(default_factory=list)  # answer tokens already yielded
     cached_tokens: int | None = None  # set by the first decode call (stages.py)
+    adapter_loads: set[str] = field(default_factory=set)  # nodes its LoRA adapter was loaded on for it
+
+    @property
+    def lora_id(self) -> str | None:
+        """Its adapter's fingerprint, the "lora" key of its block hashes."""
+        return None if self.lora is None else self.lora.fingerprint
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,10 @@
 and the linear layers they may change wrapped so that every row gets its own adapter's update.
 
 For a step, the model runner says which rows belong to which slot (``LoraBank.rows``); a wrapped
-layer computes the base product for the whole batch, then, per slot with rows, adds
-(x[rows] @ A^T) @ B^T to those rows (B carries the scaling). Rows of requests without an adapter
-get nothing added, so the base model's rows in a mixed batch compute exactly what they compute
-alone. The update is applied unmerged, as vLLM does, so one set of base weights serves every
+layer computes the base product for the whole batch, then adds each row's (x @ A^T) @ B^T for
+its slot's adapter (B carries the scaling; LoraBank says how every slot is done at once). Rows of
+requests without an adapter get exact zeros added, so the base model's rows in a mixed batch
+compute exactly what they compute alone. The update is applied unmerged, as vLLM does, so one set of base weights serves every
 adapter; against transformers with the adapter merged into W the sums differ only in rounding
 (the oracle tests compare greedy tokens).
 
@@ -45,18 +45,25 @@ class LoraLinear(nn.Module):
 class LoraBank:
     """``num_slots`` adapter slots over the linear layers of one module tree (a decoder, or a
     vision tower). ``attach`` wraps every linear layer an adapter may target; ``load`` puts an
-    adapter's weights for this tree into a slot."""
+    adapter's weights for this tree into a slot.
 
-    def __init__(self, num_slots: int, group: str) -> None:
+    Every slot's weights for a layer sit in one stacked pair, each slot padded to ``max_rank``
+    with zeros: A (slots * max_rank, in) and B (out, slots * max_rank). A step with rows of
+    several slots then costs two products per layer whatever the number of adapters,
+    ``((x @ A^T) * mask) @ B^T``, the mask keeping for each row only its own slot's columns (a
+    row without an adapter keeps none, so exact zeros are added to it); a step whose rows are all
+    one slot's uses that slot's columns alone, with no mask."""
+
+    def __init__(self, num_slots: int, group: str, max_rank: int) -> None:
         self.num_slots = num_slots
         self.group = group  # "text" or "vision": which of an adapter's weights this bank takes
+        self.max_rank = max_rank
         self.layer_names: set[str] = set()
-        self._slots: list[dict[str, LoraWeights]] = [{} for _ in range(num_slots)]
-        self._rows: SlotRows = []
-
-    @property
-    def active(self) -> bool:
-        return bool(self._rows)
+        self._stacked: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (A, B) over every slot
+        self._slot_layers: list[set[str]] = [set() for _ in range(num_slots)]  # the layers each slot's adapter changes
+        self._mask: torch.Tensor | None = None  # (rows, slots * max_rank) for this step
+        self._whole: int | None = None  # the slot of every row of this step, when it is one
+        self.active = False
 
     def attach(self, root: nn.Module, prefix: str = "") -> int:
         """Wrap every linear layer under ``root`` (plain or prepacked for oneDNN), named as the
@@ -77,31 +84,61 @@ class LoraBank:
         unknown = sorted(set(weights) - self.layer_names)
         if unknown:
             raise ValueError(f"LoRA adapter {adapter.name!r} targets {unknown[:3]}, not linear layers of this model")
-        self._slots[slot] = dict(weights)
+        if any(w.rank > self.max_rank for w in weights.values()):
+            raise ValueError(f"LoRA adapter {adapter.name!r} has rank {adapter.rank}, above this bank's {self.max_rank}")
+        self.clear(slot)
+        lo = slot * self.max_rank
+        for name, w in weights.items():
+            a, b = self._stacked_for(name, w)
+            a[lo : lo + w.rank].copy_(w.a)
+            b[:, lo : lo + w.rank].copy_(w.b)
+        self._slot_layers[slot] = set(weights)
 
     def clear(self, slot: int) -> None:
-        self._slots[slot] = {}
+        lo, hi = slot * self.max_rank, (slot + 1) * self.max_rank
+        for name in self._slot_layers[slot]:
+            a, b = self._stacked[name]
+            a[lo:hi].zero_()
+            b[:, lo:hi].zero_()
+        self._slot_layers[slot] = set()
 
     @contextlib.contextmanager
-    def rows(self, slot_rows: SlotRows) -> Iterator[None]:
-        """Within the block, rows ``slot_rows[i][1]`` of every batch get slot ``slot_rows[i][0]``'s update."""
-        self._rows = [(slot, rows) for slot, rows in slot_rows if self._slots[slot]]
+    def rows(self, slot_rows: SlotRows, num_rows: int) -> Iterator[None]:
+        """Within the block, rows ``slot_rows[i][1]`` of every batch of ``num_rows`` rows get
+        slot ``slot_rows[i][0]``'s update."""
+        used = [(slot, rows) for slot, rows in slot_rows if self._slot_layers[slot]]
+        if len(used) == 1 and used[0][1].numel() == num_rows:
+            self._whole = used[0][0]
+        elif used:
+            mask = torch.zeros(num_rows, self.num_slots * self.max_rank, device=used[0][1].device)
+            for slot, rows in used:
+                mask[rows, slot * self.max_rank : (slot + 1) * self.max_rank] = 1.0
+            self._mask = mask
+        self.active = bool(used)
         try:
             yield
         finally:
-            self._rows = []
+            self._mask, self._whole, self.active = None, None, False
 
     def update(self, name: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """``y`` (the base layer's output for ``x``, rows first) plus each slot's update on its rows."""
-        for slot, rows in self._rows:
-            weights = self._slots[slot].get(name)
-            if weights is None:
-                continue
-            if rows.numel() == x.shape[0]:  # every row: no gather
-                y = y + (x @ weights.a.t()) @ weights.b.t()
-            else:
-                y = y.index_add(0, rows, (x.index_select(0, rows) @ weights.a.t()) @ weights.b.t())
-        return y
+        """``y`` (the base layer's output for ``x``, rows first) plus each row's slot's update."""
+        stacked = self._stacked.get(name)
+        if stacked is None:
+            return y
+        a, b = stacked
+        if self._whole is not None:
+            lo, hi = self._whole * self.max_rank, (self._whole + 1) * self.max_rank
+            return y + (x @ a[lo:hi].t()) @ b[:, lo:hi].t()
+        return y + ((x @ a.t()) * self._mask) @ b.t()
+
+    def _stacked_for(self, name: str, w: LoraWeights) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's stacked pair, made (zeros) when an adapter first changes it."""
+        if name not in self._stacked:
+            width = self.num_slots * self.max_rank
+            a = torch.zeros(width, w.a.shape[1], dtype=w.a.dtype, device=w.a.device)
+            b = torch.zeros(w.b.shape[0], width, dtype=w.b.dtype, device=w.b.device)
+            self._stacked[name] = (a, b)
+        return self._stacked[name]
 
 
 def _is_linear(module: nn.Module) -> bool:

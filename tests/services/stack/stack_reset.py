@@ -45,7 +45,7 @@ def reset(stack, relaunch) -> str | None:
         # A node came back since the last reset: alive is not yet registered and routed to, so
         # wait until the stack answers (this probe is the only request a reset sends).
         stack.seen_restarts = restarts
-        if not wait_for(lambda: _answers(stack), HEALTHY_WITHIN_S):
+        if not wait_for(lambda: answers(stack), HEALTHY_WITHIN_S):
             relaunch(stack)
             return f"a restarted node was not served within {HEALTHY_WITHIN_S:g} s: launched again"
     if not wait_for(lambda: stack.metrics().get(IN_FLIGHT, 0.0) == 0.0, IDLE_WITHIN_S):
@@ -53,7 +53,7 @@ def reset(stack, relaunch) -> str | None:
     return None
 
 
-def _answers(stack) -> bool:
+def answers(stack) -> bool:
     body = {"model": stack.served_model, "prompt": "hi", "max_tokens": 1}
     try:
         return httpx.post(stack.base_url + "/completions", json=body, timeout=30).status_code == 200

@@ -9,11 +9,13 @@ float32), for the base model and both adapters, cold and on a repeat (a prefix h
 adapter's own blocks); an adapter never gets another's prefix (cached_tokens 0 on its first
 sight of a prompt another adapter computed); an unknown name is a 404. At runtime: an adapter
 loaded on every prefill and decode node answers exactly; loading it again, or a directory that is
-no adapter, is a 400; once unloaded its name is a 404 again."""
+no adapter, is a 400; once unloaded its name is a 404 again. Nodes killed and restarted after a
+runtime load lack the adapter: a request naming it has the gateway load it there, and is exact."""
 
 from __future__ import annotations
 
 import os
+import signal
 
 import httpx
 import openai
@@ -23,7 +25,8 @@ from tests.factories import chat_case
 from tests.oracle import ReferenceOracle
 from tests.peft_adapters import make_adapter, merged_model
 from tests.services.stack.conftest import launch_stack, stop_stack
-from tests.services.stack.e2e_helpers import GREEDY, client_for, oracle_text, png
+from tests.services.stack.e2e_helpers import GREEDY, client_for, counter, oracle_text, png
+from tests.services.stack.stack_reset import answers, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -92,8 +95,11 @@ def _post(stack, path: str, body: dict) -> httpx.Response:
 
 
 def test_an_adapter_loaded_at_runtime_serves_exactly_until_unloaded(lora_stack, adapters, oracles, tmp_path):
+    # Two adapters on each of the 2 prefill and 2 decode nodes, their weights in the memory report.
+    assert counter(lora_stack, "lora_adapters_served") == 8 and counter(lora_stack, "lora_adapter_bytes") > 0
     loaded = _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(adapters["c"])})
     assert loaded.status_code == 200 and "added successfully" in loaded.text, loaded.text
+    assert counter(lora_stack, "lora_adapters_served") == 12  # every prefill and decode node loaded it
     assert "c" in {card.id for card in client_for(lora_stack).models.list().data}
     case = chat_case(png(80, 96, 22), "What colours are here?")
     for _ in range(3):  # on either prefill and decode node: every one loaded it
@@ -107,7 +113,27 @@ def test_an_adapter_loaded_at_runtime_serves_exactly_until_unloaded(lora_stack, 
 
     unloaded = _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"})
     assert unloaded.status_code == 200, unloaded.text
+    assert counter(lora_stack, "lora_adapters_served") == 8
     with pytest.raises(openai.NotFoundError):
         _ask(lora_stack, "c", case)
     assert _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"}).status_code == 404
     assert _ask(lora_stack, "a", case)[0] == oracle_text(oracles["a"], case)[0]  # the others still served
+
+
+def test_nodes_restarted_after_a_runtime_load_get_the_adapter_when_a_request_needs_it(lora_stack, adapters, oracles):
+    assert _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(adapters["c"])}).status_code == 200
+    victims = {name: record["pid"] for name, record in lora_stack.state()["roles"].items() if name.startswith(("prefill", "decode"))}
+    for pid in victims.values():
+        os.kill(pid, signal.SIGKILL)  # the launcher restarts each with --lora-modules only: no "c"
+
+    def restarted() -> bool:
+        roles = lora_stack.state()["roles"]
+        return all(roles[name]["pid"] not in (None, pid) for name, pid in victims.items()) and answers(lora_stack)
+
+    assert wait_for(restarted, 60), lora_stack.log_tail()
+    loads = counter(lora_stack, "gateway_lora_adapter_loads_total")
+    for seed in (31, 32, 33):
+        case = chat_case(png(64, 80, seed), "Name the main colour.")
+        assert _ask(lora_stack, "c", case)[0] == oracle_text(oracles["c"], case)[0], seed
+    assert counter(lora_stack, "gateway_lora_adapter_loads_total") >= loads + 2  # a prefill and a decode node at least
+    assert _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"}).status_code == 200

@@ -111,3 +111,20 @@ def test_a_full_attention_cache_reports_only_its_blocks():
     request = make_request("a", list(range(13)))
     assert _run_prefill(kv, request)
     assert all(isinstance(event, BlockStored) for event in kv.drain_events())
+
+
+def test_a_saved_state_is_evicted_with_its_block():
+    # Four pages: the first request's two blocks are cached with a state after block 1; a second,
+    # different request needs every page, so both cached blocks go, and the state with them.
+    kv = KVCacheManager(num_blocks=4, block_size=4, state_slots=1, state_snapshots=2, state_interval_blocks=2)
+    first = make_request("a", list(range(9)))
+    _prefill_chunk(kv, first)
+    hashes = first.update_block_hashes(4)
+    assert kv.snapshots.holds(hashes[1])
+    kv.free(first)
+    kv.drain_events()
+    second = make_request("b", list(range(100, 116)))
+    assert kv.allocate(second, 16)
+    assert not kv.snapshots.holds(hashes[1]) and len(kv.snapshots) == 0
+    index_events = kv_index_events(kv.drain_events())
+    assert set(index_events.kv_evicted) == {hashes[0], hashes[1]} and not index_events.kv_stored

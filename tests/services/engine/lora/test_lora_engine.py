@@ -66,7 +66,10 @@ def _expected(oracle, case):
 
 def _cases():
     image = encode_image(make_image(112, 84, seed=5))
-    return [chat_case(image, "What is in this picture?"), chat_case("Write one sentence about rivers, lakes, mountains, forests, deserts and the open sea, in plain and simple words.")]
+    return [
+        chat_case(image, "What is in this picture?"),
+        chat_case("Write one sentence about rivers, lakes, mountains, forests, deserts and the open sea, in plain and simple words."),
+    ]
 
 
 def test_each_adapter_alone_and_repeated_matches_transformers_with_it_merged(family_model, family_adapters, family_oracles):

@@ -63,6 +63,7 @@ class FakePipeline:
     num_retries: int = 0
     num_migrations: int = 0
     num_busy_refusals: int = 0
+    adapter_loads: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(num_loads=0))
     max_model_len: int = 4096
 
     async def stats(self):
