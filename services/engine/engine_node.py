@@ -19,7 +19,7 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.lora.registry import LoraRegistry, LoraUnavailableError
 from services.models.checkpoint import dtype_name
 from services.models.lora.adapter import LoraAdapter
-from services.models.lora.files import LoraAdapterError, adapter_fingerprint
+from services.models.lora.files import LoraAdapterError, adapter_directory, adapter_fingerprint
 from services.models.lora.modules import LoraModule, parse_lora_modules
 from services.models.registry import ModelRef
 from services.transport.addresses import AdvertisedAddress
@@ -118,7 +118,8 @@ class EngineNode:
         if self.loras is None:
             raise LoraAdapterError(f"this node serves no LoRA adapters (start it with --enable-lora); cannot load {name!r}")
         module = LoraModule(name, Path(path))
-        if await asyncio.to_thread(adapter_fingerprint, module.path) != fingerprint:
+        local = await asyncio.to_thread(adapter_directory, path)  # a Hub id is fetched: a thread's wait
+        if await asyncio.to_thread(adapter_fingerprint, local) != fingerprint:
             raise LoraAdapterError(f"LoRA adapter {name!r}: the files at {path} on this node differ from the caller's")
         await asyncio.to_thread(self.loras.add, module)  # reading its tensors: a thread's wait, not the loop's
 

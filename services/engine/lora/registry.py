@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from services.models.checkpoint import WeightGroup
 from services.models.lora.adapter import LoraAdapter, read_adapter
+from services.models.lora.files import adapter_directory
 from services.models.lora.modules import LoraModule
 from shared.types import LoraRef
 
@@ -28,7 +29,7 @@ class LoraRegistry:
 
     def add(self, module: LoraModule) -> LoraAdapter:
         """Read ``module``'s adapter and serve it under its name (replacing one of that name)."""
-        adapter = read_adapter(module.name, module.path, self.weight_group, max_rank=self.max_rank)
+        adapter = read_adapter(module.name, adapter_directory(module.path), self.weight_group, max_rank=self.max_rank)
         self._by_name[module.name] = adapter
         return adapter
 

@@ -20,7 +20,7 @@ import grpc
 from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.served_adapters import ServedAdapters
-from services.models.lora.files import LoraAdapterError, adapter_fingerprint
+from services.models.lora.files import LoraAdapterError, adapter_directory, adapter_fingerprint
 from services.models.lora.modules import LoraModule
 from shared.tracing import outgoing_metadata
 from shared.types import LoraRef
@@ -54,7 +54,7 @@ class AdapterUpdates:
             )
         module = LoraModule(name, Path(path))
         try:
-            fingerprint = adapter_fingerprint(module.path)
+            fingerprint = adapter_fingerprint(adapter_directory(module.path))
         except LoraAdapterError as exc:
             raise GatewayError(400, str(exc), param="lora_path") from None
         loaded: list[str] = []

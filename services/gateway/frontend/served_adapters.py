@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.models.lora.files import adapter_fingerprint
+from services.models.lora.files import adapter_directory, adapter_fingerprint
 from services.models.lora.modules import LoraModule
 from shared.types import LoraRef
 
@@ -30,7 +30,8 @@ class ServedAdapters:
             self.add(module)
 
     def add(self, module: LoraModule) -> ServedAdapter:
-        served = ServedAdapter(LoraRef(module.name, adapter_fingerprint(module.path)), module.path, module.base_model_name)
+        fingerprint = adapter_fingerprint(adapter_directory(module.path))
+        served = ServedAdapter(LoraRef(module.name, fingerprint), module.path, module.base_model_name)
         self.by_name[module.name] = served
         return served
 

@@ -14,7 +14,7 @@ from pathlib import Path
 @dataclass(frozen=True, slots=True)
 class LoraModule:
     name: str
-    path: Path
+    path: Path  # a directory, or a Hub id (services/models/lora/files.py's adapter_directory)
     base_model_name: str | None = None  # the served model it adapts (vLLM's field); None: the one served
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,3 +80,32 @@ def test_a_directory_without_an_adapter_is_refused(tmp_path):
     (tmp_path / "adapter_config.json").write_text("{not json")
     with pytest.raises(LoraAdapterError, match="not valid JSON"):
         read_adapter("broken", tmp_path, weight_group, max_rank=16)
+
+
+def test_an_adapter_named_by_hub_id_is_fetched_through_the_hub_path(tmp_path):
+    """vLLM takes a Hub id for an adapter: fetched from a local Hub server here, then read."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.hub_server import HubRepo, HubServer
+
+    local = write(tmp_path / "adapter", {}, pair())
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0"}
+    code = "from services.models.lora.files import adapter_directory; print(adapter_directory('tessera-test/adapter'))"
+    with HubServer([HubRepo("tessera-test/adapter", local, "c" * 40)]) as hub:
+        env["HF_ENDPOINT"] = hub.endpoint  # huggingface_hub reads it at import: a process of its own
+        fetched = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr
+    snapshot = fetched.stdout.strip().splitlines()[-1]
+    adapter = read_adapter("hub", Path(snapshot), weight_group, max_rank=16)
+    assert torch.equal(adapter.text["layers.0.self_attn.q_proj"].b, torch.full((6, 4), 2.0))
+    missing = subprocess.run([sys.executable, "-c", code.replace("adapter'", "absent'")], env=env, capture_output=True, text=True)
+    assert missing.returncode != 0 and "LoraAdapterError" in missing.stderr
+
+
+def test_a_path_that_is_neither_directory_nor_hub_id_is_refused():
+    from services.models.lora.files import adapter_directory
+
+    with pytest.raises(LoraAdapterError, match="neither a directory nor a Hub id"):
+        adapter_directory("/no/such/adapter")
