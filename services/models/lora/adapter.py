@@ -11,7 +11,8 @@ exactly the layers the same checkpoint tensor would. B is stored scaled by s.
 
 What we refuse, with the reason (a wrong adapter must never serve silently): DoRA, trained biases,
 ``modules_to_save`` (whole replaced layers), embedding or LM-head targets, ranks above
-``max_rank``, and tensors that name no layer of the model.
+``max_rank``, tensors that name no layer of the model, and, for now, adapters that change the
+vision tower or projector (their image embeddings would need keys of their own).
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ def read_adapter(name: str, path: Path, weight_group: WeightGroup, *, max_rank: 
         groups[group][ours.removesuffix(".weight")] = LoraWeights(a.contiguous(), (b * scaling).contiguous())
     if not groups["text"] and not groups["vision"]:
         raise LoraAdapterError(f"LoRA adapter {name!r}: {WEIGHTS_FILE} holds no LoRA weights")
+    if groups["vision"]:  # refused rather than served without its tower part
+        tower = sorted(groups["vision"])[:3]
+        raise LoraAdapterError(
+            f"LoRA adapter {name!r} changes the vision tower ({', '.join(tower)}, ...); adapters on the tower are not served yet"
+        )
     rank = max(w.rank for group in groups.values() for w in group.values())
     return LoraAdapter(name, path, adapter_fingerprint(path), rank, groups["text"], groups["vision"])
 

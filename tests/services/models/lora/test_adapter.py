@@ -109,3 +109,12 @@ def test_a_path_that_is_neither_directory_nor_hub_id_is_refused():
 
     with pytest.raises(LoraAdapterError, match="neither a directory nor a Hub id"):
         adapter_directory("/no/such/adapter")
+
+
+def test_an_adapter_on_the_vision_tower_is_refused_until_towers_take_adapters(tmp_path):
+    tower = {
+        "base_model.model.model.visual.blocks.0.attn.qkv.lora_A.weight": torch.ones(4, 5),
+        "base_model.model.model.visual.blocks.0.attn.qkv.lora_B.weight": torch.ones(6, 4),
+    }
+    with pytest.raises(LoraAdapterError, match="changes the vision tower"):
+        read_adapter("tower", write(tmp_path / "t", {}, {**pair(), **tower}), weight_group, max_rank=16)
