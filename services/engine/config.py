@@ -56,6 +56,9 @@ class EngineConfig:
     lora_modules: tuple[str, ...] = ()
     max_loras: int = 1
     max_lora_rank: int = 16
+    # Adapters held in memory by a node (vLLM's --max-cpu-loras; default max_loras): those past it
+    # are read from their files again when a request names one.
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -78,6 +81,8 @@ class EngineConfig:
             raise ValueError(f"state_interval_tokens ({self.state_interval_tokens}) must be a multiple of block_size ({self.block_size})")
         if self.max_loras <= 0 or self.max_lora_rank <= 0:
             raise ValueError(f"max_loras and max_lora_rank must be positive, got {self.max_loras}, {self.max_lora_rank}")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
         if self.lora_modules and not self.enable_lora:
             raise ValueError("--lora-modules needs --enable-lora")
         if self.attention_backend not in ("auto", "torch", "flashinfer"):

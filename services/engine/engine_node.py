@@ -56,7 +56,9 @@ class EngineMetrics:
     num_prefix_evictions: Counter = counter("prefix_cache_evictions_total", "Cached prefix blocks evicted")
     num_embedding_evictions: Counter = counter("embedding_cache_evictions_total", "Images' embeddings evicted from the engine's cache")
     lora_adapters: Gauge = gauge("lora_adapters_served", "LoRA adapters this node serves (--lora-modules and runtime loads)")
-    lora_bytes: Gauge = gauge("lora_adapter_bytes", "Bytes of the LoRA adapters' weights this node holds")
+    lora_bytes: Gauge = gauge(
+        "lora_adapter_bytes", "Bytes of the LoRA adapters' weights this node holds in memory (at most --max-cpu-loras of them)"
+    )
 
 
 class MissingAdapterError(RequestRejectedError):
@@ -90,7 +92,8 @@ class EngineNode:
         self.loras: LoraRegistry | None = None
         if config.enable_lora:
             modules = parse_lora_modules(config.lora_modules)
-            self.loras = LoraRegistry(model.family.weight_group, max_rank=config.max_lora_rank, modules=modules)
+            max_loaded = config.max_cpu_loras or config.max_loras
+            self.loras = LoraRegistry(model.family.weight_group, max_rank=config.max_lora_rank, max_loaded=max_loaded, modules=modules)
         family, checkpoint = model.family, self.engine.runner.checkpoint
         self.positions = functools.partial(family.positions, checkpoint)  # remote_request.PositionsFn
         self.pixels_match = functools.partial(family.pixels_match, checkpoint)  # local_pixels.PixelsMatchFn
@@ -98,7 +101,7 @@ class EngineNode:
         self.sender = TensorSender(auth=channel_auth)
         self.engine_metrics = self._engine_metrics()
 
-    def adapter_for(self, lora: LoraRef | None) -> LoraAdapter | None:
+    async def adapter_for(self, lora: LoraRef | None) -> LoraAdapter | None:
         """The adapter a request names, as this node holds it; raises RequestRejectedError when
         it serves no LoRA at all, MissingAdapterError when it lacks that one (another name, or
         another fingerprint: a stale copy)."""
@@ -107,7 +110,7 @@ class EngineNode:
         if self.loras is None:
             raise RequestRejectedError(f"LoRA adapter {lora.name!r} asked for, but this node serves none (start it with --enable-lora)")
         try:
-            return self.loras.resolve(lora)
+            return await asyncio.to_thread(self.loras.resolve, lora)  # it may read the adapter's files
         except LoraUnavailableError as exc:
             raise MissingAdapterError(str(exc)) from None
 
@@ -126,7 +129,7 @@ class EngineNode:
     async def unload_lora(self, name: str) -> bool:
         """Stop serving ``name`` to new requests; requests running with it finish with it (they
         hold the adapter), and its slot goes to the next adapter that needs one."""
-        return self.loras is not None and self.loras.remove(name) is not None
+        return self.loras is not None and self.loras.remove(name)
 
     @property
     def data_address(self) -> AdvertisedAddress:
@@ -157,7 +160,7 @@ class EngineNode:
         metrics.num_embedding_evictions.read_from(lambda: embeddings.num_evictions)
         loras = self.loras
         metrics.lora_adapters.read_from(lambda: len(loras.names()) if loras is not None else 0)
-        metrics.lora_bytes.read_from(lambda: sum(a.num_bytes for a in loras.adapters()) if loras is not None else 0)
+        metrics.lora_bytes.read_from(lambda: loras.loaded_bytes() if loras is not None else 0)
         return metrics
 
     async def export_kv(self, hashes: list[BlockHash], target: str, transfer_id: str) -> int:
