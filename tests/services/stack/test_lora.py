@@ -10,11 +10,14 @@ adapter's own blocks); an adapter never gets another's prefix (cached_tokens 0 o
 sight of a prompt another adapter computed); an unknown name is a 404. At runtime: an adapter
 loaded on every prefill and decode node answers exactly; loading it again, or a directory that is
 no adapter, is a 400; once unloaded its name is a 404 again. Nodes killed and restarted after a
-runtime load lack the adapter: a request naming it has the gateway load it there, and is exact."""
+runtime load lack the adapter: a request naming it has the gateway load it there, and is exact.
+Streams on an adapter whose decode node dies migrate and stay exact (the next prefill node
+recomputes with the same adapter)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 
 import httpx
@@ -26,6 +29,7 @@ from tests.oracle import ReferenceOracle
 from tests.peft_adapters import make_adapter, merged_model
 from tests.services.stack.conftest import launch_stack, stop_stack
 from tests.services.stack.e2e_helpers import GREEDY, client_for, counter, oracle_text, png
+from tests.services.stack.stack_probes import Streams, busiest_decode_node
 from tests.services.stack.stack_reset import answers, wait_for
 
 
@@ -44,6 +48,7 @@ def lora_stack(tmp_path_factory, repo_root, adapters):
         *("--encoders", "2", "--prefill", "2", "--decode", "2"),
         *("--enable-lora", "--max-loras", "2", "--lora-modules", *modules),
         env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        internal_secret=secrets.token_hex(16),  # busiest_decode_node asks the nodes directly
     )
     yield running
     stop_stack(running)
@@ -137,3 +142,17 @@ def test_nodes_restarted_after_a_runtime_load_get_the_adapter_when_a_request_nee
         assert _ask(lora_stack, "c", case)[0] == oracle_text(oracles["c"], case)[0], seed
     assert counter(lora_stack, "gateway_lora_adapter_loads_total") >= loads + 2  # a prefill and a decode node at least
     assert _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"}).status_code == 200
+
+
+def test_streams_on_an_adapter_migrate_exactly_when_their_decode_node_dies(lora_stack, oracles):
+    greedy = {**GREEDY, "max_tokens": 256}
+    cases = [chat_case(png(64 + 16 * i, 64, 40 + i), f"Tell me a long story about picture {i}.") for i in range(2)]
+    expected = [oracle_text(oracles["a"], case, 256)[0] for case in cases]
+    migrations = counter(lora_stack, "gateway_migrations_total")
+    streams = Streams(lora_stack, cases, greedy, model="a")
+    streams.wait_flowing(1)
+    os.kill(busiest_decode_node(lora_stack)["pid"], signal.SIGKILL)
+    texts, errors = streams.join()
+    assert not errors, (errors, lora_stack.log_tail())
+    assert texts == expected
+    assert counter(lora_stack, "gateway_migrations_total") > migrations
