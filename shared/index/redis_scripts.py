@@ -155,13 +155,17 @@ local function walk(matching, from)
   end
   for _, node in ipairs(matching) do counts[node] = held end
 end
+-- The walk from block 2 over block 1's live holders, whose block-1 entries are already read.
+local function walk_from_second(live, first)
+  for id, value in pairs(live) do
+    if resumable(value) then ends[id] = 1 end
+  end
+  walk(first, 2)
+end
 if #blocks > 0 then
   local live, first, sampled = holders_of(kv .. blocks[1])
   if not sampled then
-    for id, value in pairs(live) do
-      if resumable(value) then ends[id] = 1 end
-    end
-    walk(first, 2)
+    walk_from_second(live, first)
   else
     local lo, hi = 1, #blocks
     while lo < hi do
@@ -172,12 +176,7 @@ if #blocks > 0 then
     walk(#deepest > 0 and deepest or first, 1)
     local found = false
     for _, count in pairs(counts) do found = found or count > 0 end
-    if not found then
-      for id, value in pairs(live) do
-        if resumable(value) then ends[id] = 1 end
-      end
-      walk(first, 2)
-    end
+    if not found then walk_from_second(live, first) end
   end
 end
 return cjson.encode({nodes = nodes, mm = mm, prefix = ends, version = call('GET', prefix .. 'members') or '0'})
