@@ -93,7 +93,14 @@ class EngineNode:
         if config.enable_lora:
             modules = parse_lora_modules(config.lora_modules)
             max_loaded = config.max_cpu_loras or config.max_loras
-            self.loras = LoraRegistry(model.family.weight_group, max_rank=config.max_lora_rank, max_loaded=max_loaded, modules=modules)
+            bank = self.engine.runner.text_loras
+            self.loras = LoraRegistry(
+                model.family.weight_group,
+                max_rank=config.max_lora_rank,
+                max_loaded=max_loaded,
+                modules=modules,
+                check=bank.check if bank is not None else None,
+            )
         family, checkpoint = model.family, self.engine.runner.checkpoint
         self.positions = functools.partial(family.positions, checkpoint)  # remote_request.PositionsFn
         self.pixels_match = functools.partial(family.pixels_match, checkpoint)  # local_pixels.PixelsMatchFn
@@ -114,17 +121,20 @@ class EngineNode:
         except LoraUnavailableError as exc:
             raise MissingAdapterError(str(exc)) from None
 
-    async def load_lora(self, name: str, path: str, fingerprint: str) -> None:
-        """Serve the adapter at ``path`` under ``name`` (a runtime load); raises LoraAdapterError
-        when this node serves no LoRA, the adapter does not fit this model, or its files are not
-        the ones the caller fingerprinted."""
+    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> str:
+        """Serve the adapter at ``path`` under ``name`` (a runtime load) and return its
+        fingerprint; raises LoraAdapterError when this node serves no LoRA, the adapter does not
+        fit this model, or its files are not the ones the caller fingerprinted (``fingerprint``;
+        None: the first node asked, whose answer the others are held to)."""
         if self.loras is None:
             raise LoraAdapterError(f"this node serves no LoRA adapters (start it with --enable-lora); cannot load {name!r}")
         module = LoraModule(name, Path(path))
         local = await asyncio.to_thread(adapter_directory, path)  # a Hub id is fetched: a thread's wait
-        if await asyncio.to_thread(adapter_fingerprint, local) != fingerprint:
+        found = await asyncio.to_thread(adapter_fingerprint, local)
+        if fingerprint is not None and found != fingerprint:
             raise LoraAdapterError(f"LoRA adapter {name!r}: the files at {path} on this node differ from the caller's")
         await asyncio.to_thread(self.loras.add, module)  # reading its tensors: a thread's wait, not the loop's
+        return found
 
     async def unload_lora(self, name: str) -> bool:
         """Stop serving ``name`` to new requests; requests running with it finish with it (they

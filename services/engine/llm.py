@@ -57,7 +57,10 @@ class LLM:
 
     def load_lora(self, name: str, path: str | Path) -> LoraAdapter:
         """A PEFT adapter directory read for this model (services/models/lora/adapter.py)."""
-        return read_adapter(name, Path(path), self.model.family.weight_group, max_rank=self.engine.config.max_lora_rank)
+        adapter = read_adapter(name, Path(path), self.model.family.weight_group, max_rank=self.engine.config.max_lora_rank)
+        if self.engine.runner.text_loras is not None:
+            self.engine.runner.text_loras.check(adapter)
+        return adapter
 
     def generate(
         self,

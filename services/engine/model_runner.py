@@ -52,7 +52,7 @@ class ModelRunner:
         # LoRA: the decoder's linear layers wrapped once, each slot's adapter applied to its rows.
         self.text_loras: LoraBank | None = None
         if config.enable_lora:
-            self.text_loras = LoraBank(config.max_loras, "text", config.max_lora_rank)
+            self.text_loras = LoraBank(config.max_loras, "text", config.max_lora_rank, self.device)
             self.text_loras.attach(self.decoder.layers, prefix="layers")
         # A node that receives embeddings from an encoder node loads no vision tower.
         self.vision: VisionEncoder | None = None
@@ -131,9 +131,13 @@ class ModelRunner:
         """Load adapters newly given slots, then each slot's rows in this step's packed batch."""
         if loras is None or self.text_loras is None:
             return []
-        for slot, adapter in loras.pending_loads:
-            self.text_loras.load(slot, adapter)
-        loras.pending_loads.clear()
+        loads, loras.pending_loads = loras.pending_loads, []
+        for slot, adapter in loads:
+            try:
+                self.text_loras.load(slot, adapter)
+            except Exception:  # refused (checked at admission, so not expected): no request may run on its slot
+                loras.discard(adapter)
+                raise
         slot_to_rows: dict[int, list[int]] = {}
         row = 0
         for item in step.scheduled:

@@ -11,9 +11,10 @@ from protos.gen import pb, rpc
 
 
 class AdapterHolder(Protocol):
-    async def load_lora(self, name: str, path: str, fingerprint: str) -> None:
-        """Serve the adapter at ``path`` under ``name``; raises ValueError when it cannot (not an
-        adapter, not for this model, or not the files the caller fingerprinted)."""
+    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> str:
+        """Serve the adapter at ``path`` under ``name`` and return its fingerprint; raises
+        ValueError when it cannot (not an adapter, not for this model, or not the files the
+        caller fingerprinted)."""
 
     async def unload_lora(self, name: str) -> bool:
         """Stop serving ``name``; False when it was not served."""
@@ -25,10 +26,10 @@ class LoraAdaptersServicer(rpc.LoraAdaptersServicer):
 
     async def Load(self, request: pb.LoadLoraRequest, context) -> pb.LoadLoraResponse:
         try:
-            await self.node.load_lora(request.name, request.path, request.fingerprint)
+            fingerprint = await self.node.load_lora(request.name, request.path, request.fingerprint or None)
         except ValueError as exc:  # the node's reason the adapter cannot be served
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return pb.LoadLoraResponse()
+        return pb.LoadLoraResponse(fingerprint=fingerprint)
 
     async def Unload(self, request: pb.UnloadLoraRequest, context) -> pb.UnloadLoraResponse:
         return pb.UnloadLoraResponse(unloaded=await self.node.unload_lora(request.name))

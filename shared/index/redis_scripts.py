@@ -131,13 +131,11 @@ for _, mm_hash in ipairs(request[1]) do
 end
 local kv = prefix .. 'kv:'
 local blocks = request[2]
-local counts = {}  -- node -> the first block it lacks (0: none held)
 local ends = {}  -- node -> the blocks up to the last one it can resume after, within its prefix
 local function resumable(value) return sub(value, -NO_STATE_LEN) ~= NO_STATE end
 -- From block ``from`` on, with ``matching`` live nodes known to hold the blocks before it: each
--- node's count is the first block it lacks.
+-- node's end moves to every block it holds, while it holds them all, that it can resume after.
 local function walk(matching, from)
-  local held = from - 1  -- blocks the still-matching nodes hold
   for i = from, #blocks do
     if #matching == 0 then break end
     local values = call('HMGET', kv .. blocks[i], unpack(matching))
@@ -146,14 +144,10 @@ local function walk(matching, from)
       if current(matching[j], values[j]) then
         still[#still + 1] = matching[j]
         if resumable(values[j]) then ends[matching[j]] = i end
-      else
-        counts[matching[j]] = i - 1
       end
     end
     matching = still
-    if #matching > 0 then held = i end
   end
-  for _, node in ipairs(matching) do counts[node] = held end
 end
 -- The walk from block 2 over block 1's live holders, whose block-1 entries are already read.
 local function walk_from_second(live, first)
@@ -174,9 +168,8 @@ if #blocks > 0 then
     end
     local _, deepest = holders_of(kv .. blocks[lo])
     walk(#deepest > 0 and deepest or first, 1)
-    local found = false
-    for _, count in pairs(counts) do found = found or count > 0 end
-    if not found then walk_from_second(live, first) end
+    -- As the in-process backend: block 0's sample when the deepest's holders resume nowhere.
+    if next(ends) == nil then walk_from_second(live, first) end
   end
 end
 return cjson.encode({nodes = nodes, mm = mm, prefix = ends, version = call('GET', prefix .. 'members') or '0'})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from services.models.checkpoint import WeightGroup
 from services.models.lora.adapter import LoraAdapter, read_adapter
@@ -27,9 +27,20 @@ class LoraUnavailableError(LookupError):
 
 
 class LoraRegistry:
-    def __init__(self, weight_group: WeightGroup, *, max_rank: int, max_loaded: int, modules: Sequence[LoraModule] = ()) -> None:
+    def __init__(
+        self,
+        weight_group: WeightGroup,
+        *,
+        max_rank: int,
+        max_loaded: int,
+        modules: Sequence[LoraModule] = (),
+        check: Callable[[LoraAdapter], None] | None = None,
+    ) -> None:
+        """``check``: raises LoraAdapterError unless the adapter fits the model's layers (the
+        model runner's LoraBank.check), run on every adapter read."""
         if max_loaded <= 0:
             raise ValueError("max_loaded must be positive")
+        self.check = check
         self.weight_group = weight_group
         self.max_rank = max_rank
         self.max_loaded = max_loaded
@@ -96,7 +107,10 @@ class LoraRegistry:
 
     def _read(self, module: LoraModule) -> LoraAdapter:
         self.num_reads += 1
-        return read_adapter(module.name, adapter_directory(module.path), self.weight_group, max_rank=self.max_rank)
+        adapter = read_adapter(module.name, adapter_directory(module.path), self.weight_group, max_rank=self.max_rank)
+        if self.check is not None:
+            self.check(adapter)
+        return adapter
 
     def _keep(self, adapter: LoraAdapter) -> None:
         """Hold ``adapter`` (lock held), dropping the least recently used beyond the bound."""

@@ -67,6 +67,15 @@ class LoraSlots:
         self._users.pop(adapter.fingerprint, None)
         return True
 
+    def discard(self, adapter: LoraAdapter) -> None:
+        """Forget ``adapter``'s slot whoever uses it (its weights could not be loaded): no request
+        computes with a slot that does not hold its adapter; those that named it fail with the step."""
+        slot = self._slot_of.pop(adapter.fingerprint, None)
+        if slot is not None:
+            self._free.append(slot)
+        for request_id in self._users.pop(adapter.fingerprint, set()):
+            self._request_adapter.pop(request_id, None)
+
     def loaded(self) -> list[str]:
         return list(self._slot_of)
 

@@ -1,8 +1,9 @@
 """Loading and unloading LoRA adapters at runtime, as vLLM's /v1/load_lora_adapter and
 /v1/unload_lora_adapter do, under vLLM's switch (VLLM_ALLOW_RUNTIME_LORA_UPDATING).
 
-A load fingerprints the adapter's files here, asks every live prefill and decode node to load it
-from the same path and check that fingerprint, and only then serves the name: a request never
+A load asks every live prefill and decode node to load the adapter from the same path, the first
+one reading and fingerprinting its files (the gateway reads no file on its loop, and starts no
+thread), the others held to that fingerprint, and only then serves the name: a request never
 names an adapter a node lacks. A node that refuses it (not an adapter for this model, other files
 at that path) fails the load with its reason, and the nodes that took it drop it again. An unload
 stops serving the name first, then every node drops it; requests already running with it finish
@@ -20,7 +21,6 @@ import grpc
 from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.served_adapters import ServedAdapters
-from services.models.lora.files import LoraAdapterError, adapter_directory, adapter_fingerprint
 from services.models.lora.modules import LoraModule
 from shared.tracing import outgoing_metadata
 from shared.types import LoraRef
@@ -53,23 +53,35 @@ class AdapterUpdates:
                 param="lora_name",
             )
         module = LoraModule(name, Path(path))
-        try:
-            fingerprint = adapter_fingerprint(adapter_directory(module.path))
-        except LoraAdapterError as exc:
-            raise GatewayError(400, str(exc), param="lora_path") from None
+        addresses = self._addresses()
+        if not addresses:
+            raise GatewayError(503, "no prefill or decode node is live to load the adapter on; retry")
         loaded: list[str] = []
-        for address in self._addresses():
+        fingerprint = ""  # the first node's answer, which the others are held to
+        for address in addresses:
             try:
-                await self.stub(address).Load(pb.LoadLoraRequest(name=name, path=path, fingerprint=fingerprint), **self._call())
+                request = pb.LoadLoraRequest(name=name, path=path, fingerprint=fingerprint)
+                fingerprint = (await self.stub(address).Load(request, **self._call())).fingerprint
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    await self._drop(name, loaded)
+                    await self._refused(name, loaded, replacing=name in self.adapters)
                     raise GatewayError(400, f"node {address} refused the adapter: {exc.details()}", param="lora_path") from None
                 log.warning("loading LoRA adapter %r: node %s did not answer (%s); it will not serve it", name, address, exc.code())
                 continue
             loaded.append(address)
-        self.adapters.add(module)
+        if not loaded:
+            raise GatewayError(503, "no prefill or decode node answered the load; retry")
+        self.adapters.add(module, fingerprint)
         return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def _refused(self, name: str, loaded: list[str], *, replacing: bool) -> None:
+        """A node refused the adapter: the nodes that took it drop it again. An in-place load
+        that fails has left those nodes without the copy the API serves, so the name is no
+        longer served anywhere (a client loads it again) rather than served by some nodes only."""
+        if replacing:
+            self.adapters.remove(name)
+            loaded = self._addresses()
+        await self._drop(name, loaded)
 
     async def load_on(self, address: str, lora: LoraRef) -> None:
         """Load ``lora`` on the one node at ``address``, which lacked it (it started after the

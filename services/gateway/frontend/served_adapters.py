@@ -29,8 +29,10 @@ class ServedAdapters:
         for module in modules:
             self.add(module)
 
-    def add(self, module: LoraModule) -> ServedAdapter:
-        fingerprint = adapter_fingerprint(adapter_directory(module.path))
+    def add(self, module: LoraModule, fingerprint: str | None = None) -> ServedAdapter:
+        """Serve ``module`` (its files fingerprinted here unless ``fingerprint`` is given)."""
+        if fingerprint is None:
+            fingerprint = adapter_fingerprint(adapter_directory(module.path))
         served = ServedAdapter(LoraRef(module.name, fingerprint), module.path, module.base_model_name)
         self.by_name[module.name] = served
         return served

@@ -23,6 +23,7 @@ from torch import nn
 
 from kernels.cpu_linear import PackedLinear
 from services.models.lora.adapter import LoraAdapter, LoraWeights
+from services.models.lora.files import LoraAdapterError
 
 # Which rows of the batch belong to which slot: (slot, row indices) for slots with rows.
 SlotRows = list[tuple[int, torch.Tensor]]
@@ -54,11 +55,12 @@ class LoraBank:
     row without an adapter keeps none, so exact zeros are added to it); a step whose rows are all
     one slot's uses that slot's columns alone, with no mask."""
 
-    def __init__(self, num_slots: int, group: str, max_rank: int) -> None:
+    def __init__(self, num_slots: int, group: str, max_rank: int, device: torch.device | None = None) -> None:
         self.num_slots = num_slots
         self.group = group  # "text" or "vision": which of an adapter's weights this bank takes
         self.max_rank = max_rank
-        self.layer_names: set[str] = set()
+        self.device = device or torch.device("cpu")  # where the stacked weights live: the model's device
+        self.layer_shapes: dict[str, tuple[int, int]] = {}  # wrapped layer -> (out, in) features
         self._stacked: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> (A, B) over every slot
         self._slot_layers: list[set[str]] = [set() for _ in range(num_slots)]  # the layers each slot's adapter changes
         self._mask: torch.Tensor | None = None  # (rows, slots * max_rank) for this step
@@ -75,17 +77,28 @@ class LoraBank:
                     continue
                 full = f"{name}.{child_name}" if name else child_name
                 setattr(module, child_name, LoraLinear(child, self, full))
-                self.layer_names.add(full)
+                self.layer_shapes[full] = (child.out_features, child.in_features)
                 count += 1
         return count
 
+    def check(self, adapter: LoraAdapter) -> None:
+        """Raise LoraAdapterError unless every layer ``adapter`` changes is a wrapped linear layer
+        of this model of the matching size (an adapter for a Qwen3.5-MoE expert, or one trained
+        on a larger model of the family, is refused before any slot takes it)."""
+        for name, w in (adapter.text if self.group == "text" else adapter.vision).items():
+            shape = self.layer_shapes.get(name)
+            if shape is None:
+                raise LoraAdapterError(f"LoRA adapter {adapter.name!r} changes {name!r}, which is not a linear layer LoRA may change here")
+            out_features, in_features = shape
+            if w.a.shape[1] != in_features or w.b.shape[0] != out_features or w.rank > self.max_rank:
+                raise LoraAdapterError(
+                    f"LoRA adapter {adapter.name!r}: {name!r} is {tuple(w.b.shape[:1]) + tuple(w.a.shape[1:])} (out, in) "
+                    f"with rank {w.rank}, this model's is {shape} with rank at most {self.max_rank}: an adapter for another model"
+                )
+
     def load(self, slot: int, adapter: LoraAdapter) -> None:
         weights = adapter.text if self.group == "text" else adapter.vision
-        unknown = sorted(set(weights) - self.layer_names)
-        if unknown:
-            raise ValueError(f"LoRA adapter {adapter.name!r} targets {unknown[:3]}, not linear layers of this model")
-        if any(w.rank > self.max_rank for w in weights.values()):
-            raise ValueError(f"LoRA adapter {adapter.name!r} has rank {adapter.rank}, above this bank's {self.max_rank}")
+        self.check(adapter)  # before anything changes: a refused adapter leaves the slot as it was
         self.clear(slot)
         lo = slot * self.max_rank
         for name, w in weights.items():
@@ -135,8 +148,8 @@ class LoraBank:
         """The layer's stacked pair, made (zeros) when an adapter first changes it."""
         if name not in self._stacked:
             width = self.num_slots * self.max_rank
-            a = torch.zeros(width, w.a.shape[1], dtype=w.a.dtype, device=w.a.device)
-            b = torch.zeros(w.b.shape[0], width, dtype=w.b.dtype, device=w.b.device)
+            a = torch.zeros(width, w.a.shape[1], dtype=w.a.dtype, device=self.device)
+            b = torch.zeros(w.b.shape[0], width, dtype=w.b.dtype, device=self.device)
             self._stacked[name] = (a, b)
         return self._stacked[name]
 

@@ -81,3 +81,16 @@ def test_past_the_bound_a_hybrid_holders_prefix_still_ends_at_its_kept_state(ind
     entries = {block: block_entry("device", resumable=b in (1, 4)) for b, block in enumerate(PROMPT[:7])}
     index.publish("session", epoch, IndexEvents(kv_stored=entries))
     assert index.lookup([], PROMPT).node_to_num_prefix_blocks["session"] == 5
+
+
+def test_past_the_bound_hot_holders_resume_where_the_deepest_holder_cannot(index):
+    # The deepest holder holds every block but kept no state (its snapshots evicted): the lookup
+    # falls back to block 0's sample, which can resume after block 0, in every backend alike.
+    for i in range(MANY):
+        epoch = index.register_node(NodeInfo(f"hot{i}", "prefill", f"hot{i}.example:50061"), ttl_s=30)
+        index.publish(f"hot{i}", epoch, IndexEvents(kv_stored={PROMPT[0]: "device"}))
+    epoch = index.register_node(NodeInfo("deep", "prefill", "deep.example:50061"), ttl_s=30)
+    stateless = {block: block_entry("device", resumable=False) for block in PROMPT}
+    index.publish("deep", epoch, IndexEvents(kv_stored=stateless))
+    prefix = index.lookup([], PROMPT).node_to_num_prefix_blocks
+    assert prefix and "deep" not in prefix and set(prefix.values()) == {1}

@@ -6,6 +6,7 @@ adapter's (or the base model's) prefix KV."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from services.engine.config import EngineConfig
 from services.engine.llm import LLM
@@ -130,3 +131,20 @@ def test_an_engine_without_lora_refuses_an_adapter(tiny_model, adapters):
     adapter = llm.load_lora("a", adapters["a"])
     with pytest.raises(ValueError, match="serves none"):
         llm.generate([_cases()[1].prompt], GREEDY, lora=adapter)
+
+
+def test_an_adapter_for_another_model_is_refused_before_it_reaches_a_slot(tiny_model, tmp_path):
+    """Names of this model's layers, sizes of another's: refused when read, with the reason."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from services.models.lora.files import LoraAdapterError
+
+    module = "base_model.model.model.language_model.layers.0.self_attn.q_proj"
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8}))
+    tensors = {f"{module}.lora_A.weight": torch.ones(4, 7), f"{module}.lora_B.weight": torch.ones(9, 4)}
+    save_file(tensors, str(tmp_path / "adapter_model.safetensors"))
+    llm = LLM(str(tiny_model.path), EngineConfig(enable_lora=True))
+    with pytest.raises(LoraAdapterError, match="an adapter for another model"):
+        llm.load_lora("other", tmp_path)
