@@ -134,12 +134,25 @@ class EngineNode:
         if fingerprint is not None and found != fingerprint:
             raise LoraAdapterError(f"LoRA adapter {name!r}: the files at {path} on this node differ from the caller's")
         await asyncio.to_thread(self.loras.add, module)  # reading its tensors: a thread's wait, not the loop's
+        self._adapters_changed()
         return found
 
     async def unload_lora(self, name: str) -> bool:
         """Stop serving ``name`` to new requests; requests running with it finish with it (they
         hold the adapter), and its slot goes to the next adapter that needs one."""
-        return self.loras is not None and self.loras.remove(name)
+        removed = self.loras is not None and self.loras.remove(name)
+        self._adapters_changed()
+        return removed
+
+    def adapter_fingerprints(self) -> frozenset[str]:
+        """The fingerprints of the adapters this node serves: its index record's (routers prefer
+        a node holding a request's adapter)."""
+        loras = self.loras
+        return frozenset() if loras is None else frozenset(f for name in loras.names() if (f := loras.fingerprint(name)))
+
+    def _adapters_changed(self) -> None:
+        if self.publisher is not None:
+            self.publisher.record_changed()
 
     @property
     def data_address(self) -> AdvertisedAddress:

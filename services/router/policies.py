@@ -8,8 +8,10 @@ the decision, and counts the work; scoring.py holds the arithmetic the policies 
   cache_aware   pins a request to the nodes holding its images (exactly-once encoding: the
                 encoder holding the most image tokens, whatever its load; then, for the images
                 that encoder lacks, the prefill node holding the most while within
-                scoring.PIN_LOAD_SLACK of the least loaded), else the highest score; decode least
-                loaded; an image neither pinned node holds is shipped by another holder.
+                scoring.PIN_LOAD_SLACK of the least loaded), else the highest score (which
+                counts a node serving the request's LoRA adapter); decode least loaded, among
+                the nodes serving the adapter while within the slack; an image neither pinned
+                node holds is shipped by another holder.
   llmd          llm-d's approximate prefix-cache scorer, the baseline the simulator compares
                 against: it ignores the index and remembers per pod, in an LRU, the hashes it
                 routed there (``observe``), choosing the pod with the longest remembered prefix.
@@ -27,6 +29,7 @@ from typing import Protocol
 from services.router.llmd_lru import PodLru
 from services.router.scoring import (
     Candidate,
+    adapter_holders,
     image_tokens_per_node,
     prefill_tokens_per_node,
     score,
@@ -139,7 +142,7 @@ class CacheAwarePolicy:
         prefill = _pinned(image_tokens_per_node(elsewhere, image_tokens), s.prefills, bounded=True) or best_scored_choice(
             s.prefills, prefill_tokens, s.tie_key
         )
-        decode = least_loaded_choice(s.decodes, s.turn)  # KV is shipped from prefill: nothing cached counts
+        decode = least_loaded_choice(adapter_holders(s.decodes), s.turn)  # KV is shipped from prefill: nothing cached counts
         lacking = [h for h, _ in s.images if not {encoder, prefill} & set(s.mm_holders.get(h, ()))]
         shipped = _other_holders(lacking, s.mm_holders, [*s.encoders, *s.prefills], {encoder, prefill})
         return RouteDecision(encoder, prefill, decode, shipped)

@@ -100,7 +100,7 @@ class Router:
         # From here on nothing is awaited: on the one event loop the step runs whole, with no lock.
         for mm_hash, address in self.pending_encodes.where(h for h, _ in images if not mm_holders.get(h)).items():
             mm_holders.setdefault(mm_hash, set()).add(address)
-        snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens)
+        snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens, lora_id)
         decision = self.policy.select(snapshot)
         self.policy.observe(snapshot, decision)
         route = self._route(snapshot, decision, len(token_ids), time.perf_counter() - started)
@@ -114,17 +114,19 @@ class Router:
         exclude: frozenset[str],
         mm_holders: dict[MmHash, set[str]],
         prefix_tokens: dict[str, int],
+        lora_id: str | None = None,
     ) -> RouteSnapshot:
         """Each role's candidates (the holders of the request's work among them, when the policy
         scores a sample) and what they hold."""
         image_tokens = {h: r.length for h, r in images}
+        prefill_tokens = prefill_tokens_per_node(prefix_tokens, mm_holders, images)
         return RouteSnapshot(
             turn=turn,
             images=tuple(images),
             block_hashes=tuple(hashes),
             encoders=self._candidates("encoder", exclude, turn, image_tokens_per_node(mm_holders, image_tokens)),
-            prefills=self._candidates("prefill", exclude, turn, prefill_tokens_per_node(prefix_tokens, mm_holders, images)),
-            decodes=self._candidates("decode", exclude, turn),
+            prefills=self._candidates("prefill", exclude, turn, prefill_tokens, lora_id=lora_id),
+            decodes=self._candidates("decode", exclude, turn, lora_id=lora_id),
             mm_holders=mm_holders,
             prefix_tokens=prefix_tokens,
         )
@@ -187,9 +189,12 @@ class Router:
         await self.membership.note_version(lookup.membership_version)
         return holdings(lookup, self.membership.resolve(lookup.node_to_epoch), self.block_size)
 
-    def _candidates(self, role: str, exclude: frozenset[str], turn: int, holders: Collection[str] = ()) -> tuple[Candidate, ...]:
+    def _candidates(
+        self, role: str, exclude: frozenset[str], turn: int, holders: Collection[str] = (), *, lora_id: str | None = None
+    ) -> tuple[Candidate, ...]:
         """The role's nodes to score: all of them, or past MAX_SCORED_NODES the holders of the
-        request's work and a random draw of the others (the module's header says why)."""
+        request's work and a random draw of the others (the module's header says why).
+        ``lora_id``: the request's adapter, which a candidate serves or not."""
         nodes = None
         if self.policy.scores_a_sample:
             nodes = self.membership.sample(role, exclude=exclude, holders=holders, k=MAX_SCORED_NODES, rng=random.Random(turn))
@@ -197,9 +202,9 @@ class Router:
             nodes = self.membership.nodes(role, exclude=exclude)
         if not nodes:
             raise NoLiveNodeError(role)
-        return tuple(self._candidate(s) for s in nodes)
+        return tuple(self._candidate(s, lora_id) for s in nodes)
 
-    def _candidate(self, state: NodeState) -> Candidate:
+    def _candidate(self, state: NodeState, lora_id: str | None = None) -> Candidate:
         address = state.info.grpc_address
         work = self.membership.work_on(address)
         load = max(state.load, work.num_calls)
@@ -212,6 +217,7 @@ class Router:
             queue=work.num_calls,
             pending_tokens=work.num_pending_tokens,
             encode_tokens=work.num_encode_tokens,
+            has_adapter=lora_id is not None and lora_id in state.adapters,
         )
 
 

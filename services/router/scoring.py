@@ -2,7 +2,8 @@
 
 For each candidate node n of a role:
 
-    score(n) = cached_tokens(n) - LOAD_WEIGHT * load(n) - KV_WEIGHT * kv_usage(n) - encode_tokens(n)
+    score(n) = cached_tokens(n) + ADAPTER_WEIGHT * has_adapter(n)
+               - LOAD_WEIGHT * load(n) - KV_WEIGHT * kv_usage(n) - encode_tokens(n)
 
   cached_tokens(n)  work n already holds for this request, in tokens:
                       encoder: sum of the embedding rows of the request's images n holds
@@ -15,10 +16,16 @@ For each candidate node n of a role:
                     a node already encoding big images is charged for them in the tokens
                     cached_tokens counts in, not only as one request each
   kv_usage(n)       fraction of n's KV pages in use, 0..1
+  has_adapter(n)    1 when the request names a LoRA adapter n's record says it serves
+                    (NodeState.adapters), else 0
   LOAD_WEIGHT       tokens of work one queued request is worth (a full prefill of a typical
                     prompt): a node with 2 more queued requests must hold 2*LOAD_WEIGHT more
                     cached tokens to win, so hot caches cannot pile load onto one node
   KV_WEIGHT         penalty for a nearly full KV pool (its new blocks would evict cached ones)
+  ADAPTER_WEIGHT    LOAD_WEIGHT * PIN_LOAD_SLACK: a node lacking the adapter must first be
+                    given it (the gateway's load call, the node's file read, a slot and memory
+                    from then on), so a holder wins until it has PIN_LOAD_SLACK more queued
+                    requests, the same bound as an image pin's; past it the adapter spreads
 
   load(n) is the larger of n's heartbeat load (every gateway's requests, up to ttl/3 old) and the
   requests this gateway has in flight on n (exact, current): between heartbeats a burst would
@@ -98,6 +105,7 @@ PREFILL_TO_ENCODE_COST = 0.4
 # run: the image is encoded again on the encoder tier, which can then hand it to any prefill
 # node, so a hot image costs at most one extra run instead of a queue on one node.
 PIN_LOAD_SLACK = 4.0
+ADAPTER_WEIGHT = LOAD_WEIGHT * PIN_LOAD_SLACK
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +118,7 @@ class Candidate:
     queue: float = 0.0  # an encoder's queue(e) of the adaptive dispatch rule
     pending_tokens: float = 0.0  # a prefill node's pending(p) of the adaptive dispatch rule
     encode_tokens: float = 0.0  # an encoder's image tokens this gateway sent it, not yet encoded
+    has_adapter: bool = False  # it serves the request's LoRA adapter (the request names one)
 
 
 def within_pin_slack(holder: Candidate, candidates: Sequence[Candidate]) -> bool:
@@ -117,7 +126,15 @@ def within_pin_slack(holder: Candidate, candidates: Sequence[Candidate]) -> bool
 
 
 def score(candidate: Candidate, cached_tokens: int) -> float:
-    return cached_tokens - LOAD_WEIGHT * candidate.load - KV_WEIGHT * candidate.kv_usage - candidate.encode_tokens
+    adapter = ADAPTER_WEIGHT if candidate.has_adapter else 0.0
+    return cached_tokens + adapter - LOAD_WEIGHT * candidate.load - KV_WEIGHT * candidate.kv_usage - candidate.encode_tokens
+
+
+def adapter_holders(candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+    """The candidates serving the request's adapter while within PIN_LOAD_SLACK of the least
+    loaded (ADAPTER_WEIGHT's bound, for a role chosen by load alone: decode); else all."""
+    holders = [c for c in candidates if c.has_adapter and within_pin_slack(c, candidates)]
+    return holders or candidates
 
 
 def default_encode_dispatch(cores_shared: bool) -> EncodeDispatch:

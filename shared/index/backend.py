@@ -41,9 +41,20 @@ class CacheIndex(Protocol):
         """Announce ``node`` and return its new epoch; ``seal_fn(epoch)`` is the record's seal.
         Raises ConfigMismatchError when ``node.config`` disagrees with the cluster's."""
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
-        """Refresh liveness, load and the record's seal; False if ``epoch`` is no longer the node's
-        current one."""
+    def heartbeat(
+        self,
+        node_id: str,
+        epoch: int,
+        *,
+        load: float,
+        kv_usage: float,
+        ttl_s: float,
+        seal: str = "",
+        adapters: frozenset[str] = frozenset(),
+    ) -> bool:
+        """Refresh liveness, load, the adapters the node serves and the record's seal; False if
+        ``epoch`` is no longer the node's current one. A change of adapters is a membership change
+        (logged, so readers see it at their next lookup, not at their next listing)."""
 
     def deregister_node(self, node_id: str, epoch: int) -> None:
         """Remove ``node_id`` from the cluster now (a drain), if ``epoch`` is still its current one."""

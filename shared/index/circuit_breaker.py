@@ -89,8 +89,20 @@ class BreakerIndex:
     def register_node(self, node: NodeInfo, *, ttl_s: float, seal_fn: Callable[[int], str] | None = None) -> int:
         return self._call(lambda: self.inner.register_node(node, ttl_s=ttl_s, seal_fn=seal_fn))
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
-        return self._call(lambda: self.inner.heartbeat(node_id, epoch, load=load, kv_usage=kv_usage, ttl_s=ttl_s, seal=seal))
+    def heartbeat(
+        self,
+        node_id: str,
+        epoch: int,
+        *,
+        load: float,
+        kv_usage: float,
+        ttl_s: float,
+        seal: str = "",
+        adapters: frozenset[str] = frozenset(),
+    ) -> bool:
+        return self._call(
+            lambda: self.inner.heartbeat(node_id, epoch, load=load, kv_usage=kv_usage, ttl_s=ttl_s, seal=seal, adapters=adapters)
+        )
 
     def deregister_node(self, node_id: str, epoch: int) -> None:
         self._call(lambda: self.inner.deregister_node(node_id, epoch))

@@ -62,14 +62,28 @@ class InProcessIndex:
             self._log_change(node.node_id)
             return epoch
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
+    def heartbeat(
+        self,
+        node_id: str,
+        epoch: int,
+        *,
+        load: float,
+        kv_usage: float,
+        ttl_s: float,
+        seal: str = "",
+        adapters: frozenset[str] = frozenset(),
+    ) -> bool:
         with self._lock:
             if self._node_to_epoch.get(node_id) != epoch or node_id not in self._node_to_state:
                 return False
             state, expires_at = self._node_to_state[node_id]
             if expires_at <= self._clock():  # lapsed: it must register again, as with Redis
                 return False
-            self._node_to_state[node_id] = (NodeState(state.info, epoch, float(load), float(kv_usage), seal), self._clock() + ttl_s)
+            adapters = frozenset(adapters)
+            beat = NodeState(state.info, epoch, float(load), float(kv_usage), seal, adapters)
+            self._node_to_state[node_id] = (beat, self._clock() + ttl_s)
+            if adapters != state.adapters:
+                self._log_change(node_id)
             if self._agreed_config():
                 self._extend_agreement(ttl_s)
             return True

@@ -92,6 +92,7 @@ class IndexPublisher:
         ttl_s: float = 5.0,
         load_fn: LoadFn = lambda: (0.0, 0.0),
         alive_fn: Callable[[], bool] = lambda: True,
+        adapters_fn: Callable[[], frozenset[str]] = frozenset,
         flush_s: float = 0.05,
         on_refused: Callable[[ConfigMismatchError], None] | None = None,
     ) -> None:
@@ -100,6 +101,8 @@ class IndexPublisher:
         self.ttl_s = ttl_s
         self.load_fn = load_fn
         self.alive_fn = alive_fn
+        self.adapters_fn = adapters_fn  # the fingerprints of the LoRA adapters the node serves, for its record
+        self._beat_now = False  # the record changed (adapters): heartbeat at the next wake, not at ttl/3
         self.flush_s = flush_s
         self.on_refused = on_refused
         self.epoch: int | None = None
@@ -140,6 +143,12 @@ class IndexPublisher:
             for h in events.kv_evicted:
                 self._kv_holdings.pop(h, None)
             self._pending.add(events)
+        self._wake.set()
+
+    def record_changed(self) -> None:
+        """What the node's record says changed (the adapters it serves): send it now, so routers
+        see it within a lookup, not a heartbeat period."""
+        self._beat_now = True
         self._wake.set()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -184,8 +193,8 @@ class IndexPublisher:
             try:
                 if self.epoch is None:
                     self._register()
-                    next_heartbeat = time.monotonic() + self.ttl_s / 3
-                elif time.monotonic() >= next_heartbeat:
+                    next_heartbeat = 0.0  # a new record holds no adapters: the first heartbeat brings them
+                elif time.monotonic() >= next_heartbeat or self._beat_now:
                     if not self.alive_fn():
                         # A hung compute loop: let the record lapse so routers stop choosing us.
                         self.metrics.num_heartbeats_withheld.inc()
@@ -194,7 +203,9 @@ class IndexPublisher:
                         next_heartbeat = time.monotonic() + self.ttl_s / 3
                         continue
                     load, kv_usage = self.load_fn()
-                    if not self.index.heartbeat(self.node.node_id, self.epoch, load=load, kv_usage=kv_usage, ttl_s=self.ttl_s):
+                    self._beat_now = False
+                    beat = {"load": load, "kv_usage": kv_usage, "ttl_s": self.ttl_s, "adapters": self.adapters_fn()}
+                    if not self.index.heartbeat(self.node.node_id, self.epoch, **beat):
                         self.epoch = None  # expired or fenced: register again and republish
                         continue
                     next_heartbeat = time.monotonic() + self.ttl_s / 3

@@ -8,9 +8,10 @@ whose seal fails.
 
 Seal layout: "{sealed_at_ms}.{ttl_ms}.{mac}", where mac is HMAC-SHA256, in hex, over the JSON list
   [SEAL_VERSION, namespace, node_id, role, grpc, data, can_encode, settings, epoch, load,
-   kv_usage, sealed_at_ms, ttl_ms]
+   kv_usage, adapters, sealed_at_ms, ttl_ms]
 with settings the node's cluster settings as sorted [name, value] pairs (cluster_config.py), and
-load and kv_usage as repr(float) (what the index stores and hands back). The namespace is the
+load and kv_usage as repr(float) (what the index stores and hands back), and adapters the
+stored field (types.adapters_field): a forged record cannot claim adapters to draw requests. The namespace is the
 model id, "name@fingerprint", so a record sealed for one set of weights fails under another.
 
 A record is admitted when:
@@ -32,12 +33,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.index.types import MembershipChanges, NodeState
+from shared.index.types import MembershipChanges, NodeState, adapters_field
 from shared.node_metrics import Counter, counter
 
 log = logging.getLogger("tessera.index")
 
-SEAL_VERSION = 2
+SEAL_VERSION = 3
 DEFAULT_MAX_SKEW_S = 30.0  # clock difference tolerated between a writer and a reader
 # Node ids whose highest admitted epoch a reader remembers; past it the least recently admitted
 # is forgotten (its replays are then caught by the staleness rule alone). Ids churn with pods.
@@ -69,6 +70,7 @@ def _mac(key: bytes, namespace: str, state: NodeState, sealed_at_ms: int, ttl_ms
         state.epoch,
         repr(float(state.load)),
         repr(float(state.kv_usage)),
+        adapters_field(state.adapters),
         sealed_at_ms,
         ttl_ms,
     ]

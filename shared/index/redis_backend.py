@@ -4,13 +4,15 @@ Key layout, under the namespace prefix P = "tessera:{namespace}:":
   P epochs            INTEGER  the last epoch handed out, to any node (INCR on registration)
   P epoch:{node}      INTEGER  the node's current epoch
   P node:{node}       HASH     role, grpc, data, encodes ("1": a prefill node that can run the
-                               vision tower itself), epoch, load, kv_usage, seal (empty: unsealed;
+                               vision tower itself), epoch, load, kv_usage, adapters (the LoRA
+                               fingerprints it serves, comma-joined), seal (empty: unsealed;
                                shared/index/record_seal.py), cfg:{setting} for each cluster setting
                                it gave; expires after the TTL
   P nodes             SET      registered node ids (live_nodes skips those whose key expired,
                                and prunes them with their epoch key)
-  P members           INTEGER  membership version: bumped by every registration, deregistration
-                               and prune, so a reader knows when to list the nodes again
+  P members           INTEGER  membership version: bumped by every registration, deregistration,
+                               prune and change of a node's adapters, so a reader knows when to
+                               list the nodes again
   P member_log        ZSET     "{version}|{node}" scored by version: which node each bump was
                                for, the latest MEMBER_LOG_LENGTH kept (membership_changes)
   P config            HASH     the cluster's settings, setting -> value, agreed at registration
@@ -53,6 +55,8 @@ from shared.index.types import (
     MmEntry,
     NodeInfo,
     NodeState,
+    adapters_field,
+    adapters_of,
 )
 from shared.types import BlockHash, MmHash
 
@@ -112,11 +116,22 @@ class RedisIndex:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
         return None if raw is None else membership_changes_of(json.loads(raw))
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
-        keys = [self.prefix + f"epoch:{node_id}", self.prefix + f"node:{node_id}", self.prefix + "config"]
+    def heartbeat(
+        self,
+        node_id: str,
+        epoch: int,
+        *,
+        load: float,
+        kv_usage: float,
+        ttl_s: float,
+        seal: str = "",
+        adapters: frozenset[str] = frozenset(),
+    ) -> bool:
+        p = self.prefix
+        keys = [p + f"epoch:{node_id}", p + f"node:{node_id}", p + "config", p + "members", p + "member_log"]
         try:
             # repr(float): the exact text a sealed record's reader re-derives (shared/index/record_seal.py).
-            args = [epoch, repr(float(load)), repr(float(kv_usage)), int(ttl_s * 1000), seal]
+            args = [epoch, repr(float(load)), repr(float(kv_usage)), int(ttl_s * 1000), seal, adapters_field(adapters), node_id]
             return self._heartbeat(keys=keys, args=args) == 1
         except redis.RedisError as exc:
             raise IndexUnavailableError(f"index unavailable: {exc}") from None
@@ -201,4 +216,5 @@ def membership_changes_of(reply: dict) -> MembershipChanges:
 def _node_state(node_id: str, fields: dict[str, str]) -> NodeState:
     config = ClusterConfig.from_settings({name[4:]: value for name, value in fields.items() if name.startswith("cfg:")})
     info = NodeInfo(node_id, fields.get("role", ""), fields.get("grpc", ""), fields.get("data", ""), fields.get("encodes") == "1", config)
-    return NodeState(info, int(fields["epoch"]), float(fields.get("load", 0)), float(fields.get("kv_usage", 0)), fields.get("seal", ""))
+    load, kv_usage = float(fields.get("load", 0)), float(fields.get("kv_usage", 0))
+    return NodeState(info, int(fields["epoch"]), load, kv_usage, fields.get("seal", ""), adapters_of(fields.get("adapters", "")))

@@ -177,16 +177,21 @@ return cjson.encode({nodes = nodes, mm = mm, prefix = ends, version = call('GET'
 )
 
 
-# KEYS: epoch key, node key, cluster config; ARGV: epoch, load, kv_usage, ttl_ms, seal. Check and refresh in one atomic
+# KEYS: epoch key, node key, cluster config, members version, member log; ARGV: epoch, load,
+# kv_usage, ttl_ms, seal, adapters, node id. A change of adapters is logged as a membership change,
+# so readers pick it up at their next lookup. Check and refresh in one atomic
 # step: refreshing a node key that expired after a separate check would recreate it without its
 # registration fields, a node no lookup can see and whose heartbeats keep succeeding. A record
 # whose epoch field is not the node's (rewritten by someone else) fails too: the node registers
 # again, rather than re-seal fields it did not write. A live node keeps its cluster's config alive.
 HEARTBEAT_SCRIPT = (
     EXTEND
+    + LOG_CHANGE
     + """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] or redis.call('HGET', KEYS[2], 'epoch') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[2], 'load', ARGV[2], 'kv_usage', ARGV[3], 'seal', ARGV[5])
+local changed = (redis.call('HGET', KEYS[2], 'adapters') or '') ~= ARGV[6]
+redis.call('HSET', KEYS[2], 'load', ARGV[2], 'kv_usage', ARGV[3], 'seal', ARGV[5], 'adapters', ARGV[6])
+if changed then log_change(KEYS[4], KEYS[5], ARGV[7]) end
 redis.call('PEXPIRE', KEYS[2], ARGV[4])
 extend(KEYS[3], ARGV[4])
 return 1

@@ -31,11 +31,21 @@ class SealedIndex:
             node, ttl_s=ttl_s, seal_fn=lambda epoch: self.sealer.seal(NodeState(node, epoch, 0.0, 0.0), ttl_s=ttl_s)
         )
 
-    def heartbeat(self, node_id: str, epoch: int, *, load: float, kv_usage: float, ttl_s: float, seal: str = "") -> bool:
+    def heartbeat(
+        self,
+        node_id: str,
+        epoch: int,
+        *,
+        load: float,
+        kv_usage: float,
+        ttl_s: float,
+        seal: str = "",
+        adapters: frozenset[str] = frozenset(),
+    ) -> bool:
         with self._lock:
             info = self._node_to_info[node_id]
-        seal = self.sealer.seal(NodeState(info, epoch, load, kv_usage), ttl_s=ttl_s)
-        return self.inner.heartbeat(node_id, epoch, load=load, kv_usage=kv_usage, ttl_s=ttl_s, seal=seal)
+        seal = self.sealer.seal(NodeState(info, epoch, load, kv_usage, adapters=adapters), ttl_s=ttl_s)
+        return self.inner.heartbeat(node_id, epoch, load=load, kv_usage=kv_usage, ttl_s=ttl_s, seal=seal, adapters=adapters)
 
     def deregister_node(self, node_id: str, epoch: int) -> None:
         self.inner.deregister_node(node_id, epoch)

@@ -56,6 +56,18 @@ class NodeState:
     load: float  # queue depth or utilisation, higher is busier
     kv_usage: float  # fraction of KV pages in use, 0..1
     seal: str = ""  # the writer's seal over this record (shared/index/record_seal.py); empty: unsealed
+    # The content fingerprints of the LoRA adapters the node serves now (its heartbeat's): the
+    # router prefers nodes holding a request's adapter (services/router/scoring.py).
+    adapters: frozenset[str] = frozenset()
+
+
+def adapters_field(adapters: frozenset[str]) -> str:
+    """A node record's adapters as the index stores them (and a seal covers them): sorted, joined."""
+    return ",".join(sorted(adapters))
+
+
+def adapters_of(field_value: str) -> frozenset[str]:
+    return frozenset(a for a in field_value.split(",") if a)
 
 
 @dataclass(frozen=True, slots=True)

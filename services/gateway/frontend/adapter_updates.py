@@ -1,19 +1,27 @@
 """Loading and unloading LoRA adapters at runtime, as vLLM's /v1/load_lora_adapter and
 /v1/unload_lora_adapter do, under vLLM's switch (VLLM_ALLOW_RUNTIME_LORA_UPDATING).
 
-A load asks every live prefill and decode node to load the adapter from the same path, the first
-one reading and fingerprinting its files (the gateway reads no file on its loop, and starts no
-thread), the others held to that fingerprint, and only then serves the name: a request never
-names an adapter a node lacks. A node that refuses it (not an adapter for this model, other files
-at that path) fails the load with its reason, and the nodes that took it drop it again. An unload
-stops serving the name first, then every node drops it; requests already running with it finish
-with it."""
+Placement: a load puts the adapter on one prefill node and one decode node, the least loaded
+of each role (fewest adapters among equals, so adapters spread over the nodes). Their index
+records then list it (shared/index/types.py NodeState.adapters), the load waits (bounded) until
+this gateway's membership sees that, and the router prefers those nodes for the adapter's
+requests (services/router/scoring.py, ADAPTER_WEIGHT). A request routed to a node without it
+(the holders busy, or gone) has the pipeline load it there first (``load_on``), so the adapter
+spreads with its traffic. Without an index no record says where it is, and it spreads the same
+way.
+
+The first node reads and fingerprints the files (the gateway reads no file on its loop, and
+starts no thread), the other is held to that fingerprint, and only then is the name served. A
+node that refuses it (not an adapter for this model, other files at that path) fails the load
+with its reason, and a node that took it drops it again. An unload stops serving the name first,
+then every node drops it; requests already running with it finish with it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import grpc
@@ -22,6 +30,7 @@ from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.served_adapters import ServedAdapters
 from services.models.lora.modules import LoraModule
+from shared.index.types import NodeState
 from shared.tracing import outgoing_metadata
 from shared.types import LoraRef
 
@@ -30,6 +39,10 @@ log = logging.getLogger("tessera.gateway")
 RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 CALL_TIMEOUT_S = 60.0  # a node reads the adapter's tensors before it answers
 ADAPTER_ROLES = ("prefill", "decode")
+# How long a load waits for this gateway's membership to list the adapter on the nodes that took
+# it (a node's record changes at once, a membership refresh reads it): tries x pause, bounded.
+RECORD_WAIT_TRIES = 40
+RECORD_WAIT_PAUSE_S = 0.05
 
 
 def runtime_updates_allowed(environ: Mapping[str, str] = os.environ) -> bool:
@@ -37,11 +50,24 @@ def runtime_updates_allowed(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 class AdapterUpdates:
-    def __init__(self, adapters: ServedAdapters, nodes: Callable[[str], list[str]], stub: Callable[[str], object]) -> None:
-        """``nodes(role)``: the live nodes' gRPC addresses; ``stub(address)``: a LoraAdapters stub."""
+    def __init__(
+        self,
+        adapters: ServedAdapters,
+        nodes: Callable[[str], list[str]],
+        stub: Callable[[str], object],
+        *,
+        placement: Callable[[str], str | None] = lambda role: None,
+        recorded: Callable[[list[str], str], Awaitable[bool]] | None = None,
+    ) -> None:
+        """``nodes(role)``: the live nodes' gRPC addresses; ``stub(address)``: a LoraAdapters
+        stub; ``placement(role)``: the node of the role a load goes to (None: the first live
+        one); ``recorded(addresses, fingerprint)``: wait until the membership lists the adapter
+        on those nodes, True once it does."""
         self.adapters = adapters
         self.nodes = nodes
         self.stub = stub
+        self.placement = placement
+        self.recorded = recorded
 
     async def load(self, name: str, path: str, *, inplace: bool = False) -> str:
         if not self.adapters.enabled:
@@ -53,7 +79,7 @@ class AdapterUpdates:
                 param="lora_name",
             )
         module = LoraModule(name, Path(path))
-        addresses = self._addresses()
+        addresses = self._placed()
         if not addresses:
             raise GatewayError(503, "no prefill or decode node is live to load the adapter on; retry")
         loaded: list[str] = []
@@ -71,6 +97,8 @@ class AdapterUpdates:
             loaded.append(address)
         if not loaded:
             raise GatewayError(503, "no prefill or decode node answered the load; retry")
+        if self.recorded is not None and not await self.recorded(loaded, fingerprint):
+            log.warning("LoRA adapter %r: the index does not list it on %s yet; routing finds it when it does", name, loaded)
         self.adapters.add(module, fingerprint)
         return f"Success: LoRA adapter '{name}' added successfully."
 
@@ -98,10 +126,34 @@ class AdapterUpdates:
     def for_pipeline(cls, adapters: ServedAdapters, pipeline) -> AdapterUpdates:
         """Over ``pipeline``'s membership and stubs (services/gateway/pipeline/pipeline.py)."""
 
-        def nodes(role: str) -> list[str]:
-            return [state.info.grpc_address for state in pipeline.membership.nodes(role)]
+        membership = pipeline.membership
 
-        return cls(adapters, nodes, lambda address: pipeline.stub("lora_adapters", address))
+        def nodes(role: str) -> list[str]:
+            return [state.info.grpc_address for state in membership.nodes(role)]
+
+        def placement(role: str) -> str | None:
+            def busy(state: NodeState) -> tuple:
+                address = state.info.grpc_address
+                return max(state.load, membership.num_in_flight(address)), len(state.adapters), address
+
+            chosen = min(membership.nodes(role), key=busy, default=None)
+            return None if chosen is None else chosen.info.grpc_address
+
+        async def recorded(addresses: list[str], fingerprint: str) -> bool:
+            if membership.index is None:  # static membership: no records to wait for
+                return True
+            for _ in range(RECORD_WAIT_TRIES):
+                await membership.refresh()
+                states = [membership.find(address) for address in addresses]
+                if all(state is None or fingerprint in state.adapters for state in states):
+                    return True
+                await asyncio.sleep(RECORD_WAIT_PAUSE_S)
+            return False
+
+        def stub(address: str) -> object:
+            return pipeline.stub("lora_adapters", address)
+
+        return cls(adapters, nodes, stub, placement=placement, recorded=recorded)
 
     async def unload(self, name: str) -> str:
         if self.adapters.remove(name) is None:
@@ -118,6 +170,11 @@ class AdapterUpdates:
 
     def _addresses(self) -> list[str]:
         return [address for role in ADAPTER_ROLES for address in self.nodes(role)]
+
+    def _placed(self) -> list[str]:
+        """The node of each role a load goes to (placement's, else the role's first live one)."""
+        chosen = [self.placement(role) or next(iter(self.nodes(role)), None) for role in ADAPTER_ROLES]
+        return [address for address in chosen if address is not None]
 
     @staticmethod
     def _call() -> dict:

@@ -47,6 +47,16 @@ def test_load_outweighs_a_small_cache_advantage_but_not_a_large_one():
     assert best_scored_choice(candidates, {"hot": int(4 * LOAD_WEIGHT)}) == "hot"
 
 
+def test_a_node_serving_the_requests_adapter_wins_until_it_is_pin_slack_busier():
+    lacking, serving = Candidate("lacking", 0, 0.0), Candidate("serving", 3, 0.0, has_adapter=True)
+    assert best_scored_choice([lacking, serving], {}) == "serving"
+    assert best_scored_choice([lacking, Candidate("serving", 5, 0.0, has_adapter=True)], {}) == "lacking"
+    decodes = (Candidate("d1", 0, 0.0), Candidate("d2", 2, 0.0, has_adapter=True))
+    assert CacheAwarePolicy().select(snapshot(decodes=decodes)).decode == "d2"
+    busy = (Candidate("d1", 0, 0.0), Candidate("d2", 5, 0.0, has_adapter=True))
+    assert CacheAwarePolicy().select(snapshot(decodes=busy)).decode == "d1"  # past the slack the adapter spreads
+
+
 def test_full_kv_pool_is_penalised():
     assert best_scored_choice(nodes(("full", 0, 1.0), ("roomy", 0, 0.0)), {"full": 64}) == "roomy"
 

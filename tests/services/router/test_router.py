@@ -163,6 +163,18 @@ def _cluster(*, can_encode: bool, encoder_heartbeat_load: float = 0.0) -> InProc
     return index
 
 
+def test_a_request_naming_an_adapter_routes_to_the_nodes_whose_records_say_they_serve_it():
+    index = _cluster(can_encode=False)
+    for node_id in ("prefill@p:2", "decode@d:2"):
+        epoch = index.live_nodes()[node_id].epoch
+        index.heartbeat(node_id, epoch, load=1.0, kv_usage=0.0, ttl_s=60, adapters=frozenset({"fp-a"}))
+    router = router_over(index)
+    route = asyncio.run(router.route(TOKENS, [IMAGE], lora_id="fp-a"))
+    assert (route.prefill, route.decode) == ("p:2", "d:2")
+    other = asyncio.run(router.route(TOKENS, [IMAGE], lora_id="fp-b"))  # no node serves it: by load, as the base model
+    assert (other.prefill, other.decode) == ("p:1", "d:1")
+
+
 def _queued(router: Router, num_calls: int) -> contextlib.ExitStack:
     """``num_calls`` of this gateway's calls in flight on every encoder."""
     stack = contextlib.ExitStack()

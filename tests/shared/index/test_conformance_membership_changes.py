@@ -73,3 +73,19 @@ def test_a_restarted_index_never_passes_for_the_old_one_s_continuation(index, re
         again.register_node(node(f"n{i % 3}"), ttl_s=30)
     assert version(again) > known
     assert again.membership_changes(known) is None
+
+
+def test_a_heartbeat_carries_the_adapters_a_node_serves_and_a_change_of_them_is_a_membership_change(index):
+    epoch = index.register_node(node("lora"), ttl_s=30)
+    assert index.live_nodes()["lora"].adapters == frozenset()
+    since = version(index)
+    assert index.heartbeat("lora", epoch, load=1.0, kv_usage=0.0, ttl_s=30, adapters=frozenset({"fa", "fb"}))
+    changes = index.membership_changes(since)
+    assert changes is not None and changes.nodes["lora"].adapters == {"fa", "fb"}
+    since = version(index)
+    assert index.heartbeat("lora", epoch, load=2.0, kv_usage=0.0, ttl_s=30, adapters=frozenset({"fb", "fa"}))
+    assert version(index) == since  # the same adapters: a plain heartbeat, no membership move
+    assert index.heartbeat("lora", epoch, load=2.0, kv_usage=0.0, ttl_s=30)  # all unloaded
+    changes = index.membership_changes(since)
+    assert changes is not None and changes.nodes["lora"].adapters == frozenset()
+    assert index.live_nodes()["lora"].adapters == frozenset()

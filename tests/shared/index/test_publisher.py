@@ -214,3 +214,19 @@ def test_an_index_stalled_past_its_timeout_costs_a_failure_but_not_the_epoch():
         process.send_signal(signal.SIGCONT)
         process.terminate()
         process.wait(timeout=5)
+
+
+def test_a_change_of_the_adapters_a_node_serves_reaches_its_record_at_once_not_a_heartbeat_later():
+    index = InProcessIndex(namespace="pub")
+    served = {"fa"}
+    publisher = IndexPublisher(index, NodeInfo("pf", "prefill", "a:1"), ttl_s=60, adapters_fn=lambda: frozenset(served))
+    publisher.start()
+    try:
+        assert _wait_for(lambda: index.live_nodes()["pf"].adapters == {"fa"}, timeout_s=2)  # the first heartbeat brings them
+        served.add("fb")
+        time.sleep(0.5)
+        assert index.live_nodes()["pf"].adapters == {"fa"}  # the next heartbeat is ttl/3 = 20 s away
+        publisher.record_changed()
+        assert _wait_for(lambda: index.live_nodes()["pf"].adapters == {"fa", "fb"}, timeout_s=2)
+    finally:
+        publisher.stop()

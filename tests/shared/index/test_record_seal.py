@@ -34,6 +34,14 @@ def test_a_record_sealed_with_the_cluster_key_is_admitted():
     assert sealer.rejection(sealed_state(sealer)) is None
 
 
+def test_a_record_cannot_claim_adapters_its_writer_did_not_seal():
+    sealer = RecordSealer(KEY, "tiny@abc", clock=FakeClock())
+    state = NodeState(node(), 3, 1.0, 0.5, adapters=frozenset({"fa"}))
+    state = dataclasses.replace(state, seal=sealer.seal(state, ttl_s=TTL_S))
+    assert sealer.rejection(state) is None
+    assert sealer.rejection(dataclasses.replace(state, adapters=frozenset({"fa", "fb"}))) == "bad_seal"
+
+
 def test_unsealed_and_tampered_records_are_rejected():
     sealer = RecordSealer(KEY, "tiny@abc", clock=FakeClock())
     state = sealed_state(sealer)
