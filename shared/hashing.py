@@ -128,6 +128,14 @@ def mm_hash_of_part(image: MmHash, index: int) -> MmHash:
     return MmHash(digest_hex({"image": image, "part": index}))
 
 
+def mm_hash_for_adapter(mm_hash: MmHash, fingerprint: str) -> MmHash:
+    """mm_hash of an image (or part, or video group) as encoded with a LoRA adapter that changes
+    the vision tower or projector (LoraRef.tower): its embeddings differ from the base model's,
+    so every cache and index entry of them is keyed apart, by the adapter's fingerprint. An
+    adapter that leaves the tower alone keeps the plain mm_hash and shares the embeddings."""
+    return MmHash(digest_hex({"image": mm_hash, "lora": fingerprint}))
+
+
 # ---------------------------------------------------------------------------------------------
 # Block hashes (prefix KV cache)
 #

@@ -47,3 +47,7 @@ class LoraRef:
 
     name: str
     fingerprint: str
+    # It changes the vision tower or projector: the request's image embeddings are its own, under
+    # mm_hashes derived with the fingerprint (shared/hashing.py, mm_hash_for_adapter). An adapter
+    # that leaves the tower alone shares the base model's embeddings.
+    tower: bool = False

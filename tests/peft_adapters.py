@@ -10,6 +10,12 @@ import torch
 # The text decoder's projections in every built-in family (a Qwen3.5 linear-attention layer's own
 # projections are not among them, as PEFT's default targets leave them too).
 LANGUAGE_TARGETS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# The same, plus the vision tower's linear layers (attention and MLP) in every built-in family:
+# Qwen-VL's blocks and merger, Gemma3's SigLIP encoder.
+TOWER_TARGETS = (
+    LANGUAGE_TARGETS
+    + r"|.*(visual|vision_tower).*\.(qkv|attn\.proj|q_proj|k_proj|v_proj|out_proj|fc1|fc2|linear_fc1|linear_fc2|mlp\.0|mlp\.2)"
+)
 
 
 def make_adapter(model_dir: Path, out: Path, *, seed: int, rank: int = 8, alpha: int = 16, targets: str = LANGUAGE_TARGETS) -> Path:

@@ -58,8 +58,10 @@ class LLM:
     def load_lora(self, name: str, path: str | Path) -> LoraAdapter:
         """A PEFT adapter directory read for this model (services/models/lora/adapter.py)."""
         adapter = read_adapter(name, Path(path), self.model.family.weight_group, max_rank=self.engine.config.max_lora_rank)
-        if self.engine.runner.text_loras is not None:
-            self.engine.runner.text_loras.check(adapter)
+        runner = self.engine.runner
+        for bank in (runner.text_loras, runner.tower_loras):
+            if bank is not None:
+                bank.check(adapter)
         return adapter
 
     def generate(
@@ -78,7 +80,8 @@ class LLM:
         order = []
         for prompt, p, adapter in zip(prompts, params, adapters):
             request_id = f"req-{next(self._ids)}"
-            self.engine.add_request(request_id, self.preprocessor.preprocess(prompt), p, cache_salt=cache_salt, lora=adapter)
+            prepared = self.preprocessor.preprocess(prompt, lora=adapter.ref if adapter is not None else None)
+            self.engine.add_request(request_id, prepared, p, cache_salt=cache_salt, lora=adapter)
             order.append(request_id)
         finals = {}
         for output in self.engine.run_to_completion():

@@ -26,7 +26,9 @@ from services.engine.request import Request
 from services.engine.scheduler import SchedulerOutput
 from services.models.checkpoint import COMPUTE_DTYPE, load_weights
 from services.models.family import VisionEncoder
+from services.models.lora.adapter import LoraAdapter
 from services.models.lora.bank import LoraBank, SlotRows
+from services.models.lora.tower import TowerLoras
 from services.models.registry import ModelRef
 from shared.types import MmHash
 
@@ -56,8 +58,11 @@ class ModelRunner:
             self.text_loras.attach(self.decoder.layers, prefix="layers")
         # A node that receives embeddings from an encoder node loads no vision tower.
         self.vision: VisionEncoder | None = None
+        self.tower_loras: TowerLoras | None = None  # adapters on the tower and projector, one per pass
         if load_vision:
             self.vision = self.family.build_vision(self.checkpoint, vision_weights, self.dtype, self.device, prepack=config.prepack_vision)
+            if config.enable_lora:
+                self.tower_loras = TowerLoras(self.vision.module, config.max_loras, config.max_lora_rank, self.device)
         text = self.checkpoint.shape
         windows = {layer: text.layer_windows[layer] if config.sliding_window_kv else None for layer in text.kv_layers}
         self.layout = KVLayout.of_layers(windows)
@@ -185,8 +190,12 @@ class ModelRunner:
         return [[(f.placeholder.offset, f.placeholder.end) for f in item.request.mm_features] for item in step.scheduled]
 
     def _run_encoder(self, step: SchedulerOutput) -> None:
-        pending: dict[MmHash, tuple[torch.Tensor, tuple[int, int, int]]] = {}
+        """Encode the step's newly scheduled images: one tower pass per LoRA adapter that changes
+        the tower (its images carry mm_hashes of their own), one for all the others."""
+        passes: dict[str | None, tuple[LoraAdapter | None, dict[MmHash, tuple[torch.Tensor, tuple[int, int, int]]]]] = {}
         for item in step.scheduled:
+            adapter = item.request.lora if item.request.lora is not None and item.request.lora.touches_tower else None
+            pending = passes.setdefault(adapter and adapter.fingerprint, (adapter, {}))[1]
             for index in item.encoder_inputs:
                 feature = item.request.mm_features[index]
                 if feature.mm_hash in self.encoder_outputs or feature.mm_hash in pending:
@@ -194,13 +203,15 @@ class ModelRunner:
                 if feature.pixel_values is None:
                     raise RuntimeError(f"image {feature.mm_hash} must be encoded but its pixels were not sent")
                 pending[feature.mm_hash] = (feature.pixel_values, feature.grid_thw)
-        if not pending:
-            return
-        if self.vision is None:
-            raise RuntimeError("this node has no vision tower; embeddings must be imported before scheduling")
-        outputs = self.vision.encode([p for p, _ in pending.values()], [g for _, g in pending.values()])
-        for mm_hash, embeds in zip(pending, outputs):
-            self.encoder_outputs[mm_hash] = embeds
+        for adapter, pending in passes.values():
+            if not pending:
+                continue
+            if self.vision is None:
+                raise RuntimeError("this node has no vision tower; embeddings must be imported before scheduling")
+            with self.tower_loras.running(adapter) if self.tower_loras is not None else contextlib.nullcontext():
+                outputs = self.vision.encode([p for p, _ in pending.values()], [g for _, g in pending.values()])
+            for mm_hash, embeds in zip(pending, outputs):
+                self.encoder_outputs[mm_hash] = embeds
 
 
 def _positions_tensor(pieces: list[torch.Tensor | range]) -> torch.Tensor:

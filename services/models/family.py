@@ -157,6 +157,9 @@ class ImageProcessor(Protocol):
 class VisionEncoder(Protocol):
     num_items_encoded: int
     seconds_encoding: float  # wall time of its encode calls
+    # The module tree its weights load into, named as weight_group's "vision" names: where a LoRA
+    # adapter's tower and projector updates attach (services/models/lora/tower.py).
+    module: Any
 
     def encode(self, pixel_values: list[torch.Tensor], grids_thw: list[tuple[int, int, int]]) -> list[torch.Tensor]:
         """One (num_tokens, text_hidden) embedding tensor per image part, in order."""

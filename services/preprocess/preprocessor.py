@@ -34,6 +34,7 @@ from services.models.hf_config import chat_template
 from services.models.media_cost import MediaCosts
 from services.models.registry import ModelRef
 from services.models.tokenizer import load_tokenizer
+from services.preprocess.adapter_items import AdaptedItems
 from services.preprocess.config import PreprocessConfig
 from services.preprocess.errors import InvalidRequestError, InvalidVideoDataError, PlaceholderMismatchError, PromptTooLongError
 from services.preprocess.image_decode import decode_image
@@ -48,7 +49,7 @@ from shared.cache_gauges import CacheGauges, cache_gauges
 from shared.hashing import mm_hash_of_part
 from shared.index.uuid_bindings import InProcessBindings, UuidBindings
 from shared.node_metrics import Counter, Gauge, counter, gauge
-from shared.types import GroupPlacement, MmHash, PlaceholderRange
+from shared.types import GroupPlacement, LoraRef, MmHash, PlaceholderRange
 
 # The images (by mm_hash) that some live encoder holds -> their patch grids (t, h, w).
 IndexedGrids = Callable[[list[MmHash]], Mapping[MmHash, tuple[int, int, int]]]
@@ -135,6 +136,7 @@ class Preprocessor:
         # A part's mm_hash -> (its image's mm_hash, part index): the processor cache holds whole
         # images, so a push of one Pan-and-Scan crop finds its pixels through its image.
         self._part_to_image: BoundedMemo[MmHash, tuple[MmHash, int]] = BoundedMemo(self.config.file_hash_memo_entries)
+        self.adapted = AdaptedItems(self.config.file_hash_memo_entries)  # items under a LoRA adapter on the tower
         self.metrics = self._metrics()
 
     def _metrics(self) -> PreprocessorMetrics:
@@ -158,10 +160,13 @@ class Preprocessor:
         indexed_grids: IndexedGrids | None = None,
         fetched: Mapping[str, bytes] | None = None,
         decoded: Mapping[MmHash, DecodedClip] | None = None,
+        lora: LoraRef | None = None,
     ) -> PreprocessedRequest:
         """``fetched``: encoded bytes of remote media already fetched (by URL), so the caller can
         fetch them outside any lock this call runs under; ``decoded``: clips a node's decode pool
-        has decoded (by clip identity), the rest are decoded here."""
+        has decoded (by clip identity), the rest are decoded here. ``lora``: the request's
+        adapter; one that changes the tower gives every item an mm_hash of its own
+        (adapter_items.py)."""
         fetched = fetched or {}
         parsed = check_prompt(prompt, max_images=self.config.max_images_per_request, max_videos=self.config.max_videos_per_request)
         pipeline = self.videos if parsed.videos else None  # a family without video says so before anything runs
@@ -202,6 +207,7 @@ class Preprocessor:
         items = [MmItem(mm_hash, placeholder, part, hit, placement) for (mm_hash, part, hit, placement), placeholder in placed]
         ranges, grids = [item.placeholder for item in items], [item.image.grid_thw for item in items]
         positions, delta = self.family.positions(self.model_config, len(expanded), ranges, grids, [item.placement for item in items])
+        items = self.adapted.apply(items, lora)
         return PreprocessedRequest(prompt_token_ids=expanded, mm_items=items, mrope_positions=positions, mrope_delta=delta)
 
     def media_costs(self) -> MediaCosts:
@@ -224,7 +230,9 @@ class Preprocessor:
 
     def pixels_of(self, mm_hash: MmHash) -> ProcessedImage | None:
         """The processed pixels of an image or of one part of it (a Pan-and-Scan crop), while the
-        processor cache holds them; None once evicted or when this node never processed them."""
+        processor cache holds them; None once evicted or when this node never processed them.
+        An item's mm_hash under a tower adapter has the pixels of its plain one."""
+        mm_hash = self.adapted.plain(mm_hash)
         owner = self._part_to_image.get(mm_hash)
         if owner is None:  # a whole image (one lookup each way, so the cache's hit counts stay true)
             return self.processor_cache.get(mm_hash)

@@ -23,7 +23,7 @@ def item_from_pb(item: pb.MmItem) -> tuple[MmHash, PlaceholderRange, tuple[int, 
 
 
 def lora_to_pb(lora: LoraRef | None) -> pb.LoraRef | None:
-    return None if lora is None else pb.LoraRef(name=lora.name, fingerprint=lora.fingerprint)
+    return None if lora is None else pb.LoraRef(name=lora.name, fingerprint=lora.fingerprint, tower=lora.tower)
 
 
 def lora_from_pb(message, field: str = "lora") -> LoraRef | None:
@@ -31,7 +31,7 @@ def lora_from_pb(message, field: str = "lora") -> LoraRef | None:
     if not message.HasField(field):
         return None
     lora = getattr(message, field)
-    return LoraRef(lora.name, lora.fingerprint)
+    return LoraRef(lora.name, lora.fingerprint, lora.tower)
 
 
 def call_deadline_s(context) -> float | None:

@@ -12,8 +12,10 @@ temporal group of a clip is encoded once across the hosts, and the
 nodes' counters show embeddings and KV pages crossing hosts (round-robin placement puts the turns
 of one conversation on both prefill nodes). For Qwen2-VL's tiny also: a second gateway that has
 prefill nodes encode images themselves (pixels pushed to a prefill node's advertised address),
-and a decode node SIGKILLed under 20 streams, whose streams migrate with none
-failing.
+a decode node SIGKILLed under 20 streams, whose streams migrate with none
+failing, and a LoRA adapter loaded at runtime through a cache-aware gateway onto one prefill host
+and one decode host, whose records then list it: its requests go there and equal transformers
+with the adapter merged.
 
 Skipped, with the reason, where namespaces cannot be made (not root). Traffic goes only to the
 addresses of the namespaces made here; they are removed after.
@@ -30,6 +32,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from services.gateway.frontend.adapter_updates import RUNTIME_UPDATES_ENV
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_stats import read_stats
 from tests.deploy.compose_local import ComposeDeployment
@@ -37,6 +40,7 @@ from tests.deploy.compose_spec import COMPOSE_FILE
 from tests.deploy.netns_hosts import HostNetwork, namespaces_unavailable
 from tests.factories import Video, chat_case, conversation, encode_image, make_clip, make_image
 from tests.oracle import ReferenceOracle
+from tests.peft_adapters import make_adapter, merged_model
 from tests.services.stack.stack_probes import Streams
 from tests.video_oracle import oracle_case_tokens, oracle_video
 
@@ -100,7 +104,7 @@ def deployment(request, tmp_path_factory):
             volumes={"tessera-home": home},
             network=network,
             model=request.param,
-            service_env={"gateway": {"TESSERA_SERVE_ROUTING_POLICY": "round_robin"}},
+            service_env=_service_env(request.param),
             startup_timeout_s=420,
         )
         try:
@@ -108,6 +112,16 @@ def deployment(request, tmp_path_factory):
             yield Deployment(compose, network, request.param, ReferenceOracle(model.path))
         finally:
             compose.down(timeout_s=20)
+
+
+def _service_env(model: str) -> dict[str, dict[str, str]]:
+    """Round robin on the gateway (each test's turns cross hosts); for tiny, LoRA on the roles
+    that run adapters and runtime loads on the gateway (the LoRA test)."""
+    env = {"gateway": {"TESSERA_SERVE_ROUTING_POLICY": "round_robin"}}
+    if model == "tiny":
+        lora = {"TESSERA_ENGINE_ENABLE_LORA": "1"}
+        env = {"gateway": {**env["gateway"], **lora, RUNTIME_UPDATES_ENV: "True"}, "prefill": lora, "decode": lora}
+    return env
 
 
 def _png(seed: int, w: int = 96, h: int = 80) -> bytes:
@@ -205,3 +219,38 @@ def test_a_decode_host_killed_under_20_streams_fails_none(deployment):
     assert not errors, (errors, deployment.logs())
     assert texts == expected
     assert deployment.counter("gateway_migrations_total") > migrations
+
+
+def _adapters_served(deployment: Deployment, role: str) -> list[float]:
+    return [read_stats(role, r.grpc_address, deployment.auth).gauges["lora_adapters_served"] for r in deployment.compose.replicas(role)]
+
+
+def test_an_adapter_loaded_at_runtime_is_served_across_hosts_by_the_hosts_holding_it(deployment, tmp_path):
+    if deployment.model != "tiny":
+        pytest.skip("one family shows LoRA placement across hosts")
+    model_dir = deployment.oracle.model_dir
+    adapter = make_adapter(model_dir, tmp_path / "c", seed=13)
+    oracle = ReferenceOracle(model_dir, load_model=False)
+    oracle.model = merged_model(model_dir, adapter)
+    extra = deployment.compose.add_replica("gateway", {"TESSERA_SERVE_ROUTING_POLICY": "cache_aware"})
+    gateway = f"http://{extra.grpc_address.rpartition(':')[0]}:8000"
+    loaded = httpx.post(gateway + "/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": str(adapter)}, timeout=120)
+    assert loaded.status_code == 200, loaded.text
+    holders = []
+    for role in ("prefill", "decode"):
+        served = _adapters_served(deployment, role)
+        assert sorted(served) == [0, 1], (role, served)  # one host of each role took it
+        holders.append(deployment.compose.replicas(role)[served.index(1)].grpc_address)
+    client = deployment.client(gateway + "/v1")
+    for seed in (60, 61):
+        case = chat_case(INTRO, _png(seed), "What is here?")
+        inputs = oracle.process(oracle.chat_text(case.oracle_messages), case.images)
+        expected = oracle.tokenizer.decode(oracle.generate(inputs, MAX_TOKENS).token_ids, skip_special_tokens=True)
+        reply = client.chat.completions.create(model="c", messages=case.body["messages"], **GREEDY)
+        assert reply.choices[0].message.content == expected, seed
+    # Routed to the holders by their records: any other host would have been given the adapter first.
+    for role in ("prefill", "decode"):
+        served = _adapters_served(deployment, role)
+        assert sorted(served) == [0, 1], (role, served)
+    unloaded = httpx.post(gateway + "/v1/unload_lora_adapter", json={"lora_name": "c"}, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text

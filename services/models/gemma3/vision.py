@@ -52,6 +52,7 @@ def build_vision(
 class VisionEncoder:
     def __init__(self, model: Gemma3Vision) -> None:
         self.model = model
+        self.module = model  # weight_group's names: vision_tower.*, multi_modal_projector.*
         self.num_items_encoded = 0
         self.seconds_encoding = 0.0  # the tower's own time, as the family's Protocol counts it
 

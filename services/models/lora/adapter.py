@@ -9,10 +9,13 @@ model ("base_model.model.<module>.lora_A.weight"); the family's own weight-name 
 that loads the checkpoint) turns "<module>.weight" into our module's name, so an adapter reaches
 exactly the layers the same checkpoint tensor would. B is stored scaled by s.
 
+Modules the family maps to its vision side (the tower and the projector) go to ``vision``; an
+adapter with any of them ``touches_tower``, and its image embeddings are keyed apart
+(LoraRef.tower).
+
 What we refuse, with the reason (a wrong adapter must never serve silently): DoRA, trained biases,
 ``modules_to_save`` (whole replaced layers), embedding or LM-head targets, ranks above
-``max_rank``, tensors that name no layer of the model, and, for now, adapters that change the
-vision tower or projector (their image embeddings would need keys of their own).
+``max_rank``, and tensors that name no layer of the model.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from safetensors import safe_open
 
 from services.models.checkpoint import WeightGroup
 from services.models.lora.files import CONFIG_FILE, WEIGHTS_FILE, LoraAdapterError, adapter_fingerprint
+from shared.types import LoraRef
 
 _PEFT_PREFIX = "base_model.model."
 _TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
@@ -56,6 +60,11 @@ class LoraAdapter:
     def touches_tower(self) -> bool:
         """Whether it changes the vision tower's output (then image embeddings are its own)."""
         return bool(self.vision)
+
+    @property
+    def ref(self) -> LoraRef:
+        """How a request names it: name, fingerprint, and whether its embeddings are its own."""
+        return LoraRef(self.name, self.fingerprint, self.touches_tower)
 
     @property
     def num_bytes(self) -> int:
@@ -97,11 +106,6 @@ def read_adapter(name: str, path: Path, weight_group: WeightGroup, *, max_rank: 
         groups[group][ours.removesuffix(".weight")] = LoraWeights(a.contiguous(), (b * scaling).contiguous())
     if not groups["text"] and not groups["vision"]:
         raise LoraAdapterError(f"LoRA adapter {name!r}: {WEIGHTS_FILE} holds no LoRA weights")
-    if groups["vision"]:  # refused rather than served without its tower part
-        tower = sorted(groups["vision"])[:3]
-        raise LoraAdapterError(
-            f"LoRA adapter {name!r} changes the vision tower ({', '.join(tower)}, ...); adapters on the tower are not served yet"
-        )
     rank = max(w.rank for group in groups.values() for w in group.values())
     return LoraAdapter(name, path, adapter_fingerprint(path), rank, groups["text"], groups["vision"])
 

@@ -133,6 +133,16 @@ class LoraBank:
         finally:
             self._mask, self._whole, self.active = None, None, False
 
+    @contextlib.contextmanager
+    def whole(self, slot: int) -> Iterator[None]:
+        """Within the block, every row of every wrapped layer gets slot ``slot``'s update, whatever
+        the inputs' shapes (a vision tower's pass, one adapter for all its images)."""
+        self._whole, self.active = slot, bool(self._slot_layers[slot])
+        try:
+            yield
+        finally:
+            self._whole, self.active = None, False
+
     def update(self, name: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """``y`` (the base layer's output for ``x``, rows first) plus each row's slot's update."""
         stacked = self._stacked.get(name)

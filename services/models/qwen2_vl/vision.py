@@ -49,6 +49,7 @@ class VisionEncoder:
 
     def __init__(self, tower, spatial_merge_size: int) -> None:
         self.tower = tower
+        self.module = tower  # weight_group names its weights from the tower down
         self.merge_area = spatial_merge_size**2
         self.num_items_encoded = 0
         self.seconds_encoding = 0.0
