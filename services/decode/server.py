@@ -11,7 +11,7 @@ from services.decode.job import DecodeFailedError, DecodeJob
 from services.decode.node import DecodeNode, KVTransferTimeoutError
 from services.engine.connector import KVPagesExhaustedError
 from services.engine.engine import RequestRejectedError
-from services.engine.engine_node import MissingAdapterError
+from services.engine.lora.node_adapters import MissingAdapterError
 from services.engine.output_processor import RequestOutput
 from services.engine.remote_request import PromptItem
 from services.engine.sampling_wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, token_texts

@@ -44,6 +44,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         prepack=engine_config.prepack_vision,
         liveness=liveness,
         channel_auth=channel_auth,
+        lora=engine_config,
     )
 
     def load() -> tuple[float, float]:
@@ -53,6 +54,8 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
 
     config = node.cluster_config()
     node.publisher = node_publisher("encoder", settings, model.model_id, addresses, node.data_address, load, liveness, config=config)
+    if node.publisher is not None:
+        node.publisher.adapters_fn = node.adapters.fingerprints
     lifecycle = node_lifecycle(
         "encoder", settings, node.publisher, liveness, close=node.close, load_fn=load, metrics=node.metrics, admission=admission
     )

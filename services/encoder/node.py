@@ -8,13 +8,17 @@ passes over every new image of the batch (one pass while they fit MAX_PASS_ROWS 
 a long clip's groups split over several) -> cache -> ship each call's embeddings to its target.
 Batches run one at a time, so the cache the loop reads is the one the compute thread leaves.
 Items with neither embeddings nor pixels are reported missing; the caller resends pixels and
-retries. The cache is an EncoderCacheManager whose entries are never referenced between calls, so
-eviction is LRU over whole items within a row budget.
+retries. The cache is an EncoderCacheManager whose entries are never referenced between calls,
+so eviction is LRU over whole items within a row budget. Items of a LoRA adapter that changes
+the tower (their mm_hashes are its own) run in passes of their own, with its tower updates
+(services/models/lora/tower.py); the node serves the adapters of --lora-modules and runtime
+loads (services/engine/lora/node_adapters.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from concurrent.futures import Future
@@ -24,9 +28,15 @@ import torch
 
 from services.encoder.batching import BatchMetrics
 from services.encoder.calibration import measure_seconds_per_token
+from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
+from services.engine.lora.node_adapters import NodeAdapters
+from services.engine.lora.registry import LoraRegistry
 from services.models.checkpoint import COMPUTE_DTYPE, dtype_name, load_weights
 from services.models.family import VisionEncoder
+from services.models.lora.adapter import LoraAdapter
+from services.models.lora.modules import parse_lora_modules
+from services.models.lora.tower import TowerLoras
 from services.models.registry import ModelRef
 from services.transport.addresses import AdvertisedAddress
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
@@ -37,7 +47,7 @@ from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
 from shared.liveness import Liveness
 from shared.node_metrics import Counter, Gauge, counter, gauge
-from shared.types import MmHash
+from shared.types import LoraRef, MmHash
 
 log = logging.getLogger("tessera.encoder")
 
@@ -52,6 +62,7 @@ class EncodeItem:
     mm_hash: MmHash
     num_embeds: int
     grid_thw: tuple[int, int, int]
+    adapter: LoraAdapter | None = None  # a LoRA adapter on the tower (its items' mm_hashes are its own)
 
 
 @dataclass(slots=True)
@@ -84,6 +95,8 @@ class EncoderMetrics:
     cache: CacheGauges = cache_gauges("encoder", "rows")
     cache_rows: Gauge = gauge("encoder_cache_rows", "Embedding rows cached (encoder_cache_used_rows)")
     num_embedding_bytes_sent: Counter = counter("encoder_embedding_bytes_sent_total", "Bytes of embeddings sent to prefill nodes")
+    lora_adapters: Gauge = gauge("lora_adapters_served", "LoRA adapters this node serves (--lora-modules and runtime loads)")
+    lora_bytes: Gauge = gauge("lora_adapter_bytes", "Bytes of the LoRA adapters' weights this node holds in memory")
     tower_seconds_per_token: Gauge = gauge(
         "encoder_tower_seconds_per_token",
         "The vision tower's seconds per embedding row, measured after start-up; 0 until then",
@@ -109,9 +122,21 @@ class EncoderNode:
         liveness: Liveness | None = None,
         channel_auth: ChannelAuth = OPEN_CHANNEL,
         calibrate: bool = True,
+        lora: EngineConfig | None = None,
     ) -> None:
+        """``lora``: the LoRA settings (--enable-lora, --lora-modules, --max-loras, ...)."""
         self.compute = ComputeThread("encoder-compute", liveness=liveness)  # builds the tower and runs every encode
         self.vision = self.compute.run(_build_vision, model, device, prepack)
+        self.tower_loras: TowerLoras | None = None
+        registry = None
+        if lora is not None and lora.enable_lora:
+            self.tower_loras = self.compute.run(TowerLoras, self.vision.module, lora.max_loras, lora.max_lora_rank, torch.device(device))
+            modules = parse_lora_modules(lora.lora_modules)
+            max_loaded = lora.max_cpu_loras or lora.max_loras
+            registry = LoraRegistry(
+                model.weight_group, max_rank=lora.max_lora_rank, max_loaded=max_loaded, modules=modules, check=self.tower_loras.check
+            )
+        self.adapters = NodeAdapters(registry, on_change=self._adapters_changed)
         # The tower's rate is measured on the compute thread after start-up, not before serving:
         # it runs ahead of the first encode, which it warms up, and reads 0 (unknown to the
         # gateway's media budget) until then.
@@ -132,6 +157,19 @@ class EncoderNode:
         self.max_pass_rows = max_pass_rows
         self.metrics = self._metrics()
 
+    async def adapter_for(self, lora: LoraRef | None) -> LoraAdapter | None:
+        return await self.adapters.resolve(lora)
+
+    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> LoraAdapter:
+        return await self.adapters.load(name, path, fingerprint)
+
+    async def unload_lora(self, name: str) -> bool:
+        return await self.adapters.unload(name)
+
+    def _adapters_changed(self) -> None:
+        if self.publisher is not None:
+            self.publisher.record_changed()
+
     def _calibrate(self, model: ModelRef) -> None:
         try:
             self.seconds_per_token = measure_seconds_per_token(model, self.vision)
@@ -147,6 +185,9 @@ class EncoderNode:
         metrics.cache_rows.read_from(lambda: cache.cache_size - cache.num_free_slots)
         metrics.num_embedding_bytes_sent.read_from(lambda: self.sender.num_bytes_sent)
         metrics.tower_seconds_per_token.read_from(lambda: self.seconds_per_token)
+        registry = self.adapters.registry
+        metrics.lora_adapters.read_from(lambda: len(registry.names()) if registry is not None else 0)
+        metrics.lora_bytes.read_from(lambda: registry.loaded_bytes() if registry is not None else 0)
         return metrics
 
     @property
@@ -242,9 +283,11 @@ class EncoderNode:
         pass of its own): a long clip's groups, or a large batch, never in one pass whose
         activations grow with the whole call."""
         encoded: dict[MmHash, torch.Tensor] = {}
-        for run in _passes(mm_hashes, lambda h: to_encode[h][0].num_embeds, self.max_pass_rows):
+        for run in _passes(mm_hashes, lambda h: to_encode[h][0], self.max_pass_rows):
             started = time.perf_counter()
-            outputs = self.vision.encode([to_encode[h][1] for h in run], [to_encode[h][0].grid_thw for h in run])
+            adapter = to_encode[run[0]][0].adapter
+            with self.tower_loras.running(adapter) if self.tower_loras is not None else contextlib.nullcontext():
+                outputs = self.vision.encode([to_encode[h][1] for h in run], [to_encode[h][0].grid_thw for h in run])
             self.tower_seconds += time.perf_counter() - started
             self.num_items_encoded += len(run)
             self.num_batches += 1
@@ -272,16 +315,24 @@ class EncoderNode:
         self.sender.close()
 
 
-def _passes(mm_hashes: list[MmHash], rows_of, max_rows: int) -> list[list[MmHash]]:
-    passes: list[list[MmHash]] = []
-    num_rows = 0
+def _passes(mm_hashes: list[MmHash], item_of, max_rows: int) -> list[list[MmHash]]:
+    """Tower passes of at most ``max_rows`` embedding rows, each of one LoRA adapter's items (or
+    of items without one): an adapter runs for a whole pass."""
+    by_adapter: dict[str | None, list[MmHash]] = {}
     for mm_hash in mm_hashes:
-        rows = rows_of(mm_hash)
-        if not passes or num_rows + rows > max_rows:
-            passes.append([])
-            num_rows = 0
-        passes[-1].append(mm_hash)
-        num_rows += rows
+        adapter = item_of(mm_hash).adapter
+        by_adapter.setdefault(adapter.fingerprint if adapter is not None else None, []).append(mm_hash)
+    passes: list[list[MmHash]] = []
+    for group in by_adapter.values():
+        passes.append([])
+        num_rows = 0
+        for mm_hash in group:
+            rows = item_of(mm_hash).num_embeds
+            if passes[-1] and num_rows + rows > max_rows:
+                passes.append([])
+                num_rows = 0
+            passes[-1].append(mm_hash)
+            num_rows += rows
     return passes
 
 

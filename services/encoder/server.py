@@ -1,4 +1,5 @@
-"""gRPC Encode service: converts at the edge and calls EncoderNode through an EncodeBatcher.
+"""gRPC Encode service: converts at the edge and calls EncoderNode through an EncodeBatcher; and
+the LoraAdapters service (runtime loads of adapters that change the tower).
 
 Concurrent calls are batched (services/encoder/batching.py): they line up here, before reaching
 the node, so a call that goes away while it waits (cancelled, or past its deadline) leaves the
@@ -14,8 +15,12 @@ import grpc
 from protos.gen import pb, rpc
 from services.encoder.batching import DEFAULT_MAX_BATCH_ROWS, DeadlinePassedError, EncodeBatcher
 from services.encoder.node import EncodeItem, EncoderNode
+from services.engine.engine import RequestRejectedError
+from services.engine.lora.node_adapters import MissingAdapterError
+from services.transport.convert import lora_from_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
+from services.transport.lora_service import add_lora_adapters
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_error import ErrorKind, NodeError, abort_with
 from services.transport.stats_wire import stats_response
@@ -30,7 +35,13 @@ class EncodeServicer(rpc.EncodeServicer):
         self.batcher = EncodeBatcher(node.encode_batch, max_batch_rows=max_batch_rows, metrics=node.metrics.batching)
 
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
-        items = [EncodeItem(MmHash(i.mm_hash), i.length, tuple(i.grid_thw)) for i in request.items]
+        try:
+            adapter = await self.node.adapter_for(lora_from_pb(request))
+        except MissingAdapterError as exc:  # the gateway loads it here and sends the request again
+            await abort_with(context, NodeError(ErrorKind.MISSING_ADAPTER, str(exc)))
+        except RequestRejectedError as exc:
+            await abort_with(context, NodeError(ErrorKind.INVALID_REQUEST, str(exc)))
+        items = [EncodeItem(MmHash(i.mm_hash), i.length, tuple(i.grid_thw), adapter) for i in request.items]
         async with self.admission.admitted(context):
             try:
                 # A call whose deadline passes while it waits is not encoded: gRPC cancels its
@@ -57,4 +68,5 @@ async def serve(
 ) -> None:
     server = new_server(auth)
     rpc.add_EncodeServicer_to_server(EncodeServicer(node, admission, max_batch_rows=max_batch_rows), server)
-    await serve_forever(server, address, ["tessera.v1.Encode"], lifecycle, auth)
+    loras = add_lora_adapters(server, node)
+    await serve_forever(server, address, ["tessera.v1.Encode", loras], lifecycle, auth)

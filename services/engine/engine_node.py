@@ -10,17 +10,16 @@ import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from services.engine import connector, kv_pages
 from services.engine.config import EngineConfig
-from services.engine.engine import Engine, RequestRejectedError
+from services.engine.engine import Engine
 from services.engine.engine_loop import EngineLoop
-from services.engine.lora.registry import LoraRegistry, LoraUnavailableError
+from services.engine.lora.node_adapters import NodeAdapters
+from services.engine.lora.registry import LoraRegistry
 from services.models.checkpoint import dtype_name
 from services.models.lora.adapter import LoraAdapter
-from services.models.lora.files import LoraAdapterError, adapter_directory, adapter_fingerprint
-from services.models.lora.modules import LoraModule, parse_lora_modules
+from services.models.lora.modules import parse_lora_modules
 from services.models.registry import ModelRef
 from services.transport.addresses import AdvertisedAddress
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
@@ -61,11 +60,6 @@ class EngineMetrics:
     )
 
 
-class MissingAdapterError(RequestRejectedError):
-    """This node lacks the request's LoRA adapter, or holds another copy of it: the gateway may
-    load it here and send the request again (ErrorKind.MISSING_ADAPTER)."""
-
-
 class EngineNode:
     def __init__(
         self,
@@ -93,14 +87,16 @@ class EngineNode:
         if config.enable_lora:
             modules = parse_lora_modules(config.lora_modules)
             max_loaded = config.max_cpu_loras or config.max_loras
-            bank = self.engine.runner.text_loras
+            banks = [bank for bank in (self.engine.runner.text_loras, self.engine.runner.tower_loras) if bank is not None]
+
+            def check(adapter: LoraAdapter) -> None:  # it fits the decoder's layers, and the tower's where this node has one
+                for bank in banks:
+                    bank.check(adapter)
+
             self.loras = LoraRegistry(
-                model.family.weight_group,
-                max_rank=config.max_lora_rank,
-                max_loaded=max_loaded,
-                modules=modules,
-                check=bank.check if bank is not None else None,
+                model.family.weight_group, max_rank=config.max_lora_rank, max_loaded=max_loaded, modules=modules, check=check
             )
+        self.adapters = NodeAdapters(self.loras, on_change=self._adapters_changed)
         family, checkpoint = model.family, self.engine.runner.checkpoint
         self.positions = functools.partial(family.positions, checkpoint)  # remote_request.PositionsFn
         self.pixels_match = functools.partial(family.pixels_match, checkpoint)  # local_pixels.PixelsMatchFn
@@ -109,46 +105,18 @@ class EngineNode:
         self.engine_metrics = self._engine_metrics()
 
     async def adapter_for(self, lora: LoraRef | None) -> LoraAdapter | None:
-        """The adapter a request names, as this node holds it; raises RequestRejectedError when
-        it serves no LoRA at all, MissingAdapterError when it lacks that one (another name, or
-        another fingerprint: a stale copy)."""
-        if lora is None:
-            return None
-        if self.loras is None:
-            raise RequestRejectedError(f"LoRA adapter {lora.name!r} asked for, but this node serves none (start it with --enable-lora)")
-        try:
-            return await asyncio.to_thread(self.loras.resolve, lora)  # it may read the adapter's files
-        except LoraUnavailableError as exc:
-            raise MissingAdapterError(str(exc)) from None
+        """The adapter a request names, as this node holds it (NodeAdapters.resolve)."""
+        return await self.adapters.resolve(lora)
 
-    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> str:
-        """Serve the adapter at ``path`` under ``name`` (a runtime load) and return its
-        fingerprint; raises LoraAdapterError when this node serves no LoRA, the adapter does not
-        fit this model, or its files are not the ones the caller fingerprinted (``fingerprint``;
-        None: the first node asked, whose answer the others are held to)."""
-        if self.loras is None:
-            raise LoraAdapterError(f"this node serves no LoRA adapters (start it with --enable-lora); cannot load {name!r}")
-        module = LoraModule(name, Path(path))
-        local = await asyncio.to_thread(adapter_directory, path)  # a Hub id is fetched: a thread's wait
-        found = await asyncio.to_thread(adapter_fingerprint, local)
-        if fingerprint is not None and found != fingerprint:
-            raise LoraAdapterError(f"LoRA adapter {name!r}: the files at {path} on this node differ from the caller's")
-        await asyncio.to_thread(self.loras.add, module)  # reading its tensors: a thread's wait, not the loop's
-        self._adapters_changed()
-        return found
+    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> LoraAdapter:
+        return await self.adapters.load(name, path, fingerprint)
 
     async def unload_lora(self, name: str) -> bool:
-        """Stop serving ``name`` to new requests; requests running with it finish with it (they
-        hold the adapter), and its slot goes to the next adapter that needs one."""
-        removed = self.loras is not None and self.loras.remove(name)
-        self._adapters_changed()
-        return removed
+        return await self.adapters.unload(name)
 
     def adapter_fingerprints(self) -> frozenset[str]:
-        """The fingerprints of the adapters this node serves: its index record's (routers prefer
-        a node holding a request's adapter)."""
-        loras = self.loras
-        return frozenset() if loras is None else frozenset(f for name in loras.names() if (f := loras.fingerprint(name)))
+        """The fingerprints of the adapters this node serves: its index record's."""
+        return self.adapters.fingerprints()
 
     def _adapters_changed(self) -> None:
         if self.publisher is not None:

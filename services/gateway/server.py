@@ -48,8 +48,15 @@ def main(settings: Settings, model: ModelRef, engine_config, preprocess_config) 
         max_model_len=engine_config.max_model_len,
         tool_parser=model.tool_call_parser,
         sampling_defaults=read_sampling_defaults(model.path, settings.generation_config),
-        adapters=ServedAdapters(parse_lora_modules(engine_config.lora_modules), enabled=True) if engine_config.enable_lora else None,
+        adapters=served_adapters(engine_config, model),
     )
+
+
+def served_adapters(engine_config, model: ModelRef) -> ServedAdapters | None:
+    """The LoRA adapters of --lora-modules (None without --enable-lora)."""
+    if not engine_config.enable_lora:
+        return None
+    return ServedAdapters(parse_lora_modules(engine_config.lora_modules), enabled=True, weight_group=model.weight_group)
 
 
 def served_names(settings: Settings, model: ModelRef) -> tuple[str, ...]:

@@ -176,9 +176,15 @@ class FamilyInfo:
     # (services/gateway/output/tool_calls.py), or None when the family has none.
     tool_call_parser: str | None
     module: str  # the module whose ``FAMILY`` is this family's ModelFamily
+    names_module: str  # a module with no torch whose ``weight_group`` is the family's (ModelFamily.weight_group)
 
     def load(self) -> ModelFamily:
         return importlib.import_module(self.module).FAMILY
+
+    def weight_group(self, name: str) -> tuple[str, str] | None:
+        """The family's weight-name mapping, without its tensor code (the gateway asks which
+        side of the model a LoRA adapter changes)."""
+        return importlib.import_module(self.names_module).weight_group(name)
 
 
 class ModelFamily(Protocol):

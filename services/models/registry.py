@@ -53,6 +53,10 @@ class ModelRef:
     def tool_call_parser(self) -> str | None:
         return MODEL_TYPE_TO_FAMILY[self.model_type].tool_call_parser
 
+    def weight_group(self, name: str) -> tuple[str, str] | None:
+        """The family's weight-name mapping, loading no torch (FamilyInfo.weight_group)."""
+        return MODEL_TYPE_TO_FAMILY[self.model_type].weight_group(name)
+
 
 class ModelNotFoundError(ValueError):
     pass

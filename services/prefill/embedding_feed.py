@@ -115,7 +115,7 @@ class EmbeddingFeed:
 
     async def _bring(self, window: Window) -> None:
         if window.lacking:
-            await self.embeddings.bring(self.job, window.lacking, self.upstream, self._on_full, self._local_pixels)
+            await self.embeddings.bring(self.job, window.lacking, self.upstream, self._on_full, self._local_pixels, self.request.lora)
 
     async def _local_pixels(self, items: list[PromptItem]) -> dict[MmHash, torch.Tensor]:
         self._pixels.update(await self.embeddings.take_local_pixels(self.job, items, self._pixels.keys()))

@@ -35,6 +35,8 @@ from services.engine.engine_loop import EngineLoop
 from services.engine.remote_request import PromptItem
 from services.engine.request import Request
 from services.models.family import VisionEncoder
+from services.models.lora.adapter import LoraAdapter
+from services.models.lora.tower import TowerLoras
 from services.prefill.embedding_index import EmbeddingIndex
 from services.prefill.embedding_window import Window, plan_window
 from services.prefill.job import PrefillJob, Upstream
@@ -101,8 +103,10 @@ class ResidentEmbeddings:
         pixels_match: PixelsMatchFn,
         *,
         wait_s: float,
+        tower_loras: TowerLoras | None = None,
     ) -> None:
         self.loop = loop
+        self.tower_loras = tower_loras  # LoRA adapters on the tower: a local encode runs the request's
         self.inbox = inbox
         self.index = index  # touched on the engine thread only
         self.vision = vision
@@ -114,16 +118,25 @@ class ResidentEmbeddings:
         if vision is not None:
             self.metrics.tower_seconds.read_from(lambda: vision.seconds_encoding)
 
-    async def bring(self, job: PrefillJob, lacking: Sequence[PromptItem], upstream: Upstream, on_full: OnFull, pixels: LocalPixels) -> None:
+    async def bring(
+        self,
+        job: PrefillJob,
+        lacking: Sequence[PromptItem],
+        upstream: Upstream,
+        on_full: OnFull,
+        pixels: LocalPixels,
+        adapter: LoraAdapter | None = None,
+    ) -> None:
         """Make ``lacking`` (items of ``job`` the cache lacked when planned, in prompt order)
         resident for its request: encoded here, shipped by their named holder, or pushed by the
         encoder. They are imported in prompt order (a run of items from one source at a time),
         so what the request holds is always a run it can compute through. An import that finds
         no room awaits ``on_full`` and retries. Raises on failure, leaving the references taken
-        so far for ``release``. ``pixels``: the job's local-encode pixels, taken once."""
+        so far for ``release``. ``pixels``: the job's local-encode pixels, taken once.
+        ``adapter``: the request's LoRA adapter, whose tower updates a local encode runs."""
         for source, run in _runs_by_source(job, lacking):
             if source is None:
-                await self._encode_here(job.request_id, run, await pixels(run), on_full)
+                await self._encode_here(job.request_id, run, await pixels(run), on_full, adapter)
             else:
                 await self._bring_remote(job, run, source, upstream, on_full)
 
@@ -132,7 +145,7 @@ class ResidentEmbeddings:
         from_encoder = items
         if source != (job.encoder_address or ""):
             try:
-                from_encoder = await self._fetch(rid, items, source, upstream, job.deadline_s, on_full)
+                from_encoder = await self._fetch(rid, items, source, upstream, job, on_full)
             except Exception as exc:  # a holder that cannot ship costs only the saving: the encoder encodes
                 log.info("holder %s did not ship %d image(s) (%s); asking the encoder", source, len(items), exc)
                 from_encoder = await asyncio.wrap_future(self._claim(rid, items))  # those it did ship are held
@@ -140,7 +153,7 @@ class ResidentEmbeddings:
             return
         if not job.encoder_address:
             raise RequestRejectedError("images need embeddings but no encoder_address was given")
-        missing = await self._fetch(rid, from_encoder, job.encoder_address, upstream, job.deadline_s, on_full)
+        missing = await self._fetch(rid, from_encoder, job.encoder_address, upstream, job, on_full)
         if missing:
             raise MissingPixelsError([i.mm_hash for i in missing], "encoder lacks pixels for some images")
 
@@ -194,7 +207,7 @@ class ResidentEmbeddings:
             self.inbox.discard(job.local_pixels_key_prefix + mm_hash)
 
     async def _fetch(
-        self, request_id: str, lacking: list[PromptItem], source: str, upstream: Upstream, deadline_s: float | None, on_full: OnFull
+        self, request_id: str, lacking: list[PromptItem], source: str, upstream: Upstream, job: PrefillJob, on_full: OnFull
     ) -> list[PromptItem]:
         """Import ``lacking`` from ``source`` (an encoder, or a prefill node shipping what it
         holds); returns those it could neither ship nor encode (no pixels there)."""
@@ -204,7 +217,8 @@ class ResidentEmbeddings:
             mine, others = self._begin(lacking)
             try:
                 if mine:
-                    missing = set(await upstream.encode(source, mine, self.inbox.address, deadline_s))
+                    tower = job.lora if job.lora is not None and job.lora.tower else None  # the encoder runs its adapter
+                    missing = set(await upstream.encode(source, mine, self.inbox.address, job.deadline_s, tower))
                     unavailable += [i for i in mine if i.mm_hash in missing]
                     await self._receive(request_id, [i for i in mine if i.mm_hash not in missing], source, on_full)
             finally:
@@ -279,20 +293,22 @@ class ResidentEmbeddings:
             raise LocalEncodeUnavailableError(NO_TOWER)
         return await take_pixels(self.inbox, key_prefix, items, lacking, wait_s=self.wait_s, pixels_match=self.pixels_match)
 
-    async def _encode_here(self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor], on_full: OnFull) -> None:
+    async def _encode_here(
+        self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor], on_full: OnFull, adapter: LoraAdapter | None
+    ) -> None:
         """Encode ``items`` with this node's tower and import them as if an encoder had sent them;
         an image another request is already encoding or fetching is awaited, and encoded here
         after all if that fails."""
         mine, others = self._begin(items)
         try:
-            await self._encode_and_import(request_id, mine, pixels, on_full)
+            await self._encode_and_import(request_id, mine, pixels, on_full, adapter)
         finally:
             self._end(mine)
         if others:
-            await self._encode_and_import(request_id, await self._await_others(request_id, others), pixels, on_full)
+            await self._encode_and_import(request_id, await self._await_others(request_id, others), pixels, on_full, adapter)
 
     async def _encode_and_import(
-        self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor], on_full: OnFull
+        self, request_id: str, items: list[PromptItem], pixels: dict[MmHash, torch.Tensor], on_full: OnFull, adapter: LoraAdapter | None
     ) -> None:
         if not items:
             return
@@ -300,9 +316,16 @@ class ResidentEmbeddings:
             raise LocalEncodeUnavailableError(NO_TOWER)
         vision = self.vision
         self.metrics.num_local_encodes.inc(len(items))
-        embeds = await self.tower.call(vision.encode, [pixels[i.mm_hash] for i in items], [i.grid_thw for i in items])
+        embeds = await self.tower.call(self._encode, vision, [pixels[i.mm_hash] for i in items], [i.grid_thw for i in items], adapter)
         for item, rows in zip(items, embeds):
             await self._import(request_id, item, rows, on_full)
+
+    def _encode(
+        self, vision: VisionEncoder, pixels: list[torch.Tensor], grids: list[tuple[int, int, int]], adapter: LoraAdapter | None
+    ) -> list[torch.Tensor]:
+        """One tower pass, with ``adapter``'s tower updates where it has any (on the tower thread)."""
+        with self.tower_loras.running(adapter) if self.tower_loras is not None else contextlib.nullcontext():
+            return vision.encode(pixels, grids)
 
     async def _import(self, request_id: str, item: PromptItem, embeds: torch.Tensor, on_full: OnFull) -> None:
         """Import ``embeds`` into the engine's cache for the request, on the engine thread. While

@@ -61,11 +61,17 @@ class Upstream(Protocol):
     transport raises: the servicer fails the request the way the encoder failed it."""
 
     async def encode(
-        self, encoder: str, items: Sequence[PromptItem], target: AdvertisedAddress, deadline_s: float | None = None
+        self,
+        encoder: str,
+        items: Sequence[PromptItem],
+        target: AdvertisedAddress,
+        deadline_s: float | None = None,
+        lora: LoraRef | None = None,
     ) -> list[MmHash]:
         """Have the encoder push the embeddings of ``items`` to ``target``'s inbox (keyed by
         mm_hash); returns the images it lacks pixels for. ``deadline_s``: the request's deadline
-        (time.time() seconds), the call's own."""
+        (time.time() seconds), the call's own. ``lora``: an adapter that changes the tower, which
+        the encoder runs for them."""
         ...
 
     async def export_kv(

@@ -97,7 +97,13 @@ class PrefillNode(EngineNode):
         )
         runner = self.engine.runner
         self.embeddings = ResidentEmbeddings(
-            self.loop, self.inbox, self.embedding_index, runner.vision, self.pixels_match, wait_s=embedding_wait_s
+            self.loop,
+            self.inbox,
+            self.embedding_index,
+            runner.vision,
+            self.pixels_match,
+            wait_s=embedding_wait_s,
+            tower_loras=runner.tower_loras,
         )
         text = runner.checkpoint.shape
         bytes_per_token = kv_bytes_per_token(len(text.kv_layers), text.num_kv_heads, text.head_dim, runner.kv_caches[0][0].element_size())

@@ -18,7 +18,7 @@ import grpc
 
 from protos.gen import pb, rpc
 from services.engine.engine import RequestRejectedError
-from services.engine.engine_node import MissingAdapterError
+from services.engine.lora.node_adapters import MissingAdapterError
 from services.engine.remote_request import PromptItem
 from services.engine.sampling import SamplingError
 from services.engine.sampling_wire import logprobs_to_pb, prompt_logprobs_to_pb, sampling_from_pb, token_texts
@@ -28,7 +28,7 @@ from services.prefill.kv_pull import KVSource
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMismatchError
 from services.prefill.node import PrefillNode
 from services.transport.addresses import AdvertisedAddress
-from services.transport.convert import call_deadline_s, item_from_pb, item_to_pb, lora_from_pb
+from services.transport.convert import call_deadline_s, item_from_pb, item_to_pb, lora_from_pb, lora_to_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.internal_channel import internal_channel
@@ -39,7 +39,7 @@ from services.transport.node_error import ErrorKind, NodeError, NodeRef, abort_w
 from services.transport.stats_wire import stats_response
 from shared.process_stats import node_snapshot
 from shared.tracing import outgoing_metadata
-from shared.types import BlockHash, MmHash
+from shared.types import BlockHash, LoraRef, MmHash
 
 
 class PrefillServicer(rpc.PrefillServicer):
@@ -113,13 +113,15 @@ def result_to_pb(result: PrefillResult, token_text: Callable[[int], str]) -> pb.
 
 
 async def fail_like_encoder(context, exc: grpc.aio.AioRpcError, encoder: str) -> None:
-    """Fail the call the way the encoder failed it: busy is relayed as busy, with the encoder's
-    address (the gateway tries another encoder); any other typed error, the request's own, as it
-    came (never retried); and a failure without one names the encoder as the failed node
-    (retried without it)."""
+    """Fail the call the way the encoder failed it: busy is relayed as busy, and a missing LoRA
+    adapter as missing, with the encoder's address (the gateway tries another encoder, or loads
+    the adapter there); any other typed error, the request's own, as it came (never retried); and
+    a failure without one names the encoder as the failed node (retried without it)."""
     error = node_error_of(exc)
     if error is not None and error.kind is ErrorKind.OVERLOADED:
         await abort_overloaded(context, NodeRef("encoder", encoder), exc.details() or "the encoder is busy")
+    if error is not None and error.kind is ErrorKind.MISSING_ADAPTER:  # the gateway loads it on that encoder
+        await abort_with(context, NodeError(ErrorKind.MISSING_ADAPTER, exc.details() or "", NodeRef("encoder", encoder)))
     if error is not None:
         await abort_with(context, error)
     failed = NodeError(ErrorKind.NODE_FAILED, f"encoder {encoder} unavailable: {exc.details()}", NodeRef("encoder", encoder))
@@ -149,14 +151,23 @@ class GrpcUpstream:
         self._peers: dict[str, rpc.KVPeerStub] = {}
 
     async def encode(
-        self, encoder: str, items: Sequence[PromptItem], target: AdvertisedAddress, deadline_s: float | None = None
+        self,
+        encoder: str,
+        items: Sequence[PromptItem],
+        target: AdvertisedAddress,
+        deadline_s: float | None = None,
+        lora: LoraRef | None = None,
     ) -> list[MmHash]:
         stub = self._encoders.get(encoder)
         if stub is None:
             stub = self._encoders[encoder] = rpc.EncodeStub(internal_channel(encoder, self.auth))
         try:
             reply = await stub.Encode(
-                pb.EncodeRequest(items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in items], target_data_address=target),
+                pb.EncodeRequest(
+                    items=[item_to_pb(i.mm_hash, i.placeholder, i.grid_thw) for i in items],
+                    target_data_address=target,
+                    lora=lora_to_pb(lora),
+                ),
                 timeout=NO_DEADLINE_ENCODE_S if deadline_s is None else max(0.0, deadline_s - time.time()),
                 metadata=outgoing_metadata(),
             )

@@ -38,7 +38,7 @@ from shared.index.types import IndexUnavailableError
 from shared.index.uuid_bindings import UuidBindings
 from shared.liveness import Liveness
 from shared.node_metrics import Counter, Histogram, counter, histogram
-from shared.types import MmHash
+from shared.types import LoraRef, MmHash
 
 MAX_MIRRORS = 64  # encoders mirrored at once (the least recently used one goes first)
 
@@ -91,14 +91,19 @@ class PreprocessNode:
         mirrors = self._encoder_to_mirror  # list(): one atomic copy under the GIL while a request may add a mirror
         self.metrics.pixel_mirror.read_from(lambda: sum(len(m) for m in list(mirrors.values())), lambda: mirror_entries * len(mirrors))
 
-    def preprocess(self, prompt: Prompt, *, skip_indexed: bool = False, media: PreparedMedia | None = None) -> PreprocessedRequest:
+    def preprocess(
+        self, prompt: Prompt, *, skip_indexed: bool = False, media: PreparedMedia | None = None, lora: LoraRef | None = None
+    ) -> PreprocessedRequest:
         """``media``: the request's videos as ``prepare_media`` fetched and decoded them (else
-        they are fetched and decoded here, on this thread)."""
+        they are fetched and decoded here, on this thread). ``lora``: the request's adapter; one
+        that changes the tower keys its items apart (Preprocessor.preprocess), and the index's
+        encoders hold only the plain items, so none is skipped for it."""
+        skip_indexed = skip_indexed and not (lora is not None and lora.tower)
         media = media or PreparedMedia({}, {})
         fetched = {**self._fetch_remote_images(prompt), **media.fetched}  # before the lock: a slow host delays this request only
         with self._working():
             result = self.preprocessor.preprocess(
-                prompt, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched, decoded=media.decoded
+                prompt, indexed_grids=self.indexed_grids if skip_indexed else None, fetched=fetched, decoded=media.decoded, lora=lora
             )
             self.metrics.num_images_skipped.inc(sum(1 for item in result.mm_items if item.image.pixel_values is None))
             self.metrics.num_requests.inc()

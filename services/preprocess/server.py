@@ -11,7 +11,7 @@ from services.models.media_cost import media_costs_to_json
 from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
 from services.preprocess.prompt_wire import prompt_from_wire
-from services.transport.convert import item_to_pb
+from services.transport.convert import item_to_pb, lora_from_pb
 from services.transport.grpc_server import Lifecycle, new_server, serve_forever
 from services.transport.internal_auth import InternalAuth
 from services.transport.node_admission import NodeAdmission
@@ -36,14 +36,15 @@ class PreprocessServicer(rpc.PreprocessServicer):
         try:
             prompt = prompt_from_wire(request.prompt)
             media = await self.node.prepare_media(prompt)  # videos, on the node's decode pool
-            result = await asyncio.to_thread(self.node.preprocess, prompt, skip_indexed=request.skip_indexed_pixels, media=media)
+            lora = lora_from_pb(request)
+            result = await asyncio.to_thread(self.node.preprocess, prompt, skip_indexed=request.skip_indexed_pixels, media=media, lora=lora)
         except PreprocessError as exc:
             await abort_with(context, NodeError(exc.kind, f"{exc.code}: {exc.message}"))
         hashes: list[str] = []
         if request.block_size > 0:
             # Hashed here, where the tokens are, so the router's decision is one index lookup.
             spans = [MmSpan(i.mm_hash, i.placeholder) for i in result.mm_items]
-            lora_id = request.lora.fingerprint if request.HasField("lora") else None
+            lora_id = lora.fingerprint if lora is not None else None
             hashes = block_hashes(
                 result.prompt_token_ids, request.block_size, spans, cache_salt=request.cache_salt or None, lora_name=lora_id
             )

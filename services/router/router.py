@@ -77,13 +77,15 @@ class Router:
         reserve: bool = False,
         reuse_prefix: bool = True,
         lora_id: str | None = None,
+        lora_tower: bool = False,
     ) -> Route:
         """``block_hashes``: the prompt's (shared.hashing.block_hashes of the same tokens, images and
         salt at this block_size) when the caller has them. ``exclude``: addresses that failed this
         request. ``reserve``: count the route's work on its nodes (``Route.reservation``) in the
         same step as the decision. ``reuse_prefix``: False when the request computes its whole
         prompt (it asks for prompt logprobs): no node's cached prefix is worth anything to it or
-        covers its images. ``lora_id``: the request's adapter fingerprint, in its block hashes.
+        covers its images. ``lora_id``: the request's adapter fingerprint, in its block hashes;
+        ``lora_tower``: it changes the vision tower (an encoder serving it is preferred too).
         Raises NoLiveNodeError when a role has no candidate left."""
         started = time.perf_counter()
         turn = next(self._turns)
@@ -100,7 +102,7 @@ class Router:
         # From here on nothing is awaited: on the one event loop the step runs whole, with no lock.
         for mm_hash, address in self.pending_encodes.where(h for h, _ in images if not mm_holders.get(h)).items():
             mm_holders.setdefault(mm_hash, set()).add(address)
-        snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens, lora_id)
+        snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens, lora_id, lora_tower)
         decision = self.policy.select(snapshot)
         self.policy.observe(snapshot, decision)
         route = self._route(snapshot, decision, len(token_ids), time.perf_counter() - started)
@@ -115,6 +117,7 @@ class Router:
         mm_holders: dict[MmHash, set[str]],
         prefix_tokens: dict[str, int],
         lora_id: str | None = None,
+        lora_tower: bool = False,
     ) -> RouteSnapshot:
         """Each role's candidates (the holders of the request's work among them, when the policy
         scores a sample) and what they hold."""
@@ -124,7 +127,9 @@ class Router:
             turn=turn,
             images=tuple(images),
             block_hashes=tuple(hashes),
-            encoders=self._candidates("encoder", exclude, turn, image_tokens_per_node(mm_holders, image_tokens)),
+            encoders=self._candidates(
+                "encoder", exclude, turn, image_tokens_per_node(mm_holders, image_tokens), lora_id=lora_id if lora_tower else None
+            ),
             prefills=self._candidates("prefill", exclude, turn, prefill_tokens, lora_id=lora_id),
             decodes=self._candidates("decode", exclude, turn, lora_id=lora_id),
             mm_holders=mm_holders,

@@ -1,5 +1,5 @@
-"""gRPC LoraAdapters service, served by prefill and decode nodes: load and unload LoRA adapters at
-runtime. Thin: converts at the edge and calls the node, whose errors map to statuses here."""
+"""gRPC LoraAdapters service, served by prefill, decode and encoder nodes: load and unload LoRA
+adapters at runtime. Thin: converts at the edge and calls the node, whose errors map to statuses here."""
 
 from __future__ import annotations
 
@@ -10,11 +10,15 @@ import grpc
 from protos.gen import pb, rpc
 
 
+class LoadedAdapter(Protocol):
+    fingerprint: str
+    touches_tower: bool
+
+
 class AdapterHolder(Protocol):
-    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> str:
-        """Serve the adapter at ``path`` under ``name`` and return its fingerprint; raises
-        ValueError when it cannot (not an adapter, not for this model, or not the files the
-        caller fingerprinted)."""
+    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> LoadedAdapter:
+        """Serve the adapter at ``path`` under ``name`` and return it; raises ValueError when it
+        cannot (not an adapter, not for this model, or not the files the caller fingerprinted)."""
 
     async def unload_lora(self, name: str) -> bool:
         """Stop serving ``name``; False when it was not served."""
@@ -26,10 +30,10 @@ class LoraAdaptersServicer(rpc.LoraAdaptersServicer):
 
     async def Load(self, request: pb.LoadLoraRequest, context) -> pb.LoadLoraResponse:
         try:
-            fingerprint = await self.node.load_lora(request.name, request.path, request.fingerprint or None)
+            adapter = await self.node.load_lora(request.name, request.path, request.fingerprint or None)
         except ValueError as exc:  # the node's reason the adapter cannot be served
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return pb.LoadLoraResponse(fingerprint=fingerprint)
+        return pb.LoadLoraResponse(fingerprint=adapter.fingerprint, tower=adapter.touches_tower)
 
     async def Unload(self, request: pb.UnloadLoraRequest, context) -> pb.UnloadLoraResponse:
         return pb.UnloadLoraResponse(unloaded=await self.node.unload_lora(request.name))

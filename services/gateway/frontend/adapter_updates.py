@@ -2,7 +2,8 @@
 /v1/unload_lora_adapter do, under vLLM's switch (VLLM_ALLOW_RUNTIME_LORA_UPDATING).
 
 Placement: a load puts the adapter on one prefill node and one decode node, the least loaded
-of each role (fewest adapters among equals, so adapters spread over the nodes). Their index
+of each role (fewest adapters among equals, so adapters spread over the nodes), and, for an
+adapter that changes the vision tower (the first node says so), on one encoder. Their index
 records then list it (shared/index/types.py NodeState.adapters), the load waits (bounded) until
 this gateway's membership sees that, and the router prefers those nodes for the adapter's
 requests (services/router/scoring.py, ADAPTER_WEIGHT). A request routed to a node without it
@@ -38,7 +39,7 @@ log = logging.getLogger("tessera.gateway")
 
 RUNTIME_UPDATES_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 CALL_TIMEOUT_S = 60.0  # a node reads the adapter's tensors before it answers
-ADAPTER_ROLES = ("prefill", "decode")
+ADAPTER_ROLES = ("prefill", "decode")  # and an encoder, for an adapter that changes the tower
 # How long a load waits for this gateway's membership to list the adapter on the nodes that took
 # it (a node's record changes at once, a membership refresh reads it): tries x pause, bounded.
 RECORD_WAIT_TRIES = 40
@@ -78,16 +79,31 @@ class AdapterUpdates:
                 f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in place, set 'load_inplace' to True.",
                 param="lora_name",
             )
-        module = LoraModule(name, Path(path))
-        addresses = self._placed()
+        addresses = self._placed(ADAPTER_ROLES)
         if not addresses:
             raise GatewayError(503, "no prefill or decode node is live to load the adapter on; retry")
         loaded: list[str] = []
-        fingerprint = ""  # the first node's answer, which the others are held to
+        fingerprint, tower = await self._load_each(name, path, addresses, "", loaded)
+        if not loaded:
+            raise GatewayError(503, "no prefill or decode node answered the load; retry")
+        if tower:  # its image embeddings are its own: an encoder runs it too
+            await self._load_each(name, path, self._placed(("encoder",)), fingerprint, loaded)
+        if self.recorded is not None and not await self.recorded(loaded, fingerprint):
+            log.warning("LoRA adapter %r: the index does not list it on %s yet; routing finds it when it does", name, loaded)
+        self.adapters.add(LoraModule(name, Path(path)), fingerprint, tower=tower)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def _load_each(self, name: str, path: str, addresses: list[str], fingerprint: str, loaded: list[str]) -> tuple[str, bool]:
+        """Load the adapter on each of ``addresses`` (appended to ``loaded`` as they take it),
+        held to ``fingerprint`` (empty: the first node's answer, which the others are held to);
+        its fingerprint, and whether it changes the tower. A refusal drops it from the nodes
+        that took it and is the caller's 400."""
+        tower = False
         for address in addresses:
             try:
                 request = pb.LoadLoraRequest(name=name, path=path, fingerprint=fingerprint)
-                fingerprint = (await self.stub(address).Load(request, **self._call())).fingerprint
+                answer = await self.stub(address).Load(request, **self._call())
+                fingerprint, tower = answer.fingerprint, answer.tower
             except grpc.RpcError as exc:
                 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     await self._refused(name, loaded, replacing=name in self.adapters)
@@ -95,12 +111,7 @@ class AdapterUpdates:
                 log.warning("loading LoRA adapter %r: node %s did not answer (%s); it will not serve it", name, address, exc.code())
                 continue
             loaded.append(address)
-        if not loaded:
-            raise GatewayError(503, "no prefill or decode node answered the load; retry")
-        if self.recorded is not None and not await self.recorded(loaded, fingerprint):
-            log.warning("LoRA adapter %r: the index does not list it on %s yet; routing finds it when it does", name, loaded)
-        self.adapters.add(module, fingerprint)
-        return f"Success: LoRA adapter '{name}' added successfully."
+        return fingerprint, tower
 
     async def _refused(self, name: str, loaded: list[str], *, replacing: bool) -> None:
         """A node refused the adapter: the nodes that took it drop it again. An in-place load
@@ -169,11 +180,11 @@ class AdapterUpdates:
                 log.warning("unloading LoRA adapter %r: node %s did not answer (%s)", name, address, exc.code())
 
     def _addresses(self) -> list[str]:
-        return [address for role in ADAPTER_ROLES for address in self.nodes(role)]
+        return [address for role in (*ADAPTER_ROLES, "encoder") for address in self.nodes(role)]
 
-    def _placed(self) -> list[str]:
+    def _placed(self, roles: tuple[str, ...]) -> list[str]:
         """The node of each role a load goes to (placement's, else the role's first live one)."""
-        chosen = [self.placement(role) or next(iter(self.nodes(role)), None) for role in ADAPTER_ROLES]
+        chosen = [self.placement(role) or next(iter(self.nodes(role)), None) for role in roles]
         return [address for address in chosen if address is not None]
 
     @staticmethod

@@ -13,4 +13,5 @@ INFO = FamilyInfo(
     builtin_names=tuple(BUILTIN_SPECS),
     tool_call_parser=None,
     module="services.models.gemma3.family",
+    names_module="services.models.gemma3.config",
 )

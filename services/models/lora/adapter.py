@@ -30,11 +30,8 @@ import torch
 from safetensors import safe_open
 
 from services.models.checkpoint import WeightGroup
-from services.models.lora.files import CONFIG_FILE, WEIGHTS_FILE, LoraAdapterError, adapter_fingerprint
+from services.models.lora.files import CONFIG_FILE, PEFT_PREFIX, PEFT_TENSOR, WEIGHTS_FILE, LoraAdapterError, adapter_fingerprint
 from shared.types import LoraRef
-
-_PEFT_PREFIX = "base_model.model."
-_TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +79,7 @@ def read_adapter(name: str, path: Path, weight_group: WeightGroup, *, max_rank: 
     parts: dict[str, dict[str, torch.Tensor]] = {}
     with safe_open(str(weights_file), framework="pt") as handle:
         for key in handle.keys():
-            match = _TENSOR.match(key.removeprefix(_PEFT_PREFIX))
+            match = PEFT_TENSOR.match(key.removeprefix(PEFT_PREFIX))
             if match is None:
                 raise LoraAdapterError(f"LoRA adapter {name!r}: tensor {key!r} is not a lora_A / lora_B weight")
             parts.setdefault(match["module"], {})[match["part"]] = handle.get_tensor(key).to(dtype)

@@ -6,6 +6,10 @@ checkpoints' Hub path (services/models/hub.py: its cache, HF_TOKEN, HF_ENDPOINT,
 
 from __future__ import annotations
 
+import json
+import re
+import struct
+from collections.abc import Callable
 from pathlib import Path
 
 from services.models.fingerprint import files_fingerprint
@@ -13,6 +17,10 @@ from services.models.hub import HubModelError, download, parse_hub_reference
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
+# PEFT's tensor names: "base_model.model.<module>.lora_A.weight" (or ".lora_A.<adapter>.weight").
+PEFT_PREFIX = "base_model.model."
+PEFT_TENSOR = re.compile(r"^(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[^.]+)?\.weight$")
+MAX_HEADER_BYTES = 64 << 20  # a safetensors header past this is not an adapter's
 
 
 class LoraAdapterError(ValueError):
@@ -41,3 +49,24 @@ def adapter_fingerprint(path: Path) -> str:
         if not file.is_file():
             raise LoraAdapterError(f"no {file.name} in {path}: not a PEFT adapter directory with safetensors weights")
     return files_fingerprint([path / CONFIG_FILE, path / WEIGHTS_FILE])
+
+
+def touches_tower(path: Path, weight_group: Callable[[str], tuple[str, str] | None]) -> bool:
+    """Whether the adapter in ``path`` changes any module ``weight_group`` puts on the vision
+    side (tower or projector), read from its safetensors header alone (no tensor, no torch):
+    LoraRef.tower, which keys its image embeddings apart. A node reading the tensors comes to
+    the same answer (LoraAdapter.touches_tower) and refuses a request that says otherwise."""
+    file = path / WEIGHTS_FILE
+    try:
+        with open(file, "rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            if size > MAX_HEADER_BYTES:
+                raise ValueError(f"header of {size} bytes")
+            names = json.loads(handle.read(size))
+    except (OSError, ValueError, struct.error) as exc:
+        raise LoraAdapterError(f"{file} is not a readable safetensors file: {exc}") from None
+    for key in names:
+        match = PEFT_TENSOR.match(key.removeprefix(PEFT_PREFIX))
+        if match is not None and (weight_group(match["module"] + ".weight") or ("",))[0] == "vision":
+            return True
+    return False

@@ -12,4 +12,5 @@ INFO = FamilyInfo(
     builtin_names=tuple(BUILTIN_SPECS),
     tool_call_parser="hermes",
     module="services.models.qwen2_vl.family",
+    names_module="services.models.qwen2_vl.config",
 )

@@ -19,4 +19,5 @@ INFO = FamilyInfo(
     builtin_names=tuple(BUILTIN_SPECS),
     tool_call_parser="hermes",
     module="services.models.qwen3_5.family",
+    names_module="services.models.qwen3_5.config",
 )

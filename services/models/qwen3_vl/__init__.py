@@ -20,4 +20,5 @@ INFO = FamilyInfo(
     builtin_names=tuple(BUILTIN_SPECS),
     tool_call_parser="hermes",
     module="services.models.qwen3_vl.family",
+    names_module="services.models.qwen3_vl.config",
 )

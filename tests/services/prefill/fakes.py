@@ -15,7 +15,7 @@ from services.engine.remote_request import PromptItem
 from services.engine.sampling_params import SamplingParams
 from services.prefill.job import KVSource, PrefillJob
 from services.transport.tensor_channel import TensorSender
-from shared.types import BlockHash, MmHash
+from shared.types import BlockHash, LoraRef, MmHash
 
 
 def prompt_items(prep) -> list[PromptItem]:
@@ -64,7 +64,9 @@ class FakeUpstream:
     failing_sources: frozenset[str] = frozenset()  # holders whose call fails outright
     _sender: TensorSender | None = None
 
-    async def encode(self, encoder: str, items: Sequence[PromptItem], target: str, deadline_s: float | None = None) -> list[MmHash]:
+    async def encode(
+        self, encoder: str, items: Sequence[PromptItem], target: str, deadline_s: float | None = None, lora: LoraRef | None = None
+    ) -> list[MmHash]:
         self.encode_calls.append((encoder, [i.mm_hash for i in items]))
         self.targets.append(target)
         if encoder in self.failing_sources:

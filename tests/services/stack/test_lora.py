@@ -10,7 +10,10 @@ adapter's own blocks); an adapter never gets another's prefix (cached_tokens 0 o
 sight of a prompt another adapter computed); an unknown name is a 404. At runtime: an adapter
 is loaded on one prefill and one decode node, whose index records then list it, and its requests
 route there (no other node is given it) and answer exactly; loading it again, or a directory that
-is no adapter, is a 400; once unloaded its name is a 404 again. Nodes killed and restarted after a
+is no adapter, is a 400; once unloaded its name is a 404 again. An adapter that also changes the
+vision tower (made by peft on the tower's layers too) is loaded on an encoder as well and answers
+exactly; an image is encoded once for the base model and a language-only adapter together, and
+once more for the tower adapter (its embeddings are its own). Nodes killed and restarted after a
 runtime load lack the adapter: a request naming it has the gateway load it there, and is exact.
 Streams on an adapter whose decode node dies migrate and stay exact (the next prefill node
 recomputes with the same adapter)."""
@@ -27,7 +30,7 @@ import pytest
 
 from tests.factories import chat_case
 from tests.oracle import ReferenceOracle
-from tests.peft_adapters import make_adapter, merged_model
+from tests.peft_adapters import TOWER_TARGETS, make_adapter, merged_model
 from tests.services.stack.conftest import launch_stack, stop_stack
 from tests.services.stack.e2e_helpers import GREEDY, client_for, counter, oracle_text, png
 from tests.services.stack.stack_probes import Streams, busiest_decode_node
@@ -37,12 +40,14 @@ from tests.services.stack.stack_reset import answers, wait_for
 @pytest.fixture(scope="module")
 def adapters(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("adapters")
-    return {name: make_adapter(tiny_model.path, root / name, seed=seed) for name, seed in (("a", 11), ("b", 12), ("c", 13))}
+    made = {name: make_adapter(tiny_model.path, root / name, seed=seed) for name, seed in (("a", 11), ("b", 12), ("c", 13))}
+    made["t"] = make_adapter(tiny_model.path, root / "t", seed=14, targets=TOWER_TARGETS)  # the tower too; loaded at runtime
+    return made
 
 
 @pytest.fixture(scope="module")
 def lora_stack(tmp_path_factory, repo_root, adapters):
-    modules = [f"{name}={adapters[name]}" for name in ("a", "b")]  # c: loaded at runtime
+    modules = [f"{name}={adapters[name]}" for name in ("a", "b")]  # c and t: loaded at runtime
     running = launch_stack(
         tmp_path_factory.mktemp("lora-stack"),
         repo_root,
@@ -101,11 +106,11 @@ def _post(stack, path: str, body: dict) -> httpx.Response:
 
 
 def test_an_adapter_loaded_at_runtime_serves_exactly_until_unloaded(lora_stack, adapters, oracles, tmp_path):
-    # Two adapters on each of the 2 prefill and 2 decode nodes, their weights in the memory report.
-    assert counter(lora_stack, "lora_adapters_served") == 8 and counter(lora_stack, "lora_adapter_bytes") > 0
+    # Two adapters on each of the 2 encoder, 2 prefill and 2 decode nodes, their weights in the memory report.
+    assert counter(lora_stack, "lora_adapters_served") == 12 and counter(lora_stack, "lora_adapter_bytes") > 0
     loaded = _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(adapters["c"])})
     assert loaded.status_code == 200 and "added successfully" in loaded.text, loaded.text
-    assert counter(lora_stack, "lora_adapters_served") == 10  # one prefill node and one decode node took it
+    assert counter(lora_stack, "lora_adapters_served") == 14  # one prefill node and one decode node took it (no encoder: not on the tower)
     assert "c" in {card.id for card in client_for(lora_stack).models.list().data}
     loads = counter(lora_stack, "gateway_lora_adapter_loads_total")
     for seed in (22, 23, 22):
@@ -113,7 +118,7 @@ def test_an_adapter_loaded_at_runtime_serves_exactly_until_unloaded(lora_stack, 
         assert _ask(lora_stack, "c", case)[0] == oracle_text(oracles["c"], case)[0]
     # Routed to the two nodes holding it: a node without it would have been given it first.
     assert counter(lora_stack, "gateway_lora_adapter_loads_total") == loads
-    assert counter(lora_stack, "lora_adapters_served") == 10
+    assert counter(lora_stack, "lora_adapters_served") == 14
 
     again = _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "c", "lora_path": str(adapters["c"])})
     assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
@@ -123,11 +128,30 @@ def test_an_adapter_loaded_at_runtime_serves_exactly_until_unloaded(lora_stack, 
 
     unloaded = _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"})
     assert unloaded.status_code == 200, unloaded.text
-    assert counter(lora_stack, "lora_adapters_served") == 8
+    assert counter(lora_stack, "lora_adapters_served") == 12
     with pytest.raises(openai.NotFoundError):
         _ask(lora_stack, "c", case)
     assert _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"}).status_code == 404
     assert _ask(lora_stack, "a", case)[0] == oracle_text(oracles["a"], case)[0]  # the others still served
+
+
+def _tower_runs(stack) -> float:
+    return counter(stack, "encoder_items_encoded_total") + counter(stack, "prefill_images_encoded_locally_total")
+
+
+def test_an_image_is_encoded_once_for_the_base_and_language_adapters_and_once_more_for_a_tower_adapter(lora_stack, adapters, oracles):
+    served = counter(lora_stack, "lora_adapters_served")
+    loaded = _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "t", "lora_path": str(adapters["t"])})
+    assert loaded.status_code == 200, loaded.text
+    assert counter(lora_stack, "lora_adapters_served") == served + 3  # a prefill, a decode and an encoder node took it
+    case = chat_case(png(88, 72, 70), "What is in this image?")
+    runs = _tower_runs(lora_stack)
+    for model, tower_runs in (("tiny", 1), ("a", 1), ("t", 2), ("t", 2)):
+        text, cached = _ask(lora_stack, model, case)
+        assert text == oracle_text(oracles[model], case)[0], model
+        assert _tower_runs(lora_stack) == runs + tower_runs, f"{model}: the image's tower runs"
+    assert cached > 0, "the tower adapter's repeat is a prefix hit on its own blocks"
+    assert _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "t"}).status_code == 200
 
 
 def test_nodes_restarted_after_a_runtime_load_get_the_adapter_when_a_request_needs_it(lora_stack, adapters, oracles):
