@@ -28,15 +28,12 @@ import torch
 
 from services.encoder.batching import BatchMetrics
 from services.encoder.calibration import measure_seconds_per_token
+from services.encoder.tower_adapters import tower_adapters, tower_passes
 from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
-from services.engine.lora.node_adapters import NodeAdapters
-from services.engine.lora.registry import LoraRegistry
 from services.models.checkpoint import COMPUTE_DTYPE, dtype_name, load_weights
 from services.models.family import VisionEncoder
 from services.models.lora.adapter import LoraAdapter
-from services.models.lora.modules import parse_lora_modules
-from services.models.lora.tower import TowerLoras
 from services.models.registry import ModelRef
 from services.transport.addresses import AdvertisedAddress
 from services.transport.tensor_channel import OPEN_CHANNEL, ChannelAuth, InboxMetrics, TensorInbox, TensorSender
@@ -127,16 +124,7 @@ class EncoderNode:
         """``lora``: the LoRA settings (--enable-lora, --lora-modules, --max-loras, ...)."""
         self.compute = ComputeThread("encoder-compute", liveness=liveness)  # builds the tower and runs every encode
         self.vision = self.compute.run(_build_vision, model, device, prepack)
-        self.tower_loras: TowerLoras | None = None
-        registry = None
-        if lora is not None and lora.enable_lora:
-            self.tower_loras = self.compute.run(TowerLoras, self.vision.module, lora.max_loras, lora.max_lora_rank, torch.device(device))
-            modules = parse_lora_modules(lora.lora_modules)
-            max_loaded = lora.max_cpu_loras or lora.max_loras
-            registry = LoraRegistry(
-                model.weight_group, max_rank=lora.max_lora_rank, max_loaded=max_loaded, modules=modules, check=self.tower_loras.check
-            )
-        self.adapters = NodeAdapters(registry, on_change=self._adapters_changed)
+        self.tower_loras, self.adapters = tower_adapters(model, self.vision, self.compute, lora, device, self._adapters_changed)
         # The tower's rate is measured on the compute thread after start-up, not before serving:
         # it runs ahead of the first encode, which it warms up, and reads 0 (unknown to the
         # gateway's media budget) until then.
@@ -283,7 +271,7 @@ class EncoderNode:
         pass of its own): a long clip's groups, or a large batch, never in one pass whose
         activations grow with the whole call."""
         encoded: dict[MmHash, torch.Tensor] = {}
-        for run in _passes(mm_hashes, lambda h: to_encode[h][0], self.max_pass_rows):
+        for run in tower_passes(mm_hashes, lambda h: to_encode[h][0], self.max_pass_rows):
             started = time.perf_counter()
             adapter = to_encode[run[0]][0].adapter
             with self.tower_loras.running(adapter) if self.tower_loras is not None else contextlib.nullcontext():
@@ -313,27 +301,6 @@ class EncoderNode:
         self.compute.close()
         self.inbox.close()
         self.sender.close()
-
-
-def _passes(mm_hashes: list[MmHash], item_of, max_rows: int) -> list[list[MmHash]]:
-    """Tower passes of at most ``max_rows`` embedding rows, each of one LoRA adapter's items (or
-    of items without one): an adapter runs for a whole pass."""
-    by_adapter: dict[str | None, list[MmHash]] = {}
-    for mm_hash in mm_hashes:
-        adapter = item_of(mm_hash).adapter
-        by_adapter.setdefault(adapter.fingerprint if adapter is not None else None, []).append(mm_hash)
-    passes: list[list[MmHash]] = []
-    for group in by_adapter.values():
-        passes.append([])
-        num_rows = 0
-        for mm_hash in group:
-            rows = item_of(mm_hash).num_embeds
-            if passes[-1] and num_rows + rows > max_rows:
-                passes.append([])
-                num_rows = 0
-            passes[-1].append(mm_hash)
-            num_rows += rows
-    return passes
 
 
 def _plan_call(

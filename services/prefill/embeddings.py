@@ -103,10 +103,9 @@ class ResidentEmbeddings:
         pixels_match: PixelsMatchFn,
         *,
         wait_s: float,
-        tower_loras: TowerLoras | None = None,
     ) -> None:
         self.loop = loop
-        self.tower_loras = tower_loras  # LoRA adapters on the tower: a local encode runs the request's
+        self.tower_loras: TowerLoras | None = None  # LoRA adapters on the tower: a local encode runs the request's
         self.inbox = inbox
         self.index = index  # touched on the engine thread only
         self.vision = vision

@@ -97,14 +97,9 @@ class PrefillNode(EngineNode):
         )
         runner = self.engine.runner
         self.embeddings = ResidentEmbeddings(
-            self.loop,
-            self.inbox,
-            self.embedding_index,
-            runner.vision,
-            self.pixels_match,
-            wait_s=embedding_wait_s,
-            tower_loras=runner.tower_loras,
+            self.loop, self.inbox, self.embedding_index, runner.vision, self.pixels_match, wait_s=embedding_wait_s
         )
+        self.embeddings.tower_loras = runner.tower_loras  # a local encode runs the request's adapter on the tower
         text = runner.checkpoint.shape
         bytes_per_token = kv_bytes_per_token(len(text.kv_layers), text.num_kv_heads, text.head_dim, runner.kv_caches[0][0].element_size())
         self.kv_puller = KVPuller(

@@ -86,3 +86,34 @@ def test_the_tower_rate_is_measured_after_start_up_and_counts_as_no_traffic(setu
     assert encoder.seconds_per_token > 0
     assert encoder.metrics.tower_seconds_per_token.value == encoder.seconds_per_token
     assert encoder.metrics.num_items_encoded.value == 0 and encoder.metrics.tower_seconds.value == 0
+
+
+def test_a_tower_adapters_items_run_in_a_pass_of_their_own_with_its_updates(tiny_model, setup, tmp_path):
+    """One batch, one call with a LoRA adapter on the tower and one without: two passes; the
+    adapter's images (mm_hashes of their own, pixels found through the plain ones) get its
+    tower's embeddings, the others the base tower's."""
+    from services.engine.config import EngineConfig
+    from shared.types import LoraRef
+    from tests.peft_adapters import TOWER_TARGETS, make_adapter
+
+    _, preprocess, sinks = setup
+    path = make_adapter(tiny_model.path, tmp_path / "t", seed=5, targets=TOWER_TARGETS)
+    lora = EngineConfig(enable_lora=True, lora_modules=(f"t={path}",))
+    encoder = EncoderNode(tiny_model, data_bind="tcp://127.0.0.1:0", cache_tokens=4096, pixel_wait_s=1.0, lora=lora, calibrate=False)
+    try:
+        registry = encoder.adapters.registry
+        adapter = registry.resolve(LoraRef("t", registry.fingerprint("t"), tower=True))
+        prompt = chat_case(encode_image(make_image(56, 84, seed=31)), "What is it?").prompt
+        plain, adapted = preprocess.preprocess(prompt).mm_items[0], preprocess.preprocess(prompt, lora=adapter.ref).mm_items[0]
+        assert adapted.mm_hash != plain.mm_hash
+        preprocess.push_pixels([plain.mm_hash, adapted.mm_hash], target_id="e", target_address=encoder.data_address, force=False)
+        items = [EncodeItem(i.mm_hash, i.placeholder.length, i.image.grid_thw, a) for i, a in ((plain, None), (adapted, adapter))]
+        results = asyncio.run(encoder.encode_batch([([items[0]], sinks[0].address), ([items[1]], sinks[1].address)]))
+        assert [r.num_encoded for r in results] == [1, 1] and encoder.num_batches == 2
+        base, own = sinks[0].wait(plain.mm_hash, 5).tensors["embeds"], sinks[1].wait(adapted.mm_hash, 5).tensors["embeds"]
+        with encoder.tower_loras.running(adapter):
+            [expected] = encoder.compute.run(encoder.vision.encode, [plain.image.pixel_values], [plain.image.grid_thw])
+        torch.testing.assert_close(own, expected, atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(own, base, atol=1e-3)
+    finally:
+        encoder.close()

@@ -38,6 +38,9 @@ class StandInNode:
         self.encoded: list[str] = []
         self.batches: list[list[str]] = []
 
+    async def adapter_for(self, lora):  # no LoRA adapters here
+        return None
+
     async def encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
         return await asyncio.to_thread(self._encode_batch, calls)  # "slow" blocks, as a tower pass does
 

@@ -11,6 +11,7 @@ import asyncio
 
 import grpc
 import pytest
+import torch
 
 from protos.gen import pb, rpc
 from services.engine.config import EngineConfig
@@ -164,3 +165,44 @@ def test_pixels_that_do_not_fit_their_image_are_refused_before_the_engine(nodes,
         assert caught.value.code() == grpc.StatusCode.INTERNAL and "do not match its grid" in caught.value.details()
 
     _run(encoding, scenario)
+
+
+def test_a_local_encode_runs_the_requests_adapter_on_the_tower(tiny_model, inputs, tmp_path):
+    """A LoRA adapter that changes the tower (made by peft on the tower's layers too): the prefill
+    node's own tower runs it for the request's image, and the first token equals transformers'
+    with the adapter merged."""
+    from services.models.lora.files import adapter_fingerprint
+    from services.transport.convert import lora_from_pb
+    from tests.oracle import ReferenceOracle
+    from tests.peft_adapters import TOWER_TARGETS, make_adapter, merged_model
+
+    path = make_adapter(tiny_model.path, tmp_path / "t", seed=6, targets=TOWER_TARGETS)
+    oracle = ReferenceOracle(tiny_model.path, load_model=False)
+    oracle.model = merged_model(tiny_model.path, path)
+    expected = oracle.generate(inputs, 1).token_ids[0]
+    config = EngineConfig(max_num_batched_tokens=64, enable_lora=True, lora_modules=(f"t={path}",))
+    node = PrefillNode(tiny_model, config, data_bind="tcp://127.0.0.1:0", local_encode=True, embedding_wait_s=1.0)
+    sink, sender = TensorInbox("tcp://127.0.0.1:0"), TensorSender()
+    request = _request("tower-1", inputs, sink, "img-t", local=True)
+    request.lora.CopyFrom(pb.LoraRef(name="t", fingerprint=adapter_fingerprint(path), tower=True))
+
+    async def scenario(stub) -> None:
+        grid = {"grid_thw": inputs.image_grid_thw[0].tolist()}
+        sender.send(node.data_address, "px/tower-1/img-t", {"pixel_values": inputs.pixel_values}, grid)
+        assert (await stub.Prefill(request, timeout=120)).first_token_id == expected
+
+    try:
+        _run(node, scenario)
+        assert node.metrics.embeddings.num_local_encodes.value == 1.0
+        # The embeddings it encoded are the adapter's tower's, not the base tower's.
+        runner, ref = node.engine.runner, lora_from_pb(request)
+        held = node.loop.call(lambda engine: engine.runner.encoder_outputs["img-t"]).result(10)
+        pixels, grid = [inputs.pixel_values], [tuple(inputs.image_grid_thw[0].tolist())]
+        with runner.tower_loras.running(node.loras.resolve(ref)):
+            [adapted] = runner.vision.encode(pixels, grid)
+        [base] = runner.vision.encode(pixels, grid)
+        torch.testing.assert_close(held, adapted, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(held, base, atol=1e-3)
+    finally:
+        for closable in (sender, sink, node):
+            closable.close()

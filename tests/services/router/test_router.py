@@ -175,6 +175,15 @@ def test_a_request_naming_an_adapter_routes_to_the_nodes_whose_records_say_they_
     assert (other.prefill, other.decode) == ("p:1", "d:1")
 
 
+def test_an_encoder_serving_the_requests_adapter_is_preferred_only_for_an_adapter_on_the_tower():
+    index = _cluster(can_encode=False)
+    epoch = index.live_nodes()["encoder@e:2"].epoch
+    index.heartbeat("encoder@e:2", epoch, load=1.0, kv_usage=0.0, ttl_s=60, adapters=frozenset({"fp-t"}))
+    router = router_over(index)
+    assert asyncio.run(router.route(TOKENS, [IMAGE], lora_id="fp-t", lora_tower=True)).encoder == "e:2"
+    assert asyncio.run(router.route(TOKENS, [IMAGE], lora_id="fp-t")).encoder == "e:1"  # by load: its embeddings are the base's
+
+
 def _queued(router: Router, num_calls: int) -> contextlib.ExitStack:
     """``num_calls`` of this gateway's calls in flight on every encoder."""
     stack = contextlib.ExitStack()

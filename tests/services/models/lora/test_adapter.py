@@ -111,10 +111,21 @@ def test_a_path_that_is_neither_directory_nor_hub_id_is_refused():
         adapter_directory("/no/such/adapter")
 
 
-def test_an_adapter_on_the_vision_tower_is_refused_until_towers_take_adapters(tmp_path):
+def test_an_adapter_on_the_vision_tower_is_read_for_the_tower_and_known_as_one_without_torch(tmp_path):
+    from services.models.lora.files import touches_tower
+
     tower = {
         "base_model.model.model.visual.blocks.0.attn.qkv.lora_A.weight": torch.ones(4, 5),
         "base_model.model.model.visual.blocks.0.attn.qkv.lora_B.weight": torch.ones(6, 4),
     }
-    with pytest.raises(LoraAdapterError, match="changes the vision tower"):
-        read_adapter("tower", write(tmp_path / "t", {}, {**pair(), **tower}), weight_group, max_rank=16)
+    both = write(tmp_path / "t", {}, {**pair(), **tower})
+    adapter = read_adapter("tower", both, weight_group, max_rank=16)
+    assert set(adapter.vision) == {"blocks.0.attn.qkv"} and set(adapter.text) == {"layers.0.self_attn.q_proj"}
+    assert adapter.touches_tower and adapter.ref.tower
+    # The gateway's answer, from the safetensors header alone, is the node's.
+    assert touches_tower(both, weight_group)
+    assert not touches_tower(write(tmp_path / "l", {}, pair()), weight_group)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "adapter_model.safetensors").write_bytes(b"\xff" * 12)
+    with pytest.raises(LoraAdapterError, match="not a readable safetensors file"):
+        touches_tower(tmp_path / "broken", weight_group)
