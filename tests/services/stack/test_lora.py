@@ -173,6 +173,26 @@ def test_nodes_restarted_after_a_runtime_load_get_the_adapter_when_a_request_nee
     assert _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "c"}).status_code == 200
 
 
+def test_encoders_restarted_after_a_tower_adapter_was_loaded_get_it_when_an_image_needs_it(lora_stack, adapters, oracles):
+    assert _post(lora_stack, "/v1/load_lora_adapter", {"lora_name": "t", "lora_path": str(adapters["t"])}).status_code == 200
+    victims = {name: record["pid"] for name, record in lora_stack.state()["roles"].items() if name.startswith("encoder")}
+    for pid in victims.values():
+        os.kill(pid, signal.SIGKILL)  # restarted with --lora-modules only: no "t"
+
+    def restarted() -> bool:
+        roles = lora_stack.state()["roles"]
+        return all(roles[name]["pid"] not in (None, pid) for name, pid in victims.items()) and answers(lora_stack)
+
+    assert wait_for(restarted, 60), lora_stack.log_tail()
+    loads = counter(lora_stack, "gateway_lora_adapter_loads_total")
+    case = chat_case(png(72, 88, 71), "What is in this image?")
+    # The encoder's MISSING_ADAPTER comes back through the prefill node naming the encoder, which
+    # the gateway then gives the adapter.
+    assert _ask(lora_stack, "t", case)[0] == oracle_text(oracles["t"], case)[0]
+    assert counter(lora_stack, "gateway_lora_adapter_loads_total") >= loads + 1
+    assert _post(lora_stack, "/v1/unload_lora_adapter", {"lora_name": "t"}).status_code == 200
+
+
 def test_streams_on_an_adapter_migrate_exactly_when_their_decode_node_dies(lora_stack, oracles):
     greedy = {**GREEDY, "max_tokens": 256}
     cases = [chat_case(png(64 + 16 * i, 64, 40 + i), f"Tell me a long story about picture {i}.") for i in range(2)]
