@@ -28,7 +28,7 @@ class DecodeJob:
     lora: LoraRef | None = None  # its LoRA adapter; None: the base model
 
     def engine_request(self, positions: PositionsFn, lora: LoraAdapter | None = None) -> Request:
-        """``lora``: the node's adapter for self.lora (EngineNode.adapter_for)."""
+        """``lora``: the node's adapter for self.lora (NodeAdapters.resolve)."""
         items, salt = list(self.items), self.cache_salt
         request = build_request(self.request_id, list(self.prompt_token_ids), items, self.sampling, salt, positions, lora)
         request.num_cached_tokens = self.num_cached_tokens

@@ -69,7 +69,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
     config = node.cluster_config()
     node.publisher = node_publisher("decode", settings, model.model_id, addresses, node.data_address, node.load, liveness, config=config)
     if node.publisher is not None:
-        node.publisher.adapters_fn = node.adapter_fingerprints
+        node.publisher.adapters_fn = node.adapters.fingerprints
     lifecycle = node_lifecycle(
         "decode", settings, node.publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission
     )

@@ -85,7 +85,7 @@ class DecodeNode(EngineNode):
         Raises KVTransferTimeoutError, RequestRejectedError (it can never run here),
         KVPagesExhaustedError (no room: busy) or DecodeFailedError. Closed or cancelled before
         its last output, the request is aborted, which frees its KV pages."""
-        request, span, finished = job.engine_request(self.positions, await self.adapter_for(job.lora)), trace.get_current_span(), False
+        request, span, finished = job.engine_request(self.positions, await self.adapters.resolve(job.lora)), trace.get_current_span(), False
         try:
             pages = await self.arrival_of_pages(job.request_id, self.kv_wait_s, "its prefill node")
             if pages is None:

@@ -85,5 +85,5 @@ def decode_job_from_pb(request: pb.DecodeRequest) -> DecodeJob:
 async def serve(node: DecodeNode, address: str, lifecycle: Lifecycle, auth: InternalAuth, admission: NodeAdmission) -> None:
     server = new_server(auth)
     rpc.add_DecodeServicer_to_server(DecodeServicer(node, admission), server)
-    kv_peer, loras = add_kv_peer(server, node), add_lora_adapters(server, node)
+    kv_peer, loras = add_kv_peer(server, node), add_lora_adapters(server, node.adapters)
     await serve_forever(server, address, ["tessera.v1.Decode", kv_peer, loras], lifecycle, auth)

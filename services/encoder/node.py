@@ -44,7 +44,7 @@ from shared.index.publisher import IndexPublisher
 from shared.index.types import IndexEvents, MmEntry
 from shared.liveness import Liveness
 from shared.node_metrics import Counter, Gauge, counter, gauge
-from shared.types import LoraRef, MmHash
+from shared.types import MmHash
 
 log = logging.getLogger("tessera.encoder")
 
@@ -144,15 +144,6 @@ class EncoderNode:
         self.tower_seconds = 0.0
         self.max_pass_rows = max_pass_rows
         self.metrics = self._metrics()
-
-    async def adapter_for(self, lora: LoraRef | None) -> LoraAdapter | None:
-        return await self.adapters.resolve(lora)
-
-    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> LoraAdapter:
-        return await self.adapters.load(name, path, fingerprint)
-
-    async def unload_lora(self, name: str) -> bool:
-        return await self.adapters.unload(name)
 
     def _adapters_changed(self) -> None:
         if self.publisher is not None:

@@ -36,7 +36,7 @@ class EncodeServicer(rpc.EncodeServicer):
 
     async def Encode(self, request: pb.EncodeRequest, context) -> pb.EncodeResponse:
         try:
-            adapter = await self.node.adapter_for(lora_from_pb(request))
+            adapter = await self.node.adapters.resolve(lora_from_pb(request))
         except MissingAdapterError as exc:  # the gateway loads it here and sends the request again
             await abort_with(context, NodeError(ErrorKind.MISSING_ADAPTER, str(exc)))
         except RequestRejectedError as exc:
@@ -68,5 +68,5 @@ async def serve(
 ) -> None:
     server = new_server(auth)
     rpc.add_EncodeServicer_to_server(EncodeServicer(node, admission, max_batch_rows=max_batch_rows), server)
-    loras = add_lora_adapters(server, node)
+    loras = add_lora_adapters(server, node.adapters)
     await serve_forever(server, address, ["tessera.v1.Encode", loras], lifecycle, auth)

@@ -29,7 +29,7 @@ from shared.index.kv_events import kv_index_events
 from shared.index.publisher import IndexPublisher
 from shared.liveness import Liveness
 from shared.node_metrics import Counter, Gauge, Histogram, counter, gauge
-from shared.types import BlockHash, LoraRef
+from shared.types import BlockHash
 
 log = logging.getLogger("tessera.kv")
 
@@ -103,20 +103,6 @@ class EngineNode:
         self.inbox = TensorInbox(data_bind, advertise_host=advertise_host, auth=channel_auth)
         self.sender = TensorSender(auth=channel_auth)
         self.engine_metrics = self._engine_metrics()
-
-    async def adapter_for(self, lora: LoraRef | None) -> LoraAdapter | None:
-        """The adapter a request names, as this node holds it (NodeAdapters.resolve)."""
-        return await self.adapters.resolve(lora)
-
-    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> LoraAdapter:
-        return await self.adapters.load(name, path, fingerprint)
-
-    async def unload_lora(self, name: str) -> bool:
-        return await self.adapters.unload(name)
-
-    def adapter_fingerprints(self) -> frozenset[str]:
-        """The fingerprints of the adapters this node serves: its index record's."""
-        return self.adapters.fingerprints()
 
     def _adapters_changed(self) -> None:
         if self.publisher is not None:

@@ -37,7 +37,7 @@ class PrefillJob:
     deadline_s: float | None = None
 
     def engine_request(self, positions: PositionsFn, lora: LoraAdapter | None = None) -> Request:
-        """``lora``: the node's adapter for self.lora (EngineNode.adapter_for)."""
+        """``lora``: the node's adapter for self.lora (NodeAdapters.resolve)."""
         # The answer so far is computed like prompt text (same positions) and counts toward
         # min_tokens, so a migrated request continues exactly as if it had never moved.
         num_prior = len(self.prior_output_token_ids)

@@ -61,7 +61,7 @@ def main(settings: Settings, model: ModelRef, engine_config: EngineConfig, prepr
         "prefill", settings, model.model_id, addresses, node.data_address, node.load, liveness, config=config, can_encode=node.can_encode
     )
     if node.publisher is not None:
-        node.publisher.adapters_fn = node.adapter_fingerprints
+        node.publisher.adapters_fn = node.adapters.fingerprints
     lifecycle = node_lifecycle(
         "prefill", settings, node.publisher, liveness, close=node.close, load_fn=node.load, metrics=node.metrics, admission=admission
     )

@@ -131,7 +131,7 @@ class PrefillNode(EngineNode):
         Its embeddings come window by window (embedding_feed.py): the first before the request
         starts (all of them, when they fit the cache), the rest while it runs."""
         self._check_fits(job)
-        launch = _Launch(self, job, upstream, job.engine_request(self.positions, await self.adapter_for(job.lora)))
+        launch = _Launch(self, job, upstream, job.engine_request(self.positions, await self.adapters.resolve(job.lora)))
         feed = EmbeddingFeed(self.embeddings, job, launch.request, upstream, self.steps, launch.start, launch.ended)
         try:
             async with asyncio.timeout(self.prefill_timeout_s):

@@ -209,5 +209,5 @@ async def serve(node: PrefillNode, address: str, lifecycle: Lifecycle, auth: Int
     server = new_server(auth)
     rpc.add_PrefillServicer_to_server(PrefillServicer(node, auth, admission), server)
     rpc.add_EncodeServicer_to_server(EmbeddingShipper(node), server)
-    kv_peer, loras = add_kv_peer(server, node), add_lora_adapters(server, node)
+    kv_peer, loras = add_kv_peer(server, node), add_lora_adapters(server, node.adapters)
     await serve_forever(server, address, ["tessera.v1.Prefill", "tessera.v1.Encode", kv_peer, loras], lifecycle, auth)

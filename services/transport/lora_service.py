@@ -16,30 +16,31 @@ class LoadedAdapter(Protocol):
 
 
 class AdapterHolder(Protocol):
-    async def load_lora(self, name: str, path: str, fingerprint: str | None) -> LoadedAdapter:
+    async def load(self, name: str, path: str, fingerprint: str | None) -> LoadedAdapter:
         """Serve the adapter at ``path`` under ``name`` and return it; raises ValueError when it
         cannot (not an adapter, not for this model, or not the files the caller fingerprinted)."""
 
-    async def unload_lora(self, name: str) -> bool:
+    async def unload(self, name: str) -> bool:
         """Stop serving ``name``; False when it was not served."""
 
 
 class LoraAdaptersServicer(rpc.LoraAdaptersServicer):
-    def __init__(self, node: AdapterHolder) -> None:
-        self.node = node
+    def __init__(self, adapters: AdapterHolder) -> None:
+        self.adapters = adapters
 
     async def Load(self, request: pb.LoadLoraRequest, context) -> pb.LoadLoraResponse:
         try:
-            adapter = await self.node.load_lora(request.name, request.path, request.fingerprint or None)
+            adapter = await self.adapters.load(request.name, request.path, request.fingerprint or None)
         except ValueError as exc:  # the node's reason the adapter cannot be served
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.LoadLoraResponse(fingerprint=adapter.fingerprint, tower=adapter.touches_tower)
 
     async def Unload(self, request: pb.UnloadLoraRequest, context) -> pb.UnloadLoraResponse:
-        return pb.UnloadLoraResponse(unloaded=await self.node.unload_lora(request.name))
+        return pb.UnloadLoraResponse(unloaded=await self.adapters.unload(request.name))
 
 
-def add_lora_adapters(server, node: AdapterHolder) -> str:
-    """Register the service on ``server``; returns its name for health and reflection."""
-    rpc.add_LoraAdaptersServicer_to_server(LoraAdaptersServicer(node), server)
+def add_lora_adapters(server, adapters: AdapterHolder) -> str:
+    """Register the service on ``server`` over a node's adapters (services/engine/lora/
+    node_adapters.py); returns its name for health and reflection."""
+    rpc.add_LoraAdaptersServicer_to_server(LoraAdaptersServicer(adapters), server)
     return "tessera.v1.LoraAdapters"

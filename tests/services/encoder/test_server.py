@@ -16,6 +16,7 @@ from protos.gen import pb, rpc
 from services.encoder.batching import BatchMetrics
 from services.encoder.node import EncodeItem, EncodeResult
 from services.encoder.server import EncodeServicer
+from services.engine.lora.node_adapters import NodeAdapters
 from services.transport.node_admission import NodeAdmission
 from services.transport.node_error import ErrorKind, node_error_of
 from shared.node_metrics import snapshot
@@ -33,13 +34,11 @@ class StandInNode:
     data_address = "tcp://127.0.0.1:9"
 
     def __init__(self) -> None:
+        self.adapters = NodeAdapters(None)  # it serves no LoRA adapters
         self.metrics = StandInMetrics()
         self.release = threading.Event()
         self.encoded: list[str] = []
         self.batches: list[list[str]] = []
-
-    async def adapter_for(self, lora):  # no LoRA adapters here
-        return None
 
     async def encode_batch(self, calls: list[tuple[list[EncodeItem], str]]) -> list[EncodeResult | Exception]:
         return await asyncio.to_thread(self._encode_batch, calls)  # "slow" blocks, as a tower pass does

@@ -23,9 +23,10 @@ def png(w, h, seed):
     return encode_image(make_image(w, h, seed=seed))
 
 
-def ask_greedy(stack, case) -> tuple[str, int]:
-    """A greedy chat answer from the stack's served model, and its prompt's cached tokens."""
-    reply = client_for(stack).chat.completions.create(model=stack.served_model, messages=case.body["messages"], **GREEDY)
+def ask_greedy(stack, case, model: str | None = None) -> tuple[str, int]:
+    """A greedy chat answer from the stack's served model (or ``model``: a LoRA adapter's name),
+    and its prompt's cached tokens."""
+    reply = client_for(stack).chat.completions.create(model=model or stack.served_model, messages=case.body["messages"], **GREEDY)
     return reply.choices[0].message.content, reply.usage.prompt_tokens_details.cached_tokens
 
 

@@ -10,7 +10,9 @@ conversation turn by turn on rotating prefill nodes (each turn's prefix hit or p
 that computed the last one, with the state saved at its end; the index names a node's prefix only
 as far as it kept a state, so no planned pull comes back short, also where two prompts share text
 past an image), and a decode node killed
-mid-stream, whose streams migrate with their state recomputed.
+mid-stream, whose streams migrate with their state recomputed. On the dense model also a LoRA
+adapter made by peft on the language model and the vision tower, selected by ``model``: exact
+against transformers with it merged, cold and on a repeat.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import pytest
 
 from tests.factories import chat_case, conversation
 from tests.oracle import ReferenceOracle
+from tests.peft_adapters import TOWER_TARGETS, make_adapter, merged_model
 from tests.services.stack.conftest import launch_stack, stop_stack
 from tests.services.stack.e2e_helpers import ask_greedy, counter, oracle_text, png
 from tests.services.stack.stack_probes import Streams, busiest_decode_node
 
 MODELS = ["qwen3_5-tiny", "qwen3_5-moe-tiny"]
+LORA_MODEL = "qwen3_5-tiny"  # PEFT's targets on the MoE model would name its fused experts, which LoRA leaves alone
 MAX_TOKENS = 12
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"ignore_eos": True}}  # as ask_greedy's
 
@@ -37,14 +41,22 @@ def hybrid_stack(request, tmp_path_factory, repo_root):
     from services.models.registry import resolve_model
 
     model = resolve_model(request.param, progress=lambda _m: None)
+    root = tmp_path_factory.mktemp(request.param)
+    lora, running_adapter = (), None
+    if request.param == LORA_MODEL:
+        running_adapter = make_adapter(model.path, root / "adapter-t", seed=22, targets=TOWER_TARGETS)
+        lora = ("--enable-lora", "--lora-modules", f"t={running_adapter}")
     running = launch_stack(
-        tmp_path_factory.mktemp(request.param),
+        root,
         repo_root,
         *("--model", request.param, "--preprocess", "1", "--encoders", "2", "--prefill", "3", "--decode", "2"),
-        *("--routing-policy", "round_robin"),
+        *("--routing-policy", "round_robin", *lora),
         internal_secret=secrets.token_hex(16),
     )
     running.served_model = request.param
+    if running_adapter is not None:
+        running.adapter_oracle = ReferenceOracle(model.path, load_model=False)
+        running.adapter_oracle.model = merged_model(model.path, running_adapter)
     yield running, ReferenceOracle(model.path)
     stop_stack(running)
 
@@ -119,3 +131,13 @@ def test_a_decode_node_killed_mid_stream_migrates_and_stays_exact(hybrid_stack):
     assert not errors, (errors, stack.log_tail())
     assert texts == expected
     assert counter(stack, "gateway_migrations_total") > migrations
+
+
+def test_a_lora_adapter_on_the_language_model_and_tower_matches_transformers_with_it_merged(hybrid_stack):
+    stack, _ = hybrid_stack
+    if stack.served_model != LORA_MODEL:
+        pytest.skip("the dense model shows LoRA on the hybrid family")
+    case = chat_case(_png(62), "What is in this picture?")
+    expected = _oracle_text(stack.adapter_oracle, case)
+    for sight in ("cold", "repeat"):  # round robin: the repeat on other nodes, with the adapter's own prefix and state
+        assert ask_greedy(stack, case, model="t")[0] == expected, sight
