@@ -13,9 +13,10 @@ nodes' counters show embeddings and KV pages crossing hosts (round-robin placeme
 of one conversation on both prefill nodes). For Qwen2-VL's tiny also: a second gateway that has
 prefill nodes encode images themselves (pixels pushed to a prefill node's advertised address),
 a decode node SIGKILLed under 20 streams, whose streams migrate with none
-failing, and a LoRA adapter loaded at runtime through a cache-aware gateway onto one prefill host
-and one decode host, whose records then list it: its requests go there and equal transformers
-with the adapter merged.
+failing, and a LoRA adapter on the language model and the vision tower loaded at runtime through
+a cache-aware gateway onto one encoder, one prefill and one decode host, whose records then list
+it: its requests go there (the prefill host asks the encoder host to run it) and equal
+transformers with the adapter merged.
 
 Skipped, with the reason, where namespaces cannot be made (not root). Traffic goes only to the
 addresses of the namespaces made here; they are removed after.
@@ -40,7 +41,7 @@ from tests.deploy.compose_spec import COMPOSE_FILE
 from tests.deploy.netns_hosts import HostNetwork, namespaces_unavailable
 from tests.factories import Video, chat_case, conversation, encode_image, make_clip, make_image
 from tests.oracle import ReferenceOracle
-from tests.peft_adapters import make_adapter, merged_model
+from tests.peft_adapters import TOWER_TARGETS, make_adapter, merged_model
 from tests.services.stack.stack_probes import Streams
 from tests.video_oracle import oracle_case_tokens, oracle_video
 
@@ -120,7 +121,7 @@ def _service_env(model: str) -> dict[str, dict[str, str]]:
     env = {"gateway": {"TESSERA_SERVE_ROUTING_POLICY": "round_robin"}}
     if model == "tiny":
         lora = {"TESSERA_ENGINE_ENABLE_LORA": "1"}
-        env = {"gateway": {**env["gateway"], **lora, RUNTIME_UPDATES_ENV: "True"}, "prefill": lora, "decode": lora}
+        env = {"gateway": {**env["gateway"], **lora, RUNTIME_UPDATES_ENV: "True"}, "encoder": lora, "prefill": lora, "decode": lora}
     return env
 
 
@@ -221,6 +222,9 @@ def test_a_decode_host_killed_under_20_streams_fails_none(deployment):
     assert deployment.counter("gateway_migrations_total") > migrations
 
 
+ADAPTER_HOSTS = ("encoder", "prefill", "decode")  # the roles a runtime load of a tower adapter reaches
+
+
 def _adapters_served(deployment: Deployment, role: str) -> list[float]:
     return [read_stats(role, r.grpc_address, deployment.auth).gauges["lora_adapters_served"] for r in deployment.compose.replicas(role)]
 
@@ -229,18 +233,16 @@ def test_an_adapter_loaded_at_runtime_is_served_across_hosts_by_the_hosts_holdin
     if deployment.model != "tiny":
         pytest.skip("one family shows LoRA placement across hosts")
     model_dir = deployment.oracle.model_dir
-    adapter = make_adapter(model_dir, tmp_path / "c", seed=13)
+    adapter = make_adapter(model_dir, tmp_path / "c", seed=13, targets=TOWER_TARGETS)  # on the tower too: an encoder runs it
     oracle = ReferenceOracle(model_dir, load_model=False)
     oracle.model = merged_model(model_dir, adapter)
     extra = deployment.compose.add_replica("gateway", {"TESSERA_SERVE_ROUTING_POLICY": "cache_aware"})
     gateway = f"http://{extra.grpc_address.rpartition(':')[0]}:8000"
     loaded = httpx.post(gateway + "/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": str(adapter)}, timeout=120)
     assert loaded.status_code == 200, loaded.text
-    holders = []
-    for role in ("prefill", "decode"):
+    for role in ADAPTER_HOSTS:
         served = _adapters_served(deployment, role)
         assert sorted(served) == [0, 1], (role, served)  # one host of each role took it
-        holders.append(deployment.compose.replicas(role)[served.index(1)].grpc_address)
     client = deployment.client(gateway + "/v1")
     for seed in (60, 61):
         case = chat_case(INTRO, _png(seed), "What is here?")
@@ -249,7 +251,7 @@ def test_an_adapter_loaded_at_runtime_is_served_across_hosts_by_the_hosts_holdin
         reply = client.chat.completions.create(model="c", messages=case.body["messages"], **GREEDY)
         assert reply.choices[0].message.content == expected, seed
     # Routed to the holders by their records: any other host would have been given the adapter first.
-    for role in ("prefill", "decode"):
+    for role in ADAPTER_HOSTS:
         served = _adapters_served(deployment, role)
         assert sorted(served) == [0, 1], (role, served)
     unloaded = httpx.post(gateway + "/v1/unload_lora_adapter", json={"lora_name": "c"}, timeout=60)

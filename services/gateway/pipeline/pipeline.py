@@ -288,8 +288,8 @@ class Pipeline:
         with tracer().start_as_current_span("gateway.route", attributes={"tessera.attempt": attempt}) as span:
             prompt_ids, exclude = list(prep.prompt_token_ids), frozenset(excluded)
             tower = run.lora is not None and run.lora.tower
-            reuse = {"reserve": True, "reuse_prefix": reuse_prefix, "lora_id": run.lora_id, "lora_tower": tower}
-            route = await self.router.route(prompt_ids, images, run.cache_salt, hashes, exclude, **reuse)
+            options = {"reserve": True, "reuse_prefix": reuse_prefix, "lora_id": run.lora_id, "lora_tower": tower}
+            route = await self.router.route(prompt_ids, images, run.cache_salt, hashes, exclude, **options)
             num_prompt_tokens = len(prep.prompt_token_ids)
             span.set_attributes(
                 route_attributes(route, policy=self.router.policy.name, num_images=len(images), num_prompt_tokens=num_prompt_tokens)
