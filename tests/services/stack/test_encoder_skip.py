@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 
 import pytest
 from openai import OpenAI
@@ -113,8 +114,28 @@ def one_image_caches(request, tmp_path_factory, repo_root):
         env=env,
         internal_secret=secrets.token_hex(16),
     )
-    yield running, request.param, ReferenceOracle(model.path)
+    yield running, request.param, ReferenceOracle(model.path), model.model_id
     stop_stack(running)
+
+
+def _wait_until_idle(stack, namespace: str) -> None:
+    """Until every node's record says idle, and the gateway has listed the records since.
+
+    A heartbeat's load is up to ttl/3 old (shared/index/publisher.py): sent while the last
+    evicting request ran, it says the node holding the conversation is busy, and the router
+    rightly sends the next turn to the idle node, which holds no prefix. The claim here is about
+    equal loads, so the test waits for them."""
+    index = stack.index(namespace)
+    try:
+        for _ in range(100):  # 10 s at most: heartbeats come every ttl/3
+            if all(state.load == 0 for state in index.live_nodes().values()):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"nodes still busy: {index.live_nodes()}")
+    finally:
+        index.close()
+    time.sleep(1.5)  # the gateway lists the records every second (Membership.refresh_s)
 
 
 def _image(seed: int) -> bytes:
@@ -122,12 +143,13 @@ def _image(seed: int) -> bytes:
 
 
 def test_turns_about_an_image_every_embedding_cache_let_go_run_no_tower_and_move_no_pixels(one_image_caches):
-    stack, model, oracle = one_image_caches
+    stack, model, oracle, namespace = one_image_caches
     client, others = client_for(stack), iter(range(1, 100))
 
     def evict() -> None:  # other images through both encoders and both prefill nodes
         for _ in range(4):
             _ask(client, chat_case(_image(next(others)), "?"), model)
+        _wait_until_idle(stack, namespace)
 
     deltas = _conversation_turns(stack, oracle, _image(0), model, evict=evict)
     assert deltas[0]["towers"] == 1 and deltas[0]["pixel_bytes"] > 0
