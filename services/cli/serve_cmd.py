@@ -99,6 +99,7 @@ def _run_stack(args: argparse.Namespace) -> int:
             num_prefill=args.prefill,
             num_decode=args.decode,
             routing_policy=args.role_routing_policy or "cache_aware",
+            runner=args.role_runner or "generate",
             pin_cpus=args.pin_cpus,
             zygote=not args.no_zygote,
         )

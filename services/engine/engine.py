@@ -17,8 +17,9 @@ from services.engine.config import EngineConfig
 from services.engine.encoder_cache_manager import EncoderCacheManager
 from services.engine.kv.kv_cache_manager import KVCacheManager
 from services.engine.lora.slots import LoraSlots
-from services.engine.model_runner import ModelRunner
+from services.engine.model_runner import ModelRunner, StepHidden
 from services.engine.output_processor import OutputProcessor, RequestOutput
+from services.engine.pooler import PoolingTask, PoolState, pool
 from services.engine.prompt_logprobs import record_prompt_logprobs
 from services.engine.request import MmFeature, Request, RequestStatus
 from services.engine.sampling import Sampler, SamplingError
@@ -26,6 +27,7 @@ from services.engine.sampling_params import SamplingParams, TokenLogprobs
 from services.engine.scheduler import Scheduler
 from services.engine.structured_output import GrammarError, Grammars
 from services.models.lora.adapter import LoraAdapter
+from services.models.pooling import check_dimensions, read_pooling_config
 from services.models.registry import ModelRef
 from services.models.tokenizer import load_tokenizer
 from services.preprocess.preprocessor import PreprocessedRequest
@@ -44,6 +46,7 @@ class Engine:
             # vLLM forces too).
             self.config = dataclasses.replace(self.config, disable_chunked_mm_input=True)
         self.runner = ModelRunner(model, self.config, load_vision=load_vision)
+        self.model_name = model.name
         self.kv = KVCacheManager(
             self.runner.num_kv_blocks,
             self.config.block_size,
@@ -63,6 +66,8 @@ class Engine:
             tokenizer = load_tokenizer(model.path)
         self.outputs = OutputProcessor(tokenizer, eos_token_ids)
         self.grammars = Grammars(tokenizer, self.runner.checkpoint.shape.vocab_size, eos_token_ids)
+        checkpoint = self.runner.checkpoint
+        self.pooling = read_pooling_config(model.path, checkpoint.hf, checkpoint.text.hidden_size)  # for embedding requests
         self.requests: dict[str, Request] = {}
         self._failures: list[tuple[str, Exception]] = []
         self.num_steps = 0
@@ -79,7 +84,9 @@ class Engine:
         *,
         cache_salt: str | None = None,
         lora: LoraAdapter | None = None,
+        pooling: PoolingTask | None = None,
     ) -> None:
+        """``pooling``: an embedding request (pooling_task), which ends at its prompt's end."""
         request = Request(
             request_id=request_id,
             prompt_token_ids=list(prompt.prompt_token_ids),
@@ -91,8 +98,18 @@ class Engine:
             ],
             cache_salt=cache_salt,
             lora=lora,
+            pooling=pooling,
         )
         self.add(request)
+
+    def pooling_task(self, dimensions: int | None = None) -> PoolingTask:
+        """An embedding request's pooling: the checkpoint's (services/models/pooling.py), cut to
+        ``dimensions`` where the model allows it (vLLM's checks and messages)."""
+        try:
+            check_dimensions(self.pooling, self.model_name, dimensions)
+        except ValueError as exc:
+            raise RequestRejectedError(str(exc)) from None
+        return PoolingTask(self.pooling.kind, self.pooling.normalize, dimensions)
 
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -139,6 +156,7 @@ class Engine:
         sampling = self.runner.execute(plan, self.kv, self.loras)
         for rows in sampling.prompt_rows:
             record_prompt_logprobs(rows, self.runner.decoder.compute_logits)
+        embeddings = self._pool(sampling)
         chosen = self.sampler.choose(sampling.hidden, sampling.requests, self.runner.decoder, allowed_for)
         token_for, logprobs_for = chosen.token_for, chosen.logprobs_for
         outputs = []
@@ -148,7 +166,9 @@ class Engine:
             self.kv.cache_computed_blocks(request)
             self.scheduler.release_finished_encoder_inputs(request)
             token = token_for.get(request.request_id)
-            if isinstance(token, SamplingError):
+            if request.request_id in embeddings:
+                outputs.append(self._finish_pooled(request, embeddings[request.request_id]))
+            elif isinstance(token, SamplingError):
                 self._fail(request, token)
             elif token is not None:
                 outputs.append(self._append(request, token, logprobs_for.get(request.request_id)))
@@ -167,6 +187,35 @@ class Engine:
             self.requests.pop(request.request_id, None)
             self._forget(request.request_id)
         return self.outputs.snapshot(request, [token], [logprobs] if logprobs is not None else [])
+
+    def _pool(self, sampling: StepHidden) -> dict[str, list[float]]:
+        """Embedding requests whose prompt this step completed: their embeddings, and they leave
+        ``sampling`` (nothing is sampled for them). CLS / MEAN rows are gathered first."""
+        for rows in sampling.pool_rows:
+            if rows.request.pool_state is None:
+                rows.request.pool_state = PoolState()
+            rows.request.pool_state.add(rows.start, rows.hidden)
+        pooled = [i for i, r in enumerate(sampling.requests) if r.pooling is not None]
+        if not pooled:
+            return {}
+        embeddings = {}
+        for i in pooled:
+            request = sampling.requests[i]
+            assert request.pooling is not None
+            embeddings[request.request_id] = pool(request.pooling, sampling.hidden[i], request.pool_state)
+        kept = [i for i in range(len(sampling.requests)) if i not in set(pooled)]
+        sampling.requests = [sampling.requests[i] for i in kept]
+        sampling.hidden = sampling.hidden[kept] if kept else sampling.hidden[:0]
+        return embeddings
+
+    def _finish_pooled(self, request: Request, embedding: list[float]) -> RequestOutput:
+        """An embedding request ends at its prompt's end: no token, its KV kept as any prompt's."""
+        for listener in self.finish_listeners:
+            listener(request)
+        self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+        self.requests.pop(request.request_id, None)
+        self._forget(request.request_id)
+        return dataclasses.replace(self.outputs.snapshot(request, []), embedding=embedding)
 
     def _fail(self, request: Request, error: Exception) -> None:
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
@@ -202,7 +251,8 @@ class Engine:
             bad = next(t for t in token_ids if not 0 <= t < vocab_size)
             raise RequestRejectedError(f"token id {bad} is outside the vocabulary of {vocab_size}")
         _check_named_tokens(request.sampling, vocab_size)
-        total = request.num_prompt_tokens + request.sampling.max_tokens
+        # An embedding request generates nothing: its prompt alone must fit.
+        total = request.num_prompt_tokens + (0 if request.pooling is not None else request.sampling.max_tokens)
         if total > self.config.max_model_len:
             raise RequestRejectedError(
                 f"prompt ({request.num_prompt_tokens} tokens) plus max_tokens ({request.sampling.max_tokens}) "

@@ -5,6 +5,8 @@ llm = LLM("tiny")
 (services/preprocess/prompt.py; from an OpenAI-shaped body: prompt_from_wire(prompt_from_body(body)),
 services/gateway/frontend/prompt_wire.py and services/preprocess/prompt_wire.py)
 result.text, result.token_ids, result.usage
+[embedded] = llm.embed([prompt])   # the checkpoint's pooling (services/models/pooling.py)
+embedded.embedding, embedded.usage
 
 With LoRA (EngineConfig(enable_lora=True, max_loras=N)): adapter = llm.load_lora("name", path), then
 llm.generate(prompts, sampling, lora=adapter) (or one adapter or None per prompt).
@@ -44,6 +46,13 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str
     usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    request_id: str
+    embedding: list[float]
+    usage: Usage  # completion_tokens 0: an embedding generates nothing
 
 
 class LLM:
@@ -97,5 +106,30 @@ class LLM:
                 finish_reason=finals[rid].finish_reason or "",
                 usage=Usage(finals[rid].num_prompt_tokens, len(finals[rid].output_token_ids), finals[rid].num_cached_tokens),
             )
+            for rid in order
+        ]
+
+    def embed(
+        self,
+        prompts: list[Prompt],
+        *,
+        dimensions: int | None = None,
+        cache_salt: str | None = None,
+        lora: LoraAdapter | None = None,
+    ) -> list[EmbeddingResult]:
+        """Each prompt's embedding (a prefill that pools instead of sampling), batched together;
+        results in input order."""
+        task = self.engine.pooling_task(dimensions)
+        order = []
+        for prompt in prompts:
+            request_id = f"embd-{next(self._ids)}"
+            prepared = self.preprocessor.preprocess(prompt, lora=lora.ref if lora is not None else None)
+            self.engine.add_request(request_id, prepared, SamplingParams(max_tokens=1), cache_salt=cache_salt, lora=lora, pooling=task)
+            order.append(request_id)
+        finals = {o.request_id: o for o in self.engine.run_to_completion() if o.finished}
+        for _, error in self.engine.take_failures():
+            raise error
+        return [
+            EmbeddingResult(rid, finals[rid].embedding or [], Usage(finals[rid].num_prompt_tokens, 0, finals[rid].num_cached_tokens))
             for rid in order
         ]

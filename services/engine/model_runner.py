@@ -1,7 +1,8 @@
 """Executes one scheduled step: run the vision tower for newly scheduled images, merge image
 embeddings into the token embeddings, run the decoder over the packed batch, and return the final
 hidden state of every request whose scheduled range reaches its last token (it samples this step:
-the Sampler chooses its token, services/engine/sampling.py), and, for a request that asks for
+the Sampler chooses its token, services/engine/sampling.py; or, an embedding request, it is pooled:
+services/engine/pooler.py), the prompt rows CLS and MEAN pooling read, and, for a request that asks for
 prompt logprobs, the hidden states of the prompt positions the step computed (``StepHidden.prompt_rows``:
 services/engine/prompt_logprobs.py scores them).
 """
@@ -38,6 +39,7 @@ class StepHidden:
     requests: list[Request]  # those that sample this step
     hidden: torch.Tensor  # [len(requests), hidden_size]: each one's last row
     prompt_rows: list[PromptRows] = field(default_factory=list)  # of requests that ask for prompt logprobs
+    pool_rows: list[PromptRows] = field(default_factory=list)  # prompt rows of CLS / MEAN embedding requests (pooler.py)
 
 
 class ModelRunner:
@@ -100,6 +102,7 @@ class ModelRunner:
         merges: list[tuple[int, torch.Tensor]] = []  # (row in batch, embedding rows)
         sample_rows, sample_requests = [], []
         prompt_spans: list[tuple[Request, range, int]] = []  # (request, positions predicting a prompt token, first one's row)
+        pool_spans: list[tuple[Request, range, int]] = []  # (request, prompt positions it pools, first one's row)
         for item in step.scheduled:
             request, start = item.request, item.request.num_computed_tokens
             end = start + item.num_new_tokens
@@ -117,6 +120,8 @@ class ModelRunner:
                 sample_requests.append(request)
             if predicting := prompt_rows_of(request, start, end):
                 prompt_spans.append((request, predicting, row0))
+            if request.pooling is not None and request.pooling.reads_every_row and start < request.num_prompt_tokens:
+                pool_spans.append((request, range(start, min(end, request.num_prompt_tokens)), row0))
 
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device)
         inputs = self.decoder.prepare_inputs(ids, merges)
@@ -128,9 +133,10 @@ class ModelRunner:
         with self.text_loras.rows(slot_rows, len(token_ids)) if self.text_loras is not None else contextlib.nullcontext():
             hidden = self.decoder(inputs, _positions_tensor(positions).to(self.device), layer_kv, self.backend)
         prompt_rows = [PromptRows(request, span.start, hidden[row0 : row0 + len(span)]) for request, span, row0 in prompt_spans]
+        pool_rows = [PromptRows(request, span.start, hidden[row0 : row0 + len(span)]) for request, span, row0 in pool_spans]
         if not sample_rows:
-            return StepHidden([], torch.empty(0), prompt_rows)
-        return StepHidden(sample_requests, hidden[torch.tensor(sample_rows, device=self.device)], prompt_rows)
+            return StepHidden([], torch.empty(0), prompt_rows, pool_rows)
+        return StepHidden(sample_requests, hidden[torch.tensor(sample_rows, device=self.device)], prompt_rows, pool_rows)
 
     def _lora_rows(self, step: SchedulerOutput, loras: LoraSlots | None) -> SlotRows:
         """Load adapters newly given slots, then each slot's rows in this step's packed batch."""

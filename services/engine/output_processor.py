@@ -35,6 +35,7 @@ class RequestOutput:
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per new token, when asked for
     # With the first output token, when the sampling asks for them: prompt token i + 1's at i.
     prompt_logprobs: list[PromptTokenLogprobs] | None = None
+    embedding: list[float] | None = None  # an embedding request's, when it finished (pooler.py)
 
 
 class OutputProcessor:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.engine.detokenizer import DetokenizerState
+from services.engine.pooler import PoolingTask, PoolState
 from services.engine.sampling_params import PromptTokenLogprobs, SamplingParams
 from services.models.lora.adapter import LoraAdapter
 from shared.hashing import MmSpan, extend_block_hashes
@@ -68,6 +69,16 @@ class Request:
     # Entry i: prompt token i + 1's logprobs, filled while the prompt is computed, when the
     # sampling asks for them (prompt_logprobs.py).
     prompt_logprobs: list[PromptTokenLogprobs] = field(default_factory=list)
+    # An embedding request (pooler.py): it ends at its prompt's last token with an embedding,
+    # never sampling. ``pool_state`` gathers the rows CLS and MEAN pooling read.
+    pooling: PoolingTask | None = None
+    pool_state: PoolState | None = None
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """It reads hidden states of every prompt position, which a cached prefix never kept:
+        prompt logprobs, or CLS / MEAN pooling."""
+        return self.sampling.prompt_logprobs is not None or (self.pooling is not None and self.pooling.reads_every_row)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -10,6 +10,11 @@ from services.router.policies import make_policy
 from services.router.scoring import EncodeDispatch
 from services.transport.internal_auth import InternalPlaneSettings
 
+# What a gateway serves (vLLM's --runner): "generate" (chat and completions), "pooling"
+# (embeddings and score; no decode node is needed, and generation is refused with vLLM's error),
+# or Tessera's "both" (one deployment serves both, sharing every cache).
+RUNNERS = ("generate", "pooling", "both")
+
 
 @dataclass(frozen=True, slots=True)
 class Settings(InternalPlaneSettings):
@@ -17,6 +22,7 @@ class Settings(InternalPlaneSettings):
     plane's (its secret and mTLS) authenticate the gateway's calls to the nodes."""
 
     model: str = "tiny"
+    runner: str = "generate"  # RUNNERS
     # The names the API answers to, comma-separated; the first is the default and the metrics'
     # model_name. Empty: a built-in's own name, or the checkpoint's id.
     served_model_name: str = ""
@@ -71,11 +77,13 @@ class Settings(InternalPlaneSettings):
 
     def __post_init__(self) -> None:
         InternalPlaneSettings.__post_init__(self)
-        static = (self.preprocess_address, self.encoder_address, self.prefill_address, self.decode_address)
-        if not self.index_url and not all(static):
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        static = (self.preprocess_address, self.encoder_address, self.prefill_address)
+        if not self.index_url and not all((*static, self.decode_address if self.runner != "pooling" else "-")):
             raise ValueError(
                 "the gateway needs --index-url (nodes are discovered there), or all of --preprocess-address, "
-                "--encoder-address, --prefill-address and --decode-address (comma-separated lists)"
+                "--encoder-address, --prefill-address and (unless --runner pooling) --decode-address (comma-separated lists)"
             )
         if self.max_logprobs < -1:
             raise ValueError(f"max_logprobs must be -1 (the vocabulary) or at least 0, got {self.max_logprobs}")

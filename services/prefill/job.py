@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from services.engine.pooler import PoolingTask
 from services.engine.remote_request import PositionsFn, PromptItem, build_request
 from services.engine.request import Request
 from services.engine.sampling_params import PromptTokenLogprobs, SamplingParams, TokenLogprobs
@@ -35,15 +36,26 @@ class PrefillJob:
     # When the caller stops waiting, in time.time() seconds (the Prefill call's gRPC deadline); the
     # encoder calls it makes get what is left of it. None: the caller set none.
     deadline_s: float | None = None
+    # An embedding request (vLLM's /v1/embeddings): it ends at its prompt's end with an embedding
+    # and never reaches a decode node; ``decode_address`` is empty. Its dimensions, if asked.
+    embed: EmbedSpec | None = None
 
-    def engine_request(self, positions: PositionsFn, lora: LoraAdapter | None = None) -> Request:
-        """``lora``: the node's adapter for self.lora (NodeAdapters.resolve)."""
+    def engine_request(self, positions: PositionsFn, lora: LoraAdapter | None = None, pooling: PoolingTask | None = None) -> Request:
+        """``lora``: the node's adapter for self.lora (NodeAdapters.resolve); ``pooling``: an
+        embedding request's (Engine.pooling_task of self.embed)."""
         # The answer so far is computed like prompt text (same positions) and counts toward
         # min_tokens, so a migrated request continues exactly as if it had never moved.
         num_prior = len(self.prior_output_token_ids)
         sampling = replace(self.sampling, min_tokens=max(0, self.sampling.min_tokens - num_prior))
         token_ids = [*self.prompt_token_ids, *self.prior_output_token_ids]
-        return build_request(self.request_id, token_ids, list(self.items), sampling, self.cache_salt, positions, lora)
+        request = build_request(self.request_id, token_ids, list(self.items), sampling, self.cache_salt, positions, lora)
+        request.pooling = pooling
+        return request
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedSpec:
+    dimensions: int | None = None  # keep the first this many values (Matryoshka models only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +66,7 @@ class PrefillResult:
     first_token_logprobs: TokenLogprobs | None = None
     num_pulled_tokens: int = 0  # prompt tokens whose KV came from a peer
     prompt_logprobs: Sequence[PromptTokenLogprobs] = ()  # when the sampling asked: prompt token i + 1's at i
+    embedding: Sequence[float] | None = None  # an embedding request's; it samples no token (first_token_id 0)
 
 
 class Upstream(Protocol):

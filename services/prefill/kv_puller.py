@@ -65,7 +65,7 @@ class KVPuller:
     async def pull(self, request: Request, sources: Sequence[KVSource], upstream: Upstream, target: AdvertisedAddress) -> int:
         """Pull ``request``'s prefix pages to ``target`` (this node's inbox) if worth it; returns
         the number of prompt tokens pulled. Never raises for the peer's failure."""
-        if not sources:
+        if not sources or request.computes_whole_prompt:  # it would use none of them
             return 0
         plan = await self.plan(request, sources)
         if plan is None:

@@ -131,7 +131,8 @@ class PrefillNode(EngineNode):
         Its embeddings come window by window (embedding_feed.py): the first before the request
         starts (all of them, when they fit the cache), the rest while it runs."""
         self._check_fits(job)
-        launch = _Launch(self, job, upstream, job.engine_request(self.positions, await self.adapters.resolve(job.lora)))
+        pooling = self.engine.pooling_task(job.embed.dimensions) if job.embed is not None else None
+        launch = _Launch(self, job, upstream, job.engine_request(self.positions, await self.adapters.resolve(job.lora), pooling))
         feed = EmbeddingFeed(self.embeddings, job, launch.request, upstream, self.steps, launch.start, launch.ended)
         try:
             async with asyncio.timeout(self.prefill_timeout_s):
@@ -175,6 +176,10 @@ class PrefillNode(EngineNode):
         self.metrics.num_tokens_computed.inc(num_computed)
         self.kv_puller.observe_prefill(time.perf_counter() - launch.started_at, num_computed)
         logprobs = output.new_logprobs[0] if output.new_logprobs else None
+        if output.embedding is not None:
+            return PrefillResult(
+                0, output.num_cached_tokens, request.mrope_delta, num_pulled_tokens=launch.num_pulled, embedding=output.embedding
+            )
         first_token, prompt_logprobs = output.new_token_ids[0], output.prompt_logprobs or ()
         return PrefillResult(first_token, output.num_cached_tokens, request.mrope_delta, logprobs, launch.num_pulled, prompt_logprobs)
 
@@ -192,7 +197,8 @@ class PrefillNode(EngineNode):
         # to keep them from being drawn: after one token the request ends here either way.
         request.sampling = replace(request.sampling, max_tokens=1, min_tokens=min(request.sampling.min_tokens, 1), stop=())
         done: Future = Future()
-        self._decode_targets[request.request_id] = decode_address
+        if decode_address:  # an embedding request has none: its KV stays here, as a cached prefix
+            self._decode_targets[request.request_id] = decode_address
         self.loop.subscribe(request.request_id, lambda outcome: _settle(done, outcome))
         added = self.loop.call(lambda engine: engine.add(request))
         added.add_done_callback(lambda call: call.exception() is not None and _settle(done, call.exception()))

@@ -23,7 +23,7 @@ from services.engine.remote_request import PromptItem
 from services.engine.sampling import SamplingError
 from services.engine.sampling_wire import logprobs_to_pb, prompt_logprobs_to_pb, sampling_from_pb, token_texts
 from services.prefill.embeddings import EmbeddingsUnavailableError
-from services.prefill.job import PrefillJob, PrefillResult
+from services.prefill.job import EmbedSpec, PrefillJob, PrefillResult
 from services.prefill.kv_pull import KVSource
 from services.prefill.local_pixels import LocalEncodeUnavailableError, MissingPixelsError, PixelsMismatchError
 from services.prefill.node import PrefillNode
@@ -96,6 +96,7 @@ def job_from_pb(request: pb.PrefillRequest, deadline: float | None = None) -> Pr
         kv_sources=[KVSource(k.grpc_address, k.num_tokens) for k in request.kv_sources],
         deadline_s=deadline,
         lora=lora_from_pb(request),
+        embed=EmbedSpec(request.embed.dimensions if request.embed.HasField("dimensions") else None) if request.HasField("embed") else None,
     )
 
 
@@ -105,6 +106,7 @@ def result_to_pb(result: PrefillResult, token_text: Callable[[int], str]) -> pb.
         num_cached_tokens=result.num_cached_tokens,
         mrope_delta=result.mrope_delta,
         num_pulled_tokens=result.num_pulled_tokens,
+        embedding=result.embedding or (),
     )
     if result.first_token_logprobs is not None:
         response.first_token_logprob.CopyFrom(logprobs_to_pb(result.first_token_logprobs))

@@ -22,7 +22,7 @@ holders of the request's work plus a random draw of the rest (router.py says why
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -67,7 +67,7 @@ class RouteSnapshot:
 class RouteDecision:
     encoder: str
     prefill: str
-    decode: str
+    decode: str | None  # None: the request has no decode (an embedding)
     # Images neither the encoder nor the prefill node holds that another node ships instead.
     image_to_source: Mapping[MmHash, str] = field(default_factory=dict)
 
@@ -94,6 +94,12 @@ def least_loaded_choice(candidates: Sequence[Candidate], turn: int) -> str:
     return tied[turn % len(tied)].node_id
 
 
+def decode_choice(choose: Callable[[Sequence[Candidate], int], str], decodes: Sequence[Candidate], turn: int) -> str | None:
+    """The decode node ``choose`` picks; None for a request routed without decode nodes (no
+    candidates: an embedding)."""
+    return choose(decodes, turn) if decodes else None
+
+
 def best_scored_choice(candidates: Sequence[Candidate], node_to_cached_tokens: Mapping[str, int], tie_key: str = "") -> str:
     """The highest scoring candidate (scoring.score); ties by rendezvous hashing on ``tie_key``,
     so new items spread evenly over equal nodes and the same item lands on the same node."""
@@ -111,7 +117,8 @@ class RoundRobinPolicy:
 
     def select(self, snapshot: RouteSnapshot) -> RouteDecision:
         turn = snapshot.turn
-        return RouteDecision(*(round_robin_choice(c, turn) for c in (snapshot.encoders, snapshot.prefills, snapshot.decodes)))
+        encoder, prefill = (round_robin_choice(c, turn) for c in (snapshot.encoders, snapshot.prefills))
+        return RouteDecision(encoder, prefill, decode_choice(round_robin_choice, snapshot.decodes, turn))
 
     def observe(self, snapshot: RouteSnapshot, decision: RouteDecision) -> None:
         pass
@@ -123,7 +130,8 @@ class LeastLoadedPolicy:
 
     def select(self, snapshot: RouteSnapshot) -> RouteDecision:
         turn = snapshot.turn
-        return RouteDecision(*(least_loaded_choice(c, turn) for c in (snapshot.encoders, snapshot.prefills, snapshot.decodes)))
+        encoder, prefill = (least_loaded_choice(c, turn) for c in (snapshot.encoders, snapshot.prefills))
+        return RouteDecision(encoder, prefill, decode_choice(least_loaded_choice, snapshot.decodes, turn))
 
     def observe(self, snapshot: RouteSnapshot, decision: RouteDecision) -> None:
         pass
@@ -142,7 +150,8 @@ class CacheAwarePolicy:
         prefill = _pinned(image_tokens_per_node(elsewhere, image_tokens), s.prefills, bounded=True) or best_scored_choice(
             s.prefills, prefill_tokens, s.tie_key
         )
-        decode = least_loaded_choice(adapter_holders(s.decodes), s.turn)  # KV is shipped from prefill: nothing cached counts
+        # KV is shipped from prefill: nothing cached counts.
+        decode = decode_choice(least_loaded_choice, adapter_holders(s.decodes), s.turn) if s.decodes else None
         lacking = [h for h, _ in s.images if not {encoder, prefill} & set(s.mm_holders.get(h, ()))]
         shipped = _other_holders(lacking, s.mm_holders, [*s.encoders, *s.prefills], {encoder, prefill})
         return RouteDecision(encoder, prefill, decode, shipped)
@@ -203,7 +212,7 @@ class LlmdPolicy:
         prefills = {c.node_id: c for c in s.prefills}
         _, longest = self.blocks.longest_prefix(list(s.block_hashes), set(prefills))
         prefill = _fewest_calls([prefills[a] for a in longest] or list(prefills.values()), s.turn)
-        return RouteDecision(encoder, prefill, _fewest_calls(s.decodes, s.turn))
+        return RouteDecision(encoder, prefill, decode_choice(_fewest_calls, s.decodes, s.turn))
 
     def observe(self, snapshot: RouteSnapshot, decision: RouteDecision) -> None:
         self.images.add(decision.encoder, [h for h, _ in snapshot.images])

@@ -20,7 +20,7 @@ class NoLiveNodeError(RuntimeError):
 class Route:
     encoder: str
     prefill: str
-    decode: str
+    decode: str | None  # None: a request that ends at its prefill (an embedding)
     images_on_encoder: frozenset[MmHash]  # mm_hashes the chosen encoder holds, per the index
     # gRPC address of each live prefill or decode node holding a leading prefix of the prompt's
     # blocks -> leading prompt tokens it holds (block_size * leading blocks); empty without an index.
@@ -69,4 +69,4 @@ def work_addresses(route: Route, mm_hashes: list[MmHash]) -> list[str]:
     such requests), then the prefill and decode nodes."""
     skipped = route.local_encode | route.images_on_prefill | route.image_to_source.keys() | route.images_covered
     uses_encoder = any(h not in skipped for h in mm_hashes)
-    return [*([route.encoder] if uses_encoder else []), route.prefill, route.decode]
+    return [*([route.encoder] if uses_encoder else []), route.prefill, *([route.decode] if route.decode is not None else [])]

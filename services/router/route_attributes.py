@@ -15,7 +15,7 @@ def route_attributes(route: Route, *, policy: str, num_images: int, num_prompt_t
         "tessera.route.policy": policy,
         "tessera.route.encoder": route.encoder,
         "tessera.route.prefill": route.prefill,
-        "tessera.route.decode": route.decode,
+        "tessera.route.decode": route.decode or "",
         "tessera.route.images": num_images,
         "tessera.route.images_on_encoder": len(route.images_on_encoder),
         "tessera.route.images_encoded_on_prefill": len(route.local_encode),

@@ -78,6 +78,7 @@ class Router:
         reuse_prefix: bool = True,
         lora_id: str | None = None,
         lora_tower: bool = False,
+        decode: bool = True,
     ) -> Route:
         """``block_hashes``: the prompt's (shared.hashing.block_hashes of the same tokens, images and
         salt at this block_size) when the caller has them. ``exclude``: addresses that failed this
@@ -86,6 +87,8 @@ class Router:
         prompt (it asks for prompt logprobs): no node's cached prefix is worth anything to it or
         covers its images. ``lora_id``: the request's adapter fingerprint, in its block hashes;
         ``lora_tower``: it changes the vision tower (an encoder serving it is preferred too).
+        ``decode``: False for a request that ends at its prefill (an embedding): no decode node
+        is chosen (Route.decode None), and a cluster without any serves it.
         Raises NoLiveNodeError when a role has no candidate left."""
         started = time.perf_counter()
         turn = next(self._turns)
@@ -102,7 +105,7 @@ class Router:
         # From here on nothing is awaited: on the one event loop the step runs whole, with no lock.
         for mm_hash, address in self.pending_encodes.where(h for h, _ in images if not mm_holders.get(h)).items():
             mm_holders.setdefault(mm_hash, set()).add(address)
-        snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens, lora_id, lora_tower)
+        snapshot = self._snapshot(turn, images, hashes, exclude, mm_holders, prefix_tokens, lora_id, lora_tower, decode)
         decision = self.policy.select(snapshot)
         self.policy.observe(snapshot, decision)
         route = self._route(snapshot, decision, len(token_ids), time.perf_counter() - started)
@@ -118,6 +121,7 @@ class Router:
         prefix_tokens: dict[str, int],
         lora_id: str | None = None,
         lora_tower: bool = False,
+        decode: bool = True,
     ) -> RouteSnapshot:
         """Each role's candidates (the holders of the request's work among them, when the policy
         scores a sample) and what they hold."""
@@ -131,7 +135,7 @@ class Router:
                 "encoder", exclude, turn, image_tokens_per_node(mm_holders, image_tokens), lora_id=lora_id if lora_tower else None
             ),
             prefills=self._candidates("prefill", exclude, turn, prefill_tokens, lora_id=lora_id),
-            decodes=self._candidates("decode", exclude, turn, lora_id=lora_id),
+            decodes=self._candidates("decode", exclude, turn, lora_id=lora_id) if decode else (),
             mm_holders=mm_holders,
             prefix_tokens=prefix_tokens,
         )

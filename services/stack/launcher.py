@@ -76,6 +76,9 @@ class StackConfig:
     num_prefill: int = 1
     num_decode: int = 1
     routing_policy: str = "cache_aware"
+    # The gateway's --runner (services/gateway/settings.py): "pooling" starts no decode node,
+    # whatever num_decode says (an embedding never reaches one).
+    runner: str = "generate"
     passthrough: list[str] = field(default_factory=list)  # engine / preprocess flags for the roles
     pin_cpus: bool = False  # pin each compute role to its own cores when their shares fit
     zygote: bool = True  # fork the nodes from one process that loaded their common imports (zygote.py)
@@ -166,8 +169,10 @@ class Stack:
         gateway's public APIs are meant to be reached from outside it."""
         config = self.config
         counts = dict(preprocess=config.num_preprocess, encoder=config.num_encoders, decode=config.num_decode, prefill=config.num_prefill)
+        if config.runner == "pooling":
+            del counts["decode"]
         if min(counts.values()) < 1:
-            raise ValueError("every role needs at least one node")
+            raise ValueError("every role needs at least one node" + (" (but decode, with --runner pooling)" if "decode" in counts else ""))
         # Nothing binds until the nodes start: without this a draw could repeat another's port,
         # or the gateway's (which the caller may have drawn the same way).
         processes, taken = [], {self.config.http_port, self.config.generate_port}

@@ -120,9 +120,9 @@ class KVCacheManager:
 
     # -- prefix lookup ---------------------------------------------------------------------------
     def find_cached_prefix(self, request: Request) -> CachedPrefix:
-        # A request that asks for prompt logprobs computes its whole prompt: a cached prefix's
-        # logits were never kept.
-        if not self.pool.enable_caching or request.sampling.prompt_logprobs is not None:
+        # A request that reads every prompt position's hidden state (prompt logprobs, CLS or
+        # MEAN pooling) computes its whole prompt: a cached prefix's were never kept.
+        if not self.pool.enable_caching or request.computes_whole_prompt:
             return CachedPrefix(0, [[] for _ in range(self._num_groups)])
         hashes = request.update_block_hashes(self.block_size)
         return self.cached_prefix(hashes[: (request.num_tokens - 1) // self.block_size])

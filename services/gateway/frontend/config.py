@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.frontend.media_budget import DEFAULT_RESERVE_FRACTION
 from services.gateway.frontend.served_adapters import ServedAdapters
@@ -14,6 +15,17 @@ from services.gateway.settings import Settings
 from services.models.sampling_defaults import NO_DEFAULTS, SamplingDefaults
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+
+# Where a runner does not serve an API, vLLM registers no route for it (404); the message is the
+# one vLLM's handlers raise when they are missing.
+UNSERVED = {
+    "chat": "The model does not support Chat Completions API",
+    "completions": "The model does not support Completions API",
+    "generate": "The model does not support the Generate API",
+    "embeddings": "The model does not support Embeddings API",
+    "score": "The model does not support Score API",
+}
+POOLING_APIS = frozenset({"embeddings", "score"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +53,25 @@ class FrontendConfig:
     # The LoRA adapters served beside the base model (--lora-modules, and runtime loads): mutable,
     # shared by every door.
     adapters: ServedAdapters = field(default_factory=ServedAdapters)
+    runner: str = "generate"  # settings.RUNNERS: what this gateway serves
+
+    @property
+    def serves_generation(self) -> bool:
+        return self.runner != "pooling"
+
+    @property
+    def serves_embeddings(self) -> bool:
+        return self.runner != "generate"
+
+    @property
+    def routed_roles(self) -> tuple[str, ...]:
+        """The roles a request needs a node of: a pooling gateway needs no decode node."""
+        return ("preprocess", "encoder", "prefill") if not self.serves_generation else ("preprocess", "encoder", "prefill", "decode")
+
+    def check_serves(self, api: str) -> None:
+        """Refuse an API (an UNSERVED key) this gateway's runner does not serve."""
+        if not (self.serves_embeddings if api in POOLING_APIS else self.serves_generation):
+            raise GatewayError(404, UNSERVED[api], error_type="NotFoundError", code="not_found")
 
     def __post_init__(self) -> None:
         if not self.served_names:
@@ -62,4 +93,5 @@ class FrontendConfig:
             force_include_usage=settings.enable_force_include_usage,
             vllm_metric_names=settings.vllm_metric_names,
             root_path=settings.root_path,
+            runner=settings.runner,
         )

@@ -72,6 +72,19 @@ def check_context_length(num_prompt_tokens: int, max_tokens: int, max_model_len:
         )
 
 
+def check_input_length(num_prompt_tokens: int, max_model_len: int) -> None:
+    """An embedding's prompt: the whole context is its (vLLM's message)."""
+    if num_prompt_tokens > max_model_len:
+        raise GatewayError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{num_prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
+            "Please reduce the length of the input prompt.",
+            code="context_length_exceeded",
+            param="input",
+        )
+
+
 class Ticket:
     """Admitted choices; ``release`` returns them (once, however often it is called)."""
 

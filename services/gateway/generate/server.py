@@ -1,6 +1,7 @@
 """The public gRPC Generate service (for product backends): the same pipeline as the HTTP API,
 over a typed request (prompt, sampling, n, request id; typed.py) or, deprecated, the
-chat body as JSON. Each chunk is one step of one choice: its token ids, text delta and logprobs,
+chat body as JSON; and Embed, one prompt's embedding (frontend/embeddings.py). Each
+chunk is one step of one choice: its token ids, text delta and logprobs,
 and on the choice's last chunk its finish reason and usage. A grpc.aio server on the gateway's event
 loop: a call the client cancels cancels its handler's task, and with it the request's work on
 every node."""
@@ -15,9 +16,11 @@ import grpc
 
 from protos.gen import pb, rpc
 from services.gateway.errors import GatewayError
+from services.gateway.frontend.embeddings import embed_all
 from services.gateway.frontend.frontend import Admitted, Frontend
-from services.gateway.frontend.openai_api import Generation, chat_body
-from services.gateway.frontend.tenants import ApiKeys
+from services.gateway.frontend.openai_api import Generation, chat_body, check_model
+from services.gateway.frontend.prompt_wire import scoped_prompt
+from services.gateway.frontend.tenants import ApiKeys, request_cache_salt
 from services.gateway.pipeline.choices import merged_events
 from services.gateway.pipeline.token_events import TokenEvent, TokenLogprob
 from services.transport.api_key_auth import ApiKeyInterceptor, current_principal
@@ -57,16 +60,32 @@ class GenerateServicer(rpc.GenerateServicer):
             finally:
                 admitted.release()
         except GatewayError as exc:
-            trailer = [(HTTP_STATUS_KEY, str(exc.status))]
-            if (retry_after := exc.headers.get("Retry-After")) is not None:
-                trailer.append((RETRY_AFTER_KEY, retry_after))
-            context.set_trailing_metadata(tuple(trailer))
-            await context.abort(_STATUS_TO_CODE.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
+            await _abort(context, exc)
+
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        """One prompt's embedding, as /v1/embeddings gives it (frontend/embeddings.py)."""
+        frontend = self.frontend
+        try:
+            frontend.config.check_serves("embeddings")
+            frontend.check_open()
+            if not request.HasField("prompt"):
+                raise GatewayError(400, "the request has no prompt", param="prompt")
+            model = check_model(request.model or None, frontend.config.served_names)
+            tenant = current_principal()
+            dimensions = request.dimensions if request.HasField("dimensions") else None
+            salt = request_cache_salt(tenant, request.cache_salt or None)
+            [event] = await embed_all(frontend, [scoped_prompt(request.prompt, tenant)], dimensions=dimensions, cache_salt=salt)
+        except GatewayError as exc:
+            await _abort(context, exc)
+        usage = pb.Usage(prompt_tokens=event.num_prompt_tokens, cached_tokens=event.num_cached_tokens)
+        request_id = request.request_id or f"embd-{uuid.uuid4().hex}"
+        return pb.EmbedResponse(embedding=event.embedding, usage=usage, request_id=request_id, model=model)
 
     async def _generations(self, request: pb.GenerateRequest, tenant) -> tuple[str, tuple[Generation, ...]]:
         """The request id its chunks carry, and one Generation per choice (the current
         principal is the tenant, set by the API-key interceptor when keys are on)."""
         frontend = self.frontend
+        frontend.config.check_serves("generate")
         frontend.check_open()
         if request.HasField("prompt"):
             return await frontend.typed(request, tenant)
@@ -118,6 +137,15 @@ class GenerateServicer(rpc.GenerateServicer):
                 logprobs=[_logprob_to_pb(lp) for lp in event.logprobs],
                 request_id=request_id,
             )
+
+
+async def _abort(context, exc: GatewayError) -> None:
+    """End the call with the gRPC status of the error's HTTP status, which a trailer carries too."""
+    trailer = [(HTTP_STATUS_KEY, str(exc.status))]
+    if (retry_after := exc.headers.get("Retry-After")) is not None:
+        trailer.append((RETRY_AFTER_KEY, retry_after))
+    context.set_trailing_metadata(tuple(trailer))
+    await context.abort(_STATUS_TO_CODE.get(exc.status, grpc.StatusCode.INTERNAL), exc.message)
 
 
 def _logprob_to_pb(logprob: TokenLogprob) -> pb.TokenLogprob:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API: a FastAPI app over the Pipeline.
 
 Routes: the API (api_routes.py: POST /v1/chat/completions and /v1/completions, JSON or server-sent
-events when ``stream``, POST /tokenize and /detokenize, GET /v1/models), the probes
+events when ``stream``, POST /tokenize and /detokenize, GET /v1/models; embedding_routes.py:
+POST /v1/embeddings and /v1/score), the probes
 (probe_routes.py: GET /version, /live, /ready, /health and /metrics), and FastAPI's /openapi.json
 and /docs. Every error, request validation included, is OpenAI's error JSON. Every handler is a coroutine on the
 one event loop the pipeline's grpc.aio calls run on; a client that disconnects cancels its
@@ -25,6 +26,7 @@ from services.gateway.frontend.frontend import Frontend
 from services.gateway.frontend.tenants import ApiKeys
 from services.gateway.http.api_routes import api_router
 from services.gateway.http.body_limit import BodyLimitMiddleware
+from services.gateway.http.embedding_routes import embedding_router
 from services.gateway.http.lora_routes import lora_router
 from services.gateway.http.probe_routes import probe_routes
 from services.gateway.http.unexpected_errors import UnexpectedErrorMiddleware
@@ -34,7 +36,8 @@ from services.gateway.state import GatewayState
 from shared.version import tessera_version
 
 TESSERA_VERSION = tessera_version()
-API_PATHS = ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions")  # counted in tessera_requests_total
+# Counted in tessera_requests_total.
+API_PATHS = ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions", "/v1/embeddings", "/v1/score")
 
 
 def create_app(pipeline: Pipeline, config: FrontendConfig, *, api_keys: ApiKeys | None = None) -> tuple[FastAPI, Frontend]:
@@ -55,6 +58,7 @@ def create_app(pipeline: Pipeline, config: FrontendConfig, *, api_keys: ApiKeys 
     app.add_middleware(UnexpectedErrorMiddleware, on_error=lambda scope: _count_api_request(state, scope, 500))
     app.include_router(probe_routes(state, TESSERA_VERSION))
     app.include_router(api_router)
+    app.include_router(embedding_router)
     if runtime_updates_allowed():  # vLLM's switch for its runtime LoRA endpoints
         app.include_router(lora_router)
     if config.adapters.enabled:  # a node that lacks a request's adapter (it restarted since a runtime load) gets it

@@ -13,7 +13,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from services.gateway.protocol.responses import HealthResponse, LiveResponse, NodeRecord, ReadyResponse
 from services.gateway.protocol.tokens import VersionResponse
 from services.gateway.state import GatewayState
-from services.router.membership import ROUTED_ROLES
 from shared.index.types import NodeState
 
 PROBE_REFRESH_S = 0.1
@@ -28,12 +27,12 @@ def probe_routes(state: GatewayState, version: str) -> APIRouter:
         """Probed while a role has no node (starting up, or after a loss), the membership is
         listed again at once rather than at its next refresh, so readiness is reported as soon
         as the nodes register; at most every PROBE_REFRESH_S, whatever the probes' rate."""
-        membership = state.pipeline.membership
+        membership, roles = state.pipeline.membership, state.config.routed_roles
         now = time.monotonic()
-        if any(not membership.nodes(role) for role in ROUTED_ROLES) and now - last_refresh[0] >= PROBE_REFRESH_S:
+        if any(not membership.nodes(role) for role in roles) and now - last_refresh[0] >= PROBE_REFRESH_S:
             last_refresh[0] = now
             await membership.refresh()
-        role_to_count = {role: len(membership.nodes(role)) for role in ROUTED_ROLES}
+        role_to_count = {role: len(membership.nodes(role)) for role in roles}
         missing = [role for role, count in role_to_count.items() if not count]
         disagreement = block_size_disagreement(membership.snapshot().values(), state.pipeline.router.block_size)
         disagreements.note(disagreement)

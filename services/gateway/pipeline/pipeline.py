@@ -27,7 +27,6 @@ too, and nothing is retried.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 import uuid
@@ -41,13 +40,13 @@ from protos.gen import pb
 from services.engine.config import EngineConfig
 from services.engine.sampling_params import SamplingParams
 from services.gateway.errors import GatewayError
-from services.gateway.frontend.limits import check_context_length
+from services.gateway.frontend.limits import check_context_length, check_input_length
 from services.gateway.pipeline.adapter_loads import AdapterLoads
 from services.gateway.pipeline.call_watchdog import CallWatchdog
 from services.gateway.pipeline.failures import AdapterMissing, Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
 from services.gateway.pipeline.request_run import Attempt, RequestRun
 from services.gateway.pipeline.stages import Stages
-from services.gateway.pipeline.token_events import TokenEvent
+from services.gateway.pipeline.token_events import EmbeddingEvent, TokenEvent
 from services.router.route import NoLiveNodeError, Route
 from services.router.route_attributes import route_attributes
 from services.router.router import Router
@@ -58,6 +57,7 @@ from shared.types import BlockHash, LoraRef, MmHash, PlaceholderRange
 
 # The context limit when no node has said the model's (check_context_length: frontend/limits.py).
 DEFAULT_MAX_MODEL_LEN = EngineConfig().max_model_len
+EMBED_SAMPLING = SamplingParams(max_tokens=1)  # an embedding samples nothing; the prefill node pools instead
 
 
 class Pipeline:
@@ -97,26 +97,6 @@ class Pipeline:
         if key not in self._stubs:
             self._stubs[key] = {**ROLE_TO_STUB, **SERVICE_TO_STUB}[role](internal_channel(address, self.auth))
         return self._stubs[key]
-
-    async def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:
-        """Every live node's Stats, asked of all at once; a node that does not answer is left out."""
-        nodes = [(s.info.role, s.info.grpc_address) for s in self.membership.snapshot().values() if s.info.role in ROLE_TO_STUB]
-        answers = await asyncio.gather(
-            *(self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s) for role, address in nodes),
-            return_exceptions=True,
-        )
-        return [(role, address, answer) for (role, address), answer in zip(nodes, answers) if isinstance(answer, pb.StatsResponse)]
-
-    async def tower_seconds_per_token(self) -> float | None:
-        """The live encoders' vision-tower seconds per token, as each measured once started
-        (services/encoder/calibration.py): the slowest's, None while none reports one."""
-        encoders = [n.info.grpc_address for n in self.membership.nodes("encoder")]
-        calls = (
-            self.stub("encoder", a).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s, metadata=outgoing_metadata()) for a in encoders
-        )
-        answers = await asyncio.gather(*calls, return_exceptions=True)
-        rates = [a.gauges.get("encoder_tower_seconds_per_token", 0.0) for a in answers if isinstance(a, pb.StatsResponse)]
-        return max((r for r in rates if r > 0), default=None)
 
     async def data_address(self, role: str, address: str) -> str:
         state = self.membership.find(address)
@@ -158,7 +138,21 @@ class Pipeline:
             async for event in self._run(run, fit_max_tokens):
                 yield event
 
-    async def _run(self, run: RequestRun, fit_max_tokens: bool) -> AsyncIterator[TokenEvent]:
+    async def embed(
+        self, prompt: pb.PromptInput, *, dimensions: int | None = None, cache_salt: str | None = None, request_id: str | None = None
+    ) -> EmbeddingEvent:
+        """One embedding: preprocessed and routed as a generation (every cache alike, no decode
+        node), a prefill that pools its prompt, failing over as a generation does."""
+        request_id = request_id or f"embd-{uuid.uuid4().hex}"
+        with tracer().start_as_current_span("gateway.embed", attributes={"tessera.request_id": request_id}):
+            deadline, spec = self.clock() + self.timeout_s, pb.EmbedSpec(dimensions=dimensions)
+            run = RequestRun(request_id, prompt, EMBED_SAMPLING, cache_salt, None, False, deadline, Attempts(self.max_failures), embed=spec)
+            async for response in self._run(run, fit_max_tokens=False):
+                return response
+        raise AssertionError("unreachable")
+
+    async def _run(self, run: RequestRun, fit_max_tokens: bool) -> AsyncIterator[TokenEvent | EmbeddingEvent]:
+        """Token events; an embedding's one event is its prefill's pooled vector."""
         for number in itertools.count():
             try:
                 attempt, lacking = await self._next_attempt(run, number, fit_max_tokens)
@@ -167,6 +161,9 @@ class Pipeline:
                     if lacking:
                         await self.stages.push_images(attempt, lacking)
                     prefill = await self.stages.prefill(attempt)
+                if run.embed is not None:  # it ends here
+                    yield EmbeddingEvent(list(prefill.embedding), len(attempt.prep.prompt_token_ids), prefill.num_cached_tokens)
+                    return
                 cached, pulled = prefill.num_cached_tokens, prefill.num_pulled_tokens
                 trace.get_current_span().set_attributes({"tessera.prefill.cached_tokens": cached, "tessera.prefill.pulled_tokens": pulled})
                 with self.membership.in_flight(attempt.route.decode):
@@ -206,7 +203,10 @@ class Pipeline:
             if fit_max_tokens and max(1, run.sampling.min_tokens) <= room < run.sampling.max_tokens:
                 run.sampling = replace(run.sampling, max_tokens=room)
             param = "messages" if run.prompt.WhichOneof("prompt") == "chat" else "prompt"
-            check_context_length(num_prompt_tokens, run.sampling.max_tokens, self.max_model_len, param=param)
+            if run.embed is not None:
+                check_input_length(num_prompt_tokens, self.max_model_len)
+            else:
+                check_context_length(num_prompt_tokens, run.sampling.max_tokens, self.max_model_len, param=param)
         reuse_prefix = run.sampling.prompt_logprobs is None
         route, lacking = await self._route(run, number, reuse_prefix)
         return Attempt(run, number, route, run.preprocess_address, run.prep), lacking
@@ -289,7 +289,7 @@ class Pipeline:
             prompt_ids, exclude = list(prep.prompt_token_ids), frozenset(excluded)
             tower = run.lora is not None and run.lora.tower
             options = {"reserve": True, "reuse_prefix": reuse_prefix, "lora_id": run.lora_id, "lora_tower": tower}
-            route = await self.router.route(prompt_ids, images, run.cache_salt, hashes, exclude, **options)
+            route = await self.router.route(prompt_ids, images, run.cache_salt, hashes, exclude, decode=run.embed is None, **options)
             num_prompt_tokens = len(prep.prompt_token_ids)
             span.set_attributes(
                 route_attributes(route, policy=self.router.policy.name, num_images=len(images), num_prompt_tokens=num_prompt_tokens)

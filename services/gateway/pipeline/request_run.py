@@ -32,6 +32,7 @@ class RequestRun:
     emitted: list[int] = field(default_factory=list)  # answer tokens already yielded
     cached_tokens: int | None = None  # set by the first decode call (stages.py)
     adapter_loads: set[str] = field(default_factory=set)  # nodes its LoRA adapter was loaded on for it
+    embed: pb.EmbedSpec | None = None  # an embedding request: it ends at its prefill, no decode node
 
     @property
     def lora_id(self) -> str | None:

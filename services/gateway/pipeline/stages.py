@@ -104,7 +104,8 @@ class Stages:
             prompt_token_ids=prep.prompt_token_ids,
             mm_items=prep.mm_items,
             cache_salt=run.cache_salt or "",
-            decode_data_address=await self.data_address("decode", route.decode),
+            decode_data_address=await self.data_address("decode", route.decode) if route.decode is not None else "",
+            embed=run.embed,
             # A migrated request's prompt logprobs were reported with its first token.
             sampling=sampling_to_pb(replace(run.sampling, prompt_logprobs=None) if run.emitted else run.sampling),
             encoder_address=route.encoder,
@@ -136,6 +137,7 @@ class Stages:
         """The decode stream's token events. ``run.emitted`` is read when the call starts (a
         migration continues after those tokens); the caller extends it."""
         run, route, prep = attempt.run, attempt.route, attempt.prep
+        assert route.decode is not None, "a generation is routed with a decode node"
         if run.cached_tokens is None:  # what the client is told: the first prefill's, not a migration's
             run.cached_tokens = prefill.num_cached_tokens
         cached_tokens = run.cached_tokens

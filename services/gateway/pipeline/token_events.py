@@ -1,4 +1,5 @@
-"""What the pipeline yields per decode chunk: token ids, the text so far, and logprobs."""
+"""What the pipeline yields per decode chunk (token ids, the text so far, and logprobs), and what
+an embedding request ends with."""
 
 from __future__ import annotations
 
@@ -59,3 +60,12 @@ class TokenEvent:
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token id, when the sampling asked for them
     prompt_token_ids: tuple[int, ...] = ()  # the prompt as the model saw it (one tuple shared by every event)
     prompt_logprobs: PromptLogprobs | None = None  # on a choice's first event, when the sampling asked
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingEvent:
+    """An embedding request's one outcome: its prefill node's pooled vector (float32 values)."""
+
+    embedding: list[float]
+    num_prompt_tokens: int
+    num_cached_tokens: int

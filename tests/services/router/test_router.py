@@ -146,6 +146,21 @@ def test_excluded_nodes_are_skipped_and_a_role_with_none_left_raises():
         asyncio.run(router.route(TOKENS, [IMAGE], exclude=frozenset({"e:1", "e:2"})))
 
 
+@pytest.mark.parametrize("policy", [*POLICIES, "llmd"])
+def test_a_request_routed_without_decode_names_none_and_needs_no_decode_node(policy):
+    """An embedding ends at its prefill: a cluster without decode nodes serves it, and its
+    reservation counts work on the encoder and prefill node only."""
+    index = index_holding({n: [] for n in ALL_NODES if not n.startswith("decode")}, everyone=False)
+    router = router_over(index, policy="round_robin")
+    router.policy = make_policy(policy, llmd_lru_blocks=64)
+    route = asyncio.run(router.route(TOKENS, [IMAGE], decode=False, reserve=True))
+    assert route.decode is None and route.prefill in ("p:1", "p:2")
+    assert router.membership.work_on("d:1").num_calls == 0 and router.membership.work_on(route.prefill).num_calls == 1
+    route.reservation.release()
+    with pytest.raises(NoLiveNodeError, match="no live decode node"):
+        asyncio.run(router.route(TOKENS, [IMAGE]))
+
+
 def test_this_gateways_requests_in_flight_count_as_load_before_any_heartbeat_shows_them():
     router = router_over(index_holding({}), policy="least_loaded")
     with router.membership.in_flight("d:1"), router.membership.in_flight("d:1"), router.membership.in_flight("d:2"):
