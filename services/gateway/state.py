@@ -11,7 +11,6 @@ from services.gateway.frontend.media_budget import MediaBudget
 from services.gateway.frontend.openai_api import Generation
 from services.gateway.metrics.metrics import GatewayMetrics, RoleStats
 from services.gateway.pipeline.choices import events_in_task
-from services.gateway.pipeline.cluster_stats import node_stats, tower_seconds_per_token
 from services.gateway.pipeline.pipeline import Pipeline
 from services.gateway.pipeline.token_events import TokenEvent
 from services.transport.stats_wire import snapshot_of
@@ -79,7 +78,7 @@ class GatewayState:
             self.config.max_media_tokens_per_encoder,
             lambda: len(pipeline.membership.nodes("encoder")),
             lambda: pipeline.media_cost_json(),
-            lambda: tower_seconds_per_token(pipeline),
+            lambda: pipeline.tower_seconds_per_token(),
             reserve_fraction=self.config.media_reserve_fraction,
         )
         own.media_cost_inflight.read_from(lambda: media.num_in_flight)
@@ -95,7 +94,7 @@ class GatewayState:
     async def cluster_stats(self) -> RoleStats:
         """Every live node's metrics (one Stats call each, all at once), and the gateway's own with
         its process's (e.g. index records rejected, shared/index/record_seal.py)."""
-        stats = {f"{role}@{address}": snapshot_of(s) for role, address, s in await node_stats(self.pipeline)}
+        stats = {f"{role}@{address}": snapshot_of(s) for role, address, s in await self.pipeline.stats()}
         stats["gateway@self"] = node_snapshot(self.own_metrics)
         return stats
 

@@ -4,13 +4,12 @@ Order: embedded Valkey (the index server, unless --index-url names one) -> every
 each its own OS process wired as in a real deployment: nodes register their advertised addresses
 in the index and the gateway discovers them there (no address lists are passed around), so a node
 started later by hand with the same --index-url joins by itself. The gateway reports not ready
-until a node of every role has registered; the launcher waits for each role's gRPC health check.
-Nodes are forked by a zygote (zygote.py) that loaded what they all load, unless --no-zygote. A
-role that dies is restarted (short backoff) on the same ports; requests in the gap fail fast with
-503. So is the embedded Valkey, on the same port and empty: the nodes serve from their local
-caches meanwhile, then register under a new epoch and republish what they hold.
-Ctrl-C (SIGINT) or SIGTERM stops the roles in reverse order, then Valkey.
-"""
+until a node of every role it routes to has registered; the launcher waits for each role's gRPC
+health check. Nodes are forked by a zygote (zygote.py) that loaded what they all load, unless
+--no-zygote. A role that dies is restarted (short backoff) on the same ports; requests in the gap
+fail fast with 503. So is the embedded Valkey, on the same port and empty: the nodes serve from
+their local caches meanwhile, then register under a new epoch and republish what they hold. Ctrl-C
+(SIGINT) or SIGTERM stops the roles in reverse order, then Valkey."""
 
 from __future__ import annotations
 
@@ -76,9 +75,7 @@ class StackConfig:
     num_prefill: int = 1
     num_decode: int = 1
     routing_policy: str = "cache_aware"
-    # The gateway's --runner (services/gateway/settings.py): "pooling" starts no decode node,
-    # whatever num_decode says (an embedding never reaches one).
-    runner: str = "generate"
+    runner: str = "generate"  # the gateway's --runner; "pooling" starts no decode node, whatever num_decode says
     passthrough: list[str] = field(default_factory=list)  # engine / preprocess flags for the roles
     pin_cpus: bool = False  # pin each compute role to its own cores when their shares fit
     zygote: bool = True  # fork the nodes from one process that loaded their common imports (zygote.py)
@@ -164,15 +161,13 @@ class Stack:
                 self._spawn(role)
 
     def node_processes(self, base: list[str]) -> list[RoleProcess]:
-        """The preprocess, encoder, prefill and decode processes to start. Their gRPC and data
-        ports bind loopback whatever ``--host`` says: the stack is one machine, and only the
-        gateway's public APIs are meant to be reached from outside it."""
+        """The preprocess, encoder, prefill and decode processes to start. Their ports bind loopback
+        whatever ``--host`` says: the stack is one machine; only the gateway's APIs face outside."""
         config = self.config
-        counts = dict(preprocess=config.num_preprocess, encoder=config.num_encoders, decode=config.num_decode, prefill=config.num_prefill)
-        if config.runner == "pooling":
-            del counts["decode"]
+        decode = {} if config.runner == "pooling" else {"decode": config.num_decode}  # an embedding never reaches one
+        counts = dict(preprocess=config.num_preprocess, encoder=config.num_encoders, **decode, prefill=config.num_prefill)
         if min(counts.values()) < 1:
-            raise ValueError("every role needs at least one node" + (" (but decode, with --runner pooling)" if "decode" in counts else ""))
+            raise ValueError("every role needs at least one node")
         # Nothing binds until the nodes start: without this a draw could repeat another's port,
         # or the gateway's (which the caller may have drawn the same way).
         processes, taken = [], {self.config.http_port, self.config.generate_port}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import DEFAULT_MAX_LOGPROBS
 from services.gateway.frontend.media_budget import DEFAULT_RESERVE_FRACTION
 from services.gateway.frontend.served_adapters import ServedAdapters
@@ -67,11 +66,6 @@ class FrontendConfig:
     def routed_roles(self) -> tuple[str, ...]:
         """The roles a request needs a node of: a pooling gateway needs no decode node."""
         return ("preprocess", "encoder", "prefill") if not self.serves_generation else ("preprocess", "encoder", "prefill", "decode")
-
-    def check_serves(self, api: str) -> None:
-        """Refuse an API (an UNSERVED key) this gateway's runner does not serve."""
-        if not (self.serves_embeddings if api in POOLING_APIS else self.serves_generation):
-            raise GatewayError(404, UNSERVED[api], error_type="NotFoundError", code="not_found")
 
     def __post_init__(self) -> None:
         if not self.served_names:

@@ -4,8 +4,9 @@ prompt, all at once.
 
 What a gateway serves is its runner's (vLLM's ``--runner``): a pooling gateway refuses chat and
 completions, a generating one embeddings and score: 404, as vLLM (which registers no route for
-them), with the message of vLLM's missing handler (FrontendConfig.check_serves); ``--runner both`` serves both on one
-deployment, so an image embedded for retrieval and then asked about shares every cache.
+them), with the message of vLLM's missing handler (Frontend.check_serves); ``--runner both``
+serves both on one deployment, so an image embedded for retrieval and then asked about shares
+every cache.
 
 Prompts as vLLM builds them for an embedding model: ``input`` texts and token ids raw (no template),
 ``messages`` through the chat template (no generation prompt unless asked). A score input that is
@@ -80,19 +81,21 @@ async def embed_all(frontend, prompts: list[pb.PromptInput], *, dimensions: int 
     ``frontend``: services/gateway/frontend/frontend.py's Frontend."""
     generations = tuple(Generation(i, i, prompt, EMBED_SAMPLING, cache_salt) for i, prompt in enumerate(prompts))
     admitted = await frontend.admit(generations)
-    pipeline = frontend.state.pipeline
-    tasks = [asyncio.ensure_future(pipeline.embed(p, dimensions=dimensions, cache_salt=cache_salt)) for p in prompts]
+    state = frontend.state
+    tasks = [asyncio.ensure_future(state.pipeline.embed(p, dimensions=dimensions, cache_salt=cache_salt)) for p in prompts]
+    state.num_in_flight += len(tasks)  # a draining gateway waits for them as for streams
     try:
         return list(await asyncio.gather(*tasks))
     finally:  # one failed (or the client left): the others stop too
         for task in tasks:
             task.cancel()
+        state.num_in_flight -= len(tasks)
         admitted.release()
 
 
 async def embeddings(frontend, request: EmbeddingRequest, tenant: Tenant | None) -> EmbeddingResponse:
     config = frontend.config
-    config.check_serves("embeddings")
+    frontend.check_serves("embeddings")
     frontend.check_open()
     model = check_model(request.model, config.served_names)
     prompts = embedding_prompts(request, tenant, frontend.state.pipeline.max_model_len)
@@ -106,7 +109,7 @@ async def score(frontend, request: ScoreRequest, tenant: Tenant | None) -> Score
     """vLLM's score for an embedding model: the cosine of each pair's embeddings (one query
     against every document, or pairwise)."""
     config = frontend.config
-    config.check_serves("score")
+    frontend.check_serves("score")
     frontend.check_open()
     model = check_model(request.model, config.served_names)
     first, second = score_prompts(request, tenant, frontend.state.pipeline.max_model_len)

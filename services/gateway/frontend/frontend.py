@@ -8,6 +8,7 @@ gRPC Generate apply the same ones:
   * the served model's names and defaults: the checkpoint's sampling defaults, the default
     max_tokens, the family's tool parser (config.py), applied by openai_api.py's conversions;
   * tenant scoping of cache salts and media uuids (tenants.py, in the same conversions).
+  * the runner: which APIs this gateway serves (``check_serves``: generation, embeddings or both).
 A door converts its wire format to a request here and the events back to its wire format."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.batch_chat import to_batch_chat_request
-from services.gateway.frontend.config import FrontendConfig, ServedModel
+from services.gateway.frontend.config import POOLING_APIS, UNSERVED, FrontendConfig, ServedModel
 from services.gateway.frontend.limits import Admission, RequestLimits, Ticket
 from services.gateway.frontend.media_budget import MediaTicket
 from services.gateway.frontend.openai_api import ApiRequest, Generation, to_chat_request, to_completion_request
@@ -59,6 +60,13 @@ class Frontend:
     @property
     def model(self) -> ServedModel:
         return self.state.config.model
+
+    def check_serves(self, api: str) -> None:
+        """Refuse an API (a config.UNSERVED key) this gateway's runner does not serve: 404, as
+        vLLM, which registers no route for it, with the message of vLLM's missing handler."""
+        runner = self.config.runner
+        if runner != "both" and (api in POOLING_APIS) != (runner == "pooling"):
+            raise GatewayError(404, UNSERVED[api], error_type="NotFoundError", code="not_found")
 
     def check_open(self) -> None:
         if self.state.draining:

@@ -66,7 +66,7 @@ class GenerateServicer(rpc.GenerateServicer):
         """One prompt's embedding, as /v1/embeddings gives it (frontend/embeddings.py)."""
         frontend = self.frontend
         try:
-            frontend.config.check_serves("embeddings")
+            frontend.check_serves("embeddings")
             frontend.check_open()
             if not request.HasField("prompt"):
                 raise GatewayError(400, "the request has no prompt", param="prompt")
@@ -85,7 +85,7 @@ class GenerateServicer(rpc.GenerateServicer):
         """The request id its chunks carry, and one Generation per choice (the current
         principal is the tenant, set by the API-key interceptor when keys are on)."""
         frontend = self.frontend
-        frontend.config.check_serves("generate")
+        frontend.check_serves("generate")
         frontend.check_open()
         if request.HasField("prompt"):
             return await frontend.typed(request, tenant)

@@ -52,7 +52,7 @@ api_router = APIRouter()
 
 @api_router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)
 async def chat_completions(request: ChatCompletionRequest, frontend: FrontendDep, caller: CallerDep):
-    frontend.config.check_serves("chat")
+    frontend.check_serves("chat")
     frontend.check_open()
     ignored = report_ignored_fields(request, "/v1/chat/completions")
     api_request = await frontend.chat(request, caller)
@@ -62,7 +62,7 @@ async def chat_completions(request: ChatCompletionRequest, frontend: FrontendDep
 
 @api_router.post("/v1/chat/completions/batch", response_model=ChatCompletionResponse, responses=RESPONSES)
 async def batch_chat_completions(request: BatchChatCompletionRequest, frontend: FrontendDep, caller: CallerDep):
-    frontend.config.check_serves("chat")
+    frontend.check_serves("chat")
     frontend.check_open()
     api_request, echoes, names = await frontend.batch_chat(request, caller)
     formatter = ChatFormatter(None, echoes, api_request.return_token_ids, api_request.tokens_as_ids)
@@ -71,7 +71,7 @@ async def batch_chat_completions(request: BatchChatCompletionRequest, frontend: 
 
 @api_router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
 async def completions(request: CompletionRequest, frontend: FrontendDep, caller: CallerDep):
-    frontend.config.check_serves("completions")
+    frontend.check_serves("completions")
     frontend.check_open()
     ignored = report_ignored_fields(request, "/v1/completions")
     api_request = await frontend.completion(request, caller)

@@ -1,6 +1,6 @@
 """The pooling routes: POST /v1/embeddings and /v1/score (also /score, as vLLM serves it). Plain
 handlers over the Frontend (services/gateway/frontend/embeddings.py owns the steps); a gateway
-whose runner does not serve them answers 404, as vLLM's (config.check_serves)."""
+whose runner does not serve them answers 404, as vLLM's (Frontend.check_serves)."""
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations at runtime.
 from fastapi import APIRouter

@@ -27,13 +27,13 @@ too, and nothing is retried.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
-import grpc
 from opentelemetry import trace
 
 from protos.gen import pb
@@ -43,7 +43,7 @@ from services.gateway.errors import GatewayError
 from services.gateway.frontend.limits import check_context_length, check_input_length
 from services.gateway.pipeline.adapter_loads import AdapterLoads
 from services.gateway.pipeline.call_watchdog import CallWatchdog
-from services.gateway.pipeline.failures import AdapterMissing, Attempts, NodeFailure, NodeOverloaded, classify_rpc_error
+from services.gateway.pipeline.failures import AdapterMissing, Attempts, NodeFailure, NodeOverloaded
 from services.gateway.pipeline.request_run import Attempt, RequestRun
 from services.gateway.pipeline.stages import Stages
 from services.gateway.pipeline.token_events import EmbeddingEvent, TokenEvent
@@ -81,7 +81,6 @@ class Pipeline:
         self.connect_timeout_s = connect_timeout_s
         self.max_failures = max_failures
         self._stubs: dict[tuple[str, str], object] = {}
-        self._data_addresses: dict[str, str] = {}
         self._turns = itertools.count()
         self.watchdog = CallWatchdog(self.membership)
         self.num_retries = 0
@@ -90,7 +89,7 @@ class Pipeline:
         self.adapter_loads = AdapterLoads()  # a request's LoRA adapter, on a node that lacked it
         self._model_info: pb.ModelInfoResponse | None = None  # model_info(), once asked
         self.route_observers: list[Callable[[Route], None]] = []  # e.g. the routing-latency histogram
-        self.stages = Stages(router, self.stub, self.data_address, self.watchdog, clock)
+        self.stages = Stages(router, self.stub, self.watchdog, clock, connect_timeout_s=connect_timeout_s)
 
     def stub(self, role: str, address: str):
         key = (role, address)
@@ -98,20 +97,25 @@ class Pipeline:
             self._stubs[key] = {**ROLE_TO_STUB, **SERVICE_TO_STUB}[role](internal_channel(address, self.auth))
         return self._stubs[key]
 
-    async def data_address(self, role: str, address: str) -> str:
-        state = self.membership.find(address)
-        if state is not None and state.info.data_address:
-            return state.info.data_address
-        data = self._data_addresses.get(address)  # static lists: ask the node itself
-        if data is None:
-            try:
-                stats = await self.stub(role, address).Stats(
-                    pb.StatsRequest(), timeout=self.connect_timeout_s, metadata=outgoing_metadata()
-                )
-            except grpc.RpcError as exc:
-                raise classify_rpc_error(role, address, exc) from None
-            data = self._data_addresses[address] = stats.data_address
-        return data
+    async def stats(self) -> list[tuple[str, str, pb.StatsResponse]]:
+        """Every live node's Stats, asked of all at once; a node that does not answer is left out."""
+        nodes = [(s.info.role, s.info.grpc_address) for s in self.membership.snapshot().values() if s.info.role in ROLE_TO_STUB]
+        answers = await asyncio.gather(
+            *(self.stub(role, address).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s) for role, address in nodes),
+            return_exceptions=True,
+        )
+        return [(role, address, answer) for (role, address), answer in zip(nodes, answers) if isinstance(answer, pb.StatsResponse)]
+
+    async def tower_seconds_per_token(self) -> float | None:
+        """The live encoders' vision-tower seconds per token, as each measured once started
+        (services/encoder/calibration.py): the slowest's, None while none reports one."""
+        encoders = [n.info.grpc_address for n in self.membership.nodes("encoder")]
+        calls = (
+            self.stub("encoder", a).Stats(pb.StatsRequest(), timeout=self.connect_timeout_s, metadata=outgoing_metadata()) for a in encoders
+        )
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        rates = [a.gauges.get("encoder_tower_seconds_per_token", 0.0) for a in answers if isinstance(a, pb.StatsResponse)]
+        return max((r for r in rates if r > 0), default=None)
 
     async def run(
         self,
@@ -216,34 +220,26 @@ class Pipeline:
         return await self._on_preprocess(lambda address, deadline: self.stages.preprocess(address, prompt, deadline=deadline))
 
     async def detokenize(self, token_ids: list[int]) -> str:
-        request = pb.DetokenizeRequest(token_ids=token_ids)
-
-        async def call(address: str, deadline: float) -> str:
-            response = await self.stages.call("preprocess", address, self.stub("preprocess", address).Detokenize, request, deadline)
-            return response.text
-
-        return await self._on_preprocess(call)
+        return (await self._ask_preprocess("Detokenize", pb.DetokenizeRequest(token_ids=token_ids))).text
 
     async def media_cost_json(self) -> str:
         """How the model's processor prices an image by its size (services/models/media_cost.py)."""
-
-        async def call(address: str, deadline: float) -> str:
-            stub = self.stub("preprocess", address)
-            return (await self.stages.call("preprocess", address, stub.MediaCost, pb.MediaCostRequest(), deadline)).cost_model_json
-
-        return await self._on_preprocess(call)
+        return (await self._ask_preprocess("MediaCost", pb.MediaCostRequest())).cost_model_json
 
     async def model_info(self) -> pb.ModelInfoResponse:
         """The served model's stop ids and vocabulary size, asked of a preprocess node once: they
         are the checkpoint's, the same on every node."""
         if self._model_info is None:
-
-            async def call(address: str, deadline: float) -> pb.ModelInfoResponse:
-                stub = self.stub("preprocess", address)
-                return await self.stages.call("preprocess", address, stub.ModelInfo, pb.ModelInfoRequest(), deadline)
-
-            self._model_info = await self._on_preprocess(call)
+            self._model_info = await self._ask_preprocess("ModelInfo", pb.ModelInfoRequest())
         return self._model_info
+
+    async def _ask_preprocess(self, method: str, request):
+        """One unary call of the Preprocess service's ``method``, failing over as a request does."""
+
+        async def call(address: str, deadline: float):
+            return await self.stages.call("preprocess", address, getattr(self.stub("preprocess", address), method), request, deadline)
+
+        return await self._on_preprocess(call)
 
     async def _on_preprocess(self, call: Callable[[str, float], Awaitable]):
         """``call(address, deadline)`` on a preprocess node, failing over as a request does."""

@@ -12,7 +12,7 @@ skipping; pixels a node reports missing at prefill time are pushed again once, f
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import grpc
@@ -38,16 +38,35 @@ class Stages:
         self,
         router: Router,
         stub: Callable[[str, str], object],
-        data_address: Callable[[str, str], Awaitable[str]],
         watchdog: CallWatchdog,
         clock: Callable[[], float],
+        *,
+        connect_timeout_s: float = 5.0,
     ) -> None:
         self.router = router
         self.stub = stub
-        self.data_address = data_address
         self.watchdog = watchdog
         self.clock = clock
+        self.connect_timeout_s = connect_timeout_s
+        self._data_addresses: dict[str, str] = {}  # static lists: what each node said
         self.num_cover_fallbacks = 0  # requests whose covered images were needed after all
+
+    async def data_address(self, role: str, address: str) -> str:
+        """Where a node takes tensors: its record's data address, or (static lists, no records)
+        what the node's Stats says, asked once."""
+        state = self.router.membership.find(address)
+        if state is not None and state.info.data_address:
+            return state.info.data_address
+        data = self._data_addresses.get(address)
+        if data is None:
+            try:
+                stats = await self.stub(role, address).Stats(
+                    pb.StatsRequest(), timeout=self.connect_timeout_s, metadata=outgoing_metadata()
+                )
+            except grpc.RpcError as exc:
+                raise classify_rpc_error(role, address, exc) from None
+            data = self._data_addresses[address] = stats.data_address
+        return data
 
     async def preprocess(
         self,

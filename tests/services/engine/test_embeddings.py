@@ -84,3 +84,17 @@ def test_a_sentence_transformers_layout_sets_the_pooling(tiny_model, oracle, tmp
 def test_dimensions_are_refused_on_a_model_without_matryoshka(make_llm):
     with pytest.raises(RequestRejectedError, match="does not support Matryoshka"):
         make_llm().embed([chat_case("hello").prompt], dimensions=8)
+
+
+def test_a_matryoshka_model_keeps_the_first_dimensions_then_normalizes(tiny_model, oracle, tmp_path):
+    path = tmp_path / "matryoshka"
+    shutil.copytree(tiny_model.path, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [16, 32]}))
+    case = chat_case(encode_image(make_image(84, 84, seed=16)), "Short, please.")
+    llm = LLM(str(path))
+    [result] = llm.embed([case.prompt], dimensions=16)
+    row = oracle.hidden_states(oracle.process(oracle.chat_text(case.oracle_messages), case.images))[-1]
+    _assert_close(result.embedding, torch.nn.functional.normalize(row[:16], dim=-1))
+    with pytest.raises(RequestRejectedError, match=r"only supports Matryoshka dimensions \[16, 32\], got 8"):
+        llm.embed([case.prompt], dimensions=8)

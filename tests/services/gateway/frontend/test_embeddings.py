@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -14,6 +15,7 @@ from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.config import FrontendConfig
 from services.gateway.frontend.embeddings import cosine, embedding_prompts, encoded, score_prompts
+from services.gateway.frontend.frontend import Frontend
 from services.gateway.protocol.embeddings import EmbeddingRequest, ScoreRequest
 from services.gateway.settings import Settings
 
@@ -87,12 +89,13 @@ def test_score_pairs_one_to_many_or_pairwise_and_content_goes_through_the_templa
 )
 def test_each_runner_serves_its_apis_and_refuses_the_others_as_vllm(runner, served):
     config = FrontendConfig(served_names=("tiny",), runner=runner)
+    frontend = Frontend(SimpleNamespace(config=config))
     for api in ("chat", "completions", "generate", "embeddings", "score"):
         if api in served:
-            config.check_serves(api)
+            frontend.check_serves(api)
         else:
             with pytest.raises(GatewayError, match="The model does not support") as refused:
-                config.check_serves(api)
+                frontend.check_serves(api)
             assert refused.value.status == 404
     assert ("decode" in config.routed_roles) == (runner != "pooling")
 
