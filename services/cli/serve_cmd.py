@@ -22,6 +22,7 @@ _STACK_FLAGS = {
     "--prefill",
     "--decode",
     "--routing-policy",
+    "--runner",
     "--index-url",
     "--pin-cpus",
     "--no-zygote",

@@ -130,8 +130,12 @@ class PrefillNode(EngineNode):
 
         Its embeddings come window by window (embedding_feed.py): the first before the request
         starts (all of them, when they fit the cache), the rest while it runs."""
-        self._check_fits(job)
-        pooling = self.engine.pooling_task(job.embed.dimensions) if job.embed is not None else None
+        try:
+            self._check_fits(job)
+            pooling = self.engine.pooling_task(job.embed.dimensions) if job.embed is not None else None
+        except RequestRejectedError:
+            self.embeddings.drop_pixels(job)  # pushed for a local encode that will never run
+            raise
         launch = _Launch(self, job, upstream, job.engine_request(self.positions, await self.adapters.resolve(job.lora), pooling))
         feed = EmbeddingFeed(self.embeddings, job, launch.request, upstream, self.steps, launch.start, launch.ended)
         try:

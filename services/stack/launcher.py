@@ -137,14 +137,14 @@ class Stack:
     def _gateway_process(self, base: list[str]) -> RoleProcess:
         address = f"{self.config.host}:{self.config.generate_port}"
         argv = [*base, "--role", "gateway", "--http-host", self.config.host, "--http-port", str(self.config.http_port)]
-        argv += ["--generate-address", address, "--routing-policy", self.config.routing_policy, *self._encode_dispatch_flags()]
+        argv += ["--generate-address", address, "--routing-policy", self.config.routing_policy, "--runner", self.config.runner]
+        argv += self._encode_dispatch_flags()
         return RoleProcess("gateway", [*argv, *self.config.passthrough], address)
 
     def _spawn_all(self, model: str, gateway: RoleProcess) -> None:
         """Every role at once, the gateway too: it reports not ready (/ready, /health: 503) until a
-        node of every role has registered in the index, so nothing waits in turn. The nodes are
-        forked by the zygote once it has loaded what they all load (encoders before the tokenizer,
-        which they do not need); the gateway, which loads none of it, starts meanwhile."""
+        node of every role has registered, so nothing waits in turn. The zygote forks the nodes once
+        it loaded what they all load (encoders before the tokenizer, which they do not need)."""
         nodes = [role for role in self.roles if role is not gateway]
         if self.config.zygote:
             self.zygote = Zygote(model, self._env_for(nodes[0]))

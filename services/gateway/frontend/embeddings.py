@@ -76,19 +76,27 @@ def _truncated(prompts: list[pb.PromptInput], asked: int | None, max_model_len: 
     return prompts
 
 
-async def embed_all(frontend, prompts: list[pb.PromptInput], *, dimensions: int | None, cache_salt: str | None) -> list[EmbeddingEvent]:
+async def embed_all(
+    frontend, prompts: list[pb.PromptInput], *, dimensions: int | None, cache_salt: str | None, request_id: str | None = None
+) -> list[EmbeddingEvent]:
     """Admit the prompts and their media as a generation's choices, then embed them at once.
     ``frontend``: services/gateway/frontend/frontend.py's Frontend."""
+    limit = frontend.config.max_num_requests
+    if len(prompts) > limit:  # never admitted, however long the client waits: not a 429
+        raise GatewayError(400, f"{len(prompts)} inputs in one request; this gateway runs at most {limit} at once (--max-num-requests)")
     generations = tuple(Generation(i, i, prompt, EMBED_SAMPLING, cache_salt) for i, prompt in enumerate(prompts))
     admitted = await frontend.admit(generations)
     state = frontend.state
-    tasks = [asyncio.ensure_future(state.pipeline.embed(p, dimensions=dimensions, cache_salt=cache_salt)) for p in prompts]
+    ids = [None] * len(prompts) if request_id is None else [f"{request_id}.{i}" for i in range(len(prompts))]
+    calls = (state.pipeline.embed(p, dimensions=dimensions, cache_salt=cache_salt, request_id=i) for p, i in zip(prompts, ids))
+    tasks = [asyncio.ensure_future(call) for call in calls]
     state.num_in_flight += len(tasks)  # a draining gateway waits for them as for streams
     try:
         return list(await asyncio.gather(*tasks))
-    finally:  # one failed (or the client left): the others stop too
+    finally:  # one failed (or the client left): the others stop too, before their budgets are returned
         for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         state.num_in_flight -= len(tasks)
         admitted.release()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
+from typing import NoReturn
 
 import grpc
 
@@ -74,11 +75,12 @@ class GenerateServicer(rpc.GenerateServicer):
             tenant = current_principal()
             dimensions = request.dimensions if request.HasField("dimensions") else None
             salt = request_cache_salt(tenant, request.cache_salt or None)
-            [event] = await embed_all(frontend, [scoped_prompt(request.prompt, tenant)], dimensions=dimensions, cache_salt=salt)
+            request_id = request.request_id or f"embd-{uuid.uuid4().hex}"
+            prompt = scoped_prompt(request.prompt, tenant)
+            [event] = await embed_all(frontend, [prompt], dimensions=dimensions, cache_salt=salt, request_id=request_id)
         except GatewayError as exc:
             await _abort(context, exc)
         usage = pb.Usage(prompt_tokens=event.num_prompt_tokens, cached_tokens=event.num_cached_tokens)
-        request_id = request.request_id or f"embd-{uuid.uuid4().hex}"
         return pb.EmbedResponse(embedding=event.embedding, usage=usage, request_id=request_id, model=model)
 
     async def _generations(self, request: pb.GenerateRequest, tenant) -> tuple[str, tuple[Generation, ...]]:
@@ -139,7 +141,7 @@ class GenerateServicer(rpc.GenerateServicer):
             )
 
 
-async def _abort(context, exc: GatewayError) -> None:
+async def _abort(context, exc: GatewayError) -> NoReturn:
     """End the call with the gRPC status of the error's HTTP status, which a trailer carries too."""
     trailer = [(HTTP_STATUS_KEY, str(exc.status))]
     if (retry_after := exc.headers.get("Retry-After")) is not None:

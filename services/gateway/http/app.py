@@ -37,7 +37,7 @@ from shared.version import tessera_version
 
 TESSERA_VERSION = tessera_version()
 # Counted in tessera_requests_total.
-API_PATHS = ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions", "/v1/embeddings", "/v1/score")
+API_PATHS = ("/v1/chat/completions", "/v1/chat/completions/batch", "/v1/completions", "/v1/embeddings", "/v1/score", "/score")
 
 
 def create_app(pipeline: Pipeline, config: FrontendConfig, *, api_keys: ApiKeys | None = None) -> tuple[FastAPI, Frontend]:

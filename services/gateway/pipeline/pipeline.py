@@ -166,6 +166,8 @@ class Pipeline:
                         await self.stages.push_images(attempt, lacking)
                     prefill = await self.stages.prefill(attempt)
                 if run.embed is not None:  # it ends here
+                    if not prefill.embedding:  # a node of an older release, which ignored PrefillRequest.embed
+                        raise NodeFailure("prefill", attempt.route.prefill, "it answered no embedding")
                     yield EmbeddingEvent(list(prefill.embedding), len(attempt.prep.prompt_token_ids), prefill.num_cached_tokens)
                     return
                 cached, pulled = prefill.num_cached_tokens, prefill.num_pulled_tokens

@@ -3,6 +3,7 @@ services/gateway/frontend/embeddings.py); which APIs each runner serves (Fronten
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 from protos.gen import pb
 from services.gateway.errors import GatewayError
 from services.gateway.frontend.config import FrontendConfig
-from services.gateway.frontend.embeddings import cosine, embedding_prompts, encoded, score_prompts
+from services.gateway.frontend.embeddings import cosine, embed_all, embedding_prompts, encoded, score_prompts
 from services.gateway.frontend.frontend import Frontend
 from services.gateway.protocol.embeddings import EmbeddingRequest, ScoreRequest
 from services.gateway.settings import Settings
@@ -107,3 +108,11 @@ def test_the_runner_setting_is_checked_and_a_pooling_gateway_needs_no_decode_add
         Settings(runner="both", **static)
     with pytest.raises(ValueError, match="runner must be one of"):
         Settings(runner="embed", index_url="redis://x")
+
+
+def test_more_inputs_than_the_gateway_ever_admits_is_a_400_not_a_429():
+    frontend = SimpleNamespace(config=FrontendConfig(served_names=("tiny",), max_num_requests=2))
+    prompts = embedding_prompts(EmbeddingRequest(input=["a", "b", "c"]), None, 64)
+    with pytest.raises(GatewayError, match="3 inputs in one request") as refused:
+        asyncio.run(embed_all(frontend, prompts, dimensions=None, cache_salt=None))
+    assert refused.value.status == 400
