@@ -48,3 +48,16 @@ def oracle_case_tokens(oracle, case, max_new_tokens: int = 16, *, fps: float = 2
             output_logits=True, return_dict_in_generate=True,
         )  # fmt: skip
     return OracleOutput(generated.sequences[0, ids.shape[1] :].tolist(), [step[0].float() for step in generated.logits])
+
+
+def oracle_case_embedding(oracle, case, *, fps: float = 2.0) -> torch.Tensor:
+    """transformers' last hidden state at a chat case's last token, normalized, with its clips
+    (and images) through AutoProcessor: vLLM's embed pooling."""
+    text = oracle.chat_text(case.oracle_messages)
+    out = reference_processors().process(oracle.model_dir, text, case.images, case.videos, video_kwargs={"fps": fps})
+    ids = out["input_ids"]
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": out["mm_token_type_ids"]}
+    kwargs.update({name: out[name] for name in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts") if name in out})
+    with torch.inference_mode():
+        hidden = oracle.model(**kwargs, output_hidden_states=True).hidden_states[-1][0, -1].float()
+    return torch.nn.functional.normalize(hidden, dim=-1)

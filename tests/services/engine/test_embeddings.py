@@ -1,5 +1,6 @@
 """Embedding requests in the engine (services/engine/pooler.py): the last prompt token's final
-hidden state, normalized, equals transformers' within 1e-5, cold, on a prefix hit and in chunks;
+hidden state, normalized, equals transformers' within 1e-5 (text, images, a video), cold, on a
+prefix hit and in chunks;
 CLS and MEAN pooling (a sentence-transformers layout) read every prompt row, on a whole-prompt
 recompute; ``dimensions`` is refused where the model is no Matryoshka model."""
 
@@ -14,7 +15,8 @@ import torch
 from services.engine.engine import RequestRejectedError
 from services.engine.llm import LLM
 from services.engine.sampling_params import SamplingParams
-from tests.factories import chat_case, encode_image, make_image
+from tests.factories import Video, chat_case, encode_image, make_clip, make_image
+from tests.video_oracle import oracle_case_embedding
 
 TOLERANCE = 1e-5
 
@@ -79,6 +81,12 @@ def test_a_sentence_transformers_layout_sets_the_pooling(tiny_model, oracle, tmp
     rows = oracle.hidden_states(oracle.process(oracle.chat_text(case.oracle_messages), case.images))
     expected = rows.mean(dim=0) if "mean" in mode else rows[0]
     _assert_close(result.embedding, torch.nn.functional.normalize(expected, dim=-1) if normalize else expected)
+
+
+def test_a_video_embedding_equals_transformers(make_llm, oracle):
+    case = chat_case(Video(make_clip(6, fps=2, width=64, height=48, seed=3)), "What happens here?")
+    [result] = make_llm().embed([case.prompt])
+    _assert_close(result.embedding, oracle_case_embedding(oracle, case))
 
 
 def test_dimensions_are_refused_on_a_model_without_matryoshka(make_llm):
