@@ -48,14 +48,20 @@ class Doors:
     def generate_json(self, body: str) -> grpc.aio.AioRpcError | list[pb.GenerateChunk]:
         return self.call(pb.GenerateRequest(request_json=body))
 
-    def call(self, request: pb.GenerateRequest) -> grpc.aio.AioRpcError | list[pb.GenerateChunk]:
+    def embed(self, request: pb.EmbedRequest) -> grpc.aio.AioRpcError | pb.EmbedResponse:
+        return self.call(request, method="Embed")
+
+    def call(self, request, method: str = "Generate") -> grpc.aio.AioRpcError | list[pb.GenerateChunk] | pb.EmbedResponse:
         address = f"127.0.0.1:{free_port()}"
 
         async def call():
             server = await start_generate_server(GenerateServicer(self.frontend), address)
             try:
                 async with grpc.aio.insecure_channel(address) as channel:
-                    return [c async for c in rpc.GenerateStub(channel).Generate(request, timeout=10)]
+                    stub = rpc.GenerateStub(channel)
+                    if method == "Embed":
+                        return await stub.Embed(request, timeout=10)
+                    return [c async for c in stub.Generate(request, timeout=10)]
             except grpc.aio.AioRpcError as error:
                 return error
             finally:
@@ -135,3 +141,18 @@ def test_every_malformed_chat_body_gets_a_400_through_generate_s_json_form_as_ov
     assert isinstance(error, grpc.aio.AioRpcError), error
     assert (http.status_code, error.code(), dict(error.trailing_metadata())[HTTP_STATUS_KEY]) == (400, GRPC_CODE[400], "400")
     assert text in error.details() and doors.pipeline.calls == []
+
+
+def test_embeddings_meet_the_same_media_budget_and_drain_at_both_doors_before_any_work():
+    doors = Doors(max_media_tokens_per_encoder=500, runner="both")
+    huge = image_data_url(make_image(1200, 900, seed=4))
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": huge}}]}]
+    response = doors.http.post("/v1/embeddings", json={"messages": messages})
+    parts = pb.ContentParts(parts=[pb.ContentPart(image=pb.ImageInput(url=huge))])
+    prompt = pb.PromptInput(chat=pb.ChatPrompt(messages=[pb.ChatMessage(role=pb.ChatMessage.USER, parts=parts)]))
+    http = (response.status_code, response.json(), dict(response.headers))
+    assert_same_refusal(doors, http, doors.embed(pb.EmbedRequest(prompt=prompt)), 413, "vision tokens")
+    doors.state.draining = True
+    response = doors.http.post("/v1/embeddings", json={"input": "hello"})
+    http = (response.status_code, response.json(), dict(response.headers))
+    assert_same_refusal(doors, http, doors.embed(pb.EmbedRequest(prompt=pb.PromptInput(text="hello"))), 503, "draining")
