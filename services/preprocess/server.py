@@ -8,6 +8,7 @@ import asyncio
 
 from protos.gen import pb, rpc
 from services.models.media_cost import media_costs_to_json
+from services.models.pooling import PoolingKind, read_pooling_config
 from services.preprocess.errors import PreprocessError
 from services.preprocess.node import PreprocessNode
 from services.preprocess.prompt_wire import prompt_from_wire
@@ -83,7 +84,11 @@ class PreprocessServicer(rpc.PreprocessServicer):
 
     async def ModelInfo(self, request: pb.ModelInfoRequest, context) -> pb.ModelInfoResponse:
         preprocessor = self.node.preprocessor
-        return pb.ModelInfoResponse(eos_token_ids=list(preprocessor.model_config.eos_token_ids), vocab_size=preprocessor.vocab_size)
+        config = preprocessor.model_config
+        pooling = read_pooling_config(preprocessor.model.path, config.hf, config.text.hidden_size)
+        every_row = pooling.kind is not PoolingKind.LAST
+        eos_token_ids = list(config.eos_token_ids)
+        return pb.ModelInfoResponse(eos_token_ids=eos_token_ids, vocab_size=preprocessor.vocab_size, pools_every_prompt_row=every_row)
 
     async def Stats(self, request, context) -> pb.StatsResponse:
         return stats_response("preprocess", node_snapshot(self.node.metrics, self.admission.metrics))

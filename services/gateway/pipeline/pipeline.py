@@ -151,6 +151,7 @@ class Pipeline:
         with tracer().start_as_current_span("gateway.embed", attributes={"tessera.request_id": request_id}):
             deadline, spec = self.clock() + self.timeout_s, pb.EmbedSpec(dimensions=dimensions)
             run = RequestRun(request_id, prompt, EMBED_SAMPLING, cache_salt, None, False, deadline, Attempts(self.max_failures), embed=spec)
+            run.computes_whole_prompt = (await self.model_info()).pools_every_prompt_row
             async for response in self._run(run, fit_max_tokens=False):
                 return response
         raise AssertionError("unreachable")
@@ -213,7 +214,7 @@ class Pipeline:
                 check_input_length(num_prompt_tokens, self.max_model_len)
             else:
                 check_context_length(num_prompt_tokens, run.sampling.max_tokens, self.max_model_len, param=param)
-        reuse_prefix = run.sampling.prompt_logprobs is None
+        reuse_prefix = run.sampling.prompt_logprobs is None and not run.computes_whole_prompt
         route, lacking = await self._route(run, number, reuse_prefix)
         return Attempt(run, number, route, run.preprocess_address, run.prep), lacking
 

@@ -33,6 +33,9 @@ class RequestRun:
     cached_tokens: int | None = None  # set by the first decode call (stages.py)
     adapter_loads: set[str] = field(default_factory=set)  # nodes its LoRA adapter was loaded on for it
     embed: pb.EmbedSpec | None = None  # an embedding request: it ends at its prefill, no decode node
+    # It reads every prompt row (prompt logprobs; an embedding of a CLS or MEAN checkpoint): no
+    # cached prefix is worth anything to it, nor covers its images.
+    computes_whole_prompt: bool = False
 
     @property
     def lora_id(self) -> str | None:

@@ -5,12 +5,16 @@ text, an image and an image with text equal transformers' last hidden state at t
 normalized, within 1e-5, cold, on an encoder-cache hit and on a prefix hit; the image embedded is
 then asked about in a chat and its tower ran once in all; /v1/score is the cosine of the two
 embeddings. A ``--runner pooling`` stack starts no decode node and refuses generation as vLLM
-does; the default (generating) stack refuses embeddings the same way; gRPC Embed equals HTTP."""
+does; the default (generating) stack refuses embeddings the same way; gRPC Embed equals HTTP. A
+sentence-transformers checkpoint pooling MEAN is exact on a stack, computing every row though its
+prefix is cached."""
 
 from __future__ import annotations
 
 import base64
+import json
 import secrets
+import shutil
 
 import grpc
 import httpx
@@ -154,3 +158,35 @@ def _embed_error(stack, body: dict) -> httpx.Response:
 def test_a_generating_stack_refuses_embeddings_as_vllm(stack):
     refused = _embed_error(stack, {"input": "hello"})
     assert refused.status_code == 404 and refused.json()["error"]["message"] == "The model does not support Embeddings API"
+
+
+@pytest.fixture(scope="module")
+def mean_pooling_stack(tmp_path_factory, repo_root, tiny_model):
+    """A sentence-transformers layout over the tiny checkpoint: MEAN pooling, normalized."""
+    path = tmp_path_factory.mktemp("st") / "tiny-mean"
+    shutil.copytree(tiny_model.path, path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    modules += [{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    modules += [{"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    running = launch_stack(tmp_path_factory.mktemp("mean"), repo_root, "--model", str(path), "--runner", "both")
+    running.served_model = "tiny-mean"
+    yield running
+    stop_stack(running)
+
+
+def test_a_mean_pooling_checkpoint_is_exact_on_a_stack_and_computes_every_row(mean_pooling_stack, oracle):
+    stack = mean_pooling_stack
+    case = chat_case(INTRO, _png(4), "What is here? Name the shapes, their colours and the light on them, one by one, please.")
+    rows = oracle.hidden_states(oracle.process(oracle.chat_text(case.oracle_messages, add_generation_prompt=False), case.images))
+    ask_greedy(stack, case)  # a chat caches the conversation's prefix, its image and all
+    covered = stack.metrics().get("tessera_gateway_images_covered_total", 0.0)
+    for sight in range(2):  # its prefix is cached, yet every row must be computed
+        reply = _embed(stack, {"messages": case.body["messages"], "encoding_format": "float"})
+        assert _close(reply.data[0].embedding, torch.nn.functional.normalize(rows.mean(dim=0), dim=-1)) <= TOLERANCE, sight
+        assert reply.usage.model_extra["prompt_tokens_details"]["cached_tokens"] == 0
+    # Routed as computing its whole prompt: no image counted as covered by the cached prefix
+    # (its embeddings are needed after all), so no pixel push falls back late.
+    assert stack.metrics().get("tessera_gateway_images_covered_total", 0.0) == covered
