@@ -35,13 +35,8 @@ def oracle_case_tokens(oracle, case, max_new_tokens: int = 16, *, fps: float = 2
     template, its images and clips through AutoProcessor, then the model's own generate."""
     from tests.oracle import OracleOutput
 
-    text = oracle.chat_text(case.oracle_messages)
-    out = reference_processors().process(oracle.model_dir, text, case.images, case.videos, video_kwargs={"fps": fps})
-    ids = out["input_ids"]
-    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": out["mm_token_type_ids"]}
-    for name in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"):
-        if name in out:
-            kwargs[name] = out[name]
+    kwargs = _model_kwargs(oracle, case, fps)
+    ids = kwargs["input_ids"]
     with torch.inference_mode():
         generated = oracle.model.generate(
             **kwargs, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False,
@@ -53,11 +48,16 @@ def oracle_case_tokens(oracle, case, max_new_tokens: int = 16, *, fps: float = 2
 def oracle_case_embedding(oracle, case, *, fps: float = 2.0) -> torch.Tensor:
     """transformers' last hidden state at a chat case's last token, normalized, with its clips
     (and images) through AutoProcessor: vLLM's embed pooling."""
+    with torch.inference_mode():
+        hidden = oracle.model(**_model_kwargs(oracle, case, fps), output_hidden_states=True).hidden_states[-1][0, -1].float()
+    return torch.nn.functional.normalize(hidden, dim=-1)
+
+
+def _model_kwargs(oracle, case, fps: float) -> dict:
+    """The model's inputs for a chat case: the rendered template, its images and clips through AutoProcessor."""
     text = oracle.chat_text(case.oracle_messages)
     out = reference_processors().process(oracle.model_dir, text, case.images, case.videos, video_kwargs={"fps": fps})
     ids = out["input_ids"]
     kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": out["mm_token_type_ids"]}
-    kwargs.update({name: out[name] for name in ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts") if name in out})
-    with torch.inference_mode():
-        hidden = oracle.model(**kwargs, output_hidden_states=True).hidden_states[-1][0, -1].float()
-    return torch.nn.functional.normalize(hidden, dim=-1)
+    names = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+    return kwargs | {name: out[name] for name in names if name in out}

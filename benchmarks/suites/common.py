@@ -3,6 +3,7 @@ and writing it."""
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import shlex
@@ -12,7 +13,7 @@ from pathlib import Path
 from services.bench import portable
 from services.bench.workloads import image_size
 
-__all__ = ["RESULTS", "command", "image_size", "machine", "ms", "usage_error", "write_json"]
+__all__ = ["RESULTS", "command", "image_size", "machine", "ms", "percentile_ms", "usage_error", "write_json"]
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -35,6 +36,15 @@ def write_json(path: Path, result: dict, indent: int = 2) -> None:
 
 def ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
+
+
+def percentile_ms(seconds: list[float], q: float) -> float | None:
+    """The q-th value of sorted ``seconds``, in ms, where every request is counted: a refused or
+    failed one is inf, and a percentile that falls on one is None (never a figure over survivors)."""
+    if not seconds:
+        return None
+    value = seconds[min(len(seconds) - 1, math.ceil(q * len(seconds)) - 1)]
+    return None if math.isinf(value) else ms(value)
 
 
 def usage_error(args, message: str) -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 from openai import APIStatusError, AsyncOpenAI
 from openai.types import CreateEmbeddingResponse
 
-from benchmarks.suites.common import RESULTS, command, machine, ms, write_json
+from benchmarks.suites.common import RESULTS, command, machine, percentile_ms, write_json
 from services.bench.local_stack import start_stack, stop_stack
 from services.bench.workloads import image_url, synthetic_image, user_turn
 
@@ -102,16 +102,9 @@ def _summary(outcomes: list[tuple[int, float, list[float] | None]], wall_s: floa
         "failed_statuses": sorted(status for status, _, _ in outcomes if status != 200),
         "wall_s": wall_s,
         "throughput_rps": answered / wall_s if wall_s else None,
-        "latency_p50_ms": _percentile_ms(latencies, 0.5),
-        "latency_p90_ms": _percentile_ms(latencies, 0.9),
+        "latency_p50_ms": percentile_ms(latencies, 0.5),
+        "latency_p90_ms": percentile_ms(latencies, 0.9),
     }
-
-
-def _percentile_ms(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    value = values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
-    return None if math.isinf(value) else ms(value)
 
 
 def _agreement(ours: list[list[float] | None], theirs: list[list[float] | None]) -> dict:

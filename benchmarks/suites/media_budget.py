@@ -25,7 +25,7 @@ from pathlib import Path
 
 from openai import APIStatusError, AsyncOpenAI
 
-from benchmarks.suites.common import RESULTS, command, machine, ms, write_json
+from benchmarks.suites.common import RESULTS, command, machine, percentile_ms, write_json
 from services.bench.local_stack import start_stack, stop_stack
 from services.bench.workloads import image_url, synthetic_image, user_turn
 
@@ -93,17 +93,10 @@ def _summary(outcomes: list[tuple[int, float]], slo_s: float) -> dict:
         "num_429": sum(status == 429 for status, _ in outcomes),
         "num_413": sum(status == 413 for status, _ in outcomes),
         "num_other": sum(status not in (200, 413, 429) for status, _ in outcomes),
-        "ttft_p50_ms": _percentile_ms(ttfts, 0.5),  # None: that request was refused
-        "ttft_p90_ms": _percentile_ms(ttfts, 0.9),
+        "ttft_p50_ms": percentile_ms(ttfts, 0.5),  # None: that request was refused
+        "ttft_p90_ms": percentile_ms(ttfts, 0.9),
         "goodput": sum(t <= slo_s for t in ttfts) / num if num else None,
     }
-
-
-def _percentile_ms(ttfts: list[float], q: float) -> float | None:
-    if not ttfts:
-        return None
-    value = ttfts[min(len(ttfts) - 1, math.ceil(q * len(ttfts)) - 1)]
-    return None if math.isinf(value) else ms(value)
 
 
 def run(args) -> int:

@@ -181,12 +181,16 @@ class Engine:
         if status is None and grammar_complete:
             status = self.outputs.finish_stopped(request)
         if status is not None:
-            for listener in self.finish_listeners:
-                listener(request)
-            self.scheduler.finish(request, status)
-            self.requests.pop(request.request_id, None)
-            self._forget(request.request_id)
+            self._finish(request, status)
         return self.outputs.snapshot(request, [token], [logprobs] if logprobs is not None else [])
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """A request done: its listeners (a prefill node ships its KV) before its blocks are released."""
+        for listener in self.finish_listeners:
+            listener(request)
+        self.scheduler.finish(request, status)
+        self.requests.pop(request.request_id, None)
+        self._forget(request.request_id)
 
     def _pool(self, sampling: StepHidden) -> dict[str, list[float]]:
         """Embedding requests whose prompt this step completed: their embeddings, and they leave
@@ -210,11 +214,7 @@ class Engine:
 
     def _finish_pooled(self, request: Request, embedding: list[float]) -> RequestOutput:
         """An embedding request ends at its prompt's end: no token, its KV kept as any prompt's."""
-        for listener in self.finish_listeners:
-            listener(request)
-        self.scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
-        self.requests.pop(request.request_id, None)
-        self._forget(request.request_id)
+        self._finish(request, RequestStatus.FINISHED_STOPPED)
         return dataclasses.replace(self.outputs.snapshot(request, []), embedding=embedding)
 
     def _fail(self, request: Request, error: Exception) -> None:

@@ -1,7 +1,8 @@
 """Prefill node: runs one request's prefill in order (``run``): makes its image embeddings
 resident (a window at a time, embedding_feed.py), pulls prefix KV from a peer when that beats
 recomputing, computes the rest of the prompt's KV, samples the first token, and pushes the
-prompt's KV pages to the decode node.
+prompt's KV pages to the decode node. An embedding request (``PrefillJob.embed``) pools instead of
+sampling, answers its vector and keeps its KV here as a cached prefix.
 
 The servicer only converts at its edges (server.py); each step lives with its own state
 (embeddings.py, kv_puller.py). The embeddings a request references from the moment they are

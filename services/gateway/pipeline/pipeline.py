@@ -4,7 +4,8 @@ One attempt (each call in stages.py): preprocess (skipping the image processor f
 encoder holds) -> route (one index lookup) -> pixels of the images the chosen encoder lacks, to
 that encoder or, when the router chose so, to the prefill node that encodes them itself ->
 prefill on the chosen node (it pulls missing embeddings from the chosen encoder, and prefix KV
-from the peer the route names when that beats recomputing) -> decode, streaming token events.
+from the peer the route names when that beats recomputing) -> decode, streaming token events
+(an embedding, ``embed``, ends at its prefill: no decode node is routed to).
 
 Failover, in this one place (servicers never retry): a call that fails because a node did
 (UNAVAILABLE, a deadline, a draining node's refusal, or a prefill naming the encoder that failed
